@@ -1,0 +1,142 @@
+//! Errors: the ones a step returns ([`StepError`]) and the ones a definition is rejected with
+//! ([`DefinitionError`]).
+
+use std::time::Duration;
+
+/// What an action or a compensation reports when it did not succeed.
+///
+/// The variant decides what the orchestrator does next, so pick it from the participant's point of
+/// view: could the same call, made again with the same idempotency key, succeed?
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StepError {
+    /// A transient failure (a timeout, a 503, a lost connection): retry with the step's policy.
+    #[error("{message}")]
+    Retryable {
+        /// A one-line description kept in the attempt log.
+        message: String,
+    },
+    /// A transient failure whose retry should not come before `delay` (a `Retry-After` header,
+    /// a rate limit). The step's retry budget still applies.
+    #[error("{message} (retry after {delay:?})")]
+    RetryAfter {
+        /// The earliest time, from now, at which to try again.
+        delay: Duration,
+        /// A one-line description kept in the attempt log.
+        message: String,
+    },
+    /// A definitive failure (card declined, no rider within 5 km): retrying cannot help. Before
+    /// the pivot this starts compensation at once; after it, the saga becomes `FAILED`.
+    #[error("{message}")]
+    Permanent {
+        /// A one-line description kept in the attempt log and shown as the saga's error.
+        message: String,
+    },
+}
+
+impl StepError {
+    /// A transient failure; the step's retry policy decides when to try again.
+    pub fn retryable(message: impl Into<String>) -> Self {
+        Self::Retryable {
+            message: message.into(),
+        }
+    }
+
+    /// A transient failure that must not be retried before `delay` has passed.
+    pub fn retry_after(delay: Duration, message: impl Into<String>) -> Self {
+        Self::RetryAfter {
+            delay,
+            message: message.into(),
+        }
+    }
+
+    /// A definitive failure: no retry.
+    pub fn permanent(message: impl Into<String>) -> Self {
+        Self::Permanent {
+            message: message.into(),
+        }
+    }
+
+    /// Whether the same call may succeed if made again.
+    pub fn is_retryable(&self) -> bool {
+        !matches!(self, Self::Permanent { .. })
+    }
+
+    /// The message without the retry hint.
+    pub fn message(&self) -> &str {
+        match self {
+            Self::Retryable { message }
+            | Self::RetryAfter { message, .. }
+            | Self::Permanent { message } => message,
+        }
+    }
+}
+
+/// Turns any error into a [`StepError`] of the chosen kind, as in `client.call().await.retryable()?`.
+pub trait ResultExt<T> {
+    /// Maps the error to [`StepError::Retryable`].
+    fn retryable(self) -> Result<T, StepError>;
+    /// Maps the error to [`StepError::Permanent`].
+    fn permanent(self) -> Result<T, StepError>;
+}
+
+impl<T, E: std::fmt::Display> ResultExt<T> for Result<T, E> {
+    fn retryable(self) -> Result<T, StepError> {
+        self.map_err(|e| StepError::retryable(e.to_string()))
+    }
+
+    fn permanent(self) -> Result<T, StepError> {
+        self.map_err(|e| StepError::permanent(e.to_string()))
+    }
+}
+
+/// Why a saga definition was rejected by [`crate::SagaBuilder::build`] or [`crate::Registry`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum DefinitionError {
+    /// The saga name is empty or has characters other than ASCII letters, digits, `_`, `-`, `.`.
+    #[error("invalid saga name {0:?}: use ASCII letters, digits, '_', '-' or '.'")]
+    InvalidName(String),
+    /// The version is 0; versions start at 1.
+    #[error("saga {0}: version must be at least 1")]
+    InvalidVersion(String),
+    /// A saga needs at least one step.
+    #[error("saga {0}: a saga needs at least one step")]
+    NoSteps(String),
+    /// Two steps share a name; names identify steps in the log and in keys.
+    #[error("saga {saga}: duplicate step name {step:?}")]
+    DuplicateStep {
+        /// The saga.
+        saga: String,
+        /// The repeated step name.
+        step: String,
+    },
+    /// A step name is empty or has characters other than ASCII letters, digits, `_`, `-`, `.`.
+    #[error("saga {saga}: invalid step name {step:?}")]
+    InvalidStepName {
+        /// The saga.
+        saga: String,
+        /// The offending name.
+        step: String,
+    },
+    /// Steps must come as compensatable steps, then at most one pivot, then retriable steps.
+    #[error("saga {saga}: step {step:?} is {kind} but comes after {after:?}; order must be compensatable steps, at most one pivot, then retriable steps")]
+    StepOrder {
+        /// The saga.
+        saga: String,
+        /// The misplaced step.
+        step: String,
+        /// Its kind.
+        kind: &'static str,
+        /// The step it may not follow.
+        after: String,
+    },
+    /// The registry already has this name and version.
+    #[error("saga {name} version {version} is already registered")]
+    AlreadyRegistered {
+        /// The saga name.
+        name: String,
+        /// The version.
+        version: u32,
+    },
+}

@@ -1,0 +1,68 @@
+//! The [`Registry`]: the saga definitions a process knows, by name and version.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use crate::{DefinitionError, SagaDefinition};
+
+/// The definitions a process can run. New sagas start on the latest version of a name; sagas
+/// already in the log run on the exact version (and step-list hash) they were started with.
+///
+/// ```
+/// use saga_dsl::{Registry, SagaDefinition, Step, StepContext, StepError};
+/// async fn noop(_: StepContext) -> Result<(), StepError> { Ok(()) }
+///
+/// let mut registry = Registry::new();
+/// registry.register(SagaDefinition::builder("s", 1).step(Step::pivot("a", noop)).build()?)?;
+/// registry.register(SagaDefinition::builder("s", 2).step(Step::pivot("b", noop)).build()?)?;
+/// assert_eq!(registry.latest("s").map(|d| d.version()), Some(2));
+/// assert!(registry.get("s", 1).is_some());
+/// # Ok::<(), saga_dsl::DefinitionError>(())
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct Registry {
+    defs: BTreeMap<(String, u32), Arc<SagaDefinition>>,
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a definition; a second one with the same name and version is refused.
+    pub fn register(&mut self, def: SagaDefinition) -> Result<&mut Self, DefinitionError> {
+        let key = (def.name().to_owned(), def.version());
+        if self.defs.contains_key(&key) {
+            return Err(DefinitionError::AlreadyRegistered {
+                name: key.0,
+                version: key.1,
+            });
+        }
+        self.defs.insert(key, Arc::new(def));
+        Ok(self)
+    }
+
+    /// The definition with this name and version.
+    pub fn get(&self, name: &str, version: u32) -> Option<&Arc<SagaDefinition>> {
+        self.defs.get(&(name.to_owned(), version))
+    }
+
+    /// The highest version registered under `name`.
+    pub fn latest(&self, name: &str) -> Option<&Arc<SagaDefinition>> {
+        self.defs
+            .range((name.to_owned(), 0)..=(name.to_owned(), u32::MAX))
+            .next_back()
+            .map(|(_, d)| d)
+    }
+
+    /// Every definition, ordered by name then version.
+    pub fn iter(&self) -> impl Iterator<Item = &Arc<SagaDefinition>> {
+        self.defs.values()
+    }
+
+    /// Whether no definition is registered.
+    pub fn is_empty(&self) -> bool {
+        self.defs.is_empty()
+    }
+}
