@@ -1,1 +1,26 @@
-//! placeholder
+//! # orchestrator: a saga orchestrator with a durable step log
+//!
+//! Runs sagas defined with [`saga_dsl`]: ordered steps, each an action and usually a
+//! compensation. The [`Engine`] writes every step's status to the [`store`] before and after each
+//! call, so after a crash it resumes forward, or runs the compensations in reverse, retrying them
+//! with the same idempotency keys until they succeed.
+//!
+//! ## Modules
+//!
+//! - [`model`]: the records of the step log (sagas, steps, attempts, events).
+//! - [`store`]: the [`Store`](store::Store) trait and its SQLite implementation.
+//! - [`engine`]: claiming, leasing and driving sagas; [`engine::plan`] holds the rules.
+//! - [`http`]: the HTTP API (axum).
+//! - [`cli`]: the operator commands shared by `saga` and application binaries.
+
+pub mod cli;
+pub mod clock;
+pub mod engine;
+pub mod failpoint;
+pub mod http;
+pub mod model;
+pub mod store;
+
+pub use engine::{Engine, EngineConfig, StartError};
+pub use model::{Saga, SagaStatus, StepStatus};
+pub use store::{Store, StoreError};

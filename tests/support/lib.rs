@@ -1,1 +1,254 @@
-//! test support
+//! Helpers shared by the integration tests: temporary databases, an engine running in the
+//! background, participants that record what was called, and waiting for sagas to settle.
+
+#![allow(missing_docs, clippy::unwrap_used)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use orchestrator::model::{Saga, SagaStatus};
+use orchestrator::store::{SqliteStore, Store};
+use orchestrator::{Engine, EngineConfig};
+use saga_dsl::Registry;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+/// A fresh SQLite file in a temporary directory (kept alive by the returned guard).
+pub struct TempDb {
+    pub dir: tempfile::TempDir,
+    pub url: String,
+}
+
+impl TempDb {
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("saga.db").display());
+        Self { dir, url }
+    }
+
+    pub async fn store(&self) -> Arc<dyn Store> {
+        Arc::new(SqliteStore::open(&self.url).await.unwrap())
+    }
+}
+
+impl Default for TempDb {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Engine settings for tests: short leases and polls so nothing waits long.
+pub fn test_config() -> EngineConfig {
+    EngineConfig {
+        workers: 16,
+        lease_ttl: Duration::from_secs(5),
+        poll_interval: Duration::from_millis(50),
+        needs_attention_after: 3,
+        hold_backoff_below: Duration::from_millis(100),
+        ..EngineConfig::default()
+    }
+}
+
+/// An engine running in a background task.
+pub struct RunningEngine {
+    pub engine: Engine,
+    pub shutdown: CancellationToken,
+    pub task: JoinHandle<()>,
+}
+
+impl RunningEngine {
+    pub fn start(store: Arc<dyn Store>, registry: Registry, config: EngineConfig) -> Self {
+        let engine = Engine::new(store, Arc::new(registry), config);
+        let shutdown = CancellationToken::new();
+        let task = {
+            let engine = engine.clone();
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move { engine.run(shutdown).await.unwrap() })
+        };
+        Self {
+            engine,
+            shutdown,
+            task,
+        }
+    }
+
+    pub async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.unwrap();
+    }
+}
+
+/// Polls until the saga is terminal (or flagged, when `until` says so); panics after `timeout`.
+pub async fn wait_for(
+    store: &Arc<dyn Store>,
+    id: Uuid,
+    timeout: Duration,
+    until: impl Fn(&Saga) -> bool,
+) -> Saga {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let saga = store.get_saga(id).await.unwrap().unwrap();
+        if until(&saga) {
+            return saga;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("saga {id} did not settle in {timeout:?}: {saga:#?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until the saga is terminal.
+pub async fn wait_terminal(store: &Arc<dyn Store>, id: Uuid) -> Saga {
+    wait_for(store, id, Duration::from_secs(20), |s| {
+        s.status.is_terminal()
+    })
+    .await
+}
+
+/// True when a saga is in `status`.
+pub fn is(status: SagaStatus) -> impl Fn(&Saga) -> bool {
+    move |s| s.status == status
+}
+
+/// A journal of calls made by fake participants: `(step, phase, idempotency key)`.
+#[derive(Debug, Clone, Default)]
+pub struct Journal(Arc<Mutex<Vec<(String, String, Uuid)>>>);
+
+impl Journal {
+    pub fn push(&self, step: &str, phase: &str, key: Uuid) {
+        self.0
+            .lock()
+            .unwrap()
+            .push((step.to_owned(), phase.to_owned(), key));
+    }
+
+    pub fn calls(&self) -> Vec<(String, String, Uuid)> {
+        self.0.lock().unwrap().clone()
+    }
+
+    /// `step:phase` of every call, in order.
+    pub fn names(&self) -> Vec<String> {
+        self.calls()
+            .into_iter()
+            .map(|(s, p, _)| format!("{s}:{p}"))
+            .collect()
+    }
+}
+
+/// What one attempt of a scripted action or compensation does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Ok,
+    Retryable,
+    Permanent,
+    /// Sleeps past the step's timeout: the outcome is unknown to the engine.
+    Hang,
+}
+
+/// A step whose attempts follow a script: attempt `n` does `script[n - 1]`, and `Ok` past its end.
+#[derive(Debug, Clone)]
+pub struct ScriptedStep {
+    pub name: String,
+    pub kind: saga_dsl::StepKind,
+    pub action: Vec<Outcome>,
+    pub compensation: Vec<Outcome>,
+}
+
+impl ScriptedStep {
+    pub fn new(name: &str, kind: saga_dsl::StepKind) -> Self {
+        Self {
+            name: name.to_owned(),
+            kind,
+            action: Vec::new(),
+            compensation: Vec::new(),
+        }
+    }
+
+    pub fn action(mut self, script: &[Outcome]) -> Self {
+        self.action = script.to_vec();
+        self
+    }
+
+    pub fn compensation(mut self, script: &[Outcome]) -> Self {
+        self.compensation = script.to_vec();
+        self
+    }
+}
+
+/// The per-attempt timeout of scripted steps; `Hang` sleeps longer.
+pub const SCRIPT_TIMEOUT: Duration = Duration::from_millis(150);
+
+async fn play(
+    journal: &Journal,
+    script: &[Outcome],
+    ctx: &saga_dsl::StepContext,
+) -> Result<serde_json::Value, saga_dsl::StepError> {
+    journal.push(ctx.step_name(), ctx.phase().as_str(), ctx.idempotency_key());
+    let outcome = script
+        .get(ctx.attempt() as usize - 1)
+        .copied()
+        .unwrap_or(Outcome::Ok);
+    match outcome {
+        Outcome::Ok => Ok(serde_json::json!({"step": ctx.step_name(), "attempt": ctx.attempt()})),
+        Outcome::Retryable => Err(saga_dsl::StepError::retryable("scripted transient failure")),
+        Outcome::Permanent => Err(saga_dsl::StepError::permanent("scripted permanent failure")),
+        Outcome::Hang => {
+            tokio::time::sleep(SCRIPT_TIMEOUT * 4).await;
+            Ok(serde_json::json!("too late"))
+        }
+    }
+}
+
+/// Builds a saga from scripted steps. Actions allow 3 attempts (retriable steps: unlimited);
+/// every backoff is a few milliseconds.
+pub fn scripted_saga(
+    name: &str,
+    version: u32,
+    steps: &[ScriptedStep],
+    journal: &Journal,
+) -> saga_dsl::SagaDefinition {
+    use saga_dsl::{RetryPolicy, Step, StepKind};
+    let fast = RetryPolicy::new()
+        .with_initial_delay(Duration::from_millis(4))
+        .with_max_delay(Duration::from_millis(20))
+        .with_max_attempts(3);
+    let mut builder = saga_dsl::SagaDefinition::builder(name, version);
+    for s in steps {
+        let (j, script) = (journal.clone(), Arc::new(s.action.clone()));
+        let action = move |ctx: saga_dsl::StepContext| {
+            let (j, script) = (j.clone(), script.clone());
+            async move { play(&j, &script, &ctx).await }
+        };
+        let (j, script) = (journal.clone(), Arc::new(s.compensation.clone()));
+        let compensation = move |ctx: saga_dsl::StepContext| {
+            let (j, script) = (j.clone(), script.clone());
+            async move { play(&j, &script, &ctx).await.map(|_| ()) }
+        };
+        let step = match s.kind {
+            StepKind::Compensatable => {
+                Step::compensatable(&s.name, action, compensation).retry(fast)
+            }
+            StepKind::Pivot => Step::pivot(&s.name, action).retry(fast),
+            StepKind::Retriable => {
+                Step::retriable(&s.name, action).retry(fast.with_unlimited_attempts())
+            }
+        };
+        builder = builder.step(
+            step.compensation_retry(fast.with_unlimited_attempts())
+                .timeout(SCRIPT_TIMEOUT)
+                .compensation_timeout(SCRIPT_TIMEOUT),
+        );
+    }
+    builder.build().unwrap()
+}
+
+/// A registry holding the given definitions.
+pub fn registry_of(defs: impl IntoIterator<Item = saga_dsl::SagaDefinition>) -> Registry {
+    let mut r = Registry::new();
+    for d in defs {
+        r.register(d).unwrap();
+    }
+    r
+}

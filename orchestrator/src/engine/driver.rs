@@ -1,0 +1,502 @@
+//! Drives one claimed saga: decide, write ahead, call, write the result, until the saga is
+//! terminal, waits on a long retry timer, loses its lease, or the engine shuts down.
+//!
+//! Every call is preceded by a committed write-ahead record (step status `RUNNING`, attempt
+//! number, attempt-log row, `outcome_unknown`), and followed by a committed result. To save a
+//! commit per step, the result of one call and the write-ahead of the next share a transaction;
+//! saga-level changes that follow from a result (compensating, completed, …) are folded into the
+//! same transaction too.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use saga_dsl::{Phase, SagaDefinition, StepContext, StepError};
+use serde_json::{json, Value};
+use tokio_retry::strategy::{jitter, ExponentialBackoff};
+use tokio_retry::RetryIf;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::plan::{self, NextCall};
+use super::Inner;
+use crate::failpoint::crash_if_armed;
+use crate::model::{Millis, PhaseRecord, Saga, SagaStatus, StepStatus};
+use crate::store::{
+    Applied, AttemptChange, Claimed, Lease, NewEvent, SagaUpdate, StepUpdate, StoreError,
+    Transition,
+};
+
+/// Changes made in memory and not yet written.
+#[derive(Debug, Clone, Default)]
+struct Pending {
+    steps: Vec<StepUpdate>,
+    attempts: Vec<AttemptChange>,
+    events: Vec<NewEvent>,
+}
+
+/// The outcome of one call.
+enum CallResult {
+    Ok(Value),
+    Err { error: StepError, unknown: bool },
+}
+
+/// Drives `claimed` until it no longer needs this worker; logs why it stopped.
+pub(super) async fn drive(inner: Arc<Inner>, claimed: Claimed, stop: CancellationToken) {
+    let span = tracing::info_span!(
+        "saga",
+        saga.id = %claimed.saga.id,
+        saga.name = %claimed.saga.name,
+        lease.epoch = claimed.lease.epoch
+    );
+    async move {
+        let saga = &claimed.saga;
+        let Some(def) = inner
+            .registry
+            .get(&saga.name, saga.version)
+            .filter(|d| d.hash() == saga.definition_hash)
+            .cloned()
+        else {
+            // The claim only returns sagas whose definition key we registered.
+            tracing::error!("claimed a saga whose definition is not registered; leaving it");
+            return;
+        };
+        let input = Arc::new(saga.input.clone());
+        let mut driver = Driver {
+            inner,
+            lease: claimed.lease,
+            saga: claimed.saga,
+            def,
+            input,
+            stop,
+            pending: Pending::default(),
+        };
+        match driver.run().await {
+            Ok(()) => {}
+            Err(StoreError::LeaseLost(_)) => tracing::warn!(
+                "lease lost (another worker or an operator took the saga over); stopped driving it"
+            ),
+            Err(e) => tracing::error!(error = %e, "could not write to the step log; stopped driving the saga until its lease expires"),
+        }
+    }
+    .instrument(span)
+    .await;
+}
+
+struct Driver {
+    inner: Arc<Inner>,
+    lease: Lease,
+    saga: Saga,
+    def: Arc<SagaDefinition>,
+    input: Arc<Value>,
+    stop: CancellationToken,
+    pending: Pending,
+}
+
+impl Driver {
+    fn now(&self) -> Millis {
+        self.inner.clock.now_ms()
+    }
+
+    async fn run(&mut self) -> Result<(), StoreError> {
+        self.recover_interrupted();
+        loop {
+            let now = self.now();
+            let events = plan::settle(&mut self.saga, now);
+            self.pending.events.extend(events);
+            match plan::next_call(&self.saga, now) {
+                NextCall::Done => {
+                    self.write(false, true).await?;
+                    return Ok(());
+                }
+                NextCall::Wait(at) => {
+                    let wait = Duration::from_millis((at - now).max(0) as u64);
+                    if wait <= self.inner.config.hold_backoff_below && !self.stop.is_cancelled() {
+                        self.write(false, false).await?;
+                        tokio::select! {
+                            _ = tokio::time::sleep(wait) => continue,
+                            _ = self.stop.cancelled() => {}
+                        }
+                    }
+                    // A long wait: give the saga back; whichever worker is free when it is due
+                    // picks it up again.
+                    self.write(false, true).await?;
+                    return Ok(());
+                }
+                NextCall::Call(index, phase) => {
+                    if self.stop.is_cancelled() {
+                        self.write(false, true).await?;
+                        return Ok(());
+                    }
+                    let snapshot = (self.saga.clone(), self.pending.clone());
+                    let fresh_start = phase == Phase::Action
+                        && matches!(
+                            self.saga.steps[index].action.status,
+                            StepStatus::Pending | StepStatus::Retrying
+                        );
+                    let attempt = self.write_ahead(index, phase, now);
+                    if self.write(fresh_start, false).await? == Applied::CancelRequested {
+                        // A cancel arrived before this action could start: do not start it.
+                        (self.saga, self.pending) = snapshot;
+                        self.saga.cancel_requested = true;
+                        continue;
+                    }
+                    let step_name = self.def.steps()[index].name().to_owned();
+                    crash_if_armed(before_point(phase), &step_name);
+                    let result = self.call(index, phase, attempt).await;
+                    crash_if_armed(after_point(phase), &step_name);
+                    self.record(index, phase, attempt, result);
+                }
+            }
+        }
+    }
+
+    /// A phase left `RUNNING` by a previous owner was interrupted: its outcome is unknown. Close
+    /// its attempt and schedule the same call again (same idempotency key), within its budget.
+    fn recover_interrupted(&mut self) {
+        let now = self.now();
+        for index in 0..self.saga.steps.len() {
+            for phase in [Phase::Action, Phase::Compensation] {
+                let rec = phase_record(&self.saga, index, phase);
+                if rec.status != StepStatus::Running {
+                    continue;
+                }
+                let attempt = rec.attempts;
+                tracing::warn!(
+                    step = %self.saga.steps[index].name,
+                    %phase,
+                    attempt,
+                    "attempt interrupted by a stopped process; its outcome is unknown"
+                );
+                let error = StepError::retryable(
+                    "interrupted: the process making this attempt stopped before recording its outcome",
+                );
+                self.fail_phase(index, phase, attempt, &error, true, "interrupted", now);
+                // The same call is made again at once.
+                self.saga.next_run_at = Some(now);
+            }
+        }
+    }
+
+    fn write_ahead(&mut self, index: usize, phase: Phase, now: Millis) -> u32 {
+        if self.saga.status == SagaStatus::Queued {
+            self.saga.status = SagaStatus::Running;
+        }
+        if phase == Phase::Action && self.def.point_of_no_return() == Some(index) {
+            self.saga.pivot_reached = true;
+        }
+        let rec = phase_record_mut(&mut self.saga, index, phase);
+        rec.status = StepStatus::Running;
+        rec.attempts += 1;
+        // Until the result is written, nobody knows what the call did.
+        rec.outcome_unknown = true;
+        rec.started_at.get_or_insert(now);
+        rec.ended_at = None;
+        let attempt = rec.attempts;
+        let update = StepUpdate {
+            index: index as u32,
+            phase,
+            record: rec.clone(),
+            output: None,
+        };
+        self.pending.steps.push(update);
+        self.pending.attempts.push(AttemptChange::Start {
+            step_index: index as u32,
+            phase,
+            attempt,
+        });
+        attempt
+    }
+
+    async fn call(&self, index: usize, phase: Phase, attempt: u32) -> CallResult {
+        let step = &self.def.steps()[index];
+        let mut outputs = BTreeMap::new();
+        for s in &self.saga.steps {
+            let visible = phase == Phase::Compensation || (s.index as usize) < index;
+            if visible && s.action.status == StepStatus::Succeeded {
+                if let Some(out) = &s.output {
+                    outputs.insert(s.name.clone(), out.clone());
+                }
+            }
+        }
+        let ctx = StepContext::new(
+            self.saga.id,
+            index,
+            step.name(),
+            phase,
+            attempt,
+            self.input.clone(),
+            Arc::new(outputs),
+        );
+        let (timeout, mut handle) = match phase {
+            Phase::Action => {
+                let action = step.action().clone();
+                (
+                    step.attempt_timeout(),
+                    tokio::spawn(async move { action.run(ctx).await }),
+                )
+            }
+            Phase::Compensation => {
+                let Some(comp) = step.compensation().cloned() else {
+                    // Only compensatable steps are ever compensated (see `needs_compensation`).
+                    return CallResult::Err {
+                        error: StepError::permanent("step has no compensation"),
+                        unknown: false,
+                    };
+                };
+                (
+                    step.compensation_attempt_timeout(),
+                    tokio::spawn(async move { comp.run(ctx).await.map(|()| Value::Null) }),
+                )
+            }
+        };
+        match tokio::time::timeout(timeout, &mut handle).await {
+            Ok(Ok(Ok(value))) => CallResult::Ok(value),
+            Ok(Ok(Err(error))) => CallResult::Err {
+                error,
+                unknown: false,
+            },
+            Ok(Err(join)) => CallResult::Err {
+                error: StepError::retryable(format!("the {phase} panicked: {join}")),
+                unknown: true,
+            },
+            Err(_) => {
+                handle.abort();
+                CallResult::Err {
+                    error: StepError::retryable(format!(
+                        "timed out after {} ms; outcome unknown",
+                        timeout.as_millis()
+                    )),
+                    unknown: true,
+                }
+            }
+        }
+    }
+
+    fn record(&mut self, index: usize, phase: Phase, attempt: u32, result: CallResult) {
+        let now = self.now();
+        match result {
+            CallResult::Ok(value) => {
+                let rec = phase_record_mut(&mut self.saga, index, phase);
+                rec.status = StepStatus::Succeeded;
+                rec.outcome_unknown = false;
+                rec.ended_at = Some(now);
+                let record = rec.clone();
+                let step = &mut self.saga.steps[index];
+                let output = (phase == Phase::Action).then(|| {
+                    step.output = Some(value.clone());
+                    value
+                });
+                let kind = match phase {
+                    Phase::Action => "step.succeeded",
+                    Phase::Compensation => "step.compensated",
+                };
+                self.pending.events.push(NewEvent::step(
+                    kind,
+                    &step.name,
+                    json!({"attempt": attempt}),
+                ));
+                self.pending.steps.push(StepUpdate {
+                    index: index as u32,
+                    phase,
+                    record,
+                    output,
+                });
+                self.pending.attempts.push(AttemptChange::Finish {
+                    step_index: index as u32,
+                    phase,
+                    attempt,
+                    outcome: "succeeded",
+                    error: None,
+                });
+            }
+            CallResult::Err { error, unknown } => {
+                let label = if unknown {
+                    "timed_out"
+                } else if error.is_retryable() {
+                    "retryable"
+                } else {
+                    "failed"
+                };
+                self.fail_phase(index, phase, attempt, &error, unknown, label, now);
+            }
+        }
+    }
+
+    /// Records a failed attempt and decides between another attempt and giving up (actions
+    /// only: compensations never give up).
+    #[allow(clippy::too_many_arguments)]
+    fn fail_phase(
+        &mut self,
+        index: usize,
+        phase: Phase,
+        attempt: u32,
+        error: &StepError,
+        unknown: bool,
+        label: &'static str,
+        now: Millis,
+    ) {
+        let step_def = &self.def.steps()[index];
+        let policy = match phase {
+            Phase::Action => *step_def.retry_policy(),
+            Phase::Compensation => *step_def.compensation_retry_policy(),
+        };
+        let hint = match error {
+            StepError::RetryAfter { delay, .. } => *delay,
+            _ => Duration::ZERO,
+        };
+        let delay = policy.delay_after(attempt).max(hint);
+        let attention_after = self.inner.config.needs_attention_after;
+        let rec = phase_record_mut(&mut self.saga, index, phase);
+        rec.last_error = Some(error.message().to_owned());
+        rec.outcome_unknown = unknown;
+        rec.ended_at = Some(now);
+        let retry = match phase {
+            Phase::Action => error.is_retryable() && policy.allows_attempt(attempt + 1),
+            Phase::Compensation => true,
+        };
+        let step_name = self.saga.steps[index].name.clone();
+        let mut events = Vec::new();
+        let rec = phase_record_mut(&mut self.saga, index, phase);
+        if retry {
+            rec.status = StepStatus::Retrying;
+            let kind = match phase {
+                Phase::Action => "step.retrying",
+                Phase::Compensation => "step.compensation_retrying",
+            };
+            events.push(NewEvent::step(
+                kind,
+                &step_name,
+                json!({"attempt": attempt, "error": error.message(), "outcome": label,
+                       "retry_in_ms": delay.as_millis() as u64}),
+            ));
+        } else {
+            rec.status = if unknown {
+                StepStatus::Unknown
+            } else {
+                StepStatus::Failed
+            };
+            events.push(NewEvent::step(
+                "step.failed",
+                &step_name,
+                json!({"attempt": attempt, "error": error.message(), "outcome": label}),
+            ));
+        }
+        let record = rec.clone();
+        if retry {
+            self.saga.next_run_at = Some(now + delay.as_millis() as i64);
+        }
+        if phase == Phase::Compensation
+            && !self.saga.needs_attention
+            && (attempt >= attention_after || !error.is_retryable())
+        {
+            self.saga.needs_attention = true;
+            events.push(NewEvent::step(
+                "saga.needs_attention",
+                &step_name,
+                json!({"attempts": attempt, "error": error.message()}),
+            ));
+            tracing::error!(step = %step_name, attempts = attempt, error = %error, "compensation keeps failing; saga needs attention (still retrying)");
+        }
+        self.pending.events.extend(events);
+        self.pending.steps.push(StepUpdate {
+            index: index as u32,
+            phase,
+            record,
+            output: None,
+        });
+        self.pending.attempts.push(AttemptChange::Finish {
+            step_index: index as u32,
+            phase,
+            attempt,
+            outcome: label,
+            error: Some(error.message().to_owned()),
+        });
+    }
+
+    /// Writes the pending changes and the saga's current fields in one fenced transaction,
+    /// retrying briefly when the database is away for a moment.
+    async fn write(
+        &mut self,
+        unless_cancelled: bool,
+        release: bool,
+    ) -> Result<Applied, StoreError> {
+        let pending = std::mem::take(&mut self.pending);
+        let transition = Transition {
+            saga: SagaUpdate {
+                status: self.saga.status,
+                next_run_at: self.saga.next_run_at,
+                error: self.saga.error.clone(),
+                output: (self.saga.status == SagaStatus::Completed)
+                    .then(|| self.saga.output.clone())
+                    .flatten(),
+                needs_attention: self.saga.needs_attention,
+                pivot_reached: self.saga.pivot_reached,
+            },
+            steps: pending.steps,
+            attempts: pending.attempts,
+            events: pending.events,
+            unless_cancelled,
+            release,
+        };
+        let store = &self.inner.store;
+        let backoff = ExponentialBackoff::from_millis(2)
+            .factor(10)
+            .max_delay(Duration::from_secs(2))
+            .map(jitter)
+            .take(8);
+        let applied = RetryIf::start(
+            backoff,
+            || store.apply(&self.lease, &transition),
+            |e: &StoreError| {
+                let transient = e.is_transient();
+                if transient {
+                    tracing::warn!(error = %e, "step log write failed; retrying");
+                }
+                transient
+            },
+        )
+        .await;
+        if applied.is_err()
+            || applied
+                .as_ref()
+                .is_ok_and(|a| *a == Applied::CancelRequested)
+        {
+            // Nothing was written: keep the changes so the caller can decide.
+            self.pending = Pending {
+                steps: transition.steps,
+                attempts: transition.attempts,
+                events: transition.events,
+            };
+        }
+        applied
+    }
+}
+
+fn before_point(phase: Phase) -> &'static str {
+    match phase {
+        Phase::Action => "before_action",
+        Phase::Compensation => "before_compensation",
+    }
+}
+
+fn after_point(phase: Phase) -> &'static str {
+    match phase {
+        Phase::Action => "after_action",
+        Phase::Compensation => "after_compensation",
+    }
+}
+
+fn phase_record(saga: &Saga, index: usize, phase: Phase) -> &PhaseRecord {
+    match phase {
+        Phase::Action => &saga.steps[index].action,
+        Phase::Compensation => &saga.steps[index].compensation,
+    }
+}
+
+fn phase_record_mut(saga: &mut Saga, index: usize, phase: Phase) -> &mut PhaseRecord {
+    match phase {
+        Phase::Action => &mut saga.steps[index].action,
+        Phase::Compensation => &mut saga.steps[index].compensation,
+    }
+}

@@ -1,0 +1,341 @@
+//! The engine: claims due sagas, drives each one through its steps, and writes every transition
+//! to the step log before acting on it.
+//!
+//! One [`Engine`] runs in each orchestrator process. Its loop claims up to `workers` due sagas at
+//! a time (each claim takes a lease and bumps the saga's epoch), hands each to a driver task, and
+//! sleeps until the next saga is due, a new saga is started in this process, or a driver frees a
+//! slot. A heartbeat task extends the leases the process holds. On shutdown it stops claiming,
+//! lets every driver finish the call in flight and record its result, and releases the leases.
+//!
+//! The per-saga logic lives in [`driver`]; the rules that decide what comes next are pure
+//! functions in [`plan`], tested without a database.
+
+mod driver;
+pub mod plan;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use saga_dsl::Registry;
+use serde_json::Value;
+use tokio::sync::Notify;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::clock::{Clock, SystemClock};
+use crate::model::{definition_key, Saga, StepKindName};
+use crate::store::{ClaimRequest, NewSaga, Store, StoreError, WorkerInfo};
+
+/// Engine settings.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// How many sagas this process drives at once.
+    pub workers: usize,
+    /// How long a lease lasts without a heartbeat; another process takes a saga over after it.
+    pub lease_ttl: Duration,
+    /// How often to look for due sagas when nothing wakes the engine sooner (sagas started by
+    /// other processes, operator commands).
+    pub poll_interval: Duration,
+    /// After this many failed attempts of a compensation the saga is flagged *needs attention*
+    /// (it keeps retrying).
+    pub needs_attention_after: u32,
+    /// A retry due sooner than this is waited for in the driver, holding the lease; a longer one
+    /// releases the saga and frees the worker.
+    pub hold_backoff_below: Duration,
+    /// This process's worker id (also the lease owner).
+    pub worker_id: String,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            workers: 32,
+            lease_ttl: Duration::from_secs(30),
+            poll_interval: Duration::from_secs(1),
+            needs_attention_after: 5,
+            hold_backoff_below: Duration::from_millis(250),
+            worker_id: default_worker_id(),
+        }
+    }
+}
+
+/// `host:pid:random`, unique per process start.
+pub fn default_worker_id() -> String {
+    format!(
+        "{}:{}:{}",
+        hostname(),
+        std::process::id(),
+        &Uuid::new_v4().simple().to_string()[..8]
+    )
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+/// Why a saga could not be started.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// No definition with this name is registered.
+    #[error("no saga definition named {0:?} is registered")]
+    UnknownDefinition(String),
+    /// The input does not fit the definition's input type.
+    #[error("input does not fit saga {name}: {message}")]
+    InvalidInput {
+        /// The saga name.
+        name: String,
+        /// What serde said.
+        message: String,
+    },
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Why the engine stopped with an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EngineError {
+    /// The store failed at start or shutdown.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+pub(crate) struct Inner {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) registry: Arc<Registry>,
+    pub(crate) config: EngineConfig,
+    pub(crate) clock: Arc<dyn Clock>,
+    definitions: Vec<String>,
+    wake: Notify,
+}
+
+/// The saga engine of one process. Cheap to clone.
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("worker_id", &self.inner.config.worker_id)
+            .field("definitions", &self.inner.definitions)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Engine {
+    /// An engine over `store` that can run the sagas of `registry`.
+    pub fn new(store: Arc<dyn Store>, registry: Arc<Registry>, config: EngineConfig) -> Self {
+        Self::with_clock(store, registry, config, Arc::new(SystemClock))
+    }
+
+    /// Like [`Engine::new`] with an explicit clock.
+    pub fn with_clock(
+        store: Arc<dyn Store>,
+        registry: Arc<Registry>,
+        config: EngineConfig,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
+        let definitions = registry
+            .iter()
+            .map(|d| definition_key(d.name(), d.version(), d.hash()))
+            .collect();
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                registry,
+                config,
+                clock,
+                definitions,
+                wake: Notify::new(),
+            }),
+        }
+    }
+
+    /// The step log.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    /// The definitions this engine can run.
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.inner.registry
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.config
+    }
+
+    /// Starts a saga on the latest registered version of `name`: checks the input, records the
+    /// saga (status `QUEUED`, due now) and wakes the engine. The saga runs once [`Engine::run`]
+    /// (in this or another process sharing the database) picks it up.
+    pub async fn start(&self, name: &str, input: Value) -> Result<Saga, StartError> {
+        let def = self
+            .inner
+            .registry
+            .latest(name)
+            .ok_or_else(|| StartError::UnknownDefinition(name.to_owned()))?;
+        def.check_input(&input)
+            .map_err(|message| StartError::InvalidInput {
+                name: name.to_owned(),
+                message,
+            })?;
+        let saga = self
+            .inner
+            .store
+            .create_saga(NewSaga {
+                id: Uuid::now_v7(),
+                name: def.name().to_owned(),
+                version: def.version(),
+                definition_hash: def.hash().to_owned(),
+                input,
+                steps: def
+                    .steps()
+                    .iter()
+                    .map(|s| (s.name().to_owned(), StepKindName::from(s.kind())))
+                    .collect(),
+            })
+            .await?;
+        tracing::debug!(saga.id = %saga.id, saga.name = name, "saga started");
+        self.inner.wake.notify_one();
+        Ok(saga)
+    }
+
+    /// Runs the engine until `shutdown` is cancelled: registers this worker, claims and drives
+    /// due sagas, then finishes the calls in flight and releases every lease.
+    pub async fn run(&self, shutdown: CancellationToken) -> Result<(), EngineError> {
+        let inner = &self.inner;
+        let cfg = &inner.config;
+        inner
+            .store
+            .register_worker(&WorkerInfo {
+                id: cfg.worker_id.clone(),
+                host: hostname(),
+                pid: std::process::id(),
+            })
+            .await?;
+        tracing::info!(worker = %cfg.worker_id, workers = cfg.workers, "engine started");
+        let heartbeat = tokio::spawn(heartbeat_loop(self.inner.clone(), shutdown.child_token()));
+        let mut drivers = JoinSet::new();
+        let mut last_blocked_check = None::<tokio::time::Instant>;
+        while !shutdown.is_cancelled() {
+            let free = cfg.workers.saturating_sub(drivers.len());
+            let mut claimed = 0usize;
+            if free > 0 {
+                match inner
+                    .store
+                    .claim(ClaimRequest {
+                        owner: &cfg.worker_id,
+                        limit: free as u32,
+                        lease_ttl_ms: cfg.lease_ttl.as_millis() as i64,
+                        definitions: &inner.definitions,
+                    })
+                    .await
+                {
+                    Ok(list) => {
+                        claimed = list.len();
+                        for c in list {
+                            drivers.spawn(driver::drive(
+                                self.inner.clone(),
+                                c,
+                                shutdown.child_token(),
+                            ));
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "claiming sagas failed; will retry");
+                    }
+                }
+            }
+            if last_blocked_check.is_none_or(|t| t.elapsed() >= cfg.poll_interval) {
+                last_blocked_check = Some(tokio::time::Instant::now());
+                match inner.store.mark_blocked(&inner.definitions).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::error!(
+                        count = n,
+                        "sagas are blocked: this process lacks their exact definition \
+                         (name, version and step-list hash); they will not be touched"
+                    ),
+                    Err(e) => tracing::warn!(error = %e, "checking for blocked sagas failed"),
+                }
+            }
+            let sleep_for = if free == 0 {
+                // Every slot is busy: a finishing driver wakes us.
+                cfg.poll_interval
+            } else if claimed == free {
+                // There may be more due sagas than we had room for.
+                Duration::ZERO
+            } else {
+                self.time_to_next_due().await
+            };
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = inner.wake.notified() => {}
+                Some(res) = drivers.join_next(), if !drivers.is_empty() => {
+                    if let Err(e) = res {
+                        tracing::error!(error = %e, "saga driver task failed");
+                    }
+                }
+                _ = tokio::time::sleep(sleep_for) => {}
+            }
+        }
+        tracing::info!(
+            in_flight = drivers.len(),
+            "engine stopping: finishing calls in flight"
+        );
+        while let Some(res) = drivers.join_next().await {
+            if let Err(e) = res {
+                tracing::error!(error = %e, "saga driver task failed");
+            }
+        }
+        heartbeat.abort();
+        inner.store.deregister_worker(&cfg.worker_id).await?;
+        tracing::info!(worker = %cfg.worker_id, "engine stopped; leases released");
+        Ok(())
+    }
+
+    async fn time_to_next_due(&self) -> Duration {
+        let inner = &self.inner;
+        let poll = inner.config.poll_interval;
+        match inner.store.next_due(&inner.definitions).await {
+            Ok(Some(due)) => {
+                let wait = due - inner.clock.now_ms();
+                if wait <= 0 {
+                    // Due now but not claimed: we have no free slot, or its lease has not
+                    // expired yet. Check again soon rather than spin.
+                    Duration::from_millis(20).min(poll)
+                } else {
+                    Duration::from_millis(wait as u64).min(poll)
+                }
+            }
+            Ok(None) => poll,
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the next due time failed");
+                poll
+            }
+        }
+    }
+}
+
+async fn heartbeat_loop(inner: Arc<Inner>, stop: CancellationToken) {
+    let every = inner.config.lease_ttl / 3;
+    let ttl = inner.config.lease_ttl.as_millis() as i64;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(every) => {}
+        }
+        if let Err(e) = inner.store.heartbeat(&inner.config.worker_id, ttl).await {
+            tracing::warn!(error = %e, "heartbeat failed; leases may expire");
+        }
+    }
+}

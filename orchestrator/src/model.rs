@@ -1,0 +1,375 @@
+//! The records of the step log, as the engine, the HTTP API and the CLI see them.
+//!
+//! Times are integer milliseconds since the Unix epoch (UTC) everywhere inside; they become RFC 3339
+//! text only at the edges (JSON, tables).
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize, Serializer};
+use serde_json::Value;
+use uuid::Uuid;
+
+/// Milliseconds since the Unix epoch, UTC.
+pub type Millis = i64;
+
+/// Formats milliseconds as RFC 3339 UTC with millisecond precision.
+pub fn rfc3339(ms: Millis) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_else(|| ms.to_string())
+}
+
+fn ser_time<S: Serializer>(ms: &Millis, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&rfc3339(*ms))
+}
+
+fn ser_opt_time<S: Serializer>(ms: &Option<Millis>, s: S) -> Result<S::Ok, S::Error> {
+    match ms {
+        Some(ms) => s.serialize_str(&rfc3339(*ms)),
+        None => s.serialize_none(),
+    }
+}
+
+/// Declares a string-backed enum with upper- or lower-case wire names.
+macro_rules! wire_enum {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $variant:ident = $text:literal),+ $(,)? }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        pub enum $name {
+            $($(#[$vm])* #[serde(rename = $text)] $variant),+
+        }
+
+        impl $name {
+            /// The name stored in the log and used on the wire.
+            pub const fn as_str(self) -> &'static str {
+                match self { $(Self::$variant => $text),+ }
+            }
+
+            /// Every value, in declaration order.
+            pub const ALL: &'static [Self] = &[$(Self::$variant),+];
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = UnknownValue;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                match s {
+                    $($text => Ok(Self::$variant),)+
+                    _ => Err(UnknownValue { kind: stringify!($name), value: s.to_owned() }),
+                }
+            }
+        }
+    };
+}
+
+/// A stored or given text that names no known value (a corrupt row, a typo in `--status`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {kind} {value:?}")]
+pub struct UnknownValue {
+    /// What was being parsed.
+    pub kind: &'static str,
+    /// The text.
+    pub value: String,
+}
+
+wire_enum!(
+    /// Where a saga is in its life.
+    SagaStatus {
+        /// Created, not yet picked up by a worker.
+        Queued = "QUEUED",
+        /// Running actions forward.
+        Running = "RUNNING",
+        /// Running compensations backward.
+        Compensating = "COMPENSATING",
+        /// Every action succeeded.
+        Completed = "COMPLETED",
+        /// An action failed or the saga was cancelled, and every needed compensation succeeded.
+        Compensated = "COMPENSATED",
+        /// A step after the pivot failed permanently; a person must `retry` or `abort`.
+        Failed = "FAILED",
+        /// An operator stopped the saga without compensating.
+        Aborted = "ABORTED",
+    }
+);
+
+impl SagaStatus {
+    /// Whether the saga is over: nothing will drive it again on its own.
+    pub const fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            Self::Completed | Self::Compensated | Self::Failed | Self::Aborted
+        )
+    }
+}
+
+wire_enum!(
+    /// The status of one step's action or compensation.
+    StepStatus {
+        /// Not started.
+        Pending = "PENDING",
+        /// An attempt was logged as started and has not been logged as ended. After a crash this
+        /// is the "outcome unknown" state: the call is made again with the same key.
+        Running = "RUNNING",
+        /// The last attempt failed and another is scheduled (the saga's `next_run_at`).
+        Retrying = "RETRYING",
+        /// Done.
+        Succeeded = "SUCCEEDED",
+        /// Failed definitively (a permanent error, or the retry budget spent on known failures).
+        Failed = "FAILED",
+        /// The retry budget was spent and the last attempt's outcome is unknown (it timed out).
+        Unknown = "UNKNOWN",
+        /// An operator vouched that the compensation was done by hand (`mark-compensated`).
+        Manual = "MANUAL",
+        /// Not applicable: a pivot or retriable step has no compensation.
+        None = "NONE",
+    }
+);
+
+wire_enum!(
+    /// The kind of a step (mirrors `saga_dsl::StepKind`).
+    StepKindName {
+        /// Action and compensation.
+        Compensatable = "compensatable",
+        /// No compensation; the point of no return.
+        Pivot = "pivot",
+        /// After the pivot; retried until it succeeds.
+        Retriable = "retriable",
+    }
+);
+
+impl From<saga_dsl::StepKind> for StepKindName {
+    fn from(k: saga_dsl::StepKind) -> Self {
+        match k {
+            saga_dsl::StepKind::Compensatable => Self::Compensatable,
+            saga_dsl::StepKind::Pivot => Self::Pivot,
+            saga_dsl::StepKind::Retriable => Self::Retriable,
+        }
+    }
+}
+
+/// One half (action or compensation) of a step in the log.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PhaseRecord {
+    /// Its status.
+    pub status: StepStatus,
+    /// Attempts made so far, including one interrupted by a crash.
+    pub attempts: u32,
+    /// The error of the latest failed attempt.
+    pub last_error: Option<String>,
+    /// Whether the latest attempt's outcome is unknown (it timed out, or the process died).
+    pub outcome_unknown: bool,
+    /// When the first attempt started.
+    #[serde(serialize_with = "ser_opt_time")]
+    pub started_at: Option<Millis>,
+    /// When it reached its current status.
+    #[serde(serialize_with = "ser_opt_time")]
+    pub ended_at: Option<Millis>,
+}
+
+impl PhaseRecord {
+    /// A phase that has not started.
+    pub fn pending() -> Self {
+        Self::with_status(StepStatus::Pending)
+    }
+
+    /// A phase with no attempts in the given status.
+    pub fn with_status(status: StepStatus) -> Self {
+        Self {
+            status,
+            attempts: 0,
+            last_error: None,
+            outcome_unknown: false,
+            started_at: None,
+            ended_at: None,
+        }
+    }
+}
+
+/// One step of a saga in the log.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct StepRecord {
+    /// Position, from 0.
+    pub index: u32,
+    /// Name.
+    pub name: String,
+    /// Kind.
+    pub kind: StepKindName,
+    /// The action.
+    #[serde(flatten)]
+    pub action: PhaseRecord,
+    /// The action's output, once it succeeded.
+    pub output: Option<Value>,
+    /// The compensation (`NONE` for pivot and retriable steps).
+    pub compensation: PhaseRecord,
+}
+
+/// A saga as stored: the body of `GET /v1/sagas/{id}` and of `saga show ID --json`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Saga {
+    /// Id (a UUIDv7, so ids sort by creation time).
+    pub id: Uuid,
+    /// Definition name.
+    pub name: String,
+    /// Definition version.
+    pub version: u32,
+    /// Hash of the definition's step list.
+    pub definition_hash: String,
+    /// Status.
+    pub status: SagaStatus,
+    /// A compensation keeps failing, or the saga is stuck in a way only a person can resolve.
+    pub needs_attention: bool,
+    /// No running process has this saga's exact definition.
+    pub blocked: bool,
+    /// A cancel was requested.
+    pub cancel_requested: bool,
+    /// The point of no return (the pivot, or the first retriable step) has started: the saga can
+    /// no longer be cancelled.
+    pub pivot_reached: bool,
+    /// The input.
+    pub input: Value,
+    /// On completion: every step's output, by step name.
+    pub output: Option<Value>,
+    /// Why the saga went backward or stopped.
+    pub error: Option<String>,
+    /// When the next attempt is due, while the saga waits on a retry timer.
+    #[serde(serialize_with = "ser_opt_time")]
+    pub next_run_at: Option<Millis>,
+    /// The worker currently holding the saga's lease.
+    pub lease_owner: Option<String>,
+    /// The lease's epoch (fencing token).
+    pub lease_epoch: i64,
+    /// Created.
+    #[serde(serialize_with = "ser_time")]
+    pub created_at: Millis,
+    /// Last changed.
+    #[serde(serialize_with = "ser_time")]
+    pub updated_at: Millis,
+    /// The steps, in order.
+    pub steps: Vec<StepRecord>,
+}
+
+impl Saga {
+    /// The definition key `name@version#hash` the engine matches against its registry.
+    pub fn definition_key(&self) -> String {
+        definition_key(&self.name, self.version, &self.definition_hash)
+    }
+}
+
+/// `name@version#hash`: what a process must have registered to drive a saga.
+pub fn definition_key(name: &str, version: u32, hash: &str) -> String {
+    format!("{name}@{version}#{hash}")
+}
+
+/// A row of `saga list`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SagaSummary {
+    /// Id.
+    pub id: Uuid,
+    /// Definition name.
+    pub name: String,
+    /// Definition version.
+    pub version: u32,
+    /// Status.
+    pub status: SagaStatus,
+    /// See [`Saga::needs_attention`].
+    pub needs_attention: bool,
+    /// See [`Saga::blocked`].
+    pub blocked: bool,
+    /// See [`Saga::error`].
+    pub error: Option<String>,
+    /// Created.
+    #[serde(serialize_with = "ser_time")]
+    pub created_at: Millis,
+    /// Last changed.
+    #[serde(serialize_with = "ser_time")]
+    pub updated_at: Millis,
+}
+
+/// Filters and page of `list`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ListFilter {
+    /// Only sagas in this status.
+    pub status: Option<SagaStatus>,
+    /// Only sagas of this definition name.
+    pub name: Option<String>,
+    /// Only sagas flagged as needing attention.
+    pub needs_attention: bool,
+    /// Page size (the store caps it).
+    pub limit: u32,
+    /// Start after this id (keyset pagination, newest first).
+    pub cursor: Option<Uuid>,
+}
+
+/// A page of sagas, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SagaPage {
+    /// The sagas.
+    pub sagas: Vec<SagaSummary>,
+    /// Pass as `cursor` for the next page; `None` on the last page.
+    pub next_cursor: Option<Uuid>,
+}
+
+/// One entry of a saga's event history (also the transactional outbox).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Event {
+    /// Position in the saga's history, from 1.
+    pub seq: i64,
+    /// Globally unique, increasing id (for deduplication by consumers).
+    pub id: i64,
+    /// When.
+    #[serde(serialize_with = "ser_time")]
+    pub at: Millis,
+    /// `saga.started`, `step.succeeded`, `step.compensated`, …
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The step the event is about, if any.
+    pub step: Option<String>,
+    /// Details.
+    pub data: Value,
+}
+
+/// One attempt of an action or compensation, as kept in the attempt log.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Attempt {
+    /// Step index.
+    pub step_index: u32,
+    /// Step name.
+    pub step: String,
+    /// `action` or `compensation`.
+    pub phase: String,
+    /// Attempt number, from 1.
+    pub attempt: u32,
+    /// The worker that made it.
+    pub worker: String,
+    /// The lease epoch it was made under.
+    pub lease_epoch: i64,
+    /// Started.
+    #[serde(serialize_with = "ser_time")]
+    pub started_at: Millis,
+    /// Ended (`None` while running, or forever if its process died).
+    #[serde(serialize_with = "ser_opt_time")]
+    pub ended_at: Option<Millis>,
+    /// `succeeded`, `failed`, `retryable`, `timed_out`, `interrupted`, or `None` while running.
+    pub outcome: Option<String>,
+    /// The error, if it failed.
+    pub error: Option<String>,
+}
+
+/// Whether a step's compensation still has to run: the step is compensatable, its action
+/// succeeded or may have had an effect (its outcome is unknown), and its compensation has not
+/// succeeded or been done by hand.
+pub fn needs_compensation(step: &StepRecord) -> bool {
+    step.kind == StepKindName::Compensatable
+        && (step.action.status == StepStatus::Succeeded
+            || (step.action.outcome_unknown && step.action.status != StepStatus::Pending))
+        && !matches!(
+            step.compensation.status,
+            StepStatus::Succeeded | StepStatus::Manual
+        )
+}

@@ -1,0 +1,360 @@
+//! The durable step log behind one trait, [`Store`], with one implementation per backend.
+//!
+//! Every change to a saga made by the engine is one [`Transition`], applied in one database
+//! transaction that first checks the saga's lease (owner and epoch, the fencing token): if another
+//! worker has claimed the saga since, nothing is written and the caller gets
+//! [`StoreError::LeaseLost`]. The events a transition carries are written in the same transaction,
+//! so the event table doubles as a transactional outbox.
+//!
+//! A transition is a value, not a closure over a connection: a store may later coalesce the
+//! transitions of many sagas into one commit (group commit) without the engine noticing, as long
+//! as it reports each one durable only once its transaction has committed.
+
+mod sqlite;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::model::{
+    Attempt, Event, ListFilter, Millis, PhaseRecord, Saga, SagaPage, SagaStatus, StepKindName,
+};
+pub use sqlite::{SqliteDurability, SqliteStore};
+
+/// A saga to create.
+#[derive(Debug, Clone)]
+pub struct NewSaga {
+    /// Its id (a UUIDv7).
+    pub id: Uuid,
+    /// Definition name.
+    pub name: String,
+    /// Definition version.
+    pub version: u32,
+    /// Definition step-list hash.
+    pub definition_hash: String,
+    /// The input, already checked against the definition's input type.
+    pub input: Value,
+    /// The steps: name and kind, in order.
+    pub steps: Vec<(String, StepKindName)>,
+}
+
+/// The right to write to one saga: owner and epoch must both still match in the database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The saga.
+    pub saga_id: Uuid,
+    /// The worker holding it.
+    pub owner: String,
+    /// The fencing token: bumped by every claim and by operator commands that take a saga over.
+    pub epoch: i64,
+}
+
+/// A saga claimed by a worker, with its lease.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    /// The lease to present with every write.
+    pub lease: Lease,
+    /// The saga as it was when claimed.
+    pub saga: Saga,
+}
+
+/// What a worker asks for when it claims work.
+#[derive(Debug, Clone)]
+pub struct ClaimRequest<'a> {
+    /// The worker id.
+    pub owner: &'a str,
+    /// Claim at most this many sagas.
+    pub limit: u32,
+    /// How long the lease lasts without a heartbeat.
+    pub lease_ttl_ms: i64,
+    /// Only sagas whose `name@version#hash` is in this list.
+    pub definitions: &'a [String],
+}
+
+/// Which half of a step a change is about.
+pub use saga_dsl::Phase;
+
+/// A change to one step's action or compensation.
+#[derive(Debug, Clone)]
+pub struct StepUpdate {
+    /// The step index.
+    pub index: u32,
+    /// Action or compensation.
+    pub phase: Phase,
+    /// The new state of that phase.
+    pub record: PhaseRecord,
+    /// For a succeeded action: its output.
+    pub output: Option<Value>,
+}
+
+/// A change to the attempt log.
+#[derive(Debug, Clone)]
+pub enum AttemptChange {
+    /// An attempt is about to run (the write-ahead record).
+    Start {
+        /// Step index.
+        step_index: u32,
+        /// Phase.
+        phase: Phase,
+        /// Attempt number.
+        attempt: u32,
+    },
+    /// An attempt ended.
+    Finish {
+        /// Step index.
+        step_index: u32,
+        /// Phase.
+        phase: Phase,
+        /// Attempt number.
+        attempt: u32,
+        /// `succeeded`, `failed`, `retryable`, `timed_out`, `interrupted`.
+        outcome: &'static str,
+        /// The error, if any.
+        error: Option<String>,
+    },
+}
+
+/// An event to append to a saga's history (and the outbox).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewEvent {
+    /// `saga.started`, `step.succeeded`, …
+    pub kind: &'static str,
+    /// The step it is about.
+    pub step: Option<String>,
+    /// Details.
+    pub data: Value,
+}
+
+impl NewEvent {
+    /// An event about the saga as a whole.
+    pub fn saga(kind: &'static str, data: Value) -> Self {
+        Self {
+            kind,
+            step: None,
+            data,
+        }
+    }
+
+    /// An event about one step.
+    pub fn step(kind: &'static str, step: &str, data: Value) -> Self {
+        Self {
+            kind,
+            step: Some(step.to_owned()),
+            data,
+        }
+    }
+}
+
+/// The saga-level fields a transition sets (the engine always knows all of them).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SagaUpdate {
+    /// Status.
+    pub status: SagaStatus,
+    /// Next due time; `None` when terminal.
+    pub next_run_at: Option<Millis>,
+    /// Error text.
+    pub error: Option<String>,
+    /// Output, set on completion (left as stored when `None`).
+    pub output: Option<Value>,
+    /// Needs-attention flag.
+    pub needs_attention: bool,
+    /// The point of no return has started.
+    pub pivot_reached: bool,
+}
+
+/// One atomic change of a saga by the engine.
+#[derive(Debug, Clone)]
+pub struct Transition {
+    /// The saga row.
+    pub saga: SagaUpdate,
+    /// Step rows that changed (a result and the next write-ahead may share one transition).
+    pub steps: Vec<StepUpdate>,
+    /// Attempt-log changes.
+    pub attempts: Vec<AttemptChange>,
+    /// Events.
+    pub events: Vec<NewEvent>,
+    /// Refuse the write if a cancel was requested (used when starting a new action, so that a
+    /// cancel and the start of the pivot are ordered by the database).
+    pub unless_cancelled: bool,
+    /// Give the lease up in the same write (terminal, or waiting on a long retry timer).
+    pub release: bool,
+}
+
+/// How [`Store::apply`] went when the lease still held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Applied {
+    /// Written and committed.
+    Written,
+    /// Not written: `unless_cancelled` was set and a cancel had been requested.
+    CancelRequested,
+}
+
+/// The answer to a cancel request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// Accepted: the step in flight finishes, then the saga compensates.
+    Accepted,
+    /// The saga is already compensating; nothing to do.
+    AlreadyCompensating,
+    /// Refused: the saga is terminal.
+    Terminal(SagaStatus),
+    /// Refused: the saga has passed its point of no return.
+    PastPivot,
+}
+
+/// An orchestrator process, as recorded in the workers table.
+#[derive(Debug, Clone)]
+pub struct WorkerInfo {
+    /// The worker id (also the lease owner).
+    pub id: String,
+    /// Host name.
+    pub host: String,
+    /// Process id.
+    pub pid: u32,
+}
+
+/// Errors of the step log.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The saga's lease is no longer ours: another worker (or an operator) took it over.
+    #[error("lease on saga {0} lost")]
+    LeaseLost(Uuid),
+    /// No saga with this id.
+    #[error("saga {0} not found")]
+    NotFound(Uuid),
+    /// The saga has no step with this name.
+    #[error("saga {saga} has no step {step:?}")]
+    UnknownStep {
+        /// The saga.
+        saga: Uuid,
+        /// The step name given.
+        step: String,
+    },
+    /// The operation does not apply to the saga in its current state.
+    #[error("{0}")]
+    Conflict(String),
+    /// A row that cannot be read back (hand-edited, or written by a newer version).
+    #[error("corrupt row for saga {saga}: {detail}")]
+    Corrupt {
+        /// The saga.
+        saga: String,
+        /// What was wrong.
+        detail: String,
+    },
+    /// The database URL is not one this build understands.
+    #[error("unsupported database URL {0:?}: use sqlite://PATH or postgres://…")]
+    UnsupportedUrl(String),
+    /// Another orchestrator process runs the engine on this SQLite file.
+    #[error("{0}")]
+    InUse(String),
+    /// The database could not be reached or is read-only, or a query failed.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+    /// A migration failed.
+    #[error("migration failed: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A file next to the database (the engine lock) could not be used.
+    #[error("{0}")]
+    Io(String),
+}
+
+impl StoreError {
+    /// Whether the error is the database being away for a moment (connection refused, pool
+    /// timeout, busy), as opposed to a bug or bad data: callers may retry.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Self::Database(e) => {
+                matches!(
+                    e,
+                    sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed
+                ) || e
+                    .as_database_error()
+                    .and_then(|d| d.code())
+                    .is_some_and(|c| c == "5" || c == "6" || c == "517")
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Shorthand for store results.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// The durable step log. One implementation per backend; the engine, HTTP API and CLI use only
+/// this trait.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Applies pending migrations.
+    async fn migrate(&self) -> Result<()>;
+
+    /// Prepares this process to run the engine as `worker`: registers it, and on an embedded
+    /// database makes sure no other process runs an engine on the same file.
+    async fn register_worker(&self, worker: &WorkerInfo) -> Result<()>;
+
+    /// Records a heartbeat and extends every lease `worker` holds.
+    async fn heartbeat(&self, worker: &str, lease_ttl_ms: i64) -> Result<()>;
+
+    /// Releases every lease `worker` holds and marks it stopped (graceful shutdown).
+    async fn deregister_worker(&self, worker: &str) -> Result<()>;
+
+    /// Creates a saga in status `QUEUED`, due now, with all its steps pending and a
+    /// `saga.started` event, in one transaction.
+    async fn create_saga(&self, new: NewSaga) -> Result<Saga>;
+
+    /// Reads one saga with its steps.
+    async fn get_saga(&self, id: Uuid) -> Result<Option<Saga>>;
+
+    /// A page of sagas, newest first.
+    async fn list_sagas(&self, filter: &ListFilter) -> Result<SagaPage>;
+
+    /// A saga's event history, oldest first.
+    async fn events(&self, id: Uuid) -> Result<Vec<Event>>;
+
+    /// A saga's attempt log, in the order attempts started.
+    async fn attempts(&self, id: Uuid) -> Result<Vec<Attempt>>;
+
+    /// Claims up to `limit` due sagas whose definition is known, bumping each one's lease epoch.
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Vec<Claimed>>;
+
+    /// Applies one transition if `lease` still holds.
+    async fn apply(&self, lease: &Lease, transition: &Transition) -> Result<Applied>;
+
+    /// Flags due sagas whose definition is not in `definitions` as blocked (with an event, once)
+    /// and returns how many were newly flagged.
+    async fn mark_blocked(&self, definitions: &[String]) -> Result<u64>;
+
+    /// The earliest due time of an unleased, runnable saga with a known definition.
+    async fn next_due(&self, definitions: &[String]) -> Result<Option<Millis>>;
+
+    /// Requests cancellation.
+    async fn request_cancel(&self, id: Uuid) -> Result<CancelOutcome>;
+
+    /// Stops driving a saga without compensating (operator command, audited).
+    async fn abort(&self, id: Uuid, reason: &str, actor: &str) -> Result<Saga>;
+
+    /// Makes a waiting retry happen now; on a `FAILED` saga, retries the failed step.
+    async fn retry_now(&self, id: Uuid, actor: &str) -> Result<Saga>;
+
+    /// Records that an operator did a stuck compensation by hand (audited).
+    async fn mark_compensated(
+        &self,
+        id: Uuid,
+        step: &str,
+        reason: &str,
+        actor: &str,
+    ) -> Result<Saga>;
+
+    /// The database clock, in milliseconds since the epoch. Leases and due times use it so that
+    /// skewed worker clocks cannot break them.
+    async fn now(&self) -> Result<Millis>;
+}
+
+/// Opens the store a URL names: `sqlite://PATH` (created if missing) or `postgres://…`.
+pub async fn open(url: &str) -> Result<std::sync::Arc<dyn Store>> {
+    if url.starts_with("sqlite:") {
+        Ok(std::sync::Arc::new(SqliteStore::open(url).await?))
+    } else {
+        Err(StoreError::UnsupportedUrl(url.to_owned()))
+    }
+}

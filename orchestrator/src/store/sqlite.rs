@@ -1,0 +1,1033 @@
+//! The embedded SQLite store: one file, WAL, `synchronous=FULL` by default.
+//!
+//! Writes go through a pool of exactly one connection, and every write transaction starts with
+//! `BEGIN IMMEDIATE`: this process never upgrades a read lock into a write lock (the source of
+//! `SQLITE_BUSY` surprises), and other processes on the same file (the `saga` CLI) wait on
+//! `busy_timeout` instead of failing. Reads use their own pool and, thanks to WAL, never wait for
+//! the writer.
+//!
+//! Only one process may run the engine on a file: [`Store::register_worker`] takes an exclusive
+//! lock on `PATH.lock` and then frees every lease left by a process that died, so a restart
+//! resumes at once instead of waiting for leases to expire.
+
+use std::fs::File;
+use std::str::FromStr;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+use sqlx::{QueryBuilder, Row, Sqlite, Transaction};
+use uuid::Uuid;
+
+use super::{
+    Applied, AttemptChange, CancelOutcome, ClaimRequest, Claimed, Lease, NewSaga, Result, Store,
+    StoreError, Transition, WorkerInfo,
+};
+use crate::clock::{Clock, SystemClock};
+use crate::model::{
+    definition_key, needs_compensation, Attempt, Event, ListFilter, Millis, PhaseRecord, Saga,
+    SagaPage, SagaStatus, SagaSummary, StepKindName, StepRecord, StepStatus,
+};
+use saga_dsl::Phase;
+
+/// How hard SQLite works to keep a commit on power loss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SqliteDurability {
+    /// `synchronous=FULL` (the default): the WAL is fsynced at every commit, so nothing
+    /// acknowledged is lost on process crash or power loss.
+    #[default]
+    Full,
+    /// `synchronous=NORMAL` (opt-in with `?synchronous=normal`): a process crash loses nothing,
+    /// but a power loss or OS crash may lose the last commits before a checkpoint.
+    Normal,
+}
+
+/// The largest page a list returns.
+const MAX_PAGE: u32 = 1000;
+
+/// The SQLite implementation of [`Store`].
+pub struct SqliteStore {
+    writer: SqlitePool,
+    reader: SqlitePool,
+    path: Option<std::path::PathBuf>,
+    engine_lock: Mutex<Option<File>>,
+    clock: std::sync::Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating it if missing) the database a `sqlite://PATH` URL names and applies
+    /// migrations. `?synchronous=normal` at the end of the URL opts into [`SqliteDurability::Normal`].
+    pub async fn open(url: &str) -> Result<Self> {
+        Self::open_with(url, true, std::sync::Arc::new(SystemClock)).await
+    }
+
+    /// Opens an existing database: a missing file is an error rather than a new empty log (what
+    /// the CLI wants when given a wrong path). Applies migrations.
+    pub async fn open_existing(url: &str) -> Result<Self> {
+        Self::open_with(url, false, std::sync::Arc::new(SystemClock)).await
+    }
+
+    /// Opens with explicit creation policy and clock.
+    pub async fn open_with(
+        url: &str,
+        create: bool,
+        clock: std::sync::Arc<dyn Clock>,
+    ) -> Result<Self> {
+        let (base, durability) = split_durability(url)?;
+        let opts = SqliteConnectOptions::from_str(&base)
+            .map_err(|_| StoreError::UnsupportedUrl(url.to_owned()))?
+            .create_if_missing(create)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(match durability {
+                SqliteDurability::Full => SqliteSynchronous::Full,
+                SqliteDurability::Normal => SqliteSynchronous::Normal,
+            })
+            .busy_timeout(Duration::from_secs(10))
+            .foreign_keys(true)
+            .pragma("temp_store", "memory")
+            .pragma("cache_size", "-16000");
+        let path = opts.get_filename().to_owned();
+        let in_memory = base.contains(":memory:") || path.as_os_str().is_empty();
+        if !create && !in_memory && !path.exists() {
+            return Err(StoreError::Io(format!(
+                "database {} does not exist (start the server or run `saga migrate` to create it)",
+                path.display()
+            )));
+        }
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .min_connections(if in_memory { 1 } else { 0 })
+            .idle_timeout(None)
+            .max_lifetime(None)
+            .acquire_timeout(Duration::from_secs(30))
+            .connect_with(opts.clone())
+            .await?;
+        let store_path = (!in_memory).then_some(path);
+        let reader = if in_memory {
+            // An in-memory database exists only on its one connection.
+            writer.clone()
+        } else {
+            SqlitePoolOptions::new()
+                .max_connections(4)
+                .acquire_timeout(Duration::from_secs(30))
+                .connect_with(opts.read_only(true))
+                .await?
+        };
+        let store = Self {
+            writer,
+            reader,
+            path: store_path,
+            engine_lock: Mutex::new(None),
+            clock,
+        };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    fn now_ms(&self) -> Millis {
+        self.clock.now_ms()
+    }
+
+    async fn begin_write(&self) -> Result<Transaction<'static, Sqlite>> {
+        Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
+    }
+
+    async fn load_saga<'e, E>(executor: E, id: Uuid) -> Result<Option<Saga>>
+    where
+        E: sqlx::Executor<'e, Database = Sqlite> + Copy,
+    {
+        let row = sqlx::query(SELECT_SAGA)
+            .bind(id.to_string())
+            .fetch_optional(executor)
+            .await?;
+        let Some(row) = row else { return Ok(None) };
+        let steps = sqlx::query(SELECT_STEPS)
+            .bind(id.to_string())
+            .fetch_all(executor)
+            .await?;
+        let steps = steps
+            .iter()
+            .map(step_from_row)
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Some(saga_from_row(&row, steps)?))
+    }
+
+    async fn require_saga(tx: &mut Transaction<'static, Sqlite>, id: Uuid) -> Result<Saga> {
+        let conn: &mut sqlx::SqliteConnection = tx;
+        let row = sqlx::query(SELECT_SAGA)
+            .bind(id.to_string())
+            .fetch_optional(&mut *conn)
+            .await?
+            .ok_or(StoreError::NotFound(id))?;
+        let steps = sqlx::query(SELECT_STEPS)
+            .bind(id.to_string())
+            .fetch_all(&mut *conn)
+            .await?;
+        let steps = steps
+            .iter()
+            .map(step_from_row)
+            .collect::<Result<Vec<_>>>()?;
+        saga_from_row(&row, steps)
+    }
+
+    async fn reload(&self, id: Uuid) -> Result<Saga> {
+        Self::load_saga(&self.writer, id)
+            .await?
+            .ok_or(StoreError::NotFound(id))
+    }
+}
+
+fn split_durability(url: &str) -> Result<(String, SqliteDurability)> {
+    let Some((base, query)) = url.split_once('?') else {
+        return Ok((url.to_owned(), SqliteDurability::Full));
+    };
+    let mut durability = SqliteDurability::Full;
+    let mut rest = Vec::new();
+    for pair in query.split('&') {
+        match pair.to_ascii_lowercase().as_str() {
+            "synchronous=full" => durability = SqliteDurability::Full,
+            "synchronous=normal" => durability = SqliteDurability::Normal,
+            p if p.starts_with("synchronous=") => {
+                return Err(StoreError::UnsupportedUrl(url.to_owned()))
+            }
+            _ => rest.push(pair),
+        }
+    }
+    let base = if rest.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    };
+    Ok((base, durability))
+}
+
+const SAGA_COLUMNS: &str = "id, name, version, definition_hash, status, needs_attention, blocked, \
+     cancel_requested, pivot_reached, input, output, error, next_run_at, lease_owner, lease_epoch, created_at, updated_at";
+
+const SELECT_SAGA: &str = "SELECT id, name, version, definition_hash, status, needs_attention, blocked, \
+     cancel_requested, pivot_reached, input, output, error, next_run_at, lease_owner, lease_epoch, created_at, updated_at \
+     FROM sagas WHERE id = ?1";
+
+const SELECT_STEPS: &str =
+    "SELECT saga_id, idx, name, kind, status, attempts, last_error, outcome_unknown, output, \
+     started_at, ended_at, comp_status, comp_attempts, comp_last_error, comp_outcome_unknown, \
+     comp_started_at, comp_ended_at FROM steps WHERE saga_id = ?1 ORDER BY idx";
+
+fn corrupt(saga: &str, detail: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt {
+        saga: saga.to_owned(),
+        detail: detail.to_string(),
+    }
+}
+
+fn parse_json(saga: &str, text: Option<String>) -> Result<Option<Value>> {
+    text.map(|t| serde_json::from_str(&t).map_err(|e| corrupt(saga, format!("bad JSON: {e}"))))
+        .transpose()
+}
+
+fn parse_enum<T: FromStr>(saga: &str, text: &str) -> Result<T>
+where
+    T::Err: std::fmt::Display,
+{
+    text.parse().map_err(|e| corrupt(saga, e))
+}
+
+fn saga_from_row(row: &SqliteRow, steps: Vec<StepRecord>) -> Result<Saga> {
+    let id_text: String = row.try_get("id")?;
+    let id = Uuid::parse_str(&id_text).map_err(|e| corrupt(&id_text, e))?;
+    let status: String = row.try_get("status")?;
+    let version: i64 = row.try_get("version")?;
+    Ok(Saga {
+        id,
+        name: row.try_get("name")?,
+        version: u32::try_from(version).map_err(|e| corrupt(&id_text, e))?,
+        definition_hash: row.try_get("definition_hash")?,
+        status: parse_enum(&id_text, &status)?,
+        needs_attention: row.try_get("needs_attention")?,
+        blocked: row.try_get("blocked")?,
+        cancel_requested: row.try_get("cancel_requested")?,
+        pivot_reached: row.try_get("pivot_reached")?,
+        input: parse_json(&id_text, Some(row.try_get("input")?))?.unwrap_or(Value::Null),
+        output: parse_json(&id_text, row.try_get("output")?)?,
+        error: row.try_get("error")?,
+        next_run_at: row.try_get("next_run_at")?,
+        lease_owner: row.try_get("lease_owner")?,
+        lease_epoch: row.try_get("lease_epoch")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+        steps,
+    })
+}
+
+fn step_from_row(row: &SqliteRow) -> Result<StepRecord> {
+    let saga: String = row.try_get("saga_id")?;
+    let kind: String = row.try_get("kind")?;
+    let status: String = row.try_get("status")?;
+    let comp_status: String = row.try_get("comp_status")?;
+    let idx: i64 = row.try_get("idx")?;
+    let attempts: i64 = row.try_get("attempts")?;
+    let comp_attempts: i64 = row.try_get("comp_attempts")?;
+    Ok(StepRecord {
+        index: u32::try_from(idx).map_err(|e| corrupt(&saga, e))?,
+        name: row.try_get("name")?,
+        kind: parse_enum(&saga, &kind)?,
+        action: PhaseRecord {
+            status: parse_enum(&saga, &status)?,
+            attempts: u32::try_from(attempts).map_err(|e| corrupt(&saga, e))?,
+            last_error: row.try_get("last_error")?,
+            outcome_unknown: row.try_get("outcome_unknown")?,
+            started_at: row.try_get("started_at")?,
+            ended_at: row.try_get("ended_at")?,
+        },
+        output: parse_json(&saga, row.try_get("output")?)?,
+        compensation: PhaseRecord {
+            status: parse_enum(&saga, &comp_status)?,
+            attempts: u32::try_from(comp_attempts).map_err(|e| corrupt(&saga, e))?,
+            last_error: row.try_get("comp_last_error")?,
+            outcome_unknown: row.try_get("comp_outcome_unknown")?,
+            started_at: row.try_get("comp_started_at")?,
+            ended_at: row.try_get("comp_ended_at")?,
+        },
+    })
+}
+
+fn summary_from_row(row: &SqliteRow) -> Result<SagaSummary> {
+    let id_text: String = row.try_get("id")?;
+    let status: String = row.try_get("status")?;
+    let version: i64 = row.try_get("version")?;
+    Ok(SagaSummary {
+        id: Uuid::parse_str(&id_text).map_err(|e| corrupt(&id_text, e))?,
+        name: row.try_get("name")?,
+        version: u32::try_from(version).map_err(|e| corrupt(&id_text, e))?,
+        status: parse_enum(&id_text, &status)?,
+        needs_attention: row.try_get("needs_attention")?,
+        blocked: row.try_get("blocked")?,
+        error: row.try_get("error")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+    })
+}
+
+fn json_list(items: &[String]) -> String {
+    serde_json::to_string(items).unwrap_or_else(|_| "[]".to_owned())
+}
+
+async fn insert_event(
+    conn: &mut sqlx::SqliteConnection,
+    saga_id: &str,
+    at: Millis,
+    kind: &str,
+    step: Option<&str>,
+    data: &Value,
+) -> Result<()> {
+    sqlx::query("INSERT INTO events (saga_id, at, type, step, data) VALUES (?1, ?2, ?3, ?4, ?5)")
+        .bind(saga_id)
+        .bind(at)
+        .bind(kind)
+        .bind(step)
+        .bind(data.to_string())
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn migrate(&self) -> Result<()> {
+        sqlx::migrate!("../migrations/sqlite")
+            .run(&self.writer)
+            .await?;
+        Ok(())
+    }
+
+    async fn register_worker(&self, worker: &WorkerInfo) -> Result<()> {
+        if let Some(path) = &self.path {
+            let lock_path = path.with_extension(match path.extension() {
+                Some(ext) => format!("{}.lock", ext.to_string_lossy()),
+                None => "lock".to_owned(),
+            });
+            let file = File::options()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .open(&lock_path)
+                .map_err(|e| StoreError::Io(format!("cannot open {}: {e}", lock_path.display())))?;
+            match file.try_lock() {
+                Ok(()) => {}
+                Err(std::fs::TryLockError::WouldBlock) => {
+                    return Err(StoreError::InUse(format!(
+                        "another orchestrator process is running on {}; the embedded SQLite store \
+                         allows one (use PostgreSQL to run several)",
+                        path.display()
+                    )))
+                }
+                Err(std::fs::TryLockError::Error(e)) => {
+                    return Err(StoreError::Io(format!(
+                        "cannot lock {}: {e}",
+                        lock_path.display()
+                    )))
+                }
+            }
+            *self.engine_lock.lock().unwrap_or_else(|p| p.into_inner()) = Some(file);
+        }
+        let now = self.now_ms();
+        let mut tx = self.begin_write().await?;
+        // We hold the engine lock: every lease still recorded belongs to a dead process. Free
+        // them (bumping the epoch, so that nothing of that process could still write).
+        sqlx::query(
+            "UPDATE sagas SET lease_owner = NULL, lease_expires_at = NULL, lease_epoch = lease_epoch + 1 \
+             WHERE lease_owner IS NOT NULL",
+        )
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("UPDATE workers SET stopped_at = ?1 WHERE stopped_at IS NULL")
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "INSERT INTO workers (id, host, pid, started_at, heartbeat_at) VALUES (?1, ?2, ?3, ?4, ?4) \
+             ON CONFLICT (id) DO UPDATE SET heartbeat_at = ?4, stopped_at = NULL",
+        )
+        .bind(&worker.id)
+        .bind(&worker.host)
+        .bind(i64::from(worker.pid))
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn heartbeat(&self, worker: &str, lease_ttl_ms: i64) -> Result<()> {
+        let now = self.now_ms();
+        let mut tx = self.begin_write().await?;
+        sqlx::query("UPDATE workers SET heartbeat_at = ?2 WHERE id = ?1")
+            .bind(worker)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("UPDATE sagas SET lease_expires_at = ?2 WHERE lease_owner = ?1")
+            .bind(worker)
+            .bind(now + lease_ttl_ms)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn deregister_worker(&self, worker: &str) -> Result<()> {
+        let now = self.now_ms();
+        let mut tx = self.begin_write().await?;
+        sqlx::query(
+            "UPDATE sagas SET lease_owner = NULL, lease_expires_at = NULL WHERE lease_owner = ?1",
+        )
+        .bind(worker)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("UPDATE workers SET stopped_at = ?2, heartbeat_at = ?2 WHERE id = ?1")
+            .bind(worker)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        if let Some(file) = self
+            .engine_lock
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            let _ = file.unlock();
+        }
+        Ok(())
+    }
+
+    async fn create_saga(&self, new: NewSaga) -> Result<Saga> {
+        let now = self.now_ms();
+        let id = new.id.to_string();
+        let key = definition_key(&new.name, new.version, &new.definition_hash);
+        let mut tx = self.begin_write().await?;
+        sqlx::query(
+            "INSERT INTO sagas (id, name, version, definition_hash, definition_key, status, input, \
+             next_run_at, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, 'QUEUED', ?6, ?7, ?7, ?7)",
+        )
+        .bind(&id)
+        .bind(&new.name)
+        .bind(i64::from(new.version))
+        .bind(&new.definition_hash)
+        .bind(&key)
+        .bind(new.input.to_string())
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        let mut steps = Vec::with_capacity(new.steps.len());
+        for (idx, (name, kind)) in new.steps.iter().enumerate() {
+            let comp = if *kind == StepKindName::Compensatable {
+                StepStatus::Pending
+            } else {
+                StepStatus::None
+            };
+            sqlx::query(
+                "INSERT INTO steps (saga_id, idx, name, kind, status, comp_status) \
+                 VALUES (?1, ?2, ?3, ?4, 'PENDING', ?5)",
+            )
+            .bind(&id)
+            .bind(idx as i64)
+            .bind(name)
+            .bind(kind.as_str())
+            .bind(comp.as_str())
+            .execute(&mut *tx)
+            .await?;
+            steps.push(StepRecord {
+                index: idx as u32,
+                name: name.clone(),
+                kind: *kind,
+                action: PhaseRecord::pending(),
+                output: None,
+                compensation: PhaseRecord::with_status(comp),
+            });
+        }
+        let data = serde_json::json!({"name": new.name, "version": new.version});
+        insert_event(&mut tx, &id, now, "saga.started", None, &data).await?;
+        tx.commit().await?;
+        Ok(Saga {
+            id: new.id,
+            name: new.name,
+            version: new.version,
+            definition_hash: new.definition_hash,
+            status: SagaStatus::Queued,
+            needs_attention: false,
+            blocked: false,
+            cancel_requested: false,
+            pivot_reached: false,
+            input: new.input,
+            output: None,
+            error: None,
+            next_run_at: Some(now),
+            lease_owner: None,
+            lease_epoch: 0,
+            created_at: now,
+            updated_at: now,
+            steps,
+        })
+    }
+
+    async fn get_saga(&self, id: Uuid) -> Result<Option<Saga>> {
+        Self::load_saga(&self.reader, id).await
+    }
+
+    async fn list_sagas(&self, filter: &ListFilter) -> Result<SagaPage> {
+        let limit = filter.limit.clamp(1, MAX_PAGE);
+        let mut q =
+            QueryBuilder::<Sqlite>::new(format!("SELECT {SAGA_COLUMNS} FROM sagas WHERE 1=1"));
+        if let Some(status) = filter.status {
+            q.push(" AND status = ").push_bind(status.as_str());
+        }
+        if let Some(name) = &filter.name {
+            q.push(" AND name = ").push_bind(name.clone());
+        }
+        if filter.needs_attention {
+            q.push(" AND needs_attention = 1");
+        }
+        if let Some(cursor) = filter.cursor {
+            q.push(" AND id < ").push_bind(cursor.to_string());
+        }
+        q.push(" ORDER BY id DESC LIMIT ")
+            .push_bind(i64::from(limit) + 1);
+        let rows = q.build().fetch_all(&self.reader).await?;
+        let mut sagas = rows
+            .iter()
+            .map(summary_from_row)
+            .collect::<Result<Vec<_>>>()?;
+        let next_cursor = if sagas.len() > limit as usize {
+            sagas.truncate(limit as usize);
+            sagas.last().map(|s| s.id)
+        } else {
+            None
+        };
+        Ok(SagaPage { sagas, next_cursor })
+    }
+
+    async fn events(&self, id: Uuid) -> Result<Vec<Event>> {
+        let rows = sqlx::query(
+            "SELECT id, ROW_NUMBER() OVER (ORDER BY id) AS seq, at, type, step, data \
+             FROM events WHERE saga_id = ?1 ORDER BY id",
+        )
+        .bind(id.to_string())
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let data: String = row.try_get("data")?;
+                Ok(Event {
+                    seq: row.try_get("seq")?,
+                    id: row.try_get("id")?,
+                    at: row.try_get("at")?,
+                    kind: row.try_get("type")?,
+                    step: row.try_get("step")?,
+                    data: parse_json(&id.to_string(), Some(data))?.unwrap_or(Value::Null),
+                })
+            })
+            .collect()
+    }
+
+    async fn attempts(&self, id: Uuid) -> Result<Vec<Attempt>> {
+        let rows = sqlx::query(
+            "SELECT a.step_idx, s.name, a.phase, a.attempt, a.worker, a.lease_epoch, a.started_at, \
+             a.ended_at, a.outcome, a.error FROM attempts a \
+             JOIN steps s ON s.saga_id = a.saga_id AND s.idx = a.step_idx \
+             WHERE a.saga_id = ?1 ORDER BY a.started_at, a.step_idx, a.phase, a.attempt",
+        )
+        .bind(id.to_string())
+        .fetch_all(&self.reader)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let idx: i64 = row.try_get("step_idx")?;
+                let attempt: i64 = row.try_get("attempt")?;
+                Ok(Attempt {
+                    step_index: idx as u32,
+                    step: row.try_get("name")?,
+                    phase: row.try_get("phase")?,
+                    attempt: attempt as u32,
+                    worker: row.try_get("worker")?,
+                    lease_epoch: row.try_get("lease_epoch")?,
+                    started_at: row.try_get("started_at")?,
+                    ended_at: row.try_get("ended_at")?,
+                    outcome: row.try_get("outcome")?,
+                    error: row.try_get("error")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Vec<Claimed>> {
+        if req.limit == 0 || req.definitions.is_empty() {
+            return Ok(Vec::new());
+        }
+        let now = self.now_ms();
+        let mut tx = self.begin_write().await?;
+        let rows = sqlx::query(
+            "UPDATE sagas SET lease_owner = ?1, lease_epoch = lease_epoch + 1, lease_expires_at = ?2, \
+             blocked = 0 \
+             WHERE id IN (SELECT id FROM sagas \
+                 WHERE next_run_at IS NOT NULL AND next_run_at <= ?3 \
+                   AND (lease_owner IS NULL OR lease_expires_at < ?3) \
+                   AND definition_key IN (SELECT value FROM json_each(?4)) \
+                 ORDER BY next_run_at LIMIT ?5) \
+             RETURNING id, lease_epoch",
+        )
+        .bind(req.owner)
+        .bind(now + req.lease_ttl_ms)
+        .bind(now)
+        .bind(json_list(req.definitions))
+        .bind(i64::from(req.limit))
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut claimed = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let id_text: String = row.try_get("id")?;
+            let id = Uuid::parse_str(&id_text).map_err(|e| corrupt(&id_text, e))?;
+            let epoch: i64 = row.try_get("lease_epoch")?;
+            let saga = Self::require_saga(&mut tx, id).await?;
+            claimed.push(Claimed {
+                lease: Lease {
+                    saga_id: id,
+                    owner: req.owner.to_owned(),
+                    epoch,
+                },
+                saga,
+            });
+        }
+        tx.commit().await?;
+        Ok(claimed)
+    }
+
+    async fn apply(&self, lease: &Lease, t: &Transition) -> Result<Applied> {
+        let now = self.now_ms();
+        let id = lease.saga_id.to_string();
+        let mut tx = self.begin_write().await?;
+        let s = &t.saga;
+        let updated = sqlx::query(
+            "UPDATE sagas SET status = ?1, next_run_at = ?2, error = ?3, output = COALESCE(?4, output), \
+             needs_attention = ?5, pivot_reached = ?6, updated_at = ?7, \
+             lease_owner = CASE WHEN ?8 THEN NULL ELSE lease_owner END, \
+             lease_expires_at = CASE WHEN ?8 THEN NULL ELSE lease_expires_at END \
+             WHERE id = ?9 AND lease_owner = ?10 AND lease_epoch = ?11 \
+               AND NOT (?12 AND cancel_requested)",
+        )
+        .bind(s.status.as_str())
+        .bind(s.next_run_at)
+        .bind(&s.error)
+        .bind(s.output.as_ref().map(Value::to_string))
+        .bind(s.needs_attention)
+        .bind(s.pivot_reached)
+        .bind(now)
+        .bind(t.release)
+        .bind(&id)
+        .bind(&lease.owner)
+        .bind(lease.epoch)
+        .bind(t.unless_cancelled)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if updated == 0 {
+            // Find out why, under the same write lock.
+            let row = sqlx::query(
+                "SELECT lease_owner, lease_epoch, cancel_requested FROM sagas WHERE id = ?1",
+            )
+            .bind(&id)
+            .fetch_optional(&mut *tx)
+            .await?;
+            tx.rollback().await?;
+            return match row {
+                Some(row)
+                    if row.try_get::<Option<String>, _>("lease_owner")?.as_deref()
+                        == Some(lease.owner.as_str())
+                        && row.try_get::<i64, _>("lease_epoch")? == lease.epoch
+                        && row.try_get::<bool, _>("cancel_requested")? =>
+                {
+                    Ok(Applied::CancelRequested)
+                }
+                _ => Err(StoreError::LeaseLost(lease.saga_id)),
+            };
+        }
+        for step in &t.steps {
+            let r = &step.record;
+            let sql = match step.phase {
+                Phase::Action => {
+                    "UPDATE steps SET status = ?1, attempts = ?2, last_error = ?3, outcome_unknown = ?4, \
+                     started_at = ?5, ended_at = ?6, output = COALESCE(?7, output) \
+                     WHERE saga_id = ?8 AND idx = ?9"
+                }
+                Phase::Compensation => {
+                    "UPDATE steps SET comp_status = ?1, comp_attempts = ?2, comp_last_error = ?3, \
+                     comp_outcome_unknown = ?4, comp_started_at = ?5, comp_ended_at = ?6 \
+                     WHERE saga_id = ?8 AND idx = ?9"
+                }
+            };
+            sqlx::query(sql)
+                .bind(r.status.as_str())
+                .bind(i64::from(r.attempts))
+                .bind(&r.last_error)
+                .bind(r.outcome_unknown)
+                .bind(r.started_at)
+                .bind(r.ended_at)
+                .bind(step.output.as_ref().map(Value::to_string))
+                .bind(&id)
+                .bind(i64::from(step.index))
+                .execute(&mut *tx)
+                .await?;
+        }
+        for change in &t.attempts {
+            match change {
+                AttemptChange::Start {
+                    step_index,
+                    phase,
+                    attempt,
+                } => {
+                    sqlx::query(
+                        "INSERT INTO attempts (saga_id, step_idx, phase, attempt, worker, lease_epoch, started_at) \
+                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                    )
+                    .bind(&id)
+                    .bind(i64::from(*step_index))
+                    .bind(phase.as_str())
+                    .bind(i64::from(*attempt))
+                    .bind(&lease.owner)
+                    .bind(lease.epoch)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                AttemptChange::Finish {
+                    step_index,
+                    phase,
+                    attempt,
+                    outcome,
+                    error,
+                } => {
+                    sqlx::query(
+                        "UPDATE attempts SET ended_at = ?5, outcome = ?6, error = ?7 \
+                         WHERE saga_id = ?1 AND step_idx = ?2 AND phase = ?3 AND attempt = ?4",
+                    )
+                    .bind(&id)
+                    .bind(i64::from(*step_index))
+                    .bind(phase.as_str())
+                    .bind(i64::from(*attempt))
+                    .bind(now)
+                    .bind(*outcome)
+                    .bind(error)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+            }
+        }
+        for event in &t.events {
+            insert_event(
+                &mut tx,
+                &id,
+                now,
+                event.kind,
+                event.step.as_deref(),
+                &event.data,
+            )
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(Applied::Written)
+    }
+
+    async fn mark_blocked(&self, definitions: &[String]) -> Result<u64> {
+        let now = self.now_ms();
+        let mut tx = self.begin_write().await?;
+        let rows = sqlx::query(
+            "UPDATE sagas SET blocked = 1, updated_at = ?2 \
+             WHERE next_run_at IS NOT NULL AND next_run_at <= ?2 AND blocked = 0 AND lease_owner IS NULL \
+               AND definition_key NOT IN (SELECT value FROM json_each(?1)) \
+             RETURNING id, definition_key",
+        )
+        .bind(json_list(definitions))
+        .bind(now)
+        .fetch_all(&mut *tx)
+        .await?;
+        for row in &rows {
+            let id: String = row.try_get("id")?;
+            let key: String = row.try_get("definition_key")?;
+            let data = serde_json::json!({
+                "definition": key,
+                "reason": "no running orchestrator process has this exact saga definition"
+            });
+            insert_event(&mut tx, &id, now, "saga.blocked", None, &data).await?;
+        }
+        tx.commit().await?;
+        Ok(rows.len() as u64)
+    }
+
+    async fn next_due(&self, definitions: &[String]) -> Result<Option<Millis>> {
+        let row = sqlx::query(
+            "SELECT MIN(next_run_at) AS due FROM sagas \
+             WHERE next_run_at IS NOT NULL AND lease_owner IS NULL \
+               AND definition_key IN (SELECT value FROM json_each(?1))",
+        )
+        .bind(json_list(definitions))
+        .fetch_one(&self.reader)
+        .await?;
+        Ok(row.try_get("due")?)
+    }
+
+    async fn request_cancel(&self, id: Uuid) -> Result<CancelOutcome> {
+        let now = self.now_ms();
+        let mut tx = self.begin_write().await?;
+        let row = sqlx::query("SELECT status, pivot_reached FROM sagas WHERE id = ?1")
+            .bind(id.to_string())
+            .fetch_optional(&mut *tx)
+            .await?
+            .ok_or(StoreError::NotFound(id))?;
+        let status: SagaStatus = parse_enum(&id.to_string(), &row.try_get::<String, _>("status")?)?;
+        let pivot_reached: bool = row.try_get("pivot_reached")?;
+        let outcome = if status.is_terminal() {
+            CancelOutcome::Terminal(status)
+        } else if status == SagaStatus::Compensating {
+            CancelOutcome::AlreadyCompensating
+        } else if pivot_reached {
+            CancelOutcome::PastPivot
+        } else {
+            sqlx::query(
+                "UPDATE sagas SET cancel_requested = 1, updated_at = ?2, \
+                 next_run_at = MIN(COALESCE(next_run_at, ?2), ?2) WHERE id = ?1",
+            )
+            .bind(id.to_string())
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+            insert_event(
+                &mut tx,
+                &id.to_string(),
+                now,
+                "saga.cancel_requested",
+                None,
+                &serde_json::json!({}),
+            )
+            .await?;
+            CancelOutcome::Accepted
+        };
+        tx.commit().await?;
+        Ok(outcome)
+    }
+
+    async fn abort(&self, id: Uuid, reason: &str, actor: &str) -> Result<Saga> {
+        let now = self.now_ms();
+        let mut tx = self.begin_write().await?;
+        let saga = Self::require_saga(&mut tx, id).await?;
+        if saga.status.is_terminal() && saga.status != SagaStatus::Failed {
+            return Err(StoreError::Conflict(format!(
+                "saga {id} is {}; only a saga that is not finished can be aborted",
+                saga.status
+            )));
+        }
+        sqlx::query(
+            "UPDATE sagas SET status = 'ABORTED', next_run_at = NULL, lease_owner = NULL, \
+             lease_expires_at = NULL, lease_epoch = lease_epoch + 1, updated_at = ?2, \
+             error = COALESCE(error, ?3) WHERE id = ?1",
+        )
+        .bind(id.to_string())
+        .bind(now)
+        .bind(format!("aborted: {reason}"))
+        .execute(&mut *tx)
+        .await?;
+        let data =
+            serde_json::json!({"reason": reason, "actor": actor, "previous_status": saga.status});
+        insert_event(&mut tx, &id.to_string(), now, "saga.aborted", None, &data).await?;
+        tx.commit().await?;
+        self.reload(id).await
+    }
+
+    async fn retry_now(&self, id: Uuid, actor: &str) -> Result<Saga> {
+        let now = self.now_ms();
+        let mut tx = self.begin_write().await?;
+        let saga = Self::require_saga(&mut tx, id).await?;
+        match saga.status {
+            SagaStatus::Failed => {
+                // The step that failed after the pivot gets another attempt (the engine makes
+                // at least one attempt of a RETRYING step, whatever its budget).
+                let failed = saga
+                    .steps
+                    .iter()
+                    .find(|s| matches!(s.action.status, StepStatus::Failed | StepStatus::Unknown))
+                    .ok_or_else(|| {
+                        StoreError::Conflict(format!("saga {id} is FAILED but no step failed"))
+                    })?;
+                sqlx::query("UPDATE steps SET status = 'RETRYING' WHERE saga_id = ?1 AND idx = ?2")
+                    .bind(id.to_string())
+                    .bind(i64::from(failed.index))
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(
+                    "UPDATE sagas SET status = 'RUNNING', next_run_at = ?2, needs_attention = 0, \
+                     lease_owner = NULL, lease_expires_at = NULL, lease_epoch = lease_epoch + 1, \
+                     updated_at = ?2 WHERE id = ?1",
+                )
+                .bind(id.to_string())
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+                let data = serde_json::json!({"actor": actor, "step": failed.name});
+                insert_event(
+                    &mut tx,
+                    &id.to_string(),
+                    now,
+                    "saga.retried",
+                    Some(&failed.name),
+                    &data,
+                )
+                .await?;
+            }
+            s if s.is_terminal() => {
+                return Err(StoreError::Conflict(format!(
+                    "saga {id} is {s}; there is nothing to retry"
+                )))
+            }
+            _ => {
+                sqlx::query(
+                    "UPDATE sagas SET next_run_at = ?2, updated_at = ?2 \
+                     WHERE id = ?1 AND next_run_at > ?2",
+                )
+                .bind(id.to_string())
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+                let data = serde_json::json!({"actor": actor});
+                insert_event(
+                    &mut tx,
+                    &id.to_string(),
+                    now,
+                    "saga.retry_requested",
+                    None,
+                    &data,
+                )
+                .await?;
+            }
+        }
+        tx.commit().await?;
+        self.reload(id).await
+    }
+
+    async fn mark_compensated(
+        &self,
+        id: Uuid,
+        step: &str,
+        reason: &str,
+        actor: &str,
+    ) -> Result<Saga> {
+        let now = self.now_ms();
+        let mut tx = self.begin_write().await?;
+        let saga = Self::require_saga(&mut tx, id).await?;
+        let record =
+            saga.steps
+                .iter()
+                .find(|s| s.name == step)
+                .ok_or_else(|| StoreError::UnknownStep {
+                    saga: id,
+                    step: step.to_owned(),
+                })?;
+        if saga.status != SagaStatus::Compensating {
+            return Err(StoreError::Conflict(format!(
+                "saga {id} is {}; steps can be marked compensated only while it is COMPENSATING",
+                saga.status
+            )));
+        }
+        if !needs_compensation(record) {
+            return Err(StoreError::Conflict(format!(
+                "step {step} of saga {id} has no compensation pending (compensation {})",
+                record.compensation.status
+            )));
+        }
+        sqlx::query(
+            "UPDATE steps SET comp_status = 'MANUAL', comp_ended_at = ?3 WHERE saga_id = ?1 AND idx = ?2",
+        )
+        .bind(id.to_string())
+        .bind(i64::from(record.index))
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        // Take the saga from whichever worker holds it (its next write fails on the epoch) and
+        // make it due, so the engine carries on with the remaining compensations.
+        sqlx::query(
+            "UPDATE sagas SET needs_attention = 0, next_run_at = ?2, lease_owner = NULL, \
+             lease_expires_at = NULL, lease_epoch = lease_epoch + 1, updated_at = ?2 WHERE id = ?1",
+        )
+        .bind(id.to_string())
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        let data = serde_json::json!({"reason": reason, "actor": actor});
+        insert_event(
+            &mut tx,
+            &id.to_string(),
+            now,
+            "step.marked_compensated",
+            Some(step),
+            &data,
+        )
+        .await?;
+        tx.commit().await?;
+        self.reload(id).await
+    }
+
+    async fn now(&self) -> Result<Millis> {
+        Ok(self.now_ms())
+    }
+}
