@@ -8,7 +8,8 @@ use std::time::Duration;
 use orchestrator::model::{SagaStatus, StepStatus};
 use saga_dsl::StepKind::{Compensatable, Pivot, Retriable};
 use saga_suite::{
-    is, registry_of, scripted_saga, test_config, wait_for, wait_terminal, Journal, Outcome::*,
+    is, registry_of, scripted_saga, test_config, wait_for, wait_terminal, Journal,
+    Outcome::{Hang, Permanent, Retryable},
     RunningEngine, ScriptedStep as S, TempDb,
 };
 use serde_json::json;
@@ -50,4 +51,711 @@ async fn happy_path_runs_every_action_once_in_order() {
     assert_eq!(events.first().map(String::as_str), Some("saga.started"));
     assert_eq!(events.last().map(String::as_str), Some("saga.completed"));
     eng.stop().await;
+}
+
+fn three(
+    a: &[saga_suite::Outcome],
+    b: &[saga_suite::Outcome],
+    c: &[saga_suite::Outcome],
+) -> Vec<S> {
+    vec![
+        S::new("a", Compensatable).action(a),
+        S::new("b", Compensatable).action(b),
+        S::new("c", Compensatable).action(c),
+    ]
+}
+
+async fn run_one(steps: Vec<S>) -> (orchestrator::Saga, Journal, Vec<String>) {
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let def = scripted_saga("s", 1, &steps, &j);
+    let eng = RunningEngine::start(store.clone(), registry_of([def]), test_config());
+    let saga = eng.engine.start("s", json!({})).await.unwrap();
+    let done = wait_terminal(&store, saga.id).await;
+    let events = store
+        .events(saga.id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| {
+            format!(
+                "{}{}",
+                e.kind,
+                e.step.map(|s| format!(":{s}")).unwrap_or_default()
+            )
+        })
+        .collect();
+    eng.stop().await;
+    (done, j, events)
+}
+
+#[tokio::test]
+async fn permanent_failure_compensates_earlier_steps_in_reverse() {
+    let (saga, j, events) = run_one(three(&[], &[], &[Permanent])).await;
+    assert_eq!(saga.status, SagaStatus::Compensated);
+    assert_eq!(
+        j.names(),
+        [
+            "a:action",
+            "b:action",
+            "c:action",
+            "b:compensation",
+            "a:compensation"
+        ]
+    );
+    // The step that failed definitively is not compensated.
+    assert_eq!(saga.steps[2].action.status, StepStatus::Failed);
+    assert_eq!(saga.steps[2].compensation.status, StepStatus::Pending);
+    assert_eq!(
+        saga.steps[2].action.attempts, 1,
+        "a permanent error is not retried"
+    );
+    assert_eq!(saga.error.as_deref(), Some("c: scripted permanent failure"));
+    assert!(events.contains(&"step.compensated:a".to_owned()));
+    assert_eq!(events.last().unwrap(), "saga.compensated");
+}
+
+#[tokio::test]
+async fn a_step_whose_outcome_is_unknown_is_compensated_too() {
+    // b times out on every attempt: its outcome is unknown, so it is compensated as well.
+    let (saga, j, _) = run_one(three(&[], &[Hang, Hang, Hang], &[])).await;
+    assert_eq!(saga.status, SagaStatus::Compensated);
+    assert_eq!(saga.steps[1].action.status, StepStatus::Unknown);
+    assert!(saga.steps[1].action.outcome_unknown);
+    assert_eq!(
+        j.names(),
+        [
+            "a:action",
+            "b:action",
+            "b:action",
+            "b:action",
+            "b:compensation",
+            "a:compensation"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn retryable_failures_are_retried_within_the_budget() {
+    let (saga, j, _) = run_one(three(&[Retryable, Retryable], &[], &[])).await;
+    assert_eq!(saga.status, SagaStatus::Completed);
+    assert_eq!(saga.steps[0].action.attempts, 3);
+    assert_eq!(j.names().iter().filter(|n| *n == "a:action").count(), 3);
+
+    // Budget spent (3 attempts) on known failures: the step failed definitively, not compensated.
+    let (saga, j, _) = run_one(three(&[], &[Retryable, Retryable, Retryable], &[])).await;
+    assert_eq!(saga.status, SagaStatus::Compensated);
+    assert_eq!(saga.steps[1].action.status, StepStatus::Failed);
+    assert_eq!(saga.steps[1].action.attempts, 3);
+    assert_eq!(j.names().last().unwrap(), "a:compensation");
+    assert!(!j.names().contains(&"b:compensation".to_owned()));
+}
+
+#[tokio::test]
+async fn idempotency_keys_are_stable_per_step_and_phase() {
+    let (saga, j, _) = run_one(three(&[Retryable], &[], &[Permanent])).await;
+    let calls = j.calls();
+    let key = |name: &str, phase: &str| -> Vec<uuid::Uuid> {
+        calls
+            .iter()
+            .filter(|(s, p, _)| s == name && p == phase)
+            .map(|c| c.2)
+            .collect()
+    };
+    let a = key("a", "action");
+    assert_eq!(a.len(), 2);
+    assert_eq!(a[0], a[1], "a retry reuses the key");
+    assert_eq!(
+        a[0],
+        saga_dsl::idempotency_key(saga.id, 0, saga_dsl::Phase::Action)
+    );
+    let a_comp = key("a", "compensation");
+    assert_ne!(a_comp[0], a[0], "the compensation has its own key");
+    assert_ne!(key("b", "action")[0], a[0]);
+}
+
+#[tokio::test]
+async fn every_attempt_is_kept_in_the_attempt_log() {
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let def = scripted_saga("s", 1, &three(&[Retryable, Hang], &[], &[]), &j);
+    let eng = RunningEngine::start(store.clone(), registry_of([def]), test_config());
+    let saga = eng.engine.start("s", json!({})).await.unwrap();
+    wait_terminal(&store, saga.id).await;
+    let attempts = store.attempts(saga.id).await.unwrap();
+    let a: Vec<_> = attempts
+        .iter()
+        .filter(|x| x.step == "a")
+        .map(|x| (x.attempt, x.outcome.clone().unwrap(), x.error.is_some()))
+        .collect();
+    assert_eq!(
+        a,
+        [
+            (1, "retryable".to_owned(), true),
+            (2, "timed_out".to_owned(), true),
+            (3, "succeeded".to_owned(), false)
+        ]
+    );
+    assert!(attempts
+        .iter()
+        .all(|x| x.worker == eng.engine.config().worker_id));
+    assert!(attempts.iter().all(|x| x.ended_at.is_some()));
+    eng.stop().await;
+}
+
+#[tokio::test]
+async fn after_the_pivot_nothing_is_compensated_and_retriable_steps_retry_to_success() {
+    let steps = vec![
+        S::new("a", Compensatable),
+        S::new("p", Pivot),
+        S::new("r", Retriable).action(&[Retryable, Hang, Retryable, Retryable, Retryable]),
+    ];
+    let (saga, j, _) = run_one(steps).await;
+    assert_eq!(saga.status, SagaStatus::Completed);
+    assert_eq!(
+        saga.steps[2].action.attempts, 6,
+        "beyond the 3-attempt budget of other steps"
+    );
+    assert!(!j.names().iter().any(|n| n.ends_with("compensation")));
+
+    // A permanent failure after the pivot: FAILED, needs a person, nothing compensated.
+    let steps = vec![
+        S::new("a", Compensatable),
+        S::new("p", Pivot),
+        S::new("r", Retriable).action(&[Permanent]),
+    ];
+    let (saga, j, events) = run_one(steps).await;
+    assert_eq!(saga.status, SagaStatus::Failed);
+    assert!(saga.needs_attention);
+    assert!(!j.names().iter().any(|n| n.ends_with("compensation")));
+    assert!(events.contains(&"saga.failed".to_owned()));
+
+    // The pivot itself failing definitively: the steps before it are compensated.
+    let steps = vec![
+        S::new("a", Compensatable),
+        S::new("p", Pivot).action(&[Permanent]),
+    ];
+    let (saga, j, _) = run_one(steps).await;
+    assert_eq!(saga.status, SagaStatus::Compensated);
+    assert_eq!(j.names(), ["a:action", "p:action", "a:compensation"]);
+}
+
+#[tokio::test]
+async fn data_flows_from_earlier_steps_and_to_compensations() {
+    use saga_dsl::{SagaDefinition, Step, StepContext, StepError};
+    let seen = Journal::default();
+    let charge = |ctx: StepContext| async move {
+        let amount = ctx.input::<serde_json::Value>()?["amount"]
+            .as_i64()
+            .unwrap_or(0);
+        Ok::<_, StepError>(json!({"charge_id": format!("ch_{amount}")}))
+    };
+    let s2 = seen.clone();
+    let refund = move |ctx: StepContext| {
+        let s2 = s2.clone();
+        async move {
+            let own: Option<serde_json::Value> = ctx.action_output()?;
+            let id = own.unwrap()["charge_id"].as_str().unwrap().to_owned();
+            s2.push(&id, "refund", ctx.idempotency_key());
+            Ok(())
+        }
+    };
+    let s3 = seen.clone();
+    let ship = move |ctx: StepContext| {
+        let s3 = s3.clone();
+        async move {
+            let charge: serde_json::Value = ctx.output_of("charge")?;
+            s3.push(
+                charge["charge_id"].as_str().unwrap(),
+                "ship",
+                ctx.idempotency_key(),
+            );
+            Err::<(), _>(StepError::permanent("cannot ship"))
+        }
+    };
+    let def = SagaDefinition::builder("flow", 1)
+        .step(Step::compensatable("charge", charge, refund))
+        .step(Step::pivot("ship", ship))
+        .build()
+        .unwrap();
+    let db = TempDb::new();
+    let store = db.store().await;
+    let eng = RunningEngine::start(store.clone(), registry_of([def]), test_config());
+    let saga = eng
+        .engine
+        .start("flow", json!({"amount": 42}))
+        .await
+        .unwrap();
+    let done = wait_terminal(&store, saga.id).await;
+    assert_eq!(done.status, SagaStatus::Compensated);
+    let got: Vec<_> = seen
+        .calls()
+        .into_iter()
+        .map(|(a, b, _)| format!("{b}:{a}"))
+        .collect();
+    assert_eq!(got, ["ship:ch_42", "refund:ch_42"]);
+    eng.stop().await;
+}
+
+#[tokio::test]
+async fn compensations_never_give_up_and_flag_needs_attention() {
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let steps = vec![
+        S::new("a", Compensatable).compensation(&[Retryable; 200]),
+        S::new("b", Compensatable).action(&[Permanent]),
+    ];
+    let def = scripted_saga("s", 1, &steps, &j);
+    let eng = RunningEngine::start(store.clone(), registry_of([def]), test_config());
+    let saga = eng.engine.start("s", json!({})).await.unwrap();
+    // test_config flags after 3 attempts; the saga stays COMPENSATING and keeps retrying.
+    let flagged = wait_for(&store, saga.id, Duration::from_secs(10), |s| {
+        s.needs_attention && s.steps[0].compensation.attempts >= 5
+    })
+    .await;
+    assert_eq!(flagged.status, SagaStatus::Compensating);
+    // Still retrying: waiting for the next attempt, or making it right now.
+    assert!(matches!(
+        flagged.steps[0].compensation.status,
+        StepStatus::Retrying | StepStatus::Running
+    ));
+    let events = store.events(saga.id).await.unwrap();
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.kind == "saga.needs_attention")
+            .count(),
+        1,
+        "flagged once, not on every attempt"
+    );
+    let page = store
+        .list_sagas(&orchestrator::model::ListFilter {
+            needs_attention: true,
+            limit: 10,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(page.sagas.len(), 1);
+
+    // Only an operator ends it otherwise, audited.
+    let done = store
+        .mark_compensated(saga.id, "a", "refunded by hand, ticket 7", "ops@test")
+        .await
+        .unwrap();
+    assert_eq!(done.steps[0].compensation.status, StepStatus::Manual);
+    let done = wait_for(
+        &store,
+        saga.id,
+        Duration::from_secs(5),
+        is(SagaStatus::Compensated),
+    )
+    .await;
+    assert!(!done.needs_attention);
+    let audit = store.events(saga.id).await.unwrap();
+    let marked = audit
+        .iter()
+        .find(|e| e.kind == "step.marked_compensated")
+        .unwrap();
+    assert_eq!(marked.data["reason"], "refunded by hand, ticket 7");
+    eng.stop().await;
+}
+
+#[tokio::test]
+async fn compensations_that_fail_a_few_times_still_complete() {
+    let steps = vec![
+        S::new("a", Compensatable).compensation(&[Retryable, Hang, Permanent]),
+        S::new("b", Compensatable).action(&[Permanent]),
+    ];
+    let (saga, j, _) = run_one(steps).await;
+    assert_eq!(saga.status, SagaStatus::Compensated);
+    assert_eq!(saga.steps[0].compensation.attempts, 4);
+    assert_eq!(
+        j.names().iter().filter(|n| *n == "a:compensation").count(),
+        4
+    );
+}
+
+/// A saga whose step `b` takes `b_ms` milliseconds; journal records calls.
+fn slow_saga(
+    name: &str,
+    b_kind: saga_dsl::StepKind,
+    b_ms: u64,
+    j: &Journal,
+) -> saga_dsl::SagaDefinition {
+    use saga_dsl::{SagaDefinition, Step, StepContext, StepError};
+    let rec = |j: &Journal, ms: u64| {
+        let j = j.clone();
+        move |ctx: StepContext| {
+            let j = j.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                j.push(ctx.step_name(), ctx.phase().as_str(), ctx.idempotency_key());
+                Ok::<_, StepError>(json!(null))
+            }
+        }
+    };
+    let comp = |j: &Journal| {
+        let j = j.clone();
+        move |ctx: StepContext| {
+            let j = j.clone();
+            async move {
+                j.push(ctx.step_name(), ctx.phase().as_str(), ctx.idempotency_key());
+                Ok::<_, StepError>(())
+            }
+        }
+    };
+    let b = match b_kind {
+        saga_dsl::StepKind::Pivot => Step::pivot("b", rec(j, b_ms)),
+        _ => Step::compensatable("b", rec(j, b_ms), comp(j)),
+    };
+    let c = match b_kind {
+        saga_dsl::StepKind::Pivot => Step::retriable("c", rec(j, 0)),
+        _ => Step::compensatable("c", rec(j, 0), comp(j)),
+    };
+    SagaDefinition::builder(name, 1)
+        .step(Step::compensatable("a", rec(j, 0), comp(j)))
+        .step(b)
+        .step(c)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn cancel_finishes_the_step_in_flight_then_compensates() {
+    use orchestrator::store::CancelOutcome;
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let eng = RunningEngine::start(
+        store.clone(),
+        registry_of([slow_saga("s", Compensatable, 400, &j)]),
+        test_config(),
+    );
+    let saga = eng.engine.start("s", json!({})).await.unwrap();
+    wait_for(&store, saga.id, Duration::from_secs(5), |s| {
+        s.steps[1].action.status == StepStatus::Running
+    })
+    .await;
+    assert_eq!(
+        store.request_cancel(saga.id).await.unwrap(),
+        CancelOutcome::Accepted
+    );
+    let done = wait_terminal(&store, saga.id).await;
+    assert_eq!(done.status, SagaStatus::Compensated);
+    assert_eq!(
+        j.names(),
+        ["a:action", "b:action", "b:compensation", "a:compensation"],
+        "b finished, c never started, then reverse compensation"
+    );
+    assert_eq!(done.steps[2].action.status, StepStatus::Pending);
+    assert_eq!(
+        store.request_cancel(saga.id).await.unwrap(),
+        CancelOutcome::Terminal(SagaStatus::Compensated)
+    );
+    eng.stop().await;
+}
+
+#[tokio::test]
+async fn cancel_before_any_step_runs_nothing() {
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let registry = registry_of([slow_saga("s", Compensatable, 0, &j)]);
+    // Started while no engine runs: it stays QUEUED.
+    let idle = orchestrator::Engine::new(
+        store.clone(),
+        std::sync::Arc::new(registry.clone()),
+        test_config(),
+    );
+    let saga = idle.start("s", json!({})).await.unwrap();
+    store.request_cancel(saga.id).await.unwrap();
+    let eng = RunningEngine::start(store.clone(), registry, test_config());
+    let done = wait_terminal(&store, saga.id).await;
+    assert_eq!(done.status, SagaStatus::Compensated);
+    assert!(j.names().is_empty(), "{:?}", j.names());
+    eng.stop().await;
+}
+
+#[tokio::test]
+async fn cancel_after_the_pivot_started_is_refused() {
+    use orchestrator::store::CancelOutcome;
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let eng = RunningEngine::start(
+        store.clone(),
+        registry_of([slow_saga("s", Pivot, 300, &j)]),
+        test_config(),
+    );
+    let saga = eng.engine.start("s", json!({})).await.unwrap();
+    wait_for(&store, saga.id, Duration::from_secs(5), |s| {
+        s.steps[1].action.status == StepStatus::Running
+    })
+    .await;
+    assert_eq!(
+        store.request_cancel(saga.id).await.unwrap(),
+        CancelOutcome::PastPivot
+    );
+    let done = wait_terminal(&store, saga.id).await;
+    assert_eq!(done.status, SagaStatus::Completed);
+    assert!(!done.cancel_requested);
+    eng.stop().await;
+}
+
+#[tokio::test]
+async fn a_saga_without_its_exact_definition_is_blocked_not_skipped() {
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let v1 = scripted_saga("s", 1, &three(&[], &[], &[]), &j);
+    let creator = orchestrator::Engine::new(
+        store.clone(),
+        std::sync::Arc::new(registry_of([v1])),
+        test_config(),
+    );
+    let saga = creator.start("s", json!({})).await.unwrap();
+
+    // Same name and version, different step list: a different hash.
+    let changed = scripted_saga(
+        "s",
+        1,
+        &[S::new("a", Compensatable), S::new("z", Pivot)],
+        &j,
+    );
+    let eng = RunningEngine::start(store.clone(), registry_of([changed]), test_config());
+    let blocked = wait_for(&store, saga.id, Duration::from_secs(5), |s| s.blocked).await;
+    assert_eq!(blocked.status, SagaStatus::Queued);
+    eng.stop().await;
+    assert!(j.names().is_empty(), "a blocked saga is never touched");
+    let events = store.events(saga.id).await.unwrap();
+    let ev = events.iter().find(|e| e.kind == "saga.blocked").unwrap();
+    assert!(ev.data["definition"].as_str().unwrap().starts_with("s@1#"));
+
+    // A process that has the definition picks it up.
+    let v1 = scripted_saga("s", 1, &three(&[], &[], &[]), &j);
+    let eng = RunningEngine::start(store.clone(), registry_of([v1]), test_config());
+    let done = wait_terminal(&store, saga.id).await;
+    assert_eq!(done.status, SagaStatus::Completed);
+    assert!(!done.blocked);
+    eng.stop().await;
+}
+
+#[tokio::test]
+async fn a_long_backoff_frees_the_worker_and_lives_in_the_log() {
+    use saga_dsl::{SagaDefinition, Step, StepContext, StepError};
+    let slow_retry = |ctx: StepContext| async move {
+        if ctx.attempt() == 1 {
+            Err(StepError::retry_after(
+                Duration::from_millis(1500),
+                "rate limited",
+            ))
+        } else {
+            Ok(json!("ok"))
+        }
+    };
+    let noop = |_ctx: StepContext| async { Ok::<_, StepError>(()) };
+    let waiting = SagaDefinition::builder("waiting", 1)
+        .step(Step::compensatable("w", slow_retry, noop))
+        .build()
+        .unwrap();
+    let quick = SagaDefinition::builder("quick", 1)
+        .step(Step::compensatable("q", noop, noop))
+        .build()
+        .unwrap();
+    let db = TempDb::new();
+    let store = db.store().await;
+    let config = orchestrator::EngineConfig {
+        workers: 1,
+        ..test_config()
+    };
+    let eng = RunningEngine::start(store.clone(), registry_of([waiting, quick]), config);
+    let w = eng.engine.start("waiting", json!({})).await.unwrap();
+    let waiting_row = wait_for(&store, w.id, Duration::from_secs(5), |s| {
+        s.steps[0].action.status == StepStatus::Retrying
+    })
+    .await;
+    let due_in = waiting_row.next_run_at.unwrap() - waiting_row.updated_at;
+    assert!(
+        (1400..=1600).contains(&due_in),
+        "next run time recorded in the log: {due_in}"
+    );
+    assert_eq!(
+        waiting_row.lease_owner, None,
+        "a long backoff releases the saga"
+    );
+    // With a single worker, another saga runs to completion during the backoff.
+    let q = eng.engine.start("quick", json!({})).await.unwrap();
+    let q_done = wait_terminal(&store, q.id).await;
+    let w_now = store.get_saga(w.id).await.unwrap().unwrap();
+    assert_eq!(
+        w_now.status,
+        SagaStatus::Running,
+        "still waiting when the other finished"
+    );
+    assert!(q_done.updated_at < waiting_row.next_run_at.unwrap());
+    let w_done = wait_terminal(&store, w.id).await;
+    assert_eq!(w_done.status, SagaStatus::Completed);
+    assert_eq!(w_done.steps[0].action.attempts, 2);
+    eng.stop().await;
+}
+
+#[tokio::test]
+async fn a_restart_does_not_reset_the_retry_budget() {
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let steps = vec![
+        S::new("a", Compensatable),
+        S::new("b", Compensatable).action(&[Retryable, Retryable, Retryable, Retryable]),
+    ];
+    let registry = registry_of([scripted_saga("s", 1, &steps, &j)]);
+    let eng = RunningEngine::start(store.clone(), registry.clone(), test_config());
+    let saga = eng.engine.start("s", json!({})).await.unwrap();
+    wait_for(&store, saga.id, Duration::from_secs(5), |s| {
+        s.steps[1].action.attempts >= 2
+    })
+    .await;
+    eng.stop().await;
+    let eng = RunningEngine::start(store.clone(), registry, test_config());
+    let done = wait_terminal(&store, saga.id).await;
+    eng.stop().await;
+    assert_eq!(done.status, SagaStatus::Compensated);
+    assert_eq!(
+        done.steps[1].action.attempts, 3,
+        "the budget of 3 spans both processes"
+    );
+    assert_eq!(j.names().iter().filter(|n| *n == "b:action").count(), 3);
+}
+
+#[tokio::test]
+async fn an_interrupted_attempt_is_made_again_with_the_same_key() {
+    use orchestrator::model::PhaseRecord;
+    use orchestrator::store::{AttemptChange, ClaimRequest, SagaUpdate, StepUpdate, Transition};
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let def = scripted_saga("s", 1, &three(&[], &[], &[]), &j);
+    let key = orchestrator::model::definition_key("s", 1, def.hash());
+    let registry = registry_of([def]);
+    let idle = orchestrator::Engine::new(
+        store.clone(),
+        std::sync::Arc::new(registry.clone()),
+        test_config(),
+    );
+    let saga = idle.start("s", json!({})).await.unwrap();
+
+    // A process claims the saga, writes ahead attempt 1 of step a, and dies before calling it.
+    let claimed = store
+        .claim(ClaimRequest {
+            owner: "ghost",
+            limit: 1,
+            lease_ttl_ms: 60_000,
+            definitions: &[key],
+        })
+        .await
+        .unwrap()
+        .remove(0);
+    let mut rec = PhaseRecord::pending();
+    rec.status = StepStatus::Running;
+    rec.attempts = 1;
+    rec.outcome_unknown = true;
+    store
+        .apply(
+            &claimed.lease,
+            &Transition {
+                saga: SagaUpdate {
+                    status: SagaStatus::Running,
+                    next_run_at: Some(0),
+                    error: None,
+                    output: None,
+                    needs_attention: false,
+                    pivot_reached: false,
+                },
+                steps: vec![StepUpdate {
+                    index: 0,
+                    phase: saga_dsl::Phase::Action,
+                    record: rec,
+                    output: None,
+                }],
+                attempts: vec![AttemptChange::Start {
+                    step_index: 0,
+                    phase: saga_dsl::Phase::Action,
+                    attempt: 1,
+                }],
+                events: vec![],
+                unless_cancelled: true,
+                release: false,
+            },
+        )
+        .await
+        .unwrap();
+
+    // A new process takes over at once (the embedded store frees dead processes' leases).
+    let eng = RunningEngine::start(store.clone(), registry, test_config());
+    let done = wait_terminal(&store, saga.id).await;
+    eng.stop().await;
+    assert_eq!(done.status, SagaStatus::Completed);
+    assert_eq!(done.steps[0].action.attempts, 2);
+    let attempts = store.attempts(saga.id).await.unwrap();
+    assert_eq!(attempts[0].outcome.as_deref(), Some("interrupted"));
+    assert_eq!(attempts[0].worker, "ghost");
+    assert_eq!(attempts[1].outcome.as_deref(), Some("succeeded"));
+    assert_eq!(j.names()[0], "a:action");
+    assert_eq!(
+        j.calls()[0].2,
+        saga_dsl::idempotency_key(saga.id, 0, saga_dsl::Phase::Action)
+    );
+
+    // The ghost's lease is gone: its writes are refused (fencing).
+    let stale = Transition {
+        saga: SagaUpdate {
+            status: SagaStatus::Running,
+            next_run_at: Some(0),
+            error: None,
+            output: None,
+            needs_attention: false,
+            pivot_reached: false,
+        },
+        steps: vec![],
+        attempts: vec![],
+        events: vec![],
+        unless_cancelled: false,
+        release: false,
+    };
+    let stale = store.apply(&claimed.lease, &stale).await;
+    assert!(matches!(stale, Err(orchestrator::StoreError::LeaseLost(_))));
+}
+
+#[tokio::test]
+async fn many_sagas_run_concurrently_and_each_step_runs_once() {
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let def = scripted_saga("s", 1, &three(&[], &[Retryable], &[]), &j);
+    let eng = RunningEngine::start(store.clone(), registry_of([def]), test_config());
+    let mut ids = Vec::new();
+    for _ in 0..150 {
+        ids.push(eng.engine.start("s", json!({})).await.unwrap().id);
+    }
+    for id in &ids {
+        assert_eq!(
+            wait_terminal(&store, *id).await.status,
+            SagaStatus::Completed
+        );
+    }
+    eng.stop().await;
+    let calls = j.calls();
+    assert_eq!(calls.len(), 150 * 4);
+    // No attempt of one saga overlaps another attempt of the same saga.
+    for id in &ids {
+        let mut attempts = store.attempts(*id).await.unwrap();
+        attempts.sort_by_key(|a| a.started_at);
+        for w in attempts.windows(2) {
+            assert!(w[0].ended_at.unwrap() <= w[1].started_at, "{w:?}");
+        }
+    }
 }
