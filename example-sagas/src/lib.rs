@@ -1,1 +1,41 @@
-//! placeholder
+//! # example-sagas: runnable examples for the saga orchestrator
+//!
+//! Two realistic sagas, written with [`saga_dsl`]:
+//!
+//! - [`place_order`](place_order::place_order) (SPEC §6): reserve stock, charge the payment,
+//!   assign a rider — three compensatable steps, undone in reverse order when a later one fails;
+//! - [`book_trip`](book_trip::book_trip): book a flight, a hotel and a car, then charge and confirm
+//!   the trip (the pivot) and send the itinerary (retriable until it succeeds).
+//!
+//! Their inputs accept a `"simulate"` object ([`place_order::Simulate`]) that injects permanent
+//! failures, K transient failures, failing compensations and delays, for demos and tests.
+//!
+//! ## Why the participants dedupe by key
+//!
+//! The orchestrator guarantees *at-least-once* calls: after a crash between "about to run" and
+//! "done" it cannot know whether the call took effect, so it makes the same call again with the
+//! same idempotency key. *Exactly-once effects* are then the participant's job: each one, in
+//! [`shop::Shop`], records the keys it has processed in the same transaction as its effect, in its
+//! own store (never the orchestrator's), so a repeated call changes nothing and answers as the
+//! first did. Its ledger ([`shop::Shop::ledger`]) is the bank statement against which "charged
+//! exactly once" and "every compensated order nets to zero" are checked.
+
+use std::sync::Arc;
+
+use saga_dsl::{DefinitionError, Registry};
+
+pub mod bench;
+pub mod book_trip;
+pub mod place_order;
+pub mod shop;
+mod simulate;
+
+use shop::Shop;
+
+/// Every example saga, its participants working against `shop`.
+pub fn registry(shop: Arc<Shop>) -> Result<Registry, DefinitionError> {
+    let mut registry = Registry::new();
+    registry.register(place_order::place_order(shop.clone())?)?;
+    registry.register(book_trip::book_trip(shop)?)?;
+    Ok(registry)
+}

@@ -252,3 +252,145 @@ pub fn registry_of(defs: impl IntoIterator<Item = saga_dsl::SagaDefinition>) -> 
     }
     r
 }
+
+/// The directory holding the workspace's built binaries (`target/debug`), found from the test
+/// executable (`target/debug/deps/NAME-HASH`).
+pub fn bin_path(name: &str) -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build --workspace --bins` first (scripts/test.sh does)",
+        path.display()
+    );
+    path
+}
+
+/// A real `example-sagas serve` process on loopback, killed with SIGKILL when dropped.
+pub struct Server {
+    pub child: std::process::Child,
+    pub base: String,
+}
+
+impl Server {
+    /// Starts `example-sagas serve` on `saga.db` and `shop.db` in `dir`, with extra environment
+    /// variables, and waits until it answers `/healthz`.
+    pub async fn spawn(dir: &std::path::Path, env: &[(&str, &str)], extra_args: &[&str]) -> Self {
+        use std::io::BufRead;
+        let mut cmd = std::process::Command::new(bin_path("example-sagas"));
+        cmd.arg("serve")
+            .arg("--listen")
+            .arg("127.0.0.1:0")
+            .arg("--database-url")
+            .arg(format!("sqlite://{}", dir.join("saga.db").display()))
+            .arg("--shop-database-url")
+            .arg(format!("sqlite://{}", dir.join("shop.db").display()))
+            .args(extra_args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .env("RUST_LOG", "error");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().unwrap();
+        let stdout = child.stdout.take().unwrap();
+        // The server prints `listening on http://ADDR` once bound.
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout)
+                .lines()
+                .map_while(Result::ok)
+            {
+                if let Some(addr) = line.strip_prefix("listening on ") {
+                    let _ = tx.send(addr.trim().to_owned());
+                }
+            }
+        });
+        let base = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("server did not start");
+        let server = Self { child, base };
+        let client = reqwest::Client::new();
+        for _ in 0..200 {
+            if let Ok(r) = client.get(format!("{}/healthz", server.base)).send().await {
+                if r.status().is_success() {
+                    return server;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("server at {} never became healthy", server.base);
+    }
+
+    /// SIGKILL, and reap the process.
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Waits for the process to exit on its own (a crash point aborting it).
+    pub fn wait_exit(mut self, timeout: Duration) -> std::process::ExitStatus {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(std::time::Instant::now() < deadline, "server did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// POSTs a saga start and returns its id.
+    pub async fn start(&self, name: &str, input: serde_json::Value) -> Uuid {
+        let r = reqwest::Client::new()
+            .post(format!("{}/v1/sagas/{name}", self.base))
+            .json(&input)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 202, "{:?}", r.text().await);
+        let body: serde_json::Value = r.json().await.unwrap();
+        body["id"].as_str().unwrap().parse().unwrap()
+    }
+
+    /// GETs a saga as JSON.
+    pub async fn saga(&self, id: Uuid) -> serde_json::Value {
+        reqwest::Client::new()
+            .get(format!("{}/v1/sagas/{id}", self.base))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    /// Polls the saga over HTTP until `until` holds; panics after `timeout`.
+    pub async fn wait_for(
+        &self,
+        id: Uuid,
+        timeout: Duration,
+        until: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let saga = self.saga(id).await;
+            if until(&saga) {
+                return saga;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "saga {id} never reached the expected state: {saga:#}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

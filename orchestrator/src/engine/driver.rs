@@ -107,6 +107,9 @@ impl Driver {
             match plan::next_call(&self.saga, now) {
                 NextCall::Done => {
                     self.write(false, true).await?;
+                    if self.saga.status.is_terminal() {
+                        self.inner.notify_terminal(self.saga.id, self.saga.status);
+                    }
                     return Ok(());
                 }
                 NextCall::Wait(at) => {

@@ -13,7 +13,8 @@
 mod driver;
 pub mod plan;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use saga_dsl::Registry;
@@ -24,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::clock::{Clock, SystemClock};
-use crate::model::{definition_key, Saga, StepKindName};
+use crate::model::{definition_key, Saga, SagaStatus, StepKindName};
 use crate::store::{ClaimRequest, NewSaga, Store, StoreError, WorkerInfo};
 
 /// Engine settings.
@@ -114,6 +115,22 @@ pub(crate) struct Inner {
     pub(crate) clock: Arc<dyn Clock>,
     definitions: Vec<String>,
     wake: Notify,
+    /// In-process waiters for sagas to end (see [`Engine::wait_terminal`]).
+    waiters: Mutex<HashMap<Uuid, Vec<tokio::sync::oneshot::Sender<SagaStatus>>>>,
+}
+
+impl Inner {
+    /// Tells in-process waiters that a saga reached a terminal status.
+    pub(crate) fn notify_terminal(&self, id: Uuid, status: SagaStatus) {
+        let waiters = self
+            .waiters
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        for w in waiters.into_iter().flatten() {
+            let _ = w.send(status);
+        }
+    }
 }
 
 /// The saga engine of one process. Cheap to clone.
@@ -156,6 +173,7 @@ impl Engine {
                 clock,
                 definitions,
                 wake: Notify::new(),
+                waiters: Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -208,6 +226,41 @@ impl Engine {
         tracing::debug!(saga.id = %saga.id, saga.name = name, "saga started");
         self.inner.wake.notify_one();
         Ok(saga)
+    }
+
+    /// Waits until the saga reaches a terminal status, for at most `timeout`; returns the status,
+    /// or `None` on timeout. Only sagas driven by this process end the wait early; for others
+    /// it falls back to reading the log every `poll_interval`.
+    pub async fn wait_terminal(
+        &self,
+        id: Uuid,
+        timeout: Duration,
+    ) -> Result<Option<SagaStatus>, StoreError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            self.inner
+                .waiters
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(id)
+                .or_default()
+                .push(tx);
+            // Registered first, read second: a saga ending in between still wakes us.
+            match self.inner.store.get_saga(id).await? {
+                None => return Err(StoreError::NotFound(id)),
+                Some(s) if s.status.is_terminal() => return Ok(Some(s.status)),
+                Some(_) => {}
+            }
+            let poll = tokio::time::Instant::now() + self.inner.config.poll_interval;
+            tokio::select! {
+                got = rx => if let Ok(status) = got { return Ok(Some(status)) },
+                _ = tokio::time::sleep_until(poll.min(deadline)) => {}
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(None);
+            }
+        }
     }
 
     /// Runs the engine until `shutdown` is cancelled: registers this worker, claims and drives

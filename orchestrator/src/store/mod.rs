@@ -345,6 +345,12 @@ pub trait Store: Send + Sync + 'static {
         actor: &str,
     ) -> Result<Saga>;
 
+    /// How many write transactions this store has committed since it was opened (for
+    /// benchmarks: commits per saga is the figure that bounds throughput).
+    fn commits(&self) -> u64 {
+        0
+    }
+
     /// The database clock, in milliseconds since the epoch. Leases and due times use it so that
     /// skewed worker clocks cannot break them.
     async fn now(&self) -> Result<Millis>;

@@ -57,6 +57,7 @@ pub struct SqliteStore {
     path: Option<std::path::PathBuf>,
     engine_lock: Mutex<Option<File>>,
     clock: std::sync::Arc<dyn Clock>,
+    commits: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -132,6 +133,7 @@ impl SqliteStore {
             path: store_path,
             engine_lock: Mutex::new(None),
             clock,
+            commits: std::sync::atomic::AtomicU64::new(0),
         };
         store.migrate().await?;
         Ok(store)
@@ -143,6 +145,13 @@ impl SqliteStore {
 
     async fn begin_write(&self) -> Result<Transaction<'static, Sqlite>> {
         Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
+    }
+
+    async fn commit(&self, tx: Transaction<'static, Sqlite>) -> Result<()> {
+        tx.commit().await?;
+        self.commits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
     }
 
     async fn load_saga<'e, E>(executor: E, id: Uuid) -> Result<Option<Saga>>
@@ -407,7 +416,7 @@ impl Store for SqliteStore {
         .bind(now)
         .execute(&mut *tx)
         .await?;
-        tx.commit().await?;
+        self.commit(tx).await?;
         Ok(())
     }
 
@@ -424,7 +433,7 @@ impl Store for SqliteStore {
             .bind(now + lease_ttl_ms)
             .execute(&mut *tx)
             .await?;
-        tx.commit().await?;
+        self.commit(tx).await?;
         Ok(())
     }
 
@@ -442,7 +451,7 @@ impl Store for SqliteStore {
             .bind(now)
             .execute(&mut *tx)
             .await?;
-        tx.commit().await?;
+        self.commit(tx).await?;
         if let Some(file) = self
             .engine_lock
             .lock()
@@ -501,7 +510,7 @@ impl Store for SqliteStore {
         }
         let data = serde_json::json!({"name": new.name, "version": new.version});
         insert_event(&mut tx, &id, now, "saga.started", None, &data).await?;
-        tx.commit().await?;
+        self.commit(tx).await?;
         Ok(Saga {
             id: new.id,
             name: new.name,
@@ -651,7 +660,7 @@ impl Store for SqliteStore {
                 saga,
             });
         }
-        tx.commit().await?;
+        self.commit(tx).await?;
         Ok(claimed)
     }
 
@@ -786,7 +795,7 @@ impl Store for SqliteStore {
             )
             .await?;
         }
-        tx.commit().await?;
+        self.commit(tx).await?;
         Ok(Applied::Written)
     }
 
@@ -812,7 +821,7 @@ impl Store for SqliteStore {
             });
             insert_event(&mut tx, &id, now, "saga.blocked", None, &data).await?;
         }
-        tx.commit().await?;
+        self.commit(tx).await?;
         Ok(rows.len() as u64)
     }
 
@@ -864,7 +873,7 @@ impl Store for SqliteStore {
             .await?;
             CancelOutcome::Accepted
         };
-        tx.commit().await?;
+        self.commit(tx).await?;
         Ok(outcome)
     }
 
@@ -891,7 +900,7 @@ impl Store for SqliteStore {
         let data =
             serde_json::json!({"reason": reason, "actor": actor, "previous_status": saga.status});
         insert_event(&mut tx, &id.to_string(), now, "saga.aborted", None, &data).await?;
-        tx.commit().await?;
+        self.commit(tx).await?;
         self.reload(id).await
     }
 
@@ -961,7 +970,7 @@ impl Store for SqliteStore {
                 .await?;
             }
         }
-        tx.commit().await?;
+        self.commit(tx).await?;
         self.reload(id).await
     }
 
@@ -1023,8 +1032,12 @@ impl Store for SqliteStore {
             &data,
         )
         .await?;
-        tx.commit().await?;
+        self.commit(tx).await?;
         self.reload(id).await
+    }
+
+    fn commits(&self) -> u64 {
+        self.commits.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     async fn now(&self) -> Result<Millis> {

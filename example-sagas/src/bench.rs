@@ -1,0 +1,217 @@
+//! `example-sagas bench`: the in-process throughput and latency benchmark.
+//!
+//! It runs a 3-step no-op saga (`happy`), or the same saga with the last step failing
+//! permanently on its first attempt and two compensations (`compensate`), against a fresh
+//! database, keeping `concurrency` sagas in flight: each of `concurrency` lanes starts its next
+//! saga as soon as its previous one ended, the same shape as the peer harness in
+//! `shared/peers`. Latency is start → terminal status known to the caller.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use orchestrator::{Engine, EngineConfig, SagaStatus, Store};
+use saga_dsl::{Registry, RetryPolicy, SagaDefinition, Step, StepContext, StepError};
+use serde::Serialize;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+/// Which workload to run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scenario {
+    /// Three no-op steps.
+    Happy,
+    /// The third step fails permanently on its first try; two compensations run.
+    Compensate,
+}
+
+/// One benchmark run's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct BenchReport {
+    /// `sqlite` or `postgres`.
+    pub backend: String,
+    /// The workload.
+    pub scenario: Scenario,
+    /// Sagas measured (after the warm-up).
+    pub sagas: usize,
+    /// Sagas kept in flight.
+    pub concurrency: usize,
+    /// Throughput.
+    pub sagas_per_s: f64,
+    /// Step executions per second (3 per happy saga; 5 per compensated one).
+    pub steps_per_s: f64,
+    /// Median latency.
+    pub p50_ms: f64,
+    /// 99th percentile latency.
+    pub p99_ms: f64,
+    /// Database commits per saga during the measured phase.
+    pub commits_per_saga: f64,
+    /// Peak resident memory of this process.
+    pub peak_rss_mb: f64,
+    /// Sagas that did not end as expected (must be 0).
+    pub errors: usize,
+}
+
+impl BenchReport {
+    /// The one-line text form.
+    pub fn line(&self) -> String {
+        format!(
+            "bench backend={} scenario={} sagas={} concurrency={} sagas_per_s={:.1} steps_per_s={:.1} \
+             p50_ms={:.2} p99_ms={:.2} commits_per_saga={:.2} peak_rss_mb={:.1} errors={}",
+            self.backend,
+            match self.scenario {
+                Scenario::Happy => "happy",
+                Scenario::Compensate => "compensate",
+            },
+            self.sagas,
+            self.concurrency,
+            self.sagas_per_s,
+            self.steps_per_s,
+            self.p50_ms,
+            self.p99_ms,
+            self.commits_per_saga,
+            self.peak_rss_mb,
+            self.errors
+        )
+    }
+}
+
+/// The benchmark saga: three no-op steps; with `fail_last`, the third fails permanently.
+pub fn bench_saga() -> Result<SagaDefinition, saga_dsl::DefinitionError> {
+    async fn noop(ctx: StepContext) -> Result<serde_json::Value, StepError> {
+        Ok(json!({"step": ctx.step_name(), "ok": true}))
+    }
+    async fn undo(_ctx: StepContext) -> Result<(), StepError> {
+        Ok(())
+    }
+    async fn last(ctx: StepContext) -> Result<serde_json::Value, StepError> {
+        if ctx.raw_input()["fail_last"].as_bool() == Some(true) {
+            return Err(StepError::permanent("no rider within 5 km"));
+        }
+        noop(ctx).await
+    }
+    SagaDefinition::builder("bench_order", 1)
+        .step(Step::compensatable("reserve_stock", noop, undo))
+        .step(Step::compensatable("charge_payment", noop, undo))
+        .step(Step::compensatable("assign_rider", last, undo).retry(RetryPolicy::no_retry()))
+        .build()
+}
+
+/// Runs the benchmark on `store` and returns its figures.
+pub async fn run(
+    store: Arc<dyn Store>,
+    backend: &str,
+    scenario: Scenario,
+    sagas: usize,
+    concurrency: usize,
+    workers: usize,
+) -> anyhow::Result<BenchReport> {
+    let mut registry = Registry::new();
+    registry.register(bench_saga()?)?;
+    let engine = Engine::new(
+        store.clone(),
+        Arc::new(registry),
+        EngineConfig {
+            workers,
+            ..EngineConfig::default()
+        },
+    );
+    let shutdown = CancellationToken::new();
+    let runner = {
+        let (engine, shutdown) = (engine.clone(), shutdown.clone());
+        tokio::spawn(async move { engine.run(shutdown).await })
+    };
+    let concurrency = concurrency.max(1);
+    let warmup = (sagas / 10).clamp(concurrency.min(sagas), 200.max(concurrency));
+    lanes(&engine, scenario, warmup, concurrency).await?;
+
+    let commits_before = store.commits();
+    let started = Instant::now();
+    let (mut latencies, errors) = lanes(&engine, scenario, sagas, concurrency).await?;
+    let wall = started.elapsed().as_secs_f64();
+    let commits = store.commits() - commits_before;
+    shutdown.cancel();
+    runner.await??;
+
+    latencies.sort_unstable();
+    let pct = |p: f64| -> f64 {
+        if latencies.is_empty() {
+            return 0.0;
+        }
+        let i = ((latencies.len() as f64 * p).ceil() as usize).clamp(1, latencies.len()) - 1;
+        latencies[i].as_secs_f64() * 1000.0
+    };
+    let steps = match scenario {
+        Scenario::Happy => 3.0,
+        Scenario::Compensate => 5.0,
+    };
+    Ok(BenchReport {
+        backend: backend.to_owned(),
+        scenario,
+        sagas,
+        concurrency,
+        sagas_per_s: sagas as f64 / wall,
+        steps_per_s: sagas as f64 * steps / wall,
+        p50_ms: pct(0.50),
+        p99_ms: pct(0.99),
+        commits_per_saga: commits as f64 / sagas.max(1) as f64,
+        peak_rss_mb: peak_rss_mb(),
+        errors,
+    })
+}
+
+/// Runs `total` sagas in `concurrency` lanes; returns each saga's latency and the error count.
+async fn lanes(
+    engine: &Engine,
+    scenario: Scenario,
+    total: usize,
+    concurrency: usize,
+) -> anyhow::Result<(Vec<Duration>, usize)> {
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..concurrency {
+        let (engine, next) = (engine.clone(), next.clone());
+        set.spawn(async move {
+            let mut lat = Vec::new();
+            let mut errors = 0;
+            let want = match scenario {
+                Scenario::Happy => SagaStatus::Completed,
+                Scenario::Compensate => SagaStatus::Compensated,
+            };
+            let input = json!({"order": "bench", "fail_last": scenario == Scenario::Compensate});
+            while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < total {
+                let t = Instant::now();
+                let saga = engine.start("bench_order", input.clone()).await?;
+                let status = engine
+                    .wait_terminal(saga.id, Duration::from_secs(60))
+                    .await?;
+                lat.push(t.elapsed());
+                if status != Some(want) {
+                    errors += 1;
+                }
+            }
+            anyhow::Ok((lat, errors))
+        });
+    }
+    let mut all = Vec::with_capacity(total);
+    let mut errors = 0;
+    while let Some(res) = set.join_next().await {
+        let (lat, e) = res??;
+        all.extend(lat);
+        errors += e;
+    }
+    Ok((all, errors))
+}
+
+/// Peak resident set size of this process (VmHWM), in MiB.
+pub fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}

@@ -1,0 +1,298 @@
+//! `example-sagas`: the example application. It links the example saga definitions, so besides
+//! the operator commands of `saga` it can `serve` them (HTTP API plus engine), print the
+//! participants' `ledger`, and run the `bench`mark.
+//!
+//! ```text
+//! example-sagas serve                       # HTTP API on 127.0.0.1:8080, SQLite saga.db
+//! example-sagas show 0193a4f2-…             # the same operator commands as `saga`
+//! example-sagas ledger --json               # what the participants really did
+//! example-sagas bench --sagas 2000 --concurrency 16
+//! ```
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use example_sagas::bench::{self, Scenario};
+use example_sagas::shop::Shop;
+use orchestrator::cli::{self, AdminCommand, CliError, DatabaseArgs};
+use orchestrator::http::{self, HttpConfig};
+use orchestrator::{Engine, EngineConfig};
+use tokio_util::sync::CancellationToken;
+use tracing_subscriber::EnvFilter;
+
+/// Run and inspect the example sagas (place_order, book_trip).
+#[derive(Debug, Parser)]
+#[command(name = "example-sagas", version)]
+struct Cli {
+    #[command(flatten)]
+    db: DatabaseArgs,
+    /// The participants' own database (inventory, payments, riders).
+    #[arg(
+        long,
+        env = "SHOP_DATABASE_URL",
+        default_value = "sqlite://shop.db",
+        global = true
+    )]
+    shop_database_url: String,
+    /// Log format on stderr (the level comes from RUST_LOG; default `info` for serve).
+    #[arg(long, value_enum, default_value_t = LogFormat::Pretty, global = true)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    cmd: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Pretty,
+    /// One JSON object per line.
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the HTTP API and run the engine's workers.
+    Serve(ServeArgs),
+    /// Print, per order, how many times each participant effect really happened.
+    Ledger {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run the in-process benchmark on a fresh database and print one line of figures.
+    Bench(BenchArgs),
+    #[command(flatten)]
+    Admin(AdminCommand),
+}
+
+#[derive(Debug, clap::Args)]
+struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8080", env = "SAGA_LISTEN")]
+    listen: String,
+    /// Sagas driven at once by this process.
+    #[arg(long, default_value_t = 32, env = "SAGA_WORKERS")]
+    workers: usize,
+    /// Seconds a lease lasts without a heartbeat.
+    #[arg(long, default_value_t = 30)]
+    lease_ttl_secs: u64,
+    /// Failed attempts of a compensation after which the saga is flagged as needing attention.
+    #[arg(long, default_value_t = 5)]
+    needs_attention_after: u32,
+    /// Largest accepted request body, in bytes.
+    #[arg(long, default_value_t = HttpConfig::DEFAULT_BODY_LIMIT)]
+    body_limit: usize,
+}
+
+#[derive(Debug, clap::Args)]
+struct BenchArgs {
+    /// Sagas to measure (after a warm-up).
+    #[arg(long, default_value_t = 2000)]
+    sagas: usize,
+    /// Sagas kept in flight.
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
+    /// Engine workers (default: the concurrency).
+    #[arg(long)]
+    workers: Option<usize>,
+    /// Workload.
+    #[arg(long, value_enum, default_value_t = Scenario::Happy)]
+    scenario: Scenario,
+    /// Print the figures as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let matches = Cli::command().get_matches();
+    // `bench` runs on a fresh database unless one is named explicitly.
+    let db_explicit = matches!(
+        matches.value_source("database_url"),
+        Some(clap::parser::ValueSource::CommandLine | clap::parser::ValueSource::EnvVariable)
+    );
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => e.exit(),
+    };
+    init_tracing(cli.log_format, matches!(cli.cmd, Command::Serve(_)));
+    let result = match &cli.cmd {
+        Command::Serve(args) => serve(&cli, args).await,
+        Command::Ledger { json } => ledger(&cli, *json).await,
+        Command::Bench(args) => run_bench(&cli, args, db_explicit).await,
+        Command::Admin(cmd) => admin(&cli, cmd).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e)
+            if e.downcast_ref::<CliError>()
+                .is_some_and(CliError::is_broken_pipe) =>
+        {
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_tracing(format: LogFormat, serving: bool) {
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(if serving { "info" } else { "warn" }));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Pretty => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+async fn admin(cli: &Cli, cmd: &AdminCommand) -> anyhow::Result<()> {
+    let mut out = std::io::BufWriter::new(std::io::stdout().lock());
+    cli::open_and_run(cmd, &cli.db.database_url, &mut out).await?;
+    out.flush().map_err(CliError::Io)?;
+    Ok(())
+}
+
+async fn serve(cli: &Cli, args: &ServeArgs) -> anyhow::Result<()> {
+    let store = orchestrator::store::open(&cli.db.database_url)
+        .await
+        .with_context(|| format!("cannot open {}", cli.db.database_url))?;
+    let shop = Shop::open(&cli.shop_database_url)
+        .await
+        .with_context(|| format!("cannot open {}", cli.shop_database_url))?;
+    let registry = example_sagas::registry(Arc::new(shop))?;
+    let engine = Engine::new(
+        store,
+        Arc::new(registry),
+        EngineConfig {
+            workers: args.workers.max(1),
+            lease_ttl: Duration::from_secs(args.lease_ttl_secs.max(1)),
+            needs_attention_after: args.needs_attention_after.max(1),
+            ..EngineConfig::default()
+        },
+    );
+    let listener = tokio::net::TcpListener::bind(&args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    let shutdown = CancellationToken::new();
+    tokio::spawn(stop_on_signal(shutdown.clone()));
+
+    let router = http::router(
+        engine.clone(),
+        HttpConfig {
+            body_limit: args.body_limit,
+            ..HttpConfig::default()
+        },
+    );
+    let engine_task = {
+        let (engine, shutdown) = (engine.clone(), shutdown.clone());
+        tokio::spawn(async move { engine.run(shutdown).await })
+    };
+    // Tests and scripts read the bound address from this line (useful with `--listen :0`).
+    println!("listening on http://{addr}");
+    let _ = std::io::stdout().flush();
+    let served = http::serve(listener, router, shutdown.clone()).await;
+    shutdown.cancel();
+    let ran = engine_task.await.context("engine task")?;
+    served.context("HTTP server failed")?;
+    ran.context("engine failed")?;
+    Ok(())
+}
+
+async fn stop_on_signal(shutdown: CancellationToken) {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                    let _ = ctrl_c.await;
+                    shutdown.cancel();
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+    tracing::info!("shutting down: finishing calls in flight, releasing leases");
+    shutdown.cancel();
+}
+
+async fn ledger(cli: &Cli, json: bool) -> anyhow::Result<()> {
+    let shop = Shop::open(&cli.shop_database_url)
+        .await
+        .with_context(|| format!("cannot open {}", cli.shop_database_url))?;
+    let ledger = shop.ledger().await?;
+    shop.close().await;
+    let mut out = std::io::stdout().lock();
+    if json {
+        serde_json::to_writer_pretty(&mut out, &ledger)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "{:<24} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10}",
+        "order", "reserved", "released", "charged", "refunded", "rider", "unassigned"
+    )?;
+    for (order, e) in &ledger {
+        writeln!(
+            out,
+            "{:<24} {:>8} {:>8} {:>8} {:>8} {:>8} {:>10}",
+            order,
+            e.reserved,
+            e.released,
+            e.charged,
+            e.refunded,
+            e.rider_assigned,
+            e.rider_unassigned
+        )?;
+    }
+    Ok(())
+}
+
+async fn run_bench(cli: &Cli, args: &BenchArgs, db_explicit: bool) -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let url = if db_explicit {
+        cli.db.database_url.clone()
+    } else {
+        format!("sqlite://{}", tmp.path().join("bench.db").display())
+    };
+    let backend = if url.starts_with("postgres") {
+        "postgres"
+    } else {
+        "sqlite"
+    };
+    let store = orchestrator::store::open(&url)
+        .await
+        .with_context(|| format!("cannot open {url}"))?;
+    let report = bench::run(
+        store,
+        backend,
+        args.scenario,
+        args.sagas,
+        args.concurrency,
+        args.workers.unwrap_or(args.concurrency),
+    )
+    .await?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!("{}", report.line());
+    }
+    Ok(())
+}

@@ -1,0 +1,263 @@
+//! The command-line shape of the operator commands (clap derive).
+//!
+//! Saga ids and list cursors are taken as plain text and checked by [`run_admin`](super::run_admin),
+//! not by clap: a malformed id then gets the same one-line `invalid saga id …` error whether the
+//! command came from the `saga` binary, an application binary or a test.
+
+use crate::model::SagaStatus;
+
+/// The page size of `list` when `--limit` is not given.
+pub const DEFAULT_LIST_LIMIT: u32 = 50;
+
+/// The database every command works on.
+///
+/// Flatten it into the top-level parser of a binary; the flag is global, so it may be given
+/// before or after the subcommand.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct DatabaseArgs {
+    /// Database URL: `sqlite://PATH` or `postgres://…`.
+    #[arg(
+        long,
+        env = "DATABASE_URL",
+        default_value = "sqlite://saga.db",
+        global = true
+    )]
+    pub database_url: String,
+}
+
+/// The operator commands of SPEC §5 that work directly on the database.
+///
+/// An application binary embeds them next to its own commands (`serve`, `start`) with
+/// `#[command(flatten)]`:
+///
+/// ```no_run
+/// use clap::{Parser, Subcommand};
+/// use orchestrator::cli::{AdminCommand, DatabaseArgs};
+///
+/// #[derive(Parser)]
+/// struct Cli {
+///     #[command(flatten)]
+///     db: DatabaseArgs,
+///     #[command(subcommand)]
+///     cmd: Command,
+/// }
+///
+/// #[derive(Subcommand)]
+/// enum Command {
+///     /// Run the HTTP API and the engine.
+///     Serve,
+///     #[command(flatten)]
+///     Admin(AdminCommand),
+/// }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, clap::Subcommand)]
+pub enum AdminCommand {
+    /// List sagas, newest first.
+    List(ListArgs),
+    /// Show one saga: its steps with status, attempts, errors and timings, and its attempt log.
+    Show(ShowArgs),
+    /// Show a saga's event history.
+    Events(EventsArgs),
+    /// Request cancellation: the step in flight finishes, then the saga compensates.
+    Cancel(CancelArgs),
+    /// Stop driving a saga without compensating it (audited).
+    Abort(AbortArgs),
+    /// Make a waiting retry happen now; on a FAILED saga, retry the failed step.
+    Retry(RetryArgs),
+    /// Vouch that a stuck compensation was done by hand (audited); the saga carries on.
+    MarkCompensated(MarkCompensatedArgs),
+    /// Apply database migrations (creates an SQLite database if it does not exist).
+    Migrate,
+}
+
+impl AdminCommand {
+    /// Parses one command from its words, without the program name (`["show", ID, "--json"]`),
+    /// exactly as the `saga` binary would.
+    pub fn parse_words<I, T>(words: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        use clap::Parser;
+
+        #[derive(clap::Parser)]
+        #[command(name = "saga", no_binary_name = true)]
+        struct Words {
+            #[command(subcommand)]
+            cmd: AdminCommand,
+        }
+
+        Words::try_parse_from(words).map(|w| w.cmd)
+    }
+
+    /// Whether the command may create the database (only `migrate`); every other command wants
+    /// an existing one, so that a wrong path is an error rather than a new empty file.
+    pub fn creates_database(&self) -> bool {
+        matches!(self, Self::Migrate)
+    }
+}
+
+/// `list [--status S] [--name N] [--limit N] [--cursor ID] [--needs-attention] [--json]`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct ListArgs {
+    /// Only sagas in this status (QUEUED, RUNNING, COMPENSATING, COMPLETED, COMPENSATED, FAILED,
+    /// ABORTED; any case).
+    #[arg(long, value_name = "STATUS", value_parser = parse_status)]
+    pub status: Option<SagaStatus>,
+    /// Only sagas of this definition name.
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// Page size (1 to 1000).
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_LIST_LIMIT,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub limit: u32,
+    /// Start after this saga id (the cursor printed at the end of the previous page).
+    #[arg(long, value_name = "ID")]
+    pub cursor: Option<String>,
+    /// Only sagas flagged as needing attention.
+    #[arg(long)]
+    pub needs_attention: bool,
+    /// Print the page as JSON (`{"sagas": […], "next_cursor": …}`).
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl Default for ListArgs {
+    fn default() -> Self {
+        Self {
+            status: None,
+            name: None,
+            limit: DEFAULT_LIST_LIMIT,
+            cursor: None,
+            needs_attention: false,
+            json: false,
+        }
+    }
+}
+
+/// `show ID [--json]`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct ShowArgs {
+    /// The saga id.
+    pub id: String,
+    /// Print the saga object, the same as `GET /v1/sagas/{id}`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `events ID [--json]`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct EventsArgs {
+    /// The saga id.
+    pub id: String,
+    /// Print `{"events": […]}`, the same as `GET /v1/sagas/{id}/events`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `cancel ID`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct CancelArgs {
+    /// The saga id.
+    pub id: String,
+}
+
+/// `abort ID --reason TEXT`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct AbortArgs {
+    /// The saga id.
+    pub id: String,
+    /// Why (recorded in the saga's events with who did it).
+    #[arg(long, value_name = "TEXT")]
+    pub reason: String,
+}
+
+/// `retry ID`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct RetryArgs {
+    /// The saga id.
+    pub id: String,
+}
+
+/// `mark-compensated ID STEP --reason TEXT`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct MarkCompensatedArgs {
+    /// The saga id.
+    pub id: String,
+    /// The name of the step whose compensation was done by hand.
+    pub step: String,
+    /// What was done, and why (recorded in the saga's events with who did it).
+    #[arg(long, value_name = "TEXT")]
+    pub reason: String,
+}
+
+/// Reads a saga status in any case (`failed`, `FAILED`).
+fn parse_status(text: &str) -> Result<SagaStatus, String> {
+    text.trim().to_ascii_uppercase().parse().map_err(|_| {
+        let known: Vec<&str> = SagaStatus::ALL.iter().map(|s| s.as_str()).collect();
+        format!("unknown status {text:?} (one of {})", known.join(", "))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    #[test]
+    fn parses_every_command() {
+        let list = AdminCommand::parse_words([
+            "list",
+            "--status",
+            "failed",
+            "--name",
+            "place_order",
+            "--limit",
+            "5",
+            "--needs-attention",
+            "--json",
+        ])
+        .unwrap();
+        assert_eq!(
+            list,
+            AdminCommand::List(ListArgs {
+                status: Some(SagaStatus::Failed),
+                name: Some("place_order".into()),
+                limit: 5,
+                cursor: None,
+                needs_attention: true,
+                json: true,
+            })
+        );
+        assert_eq!(
+            AdminCommand::parse_words(["list"]).unwrap(),
+            AdminCommand::List(ListArgs::default())
+        );
+        assert_eq!(
+            AdminCommand::parse_words(["mark-compensated", "x", "charge", "--reason", "refunded"])
+                .unwrap(),
+            AdminCommand::MarkCompensated(MarkCompensatedArgs {
+                id: "x".into(),
+                step: "charge".into(),
+                reason: "refunded".into(),
+            })
+        );
+        assert_eq!(
+            AdminCommand::parse_words(["migrate"]).unwrap(),
+            AdminCommand::Migrate
+        );
+        assert!(
+            AdminCommand::parse_words(["abort", "x"]).is_err(),
+            "--reason is required"
+        );
+        assert!(AdminCommand::parse_words(["list", "--status", "nope"]).is_err());
+        assert!(AdminCommand::parse_words(["list", "--limit", "0"]).is_err());
+    }
+
+    #[test]
+    fn only_migrate_creates_a_database() {
+        assert!(AdminCommand::Migrate.creates_database());
+        assert!(!AdminCommand::List(ListArgs::default()).creates_database());
+    }
+}

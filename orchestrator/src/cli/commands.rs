@@ -1,0 +1,251 @@
+//! What each operator command does, against any [`Store`].
+//!
+//! Each command checks its arguments, makes one store call that changes something (or none),
+//! and writes a table, a JSON document or one line saying what happened. Refusals (cancel after
+//! the pivot, abort of a finished saga) are errors, so scripts see a non-zero exit.
+
+use std::io::Write;
+
+use uuid::Uuid;
+
+use super::args::{
+    AbortArgs, AdminCommand, CancelArgs, EventsArgs, ListArgs, MarkCompensatedArgs, RetryArgs,
+    ShowArgs,
+};
+use super::error::CliError;
+use super::render;
+use crate::model::{needs_compensation, ListFilter, Saga, SagaStatus, StepStatus};
+use crate::store::{CancelOutcome, Store};
+
+/// Runs one operator command against `store`, writing what it shows or did to `out`.
+///
+/// Commands that change a saga (`abort`, `retry`, `mark-compensated`) are recorded in its events
+/// with the operator as actor: `$USER@cli`.
+pub async fn run_admin(
+    cmd: &AdminCommand,
+    store: &dyn Store,
+    out: &mut impl Write,
+) -> Result<(), CliError> {
+    match cmd {
+        AdminCommand::List(a) => list(a, store, out).await,
+        AdminCommand::Show(a) => show(a, store, out).await,
+        AdminCommand::Events(a) => events(a, store, out).await,
+        AdminCommand::Cancel(a) => cancel(a, store, out).await,
+        AdminCommand::Abort(a) => abort(a, store, out).await,
+        AdminCommand::Retry(a) => retry(a, store, out).await,
+        AdminCommand::MarkCompensated(a) => mark_compensated(a, store, out).await,
+        AdminCommand::Migrate => {
+            store.migrate().await?;
+            writeln!(out, "migrations applied; the database is up to date")?;
+            Ok(())
+        }
+    }
+}
+
+/// Who runs operator commands, for the audit trail: `$USER@cli`, or `unknown@cli`.
+pub fn actor() -> String {
+    let user = ["USER", "LOGNAME", "USERNAME"]
+        .iter()
+        .filter_map(|v| std::env::var(v).ok())
+        .map(|u| u.trim().to_owned())
+        .find(|u| !u.is_empty())
+        .unwrap_or_else(|| "unknown".to_owned());
+    format!("{user}@cli")
+}
+
+/// Reads a saga id given on the command line.
+fn parse_id(text: &str) -> Result<Uuid, CliError> {
+    Uuid::parse_str(text.trim()).map_err(|_| {
+        CliError::BadArgument(format!(
+            "invalid saga id {text:?}: expected a UUID such as 0193a4f2-7c1e-7b3a-9d2e-5f6a7b8c9d0e"
+        ))
+    })
+}
+
+/// A reason for an audited command: required, and not blank.
+fn require_reason(reason: &str) -> Result<&str, CliError> {
+    let reason = reason.trim();
+    if reason.is_empty() {
+        return Err(CliError::BadArgument(
+            "--reason must not be empty: say why, for the audit trail".to_owned(),
+        ));
+    }
+    Ok(reason)
+}
+
+async fn load(store: &dyn Store, id: Uuid) -> Result<Saga, CliError> {
+    store.get_saga(id).await?.ok_or(CliError::NotFound(id))
+}
+
+async fn list(a: &ListArgs, store: &dyn Store, out: &mut impl Write) -> Result<(), CliError> {
+    let cursor = a
+        .cursor
+        .as_deref()
+        .map(|c| {
+            Uuid::parse_str(c.trim()).map_err(|_| {
+                CliError::BadArgument(format!(
+                    "invalid cursor {c:?}: pass the saga id printed at the end of the previous page"
+                ))
+            })
+        })
+        .transpose()?;
+    let filter = ListFilter {
+        status: a.status,
+        name: a.name.clone(),
+        needs_attention: a.needs_attention,
+        limit: a.limit,
+        cursor,
+    };
+    let page = store.list_sagas(&filter).await?;
+    if a.json {
+        render::json(out, &page)?;
+    } else {
+        render::saga_page(out, &page)?;
+    }
+    Ok(())
+}
+
+async fn show(a: &ShowArgs, store: &dyn Store, out: &mut impl Write) -> Result<(), CliError> {
+    let id = parse_id(&a.id)?;
+    let saga = load(store, id).await?;
+    if a.json {
+        render::json(out, &saga)?;
+        return Ok(());
+    }
+    let attempts = store.attempts(id).await?;
+    let now = store.now().await?;
+    render::saga(out, &saga, &attempts, now)?;
+    Ok(())
+}
+
+async fn events(a: &EventsArgs, store: &dyn Store, out: &mut impl Write) -> Result<(), CliError> {
+    let id = parse_id(&a.id)?;
+    // An empty history and an unknown saga look alike to `events`; tell them apart.
+    load(store, id).await?;
+    let events = store.events(id).await?;
+    if a.json {
+        render::json(out, &serde_json::json!({ "events": events }))?;
+    } else {
+        render::events(out, &events)?;
+    }
+    Ok(())
+}
+
+async fn cancel(a: &CancelArgs, store: &dyn Store, out: &mut impl Write) -> Result<(), CliError> {
+    let id = parse_id(&a.id)?;
+    match store.request_cancel(id).await? {
+        CancelOutcome::Accepted => writeln!(
+            out,
+            "cancel requested for saga {id}: the step in flight finishes, then the saga compensates"
+        )?,
+        CancelOutcome::AlreadyCompensating => {
+            writeln!(out, "saga {id} is already compensating; nothing to do")?
+        }
+        CancelOutcome::Terminal(status) => {
+            return Err(CliError::Conflict(format!(
+                "saga {id} is {status}; a finished saga cannot be cancelled"
+            )))
+        }
+        CancelOutcome::PastPivot => {
+            return Err(CliError::Conflict(format!(
+                "saga {id} is past its pivot; it can no longer be cancelled \
+                 (use `retry` or `abort` if it is stuck)"
+            )))
+        }
+    }
+    Ok(())
+}
+
+async fn abort(a: &AbortArgs, store: &dyn Store, out: &mut impl Write) -> Result<(), CliError> {
+    let id = parse_id(&a.id)?;
+    let reason = require_reason(&a.reason)?;
+    let actor = actor();
+    let saga = store.abort(id, reason, &actor).await?;
+    writeln!(
+        out,
+        "saga {id} aborted by {actor} without compensating: {reason}"
+    )?;
+    render::now_status(out, &saga)?;
+    Ok(())
+}
+
+async fn retry(a: &RetryArgs, store: &dyn Store, out: &mut impl Write) -> Result<(), CliError> {
+    let id = parse_id(&a.id)?;
+    let before = load(store, id).await?;
+    let saga = store.retry_now(id, &actor()).await?;
+    if before.status == SagaStatus::Failed {
+        let step = before
+            .steps
+            .iter()
+            .find(|s| matches!(s.action.status, StepStatus::Failed | StepStatus::Unknown))
+            .map(|s| s.name.as_str())
+            .unwrap_or("the failed step");
+        writeln!(out, "saga {id}: {step} will be retried")?;
+    } else if before.next_run_at.is_some() {
+        writeln!(out, "saga {id}: its waiting retry is due now")?;
+    } else {
+        writeln!(
+            out,
+            "saga {id} was not waiting on a retry; nothing to hurry"
+        )?;
+    }
+    render::now_status(out, &saga)?;
+    Ok(())
+}
+
+async fn mark_compensated(
+    a: &MarkCompensatedArgs,
+    store: &dyn Store,
+    out: &mut impl Write,
+) -> Result<(), CliError> {
+    let id = parse_id(&a.id)?;
+    let reason = require_reason(&a.reason)?;
+    // Check here for messages that say what would be accepted; the store checks again, in
+    // the transaction that makes the change.
+    let before = load(store, id).await?;
+    let Some(step) = before.steps.iter().find(|s| s.name == a.step) else {
+        let names: Vec<&str> = before.steps.iter().map(|s| s.name.as_str()).collect();
+        return Err(CliError::BadArgument(format!(
+            "saga {id} has no step {:?} (its steps: {})",
+            a.step,
+            names.join(", ")
+        )));
+    };
+    if before.status != SagaStatus::Compensating {
+        return Err(CliError::Conflict(format!(
+            "saga {id} is {}; a step can be marked compensated only while the saga is COMPENSATING",
+            before.status
+        )));
+    }
+    if !needs_compensation(step) {
+        return Err(CliError::Conflict(format!(
+            "step {} of saga {id} has no compensation pending (action {}, compensation {})",
+            step.name, step.action.status, step.compensation.status
+        )));
+    }
+    let actor = actor();
+    let saga = store.mark_compensated(id, &a.step, reason, &actor).await?;
+    writeln!(
+        out,
+        "step {} of saga {id} marked compensated by {actor}: {reason}",
+        a.step
+    )?;
+    render::now_status(out, &saga)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_and_reasons_are_checked() {
+        assert!(
+            matches!(parse_id("nope"), Err(CliError::BadArgument(m)) if m.contains("invalid saga id"))
+        );
+        assert!(parse_id(&Uuid::nil().to_string()).is_ok());
+        assert!(require_reason("  ").is_err());
+        assert_eq!(require_reason(" done by hand ").ok(), Some("done by hand"));
+        assert!(actor().ends_with("@cli"));
+    }
+}

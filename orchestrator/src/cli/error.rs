@@ -1,0 +1,57 @@
+//! Why an operator command failed, in words an operator can act on.
+//!
+//! Every variant displays as one line: binaries print it after `error: ` and exit non-zero.
+
+use uuid::Uuid;
+
+use crate::store::StoreError;
+
+/// Why an operator command failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CliError {
+    /// No saga with this id.
+    #[error("saga {0} not found")]
+    NotFound(Uuid),
+    /// The command does not apply to the saga in its current state (cancel after the pivot,
+    /// abort of a finished saga, …).
+    #[error("{0}")]
+    Conflict(String),
+    /// An argument is malformed or names nothing (a bad id, an unknown step, an empty reason).
+    #[error("{0}")]
+    BadArgument(String),
+    /// The database could not be opened or read, or refused the change.
+    #[error(transparent)]
+    Store(StoreError),
+    /// The output could not be written.
+    #[error("cannot write output: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl From<StoreError> for CliError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::NotFound(id) => Self::NotFound(id),
+            StoreError::Conflict(msg) => Self::Conflict(msg),
+            StoreError::UnknownStep { saga, step } => {
+                Self::BadArgument(format!("saga {saga} has no step {step:?}"))
+            }
+            other => Self::Store(other),
+        }
+    }
+}
+
+impl From<serde_json::Error> for CliError {
+    fn from(e: serde_json::Error) -> Self {
+        // Serializing our own records cannot fail on its own: what remains is the writer's error.
+        Self::Io(e.into())
+    }
+}
+
+impl CliError {
+    /// Whether the error is only that the reader of the output went away (`saga list | head`):
+    /// binaries exit quietly then.
+    pub fn is_broken_pipe(&self) -> bool {
+        matches!(self, Self::Io(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
+    }
+}

@@ -1,0 +1,78 @@
+//! The operator commands of SPEC §5 (`list`, `show`, `events`, `cancel`, `abort`, `retry`,
+//! `mark-compensated`, `migrate`), shared by the `saga` binary and application binaries.
+//!
+//! The commands are plain data ([`AdminCommand`], parsed by clap) and one function,
+//! [`run_admin`], that runs one against any [`Store`] and writes to any [`std::io::Write`]:
+//! tests drive it with a `Vec<u8>`, binaries with stdout. An application binary that also runs
+//! the server embeds the same commands in its own parser:
+//!
+//! ```no_run
+//! use clap::{Parser, Subcommand};
+//! use orchestrator::cli::{self, AdminCommand, DatabaseArgs};
+//!
+//! #[derive(Parser)]
+//! struct Cli {
+//!     #[command(flatten)]
+//!     db: DatabaseArgs,
+//!     #[command(subcommand)]
+//!     cmd: Command,
+//! }
+//!
+//! #[derive(Subcommand)]
+//! enum Command {
+//!     /// Run the HTTP API and the engine.
+//!     Serve,
+//!     #[command(flatten)]
+//!     Admin(AdminCommand),
+//! }
+//!
+//! # async fn demo() -> Result<(), cli::CliError> {
+//! let args = Cli::parse();
+//! if let Command::Admin(cmd) = &args.cmd {
+//!     let store = cli::open_store_for(cmd, &args.db.database_url).await?;
+//!     cli::run_admin(cmd, store.as_ref(), &mut std::io::stdout().lock()).await?;
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! Every command but `migrate` refuses to create a database: a mistyped path answers
+//! "database … does not exist" instead of listing an empty, freshly created log.
+
+mod args;
+mod commands;
+mod error;
+mod render;
+
+use std::sync::Arc;
+
+pub use args::{
+    AbortArgs, AdminCommand, CancelArgs, DatabaseArgs, EventsArgs, ListArgs, MarkCompensatedArgs,
+    RetryArgs, ShowArgs, DEFAULT_LIST_LIMIT,
+};
+pub use commands::{actor, run_admin};
+pub use error::CliError;
+
+use crate::store::{self, SqliteStore, Store};
+
+/// Opens the store a command needs: an existing database for every command but `migrate`, which
+/// creates an SQLite file if it is missing. Opening applies pending migrations.
+pub async fn open_store_for(cmd: &AdminCommand, url: &str) -> Result<Arc<dyn Store>, CliError> {
+    if url.starts_with("sqlite:") && !cmd.creates_database() {
+        Ok(Arc::new(SqliteStore::open_existing(url).await?))
+    } else {
+        Ok(store::open(url).await?)
+    }
+}
+
+/// Opens the database `url` names as [`open_store_for`] does and runs the command on it: the
+/// whole of an admin subcommand, for binaries.
+pub async fn open_and_run(
+    cmd: &AdminCommand,
+    url: &str,
+    out: &mut impl std::io::Write,
+) -> Result<(), CliError> {
+    let store = open_store_for(cmd, url).await?;
+    run_admin(cmd, store.as_ref(), out).await?;
+    out.flush()?;
+    Ok(())
+}

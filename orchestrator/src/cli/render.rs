@@ -1,0 +1,383 @@
+//! Tables for people, JSON for scripts.
+//!
+//! The JSON forms are the serde form of the model types, byte for byte what the HTTP API
+//! answers, so a script can switch between `saga … --json` and `curl` freely. The tables are for
+//! reading at a glance: flags beside the status, long errors truncated (the full text is in
+//! `--json`), and times in RFC 3339 UTC like everywhere else.
+
+use std::io::Write;
+
+use comfy_table::{presets, CellAlignment, ContentArrangement, Table};
+use serde::Serialize;
+
+use crate::model::{
+    needs_compensation, rfc3339, Attempt, Event, Millis, PhaseRecord, Saga, SagaPage, SagaStatus,
+    SagaSummary, StepRecord, StepStatus,
+};
+
+/// Longest error text shown in a table cell.
+const ERROR_WIDTH: usize = 60;
+/// Longest event detail shown in a table cell.
+const DETAIL_WIDTH: usize = 80;
+/// Longest input shown in the header of `show`.
+const INPUT_WIDTH: usize = 100;
+
+/// Writes a value as pretty JSON followed by a newline.
+pub(crate) fn json(out: &mut impl Write, value: &impl Serialize) -> std::io::Result<()> {
+    serde_json::to_writer_pretty(&mut *out, value)?;
+    writeln!(out)
+}
+
+/// A table in the house style: light borders, no wrapping when the width is unknown.
+fn table(header: &[&str]) -> Table {
+    let mut t = Table::new();
+    t.load_preset(presets::UTF8_FULL_CONDENSED)
+        .set_content_arrangement(ContentArrangement::Disabled)
+        .set_header(header.to_vec());
+    t
+}
+
+fn align_right(t: &mut Table, columns: &[usize]) {
+    for &i in columns {
+        if let Some(c) = t.column_mut(i) {
+            c.set_cell_alignment(CellAlignment::Right);
+        }
+    }
+}
+
+/// Cuts text to `max` characters (on a character boundary), marking the cut with `…`, and
+/// folds line breaks so that a cell stays one line.
+pub(crate) fn truncate(text: &str, max: usize) -> String {
+    let one_line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if one_line.chars().count() <= max {
+        return one_line;
+    }
+    let mut cut: String = one_line.chars().take(max.saturating_sub(1)).collect();
+    cut.push('…');
+    cut
+}
+
+fn opt_time(ms: Option<Millis>) -> String {
+    ms.map(rfc3339).unwrap_or_else(|| "-".to_owned())
+}
+
+/// A duration for people: `850ms`, `1.52s`, `2m03s`, `3h04m`, `2d05h`.
+pub(crate) fn duration(ms: Millis) -> String {
+    let ms = ms.max(0);
+    let s = ms / 1000;
+    match ms {
+        0..=999 => format!("{ms}ms"),
+        1000..=59_999 => format!("{}.{:02}s", s, (ms % 1000) / 10),
+        60_000..=3_599_999 => format!("{}m{:02}s", s / 60, s % 60),
+        3_600_000..=86_399_999 => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+        _ => format!("{}d{:02}h", s / 86_400, (s % 86_400) / 3600),
+    }
+}
+
+/// The flags shown beside a status.
+fn flags(needs_attention: bool, blocked: bool, cancel_requested: bool) -> Vec<&'static str> {
+    let mut f = Vec::new();
+    if needs_attention {
+        f.push("NEEDS ATTENTION");
+    }
+    if blocked {
+        f.push("BLOCKED");
+    }
+    if cancel_requested {
+        f.push("cancel requested");
+    }
+    f
+}
+
+/// The `list` table, then a hint for the next page.
+pub(crate) fn saga_page(out: &mut impl Write, page: &SagaPage) -> std::io::Result<()> {
+    if page.sagas.is_empty() {
+        writeln!(out, "no sagas found")?;
+    } else {
+        let mut t = table(&[
+            "id", "name", "version", "status", "flags", "created", "updated", "error",
+        ]);
+        align_right(&mut t, &[2]);
+        for s in &page.sagas {
+            t.add_row(summary_row(s));
+        }
+        writeln!(out, "{t}")?;
+    }
+    if let Some(next) = page.next_cursor {
+        writeln!(
+            out,
+            "more sagas: repeat the command with --cursor {next} for the next page"
+        )?;
+    }
+    Ok(())
+}
+
+fn summary_row(s: &SagaSummary) -> Vec<String> {
+    vec![
+        s.id.to_string(),
+        s.name.clone(),
+        s.version.to_string(),
+        s.status.to_string(),
+        flags(s.needs_attention, s.blocked, false).join(", "),
+        rfc3339(s.created_at),
+        rfc3339(s.updated_at),
+        s.error
+            .as_deref()
+            .map(|e| truncate(e, ERROR_WIDTH))
+            .unwrap_or_default(),
+    ]
+}
+
+/// The `show` view: a header, the steps table and the attempt log. `now` is the database clock,
+/// used to say how far off the next retry is.
+pub(crate) fn saga(
+    out: &mut impl Write,
+    saga: &Saga,
+    attempts: &[Attempt],
+    now: Millis,
+) -> std::io::Result<()> {
+    header(out, saga, now)?;
+    writeln!(out)?;
+    writeln!(out, "Steps")?;
+    writeln!(out, "{}", steps_table(&saga.steps))?;
+    writeln!(out)?;
+    if attempts.is_empty() {
+        writeln!(out, "Attempts: none yet")?;
+    } else {
+        writeln!(out, "Attempts")?;
+        writeln!(out, "{}", attempts_table(attempts))?;
+    }
+    Ok(())
+}
+
+fn header(out: &mut impl Write, s: &Saga, now: Millis) -> std::io::Result<()> {
+    let mut status = s.status.to_string();
+    for f in flags(s.needs_attention, s.blocked, s.cancel_requested) {
+        status.push_str("  ");
+        status.push_str(f);
+    }
+    let hash: String = s.definition_hash.chars().take(12).collect();
+    let mut lines: Vec<(&str, String)> = vec![
+        ("Saga", s.id.to_string()),
+        (
+            "Name",
+            format!("{}@{} (definition {hash})", s.name, s.version),
+        ),
+        ("Status", status),
+    ];
+    if s.blocked {
+        lines.push((
+            "Blocked",
+            format!(
+                "no running process has definition {}; start one that registers it",
+                s.definition_key()
+            ),
+        ));
+    }
+    if let Some(e) = &s.error {
+        lines.push(("Error", truncate(e, 200)));
+    }
+    lines.push(("Created", rfc3339(s.created_at)));
+    lines.push(("Updated", rfc3339(s.updated_at)));
+    if let Some(at) = s.next_run_at.filter(|_| !s.status.is_terminal()) {
+        let when = if at > now {
+            format!("in {}", duration(at - now))
+        } else {
+            format!("due now (overdue by {})", duration(now - at))
+        };
+        lines.push(("Next run", format!("{} ({when})", rfc3339(at))));
+    }
+    lines.push((
+        "Lease",
+        match &s.lease_owner {
+            Some(owner) => format!("{owner} (epoch {})", s.lease_epoch),
+            None => format!("none (epoch {})", s.lease_epoch),
+        },
+    ));
+    lines.push((
+        "Pivot",
+        if s.pivot_reached {
+            "reached: the saga can no longer be cancelled".to_owned()
+        } else {
+            "not reached".to_owned()
+        },
+    ));
+    lines.push(("Input", truncate(&s.input.to_string(), INPUT_WIDTH)));
+    if let Some(hint) = hint(s) {
+        lines.push(("Hint", hint));
+    }
+    let width = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    for (k, v) in lines {
+        writeln!(out, "{k:<width$}  {v}")?;
+    }
+    Ok(())
+}
+
+/// What an operator can do about a saga that waits for a person.
+fn hint(s: &Saga) -> Option<String> {
+    let id = s.id;
+    if s.status == SagaStatus::Failed {
+        let step = s
+            .steps
+            .iter()
+            .find(|x| matches!(x.action.status, StepStatus::Failed | StepStatus::Unknown))
+            .map(|x| x.name.as_str())
+            .unwrap_or("the failed step");
+        return Some(format!(
+            "past the pivot, it can go neither forward nor back: `retry {id}` runs {step} again, \
+             `abort {id} --reason TEXT` stops it"
+        ));
+    }
+    if s.status == SagaStatus::Compensating && s.needs_attention {
+        let stuck: Vec<&str> = s
+            .steps
+            .iter()
+            .filter(|x| x.compensation.last_error.is_some() && needs_compensation(x))
+            .map(|x| x.name.as_str())
+            .collect();
+        let step = stuck.first().copied().unwrap_or("STEP");
+        return Some(format!(
+            "a compensation keeps failing and is still retried; once it is done by hand: \
+             `mark-compensated {id} {step} --reason TEXT`"
+        ));
+    }
+    None
+}
+
+/// A phase status for the table: `-` where there is no compensation, and a mark when the
+/// latest attempt's outcome is unknown.
+fn phase_status(p: &PhaseRecord) -> String {
+    match p.status {
+        StepStatus::None => "-".to_owned(),
+        StepStatus::Unknown => p.status.to_string(),
+        s if p.outcome_unknown => format!("{s} (outcome unknown)"),
+        s => s.to_string(),
+    }
+}
+
+fn steps_table(steps: &[StepRecord]) -> Table {
+    let mut t = table(&[
+        "#",
+        "step",
+        "kind",
+        "action",
+        "attempts",
+        "compensation",
+        "comp attempts",
+        "last error",
+        "started",
+        "ended",
+    ]);
+    align_right(&mut t, &[0, 4, 6]);
+    for s in steps {
+        let no_comp = s.compensation.status == StepStatus::None;
+        // The compensation runs after the action, so its error is the more recent one.
+        let last_error = match (&s.compensation.last_error, &s.action.last_error) {
+            (Some(c), _) => format!("compensation: {}", truncate(c, ERROR_WIDTH)),
+            (None, Some(a)) => truncate(a, ERROR_WIDTH),
+            (None, None) => String::new(),
+        };
+        let ended = s.compensation.ended_at.or(s.action.ended_at);
+        t.add_row(vec![
+            s.index.to_string(),
+            s.name.clone(),
+            s.kind.to_string(),
+            phase_status(&s.action),
+            s.action.attempts.to_string(),
+            phase_status(&s.compensation),
+            if no_comp {
+                "-".to_owned()
+            } else {
+                s.compensation.attempts.to_string()
+            },
+            last_error,
+            opt_time(s.action.started_at),
+            opt_time(ended),
+        ]);
+    }
+    t
+}
+
+fn attempts_table(attempts: &[Attempt]) -> Table {
+    let mut t = table(&[
+        "step", "phase", "#", "worker", "started", "duration", "outcome", "error",
+    ]);
+    align_right(&mut t, &[2, 5]);
+    for a in attempts {
+        t.add_row(vec![
+            format!("{} {}", a.step_index, a.step),
+            a.phase.clone(),
+            a.attempt.to_string(),
+            a.worker.clone(),
+            rfc3339(a.started_at),
+            a.ended_at
+                .map(|e| duration(e - a.started_at))
+                .unwrap_or_else(|| "-".to_owned()),
+            a.outcome.clone().unwrap_or_else(|| "running".to_owned()),
+            a.error
+                .as_deref()
+                .map(|e| truncate(e, ERROR_WIDTH))
+                .unwrap_or_default(),
+        ]);
+    }
+    t
+}
+
+/// The `events` table.
+pub(crate) fn events(out: &mut impl Write, events: &[Event]) -> std::io::Result<()> {
+    if events.is_empty() {
+        return writeln!(out, "no events");
+    }
+    let mut t = table(&["seq", "at", "type", "step", "details"]);
+    align_right(&mut t, &[0]);
+    for e in events {
+        let details = match &e.data {
+            serde_json::Value::Null => String::new(),
+            serde_json::Value::Object(m) if m.is_empty() => String::new(),
+            v => truncate(&v.to_string(), DETAIL_WIDTH),
+        };
+        t.add_row(vec![
+            e.seq.to_string(),
+            rfc3339(e.at),
+            e.kind.clone(),
+            e.step.clone().unwrap_or_default(),
+            details,
+        ]);
+    }
+    writeln!(out, "{t}")
+}
+
+/// One line after a command that changed a saga: where it is now.
+pub(crate) fn now_status(out: &mut impl Write, saga: &Saga) -> std::io::Result<()> {
+    let mut line = format!("saga {} is now {}", saga.id, saga.status);
+    let f = flags(saga.needs_attention, saga.blocked, saga.cancel_requested);
+    if !f.is_empty() {
+        line.push_str(&format!(" ({})", f.join(", ")));
+    }
+    if saga.status == SagaStatus::Running || saga.status == SagaStatus::Compensating {
+        line.push_str("; a worker will pick it up");
+    }
+    writeln!(out, "{line}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn truncates_on_character_boundaries() {
+        assert_eq!(truncate("short", 10), "short");
+        assert_eq!(truncate("äöüäöüäöü", 4), "äöü…");
+        assert_eq!(truncate("two\nlines", 20), "two lines");
+    }
+
+    #[test]
+    fn durations_read_naturally() {
+        assert_eq!(duration(12), "12ms");
+        assert_eq!(duration(1520), "1.52s");
+        assert_eq!(duration(123_000), "2m03s");
+        assert_eq!(duration(3_840_000), "1h04m");
+        assert_eq!(duration(2 * 86_400_000 + 5 * 3_600_000), "2d05h");
+        assert_eq!(duration(-5), "0ms");
+    }
+}

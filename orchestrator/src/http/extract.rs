@@ -1,0 +1,282 @@
+//! Extractors that read a request the way the API documents it and refuse it with an
+//! [`ApiError`] otherwise, so that no axum plain-text rejection ever reaches a client and every
+//! message says what to fix.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap, StatusCode};
+use serde::Deserialize;
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::http::error::{quote, ApiError};
+use crate::http::state::AppState;
+use crate::model::{ListFilter, SagaStatus};
+
+/// The default page size of `GET /v1/sagas`.
+pub(crate) const DEFAULT_PAGE: u32 = 50;
+/// The largest page size of `GET /v1/sagas`.
+pub(crate) const MAX_PAGE: u32 = 1000;
+
+/// The `{saga}` path segment read as a saga id (a UUID); `400 bad_request` otherwise.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SagaId(pub(crate) Uuid);
+
+impl<S: Send + Sync> FromRequestParts<S> for SagaId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let Path(raw) = Path::<String>::from_request_parts(parts, state).await?;
+        Uuid::try_parse(&raw).map(SagaId).map_err(|_| {
+            ApiError::bad_request(format!(
+                "malformed saga id {}: expected a UUID such as \
+                 0190f5b4-7a3c-7cc1-9f5e-2b8d3c4e5f60",
+                quote(&raw)
+            ))
+        })
+    }
+}
+
+/// The `{saga}` path segment read as a saga definition name.
+#[derive(Debug, Clone)]
+pub(crate) struct SagaName(pub(crate) String);
+
+impl<S: Send + Sync> FromRequestParts<S> for SagaName {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let Path(name) = Path::<String>::from_request_parts(parts, state).await?;
+        Ok(SagaName(name))
+    }
+}
+
+/// A request body holding one JSON value.
+///
+/// Unlike `axum::Json`, a request *without* a `Content-Type` is accepted (a bare
+/// `curl --data-binary @order.json` or a minimal client works), but a body that declares another
+/// type (`text/plain`, `application/x-www-form-urlencoded`, which is what `curl -d` sends) is
+/// refused with `415`, since it was probably not meant as JSON. `application/json`, with any
+/// parameters, and `application/*+json` are accepted. An empty body is `400`, a body over
+/// [`HttpConfig::body_limit`](crate::http::HttpConfig::body_limit) is `413`, malformed JSON
+/// (including invalid UTF-8 and nesting deeper than 128 levels) is `400`.
+#[derive(Debug, Clone)]
+pub(crate) struct JsonBody(pub(crate) Value);
+
+impl FromRequest<AppState> for JsonBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        let limit = state.config.body_limit;
+        check_json_content_type(req.headers())?;
+        let bytes = Bytes::from_request(req, state).await.map_err(|r| {
+            if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::payload_too_large(limit)
+            } else {
+                ApiError::from(r)
+            }
+        })?;
+        parse_json(&bytes).map(JsonBody)
+    }
+}
+
+/// Accepts no content type, `application/json` (any parameters) and `application/*+json`.
+fn check_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(value) = headers.get(header::CONTENT_TYPE) else {
+        return Ok(());
+    };
+    let refuse = || {
+        ApiError::unsupported_media_type(format!(
+            "the body must be JSON: send Content-Type: application/json (got {})",
+            quote(&String::from_utf8_lossy(value.as_bytes()))
+        ))
+    };
+    let text = value.to_str().map_err(|_| refuse())?;
+    let essence = text
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    let is_json = essence == "application/json"
+        || (essence.starts_with("application/") && essence.ends_with("+json"));
+    if is_json {
+        Ok(())
+    } else {
+        Err(refuse())
+    }
+}
+
+/// Parses a body as one JSON value. serde_json refuses nesting deeper than 128 levels, so a
+/// hostile `[[[[…]]]]` cannot overflow the stack.
+fn parse_json(bytes: &[u8]) -> Result<Value, ApiError> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::bad_request(
+            "the request body is empty: send the saga input as JSON (for example {})",
+        ));
+    }
+    serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::bad_request(format!("the request body is not valid JSON: {e}")))
+}
+
+/// The raw query string of `GET /v1/sagas`. Every field is text so that a bad value gets a
+/// message naming the parameter rather than serde's; empty values (`?status=`) mean "absent".
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawListQuery {
+    status: Option<String>,
+    name: Option<String>,
+    needs_attention: Option<String>,
+    limit: Option<String>,
+    cursor: Option<String>,
+}
+
+/// The filters and page of `GET /v1/sagas`, validated.
+#[derive(Debug, Clone)]
+pub(crate) struct ListQuery(pub(crate) ListFilter);
+
+impl<S: Send + Sync> FromRequestParts<S> for ListQuery {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let Query(raw) = Query::<RawListQuery>::from_request_parts(parts, state).await?;
+        raw.validate().map(ListQuery)
+    }
+}
+
+fn non_empty(value: Option<String>) -> Option<String> {
+    value.filter(|v| !v.is_empty())
+}
+
+impl RawListQuery {
+    fn validate(self) -> Result<ListFilter, ApiError> {
+        let status = non_empty(self.status)
+            .map(|s| {
+                // Upper case on the wire; lower case is accepted too, as a convenience.
+                s.to_ascii_uppercase().parse::<SagaStatus>().map_err(|_| {
+                    let valid: Vec<&str> = SagaStatus::ALL.iter().map(|s| s.as_str()).collect();
+                    ApiError::bad_request(format!(
+                        "unknown status {}: valid values are {}",
+                        quote(&s),
+                        valid.join(", ")
+                    ))
+                })
+            })
+            .transpose()?;
+        let limit = match non_empty(self.limit) {
+            None => DEFAULT_PAGE,
+            Some(text) => match text.parse::<u32>() {
+                Ok(n) if (1..=MAX_PAGE).contains(&n) => n,
+                _ => {
+                    return Err(ApiError::bad_request(format!(
+                        "limit must be an integer from 1 to {MAX_PAGE}, got {}",
+                        quote(&text)
+                    )))
+                }
+            },
+        };
+        let cursor = non_empty(self.cursor)
+            .map(|c| {
+                Uuid::try_parse(&c).map_err(|_| {
+                    ApiError::bad_request(format!(
+                        "malformed cursor {}: pass the next_cursor of the previous page",
+                        quote(&c)
+                    ))
+                })
+            })
+            .transpose()?;
+        let needs_attention = match non_empty(self.needs_attention).as_deref() {
+            None | Some("false") | Some("0") => false,
+            Some("true") | Some("1") => true,
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "needs_attention must be true or false, got {}",
+                    quote(other)
+                )))
+            }
+        };
+        Ok(ListFilter {
+            status,
+            name: non_empty(self.name),
+            needs_attention,
+            limit,
+            cursor,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    fn raw(pairs: &[(&str, &str)]) -> RawListQuery {
+        let mut r = RawListQuery::default();
+        for (k, v) in pairs {
+            let v = Some((*v).to_owned());
+            match *k {
+                "status" => r.status = v,
+                "name" => r.name = v,
+                "needs_attention" => r.needs_attention = v,
+                "limit" => r.limit = v,
+                "cursor" => r.cursor = v,
+                _ => unreachable!("unknown test parameter {k}"),
+            }
+        }
+        r
+    }
+
+    #[test]
+    fn list_query_defaults_and_bounds() {
+        let f = raw(&[]).validate().expect("empty query is valid");
+        assert_eq!(f.limit, DEFAULT_PAGE);
+        assert_eq!(f.status, None);
+        assert!(raw(&[("limit", "0")]).validate().is_err());
+        assert!(raw(&[("limit", "1001")]).validate().is_err());
+        assert!(raw(&[("limit", "-1")]).validate().is_err());
+        assert_eq!(
+            raw(&[("limit", "1000")]).validate().map(|f| f.limit).ok(),
+            Some(1000)
+        );
+    }
+
+    #[test]
+    fn status_is_case_insensitive_and_errors_list_valid_values() {
+        let f = raw(&[("status", "compensating")]).validate().ok();
+        assert_eq!(f.and_then(|f| f.status), Some(SagaStatus::Compensating));
+        let e = raw(&[("status", "DONE")]).validate().err();
+        let message = e.map(|e| e.message().to_owned()).unwrap_or_default();
+        assert!(message.contains("COMPENSATED"), "{message}");
+    }
+
+    #[test]
+    fn content_types() {
+        let mut h = HeaderMap::new();
+        assert!(check_json_content_type(&h).is_ok());
+        for ok in [
+            "application/json",
+            "Application/JSON; charset=utf-8",
+            "application/problem+json",
+        ] {
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_static(ok));
+            assert!(check_json_content_type(&h).is_ok(), "{ok}");
+        }
+        for bad in [
+            "text/plain",
+            "application/x-www-form-urlencoded",
+            "application/jsonx",
+        ] {
+            h.insert(header::CONTENT_TYPE, HeaderValue::from_static(bad));
+            assert!(check_json_content_type(&h).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_not_overflowing() {
+        let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+        assert!(parse_json(deep.as_bytes()).is_err());
+        assert!(parse_json(b"  ").is_err());
+        assert!(parse_json(&[0xff, 0xfe]).is_err());
+        assert!(parse_json(b"{\"a\": 1}").is_ok());
+    }
+}

@@ -1,0 +1,587 @@
+//! The operator commands (`saga list`, `show`, `events`, `cancel`, `abort`, `retry`,
+//! `mark-compensated`) against a real SQLite file whose sagas were run by a real engine, plus the
+//! `saga` binary's exit status and one-line errors.
+//!
+//! The binary tests need `target/debug/saga`: run `cargo build --workspace --bins` first (the
+//! README's test command does).
+
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use orchestrator::cli::{run_admin, AdminCommand, CliError};
+use orchestrator::model::{SagaStatus, StepStatus};
+use orchestrator::Store;
+use saga_dsl::StepKind::{Compensatable, Pivot, Retriable};
+use saga_suite::Outcome::{Hang, Permanent, Retryable};
+use saga_suite::{
+    is, registry_of, scripted_saga, test_config, wait_for, wait_terminal, Journal, RunningEngine,
+    ScriptedStep as S, TempDb,
+};
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+/// Runs one command given as words (`["show", id, "--json"]`) and returns what it printed.
+async fn saga(store: &Arc<dyn Store>, words: &[&str]) -> Result<String, CliError> {
+    let cmd = AdminCommand::parse_words(words).unwrap();
+    let mut out = Vec::new();
+    run_admin(&cmd, store.as_ref(), &mut out).await?;
+    Ok(String::from_utf8(out).unwrap())
+}
+
+async fn saga_json(store: &Arc<dyn Store>, words: &[&str]) -> Value {
+    let text = saga(store, words).await.unwrap();
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+/// A database with sagas in every end state, run by a real engine:
+/// two `order` sagas COMPLETED, one `refund` COMPENSATED, one `late` FAILED (a retriable step
+/// after the pivot failed permanently; its second attempt would succeed).
+struct Fixture {
+    db: TempDb,
+    store: Arc<dyn Store>,
+    engine: RunningEngine,
+    completed: Vec<Uuid>,
+    compensated: Uuid,
+    failed: Uuid,
+}
+
+impl Fixture {
+    async fn new() -> Self {
+        Self::with_extra(Vec::new()).await
+    }
+
+    async fn with_extra(extra: Vec<saga_dsl::SagaDefinition>) -> Self {
+        let db = TempDb::new();
+        let store = db.store().await;
+        let j = Journal::default();
+        let mut defs = vec![
+            scripted_saga(
+                "order",
+                1,
+                &[
+                    S::new("reserve", Compensatable),
+                    S::new("charge", Compensatable),
+                    S::new("ship", Pivot),
+                ],
+                &j,
+            ),
+            scripted_saga(
+                "refund",
+                1,
+                &[
+                    S::new("reserve", Compensatable),
+                    S::new("charge", Compensatable).action(&[Permanent]),
+                ],
+                &j,
+            ),
+            scripted_saga(
+                "late",
+                1,
+                &[
+                    S::new("reserve", Compensatable),
+                    S::new("ship", Pivot),
+                    S::new("notify", Retriable).action(&[Permanent]),
+                ],
+                &j,
+            ),
+        ];
+        defs.extend(extra);
+        let engine = RunningEngine::start(store.clone(), registry_of(defs), test_config());
+        let mut completed = Vec::new();
+        for n in 0..2 {
+            let s = engine.engine.start("order", json!({"n": n})).await.unwrap();
+            completed.push(wait_terminal(&store, s.id).await.id);
+        }
+        let compensated = engine.engine.start("refund", json!({})).await.unwrap().id;
+        let failed = engine.engine.start("late", json!({})).await.unwrap().id;
+        assert_eq!(
+            wait_terminal(&store, compensated).await.status,
+            SagaStatus::Compensated
+        );
+        assert_eq!(
+            wait_terminal(&store, failed).await.status,
+            SagaStatus::Failed
+        );
+        Self {
+            db,
+            store,
+            engine,
+            completed,
+            compensated,
+            failed,
+        }
+    }
+}
+
+#[tokio::test]
+async fn list_shows_a_table_json_filters_and_pages() {
+    let f = Fixture::new().await;
+    let s = &f.store;
+
+    let table = saga(s, &["list"]).await.unwrap();
+    for id in f.completed.iter().chain([&f.compensated, &f.failed]) {
+        assert!(table.contains(&id.to_string()), "{id} missing:\n{table}");
+    }
+    for word in [
+        "COMPLETED",
+        "COMPENSATED",
+        "FAILED",
+        "order",
+        "refund",
+        "late",
+    ] {
+        assert!(table.contains(word), "{word} missing:\n{table}");
+    }
+    assert!(!table.contains("--cursor"), "one page only:\n{table}");
+
+    let page = saga_json(s, &["list", "--json"]).await;
+    let ids: Vec<&str> = page["sagas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["id"].as_str().unwrap())
+        .collect();
+    let newest_first =
+        [f.failed, f.compensated, f.completed[1], f.completed[0]].map(|u| u.to_string());
+    assert_eq!(ids, newest_first, "newest first");
+    assert_eq!(page["next_cursor"], Value::Null);
+    assert_eq!(page["sagas"][0]["status"], "FAILED");
+
+    let done = saga_json(s, &["list", "--status", "completed", "--json"]).await;
+    let done = done["sagas"].as_array().unwrap();
+    assert_eq!(done.len(), 2);
+    assert!(done.iter().all(|x| x["status"] == "COMPLETED"));
+    let by_name = saga_json(s, &["list", "--name", "refund", "--json"]).await;
+    assert_eq!(by_name["sagas"].as_array().unwrap().len(), 1);
+
+    // Pages of two: the table says how to get the next one, and the cursor gets it.
+    let first = saga(s, &["list", "--limit", "2"]).await.unwrap();
+    let first_json = saga_json(s, &["list", "--limit", "2", "--json"]).await;
+    let cursor = first_json["next_cursor"].as_str().unwrap().to_owned();
+    assert!(
+        first.contains(&format!("--cursor {cursor}")),
+        "no next-page hint:\n{first}"
+    );
+    let second = saga_json(s, &["list", "--limit", "2", "--cursor", &cursor, "--json"]).await;
+    let second_ids: Vec<&str> = second["sagas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(second_ids, newest_first[2..]);
+
+    let err = saga(s, &["list", "--cursor", "page-2"]).await.unwrap_err();
+    assert!(matches!(err, CliError::BadArgument(_)), "{err}");
+    let none = saga(s, &["list", "--status", "aborted"]).await.unwrap();
+    assert_eq!(none.trim(), "no sagas found");
+    f.engine.stop().await;
+}
+
+#[tokio::test]
+async fn show_puts_steps_statuses_and_attempts_at_a_glance() {
+    let f = Fixture::new().await;
+    let s = &f.store;
+    let id = f.compensated.to_string();
+
+    let text = saga(s, &["show", &id]).await.unwrap();
+    for word in [
+        id.as_str(),
+        "refund@1",
+        "COMPENSATED",
+        "reserve",
+        "charge",
+        "compensatable",
+        "SUCCEEDED",
+        "FAILED",
+        "scripted permanent failure",
+        "Attempts",
+        "compensation",
+    ] {
+        assert!(text.contains(word), "{word:?} missing:\n{text}");
+    }
+    // One row per attempt in the attempt log: reserve action, charge action, reserve compensation.
+    let attempts = s.attempts(f.compensated).await.unwrap();
+    assert_eq!(attempts.len(), 3);
+    for a in &attempts {
+        assert!(text.contains(&a.worker), "worker missing:\n{text}");
+    }
+
+    let failed = saga(s, &["show", &f.failed.to_string()]).await.unwrap();
+    assert!(
+        failed.contains("FAILED") && failed.contains("retriable"),
+        "{failed}"
+    );
+    assert!(failed.contains("reached"), "{failed}");
+    assert!(
+        failed.contains(&format!("retry {}", f.failed)) && failed.contains("runs notify again"),
+        "a hint says what a person can do:\n{failed}"
+    );
+
+    // `--json` is exactly the saga object of the HTTP API.
+    let shown = saga_json(s, &["show", &id, "--json"]).await;
+    let stored = serde_json::to_value(s.get_saga(f.compensated).await.unwrap().unwrap()).unwrap();
+    assert_eq!(shown, stored);
+    assert_eq!(shown["steps"][1]["status"], "FAILED");
+    assert_eq!(shown["steps"][0]["compensation"]["status"], "SUCCEEDED");
+    f.engine.stop().await;
+}
+
+#[tokio::test]
+async fn events_table_and_json() {
+    let f = Fixture::new().await;
+    let s = &f.store;
+    let id = f.completed[0].to_string();
+
+    let text = saga(s, &["events", &id]).await.unwrap();
+    assert!(
+        text.contains("saga.started") && text.contains("saga.completed"),
+        "{text}"
+    );
+
+    let json = saga_json(s, &["events", &id, "--json"]).await;
+    let events = json["events"].as_array().unwrap();
+    assert_eq!(events[0]["seq"], 1);
+    assert_eq!(events[0]["type"], "saga.started");
+    assert_eq!(events.last().unwrap()["type"], "saga.completed");
+    assert_eq!(
+        json["events"],
+        serde_json::to_value(s.events(f.completed[0]).await.unwrap()).unwrap()
+    );
+    f.engine.stop().await;
+}
+
+#[tokio::test]
+async fn unknown_and_malformed_ids_are_clear_errors() {
+    let f = Fixture::new().await;
+    let s = &f.store;
+    let unknown = Uuid::now_v7().to_string();
+    for cmd in ["show", "events", "cancel", "retry"] {
+        let err = saga(s, &[cmd, &unknown]).await.unwrap_err();
+        assert!(matches!(err, CliError::NotFound(_)), "{cmd}: {err:?}");
+        assert_eq!(err.to_string(), format!("saga {unknown} not found"));
+    }
+    let err = saga(s, &["abort", &unknown, "--reason", "x"])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, CliError::NotFound(_)), "{err:?}");
+
+    let err = saga(s, &["show", "not-a-uuid"]).await.unwrap_err();
+    assert!(matches!(err, CliError::BadArgument(_)), "{err:?}");
+    assert!(
+        err.to_string()
+            .starts_with("invalid saga id \"not-a-uuid\""),
+        "{err}"
+    );
+    assert!(!err.to_string().contains('\n'));
+    f.engine.stop().await;
+}
+
+#[tokio::test]
+async fn cancel_is_refused_on_finished_sagas_and_after_the_pivot() {
+    let stuck = scripted_saga(
+        "stuck",
+        1,
+        &[
+            S::new("reserve", Compensatable),
+            S::new("ship", Pivot),
+            S::new("notify", Retriable).action(&[Retryable; 1000]),
+        ],
+        &Journal::default(),
+    );
+    let f = Fixture::with_extra(vec![stuck]).await;
+    let s = &f.store;
+
+    let err = saga(s, &["cancel", &f.completed[0].to_string()])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, CliError::Conflict(_)), "{err:?}");
+    assert!(err.to_string().contains("COMPLETED"), "{err}");
+
+    // A saga retrying forward after its pivot cannot be cancelled, only aborted.
+    let id = f.engine.engine.start("stuck", json!({})).await.unwrap().id;
+    wait_for(s, id, Duration::from_secs(10), |x| {
+        x.steps[2].action.attempts >= 2
+    })
+    .await;
+    let err = saga(s, &["cancel", &id.to_string()]).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("past its pivot; it can no longer be cancelled"),
+        "{err}"
+    );
+    let out = saga(s, &["abort", &id.to_string(), "--reason", "customer gone"])
+        .await
+        .unwrap();
+    assert!(out.contains("ABORTED"), "{out}");
+    assert_eq!(
+        wait_terminal(s, id).await.status,
+        SagaStatus::Aborted,
+        "the engine let go of it"
+    );
+    f.engine.stop().await;
+}
+
+#[tokio::test]
+async fn cancel_accepts_a_saga_before_its_pivot() {
+    let slow = scripted_saga(
+        "slow",
+        1,
+        &[
+            // Every attempt times out: the saga stays before its pivot for a while.
+            S::new("reserve", Compensatable).action(&[Hang; 3]),
+            S::new("ship", Pivot),
+        ],
+        &Journal::default(),
+    );
+    let f = Fixture::with_extra(vec![slow]).await;
+    let s = &f.store;
+    let id = f.engine.engine.start("slow", json!({})).await.unwrap().id;
+    let out = saga(s, &["cancel", &id.to_string()]).await.unwrap();
+    assert!(out.contains("cancel requested"), "{out}");
+    let done = wait_terminal(s, id).await;
+    assert_eq!(done.status, SagaStatus::Compensated);
+    f.engine.stop().await;
+}
+
+#[tokio::test]
+async fn abort_is_audited_with_actor_and_reason() {
+    let f = Fixture::new().await;
+    let s = &f.store;
+    let id = f.failed.to_string();
+
+    let err = saga(s, &["abort", &id, "--reason", "  "])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, CliError::BadArgument(_)), "{err:?}");
+
+    let out = saga(
+        s,
+        &["abort", &id, "--reason", "refunded by phone, ticket 42"],
+    )
+    .await
+    .unwrap();
+    assert!(out.contains("ABORTED"), "{out}");
+    let saga_now = s.get_saga(f.failed).await.unwrap().unwrap();
+    assert_eq!(saga_now.status, SagaStatus::Aborted);
+    let events = s.events(f.failed).await.unwrap();
+    let aborted = events.iter().find(|e| e.kind == "saga.aborted").unwrap();
+    assert_eq!(aborted.data["reason"], "refunded by phone, ticket 42");
+    assert!(
+        aborted.data["actor"].as_str().unwrap().ends_with("@cli"),
+        "{:?}",
+        aborted.data
+    );
+
+    // A finished saga cannot be aborted.
+    let err = saga(s, &["abort", &f.completed[0].to_string(), "--reason", "x"])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, CliError::Conflict(_)), "{err:?}");
+    f.engine.stop().await;
+}
+
+#[tokio::test]
+async fn retry_runs_a_failed_saga_again() {
+    let f = Fixture::new().await;
+    let s = &f.store;
+    let out = saga(s, &["retry", &f.failed.to_string()]).await.unwrap();
+    assert!(out.contains("notify will be retried"), "{out}");
+    // The retriable step's second attempt succeeds.
+    let done = wait_for(
+        s,
+        f.failed,
+        Duration::from_secs(10),
+        is(SagaStatus::Completed),
+    )
+    .await;
+    assert_eq!(done.steps[2].action.status, StepStatus::Succeeded);
+    assert_eq!(done.steps[2].action.attempts, 2);
+    let events = s.events(f.failed).await.unwrap();
+    let retried = events.iter().find(|e| e.kind == "saga.retried").unwrap();
+    assert!(retried.data["actor"].as_str().unwrap().ends_with("@cli"));
+
+    let err = saga(s, &["retry", &f.completed[0].to_string()])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, CliError::Conflict(_)), "{err:?}");
+    f.engine.stop().await;
+}
+
+#[tokio::test]
+async fn mark_compensated_checks_the_step_and_ends_a_stuck_compensation() {
+    let stuck = scripted_saga(
+        "stuck",
+        1,
+        &[
+            S::new("reserve", Compensatable).compensation(&[Retryable; 1000]),
+            S::new("charge", Compensatable).action(&[Permanent]),
+            S::new("ship", Pivot),
+        ],
+        &Journal::default(),
+    );
+    let f = Fixture::with_extra(vec![stuck]).await;
+    let s = &f.store;
+
+    // Not compensating.
+    let done = f.completed[0].to_string();
+    let err = saga(s, &["mark-compensated", &done, "charge", "--reason", "x"])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, CliError::Conflict(_)), "{err:?}");
+    assert!(err.to_string().contains("COMPENSATING"), "{err}");
+
+    let id = f.engine.engine.start("stuck", json!({})).await.unwrap().id;
+    let flagged = wait_for(s, id, Duration::from_secs(10), |x| x.needs_attention).await;
+    assert_eq!(flagged.status, SagaStatus::Compensating);
+    let listed = saga_json(s, &["list", "--needs-attention", "--json"]).await;
+    assert_eq!(listed["sagas"][0]["id"], id.to_string());
+    let shown = saga(s, &["show", &id.to_string()]).await.unwrap();
+    assert!(shown.contains("NEEDS ATTENTION"), "{shown}");
+    assert!(
+        shown.contains(&format!("mark-compensated {id} reserve")),
+        "a hint names the stuck step:\n{shown}"
+    );
+
+    let sid = id.to_string();
+    // Unknown step: the message names the steps there are.
+    let err = saga(s, &["mark-compensated", &sid, "refund", "--reason", "x"])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, CliError::BadArgument(_)), "{err:?}");
+    assert!(err.to_string().contains("reserve, charge, ship"), "{err}");
+    // A step with no compensation pending (its action failed definitively).
+    let err = saga(s, &["mark-compensated", &sid, "charge", "--reason", "x"])
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("no compensation pending"), "{err}");
+    // No reason.
+    let err = saga(s, &["mark-compensated", &sid, "reserve", "--reason", ""])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, CliError::BadArgument(_)), "{err:?}");
+
+    let out = saga(
+        s,
+        &[
+            "mark-compensated",
+            &sid,
+            "reserve",
+            "--reason",
+            "released by hand",
+        ],
+    )
+    .await
+    .unwrap();
+    assert!(out.contains("marked compensated"), "{out}");
+    let end = wait_for(s, id, Duration::from_secs(10), is(SagaStatus::Compensated)).await;
+    assert_eq!(end.steps[0].compensation.status, StepStatus::Manual);
+    let events = s.events(id).await.unwrap();
+    let marked = events
+        .iter()
+        .find(|e| e.kind == "step.marked_compensated")
+        .unwrap();
+    assert_eq!(marked.step.as_deref(), Some("reserve"));
+    assert_eq!(marked.data["reason"], "released by hand");
+    assert!(marked.data["actor"].as_str().unwrap().ends_with("@cli"));
+    f.engine.stop().await;
+}
+
+// ---- the `saga` binary -------------------------------------------------------------------
+
+/// `target/debug/saga`, next to this test's `deps` directory.
+fn saga_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().and_then(|deps| deps.parent()).unwrap();
+    let bin = dir.join(format!("saga{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        bin.exists(),
+        "{} not found: run `cargo build --workspace --bins` before the tests",
+        bin.display()
+    );
+    bin
+}
+
+fn run_binary(url: &str, args: &[&str]) -> std::process::Output {
+    Command::new(saga_binary())
+        .args(args)
+        .env("DATABASE_URL", url)
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap()
+}
+
+fn assert_one_line_error(out: &std::process::Output, contains: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line: {stderr:?}");
+    assert!(stderr.starts_with("error: "), "{stderr:?}");
+    assert!(stderr.contains(contains), "{stderr:?} lacks {contains:?}");
+}
+
+#[tokio::test]
+async fn the_binary_exits_one_with_a_single_line_error() {
+    let f = Fixture::new().await;
+    let unknown = Uuid::now_v7().to_string();
+    let out = run_binary(&f.db.url, &["show", &unknown]);
+    assert_one_line_error(&out, &format!("saga {unknown} not found"));
+    assert!(out.stdout.is_empty());
+
+    let out = run_binary(&f.db.url, &["show", "xyz"]);
+    assert_one_line_error(&out, "invalid saga id");
+
+    // A wrong path is an error, not a new empty database.
+    let missing = f.db.dir.path().join("nope").join("saga.db");
+    let url = format!("sqlite://{}", missing.display());
+    let out = run_binary(&url, &["list"]);
+    assert_one_line_error(&out, "does not exist");
+    assert!(!missing.exists());
+    // The flag wins over the environment.
+    let out = Command::new(saga_binary())
+        .args(["list", "--database-url", &url])
+        .env("DATABASE_URL", &f.db.url)
+        .output()
+        .unwrap();
+    assert_one_line_error(&out, "does not exist");
+    f.engine.stop().await;
+}
+
+#[tokio::test]
+async fn the_binary_lists_json_and_migrates() {
+    let f = Fixture::new().await;
+    let out = run_binary(&f.db.url, &["list", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let page: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(page["sagas"].as_array().unwrap().len(), 4);
+    assert_eq!(page["next_cursor"], Value::Null);
+
+    let out = run_binary(&f.db.url, &["show", &f.failed.to_string(), "--json"]);
+    assert!(out.status.success());
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["status"], "FAILED");
+
+    // `migrate` is the one command that creates a database.
+    let fresh = f.db.dir.path().join("fresh.db");
+    let out = run_binary(&format!("sqlite://{}", fresh.display()), &["migrate"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(fresh.exists());
+
+    // A command line that does not parse: one line too, and clap's usage exit status.
+    let out = run_binary(&f.db.url, &["list", "--status", "sleeping"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr:?}");
+    f.engine.stop().await;
+}
