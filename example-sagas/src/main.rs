@@ -194,7 +194,13 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> anyhow::Result<()> {
     );
     let engine_task = {
         let (engine, shutdown) = (engine.clone(), shutdown.clone());
-        tokio::spawn(async move { engine.run(shutdown).await })
+        tokio::spawn(async move {
+            let ran = engine.run(shutdown.clone()).await;
+            // An engine that stops (or cannot start) takes the HTTP API down with it: accepting
+            // sagas that nothing will run would be worse than refusing them.
+            shutdown.cancel();
+            ran
+        })
     };
     // Tests and scripts read the bound address from this line (useful with `--listen :0`).
     println!("listening on http://{addr}");

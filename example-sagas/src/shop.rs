@@ -32,7 +32,7 @@ pub enum ShopError {
     UnsupportedUrl(String),
     /// The database failed (connection lost, busy past the timeout, …); usually transient.
     #[error("shop database: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(sqlx::Error),
     /// A stored result is not valid JSON: the store was tampered with.
     #[error("stored result is not JSON: {0}")]
     Json(#[from] serde_json::Error),
@@ -50,6 +50,14 @@ pub enum ShopError {
         /// The effect asked for now.
         requested: Effect,
     },
+}
+
+// Not `#[from]`: sqlx repeats its message in its `source()`, which would print every cause twice
+// in an error chain; the message already carries it.
+impl From<sqlx::Error> for ShopError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Database(e)
+    }
 }
 
 impl ShopError {

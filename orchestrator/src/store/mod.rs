@@ -248,12 +248,14 @@ pub enum StoreError {
     /// Another orchestrator process runs the engine on this SQLite file.
     #[error("{0}")]
     InUse(String),
-    /// The database could not be reached or is read-only, or a query failed.
+    /// The database could not be reached or is read-only, or a query failed. (The cause is
+    /// part of the message and deliberately not a `source()`: sqlx repeats its own message in
+    /// its source, which would print every cause twice in an error chain.)
     #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(sqlx::Error),
     /// A migration failed.
     #[error("migration failed: {0}")]
-    Migrate(#[from] sqlx::migrate::MigrateError),
+    Migrate(sqlx::migrate::MigrateError),
     /// A file next to the database (the engine lock) could not be used.
     #[error("{0}")]
     Io(String),
@@ -275,6 +277,18 @@ impl StoreError {
             }
             _ => false,
         }
+    }
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Database(e)
+    }
+}
+
+impl From<sqlx::migrate::MigrateError> for StoreError {
+    fn from(e: sqlx::migrate::MigrateError) -> Self {
+        Self::Migrate(e)
     }
 }
 

@@ -650,7 +650,27 @@ impl Store for SqliteStore {
             let id_text: String = row.try_get("id")?;
             let id = Uuid::parse_str(&id_text).map_err(|e| corrupt(&id_text, e))?;
             let epoch: i64 = row.try_get("lease_epoch")?;
-            let saga = Self::require_saga(&mut tx, id).await?;
+            let saga = match Self::require_saga(&mut tx, id).await {
+                Ok(saga) => saga,
+                Err(StoreError::Corrupt { detail, .. }) => {
+                    // One unreadable row must not stop the engine from claiming the others:
+                    // park it, flagged and with an event, until a person repairs it and runs
+                    // `saga retry`.
+                    tracing::error!(saga.id = %id, %detail, "corrupt saga row parked; needs attention");
+                    sqlx::query(
+                        "UPDATE sagas SET lease_owner = NULL, lease_expires_at = NULL, \
+                         next_run_at = NULL, needs_attention = 1, updated_at = ?2 WHERE id = ?1",
+                    )
+                    .bind(&id_text)
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await?;
+                    let data = serde_json::json!({"detail": detail});
+                    insert_event(&mut tx, &id_text, now, "saga.corrupt", None, &data).await?;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             claimed.push(Claimed {
                 lease: Lease {
                     saga_id: id,
@@ -952,7 +972,7 @@ impl Store for SqliteStore {
             _ => {
                 sqlx::query(
                     "UPDATE sagas SET next_run_at = ?2, updated_at = ?2 \
-                     WHERE id = ?1 AND next_run_at > ?2",
+                     WHERE id = ?1 AND (next_run_at IS NULL OR next_run_at > ?2)",
                 )
                 .bind(id.to_string())
                 .bind(now)
