@@ -1,7 +1,29 @@
 #!/usr/bin/env bash
-# The whole test suite: unit, doc, integration, crash and property tests.
+# The whole test suite: unit, doc, integration, crash and property tests, on the embedded SQLite
+# store, then every storage-touching suite again on PostgreSQL (each test in a fresh database).
+#
+# PostgreSQL is started here if it is installed and down; SAGA_TEST_PG_URL names another server.
+# If PostgreSQL cannot be reached, the PostgreSQL half fails: it is never skipped.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+export SAGA_TEST_PG_URL="${SAGA_TEST_PG_URL:-postgres://postgres@127.0.0.1:5432/postgres}"
+if [ -z "${SAGA_SKIP_PG_START:-}" ] && command -v pg_ctlcluster >/dev/null 2>&1; then
+    version="$(ls /etc/postgresql | sort -V | tail -n 1)"
+    pg_ctlcluster --skip-systemctl-redirect "$version" main start 2>/dev/null || true
+    for _ in $(seq 1 60); do
+        pg_isready -q -h 127.0.0.1 -p 5432 && break
+        sleep 0.5
+    done
+fi
+
 # The crash tests spawn the real binaries; build them before the tests look for them.
 cargo build --workspace --bins
+
+echo "== all tests, embedded SQLite store =="
 cargo test --workspace "$@"
+
+echo "== storage tests again, PostgreSQL store =="
+SAGA_TEST_BACKEND=postgres cargo test -p saga-suite \
+    --test engine --test properties --test crash --test http --test http_api --test cli \
+    --test bad_input "$@"

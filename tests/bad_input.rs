@@ -34,12 +34,11 @@ async fn a_corrupt_row_is_parked_and_flagged_while_other_sagas_run() {
     let good = idle.start("s", json!({})).await.unwrap();
 
     // Someone edits the log by hand and writes a status no version knows.
-    let raw = sqlx::SqlitePool::connect(&db.url).await.unwrap();
-    sqlx::query("UPDATE steps SET status = 'HALF_DONE' WHERE saga_id = ?1 AND idx = 0")
-        .bind(bad.id.to_string())
-        .execute(&raw)
-        .await
-        .unwrap();
+    db.execute(&format!(
+        "UPDATE steps SET status = 'HALF_DONE' WHERE saga_id = '{}' AND idx = 0",
+        bad.id
+    ))
+    .await;
 
     let eng = RunningEngine::start(store.clone(), registry, test_config());
     assert_eq!(
@@ -68,11 +67,11 @@ async fn a_corrupt_row_is_parked_and_flagged_while_other_sagas_run() {
     assert!(events.iter().any(|e| e.kind == "saga.corrupt"));
 
     // Repaired by hand and retried, it runs to the end: nothing was lost.
-    sqlx::query("UPDATE steps SET status = 'PENDING' WHERE saga_id = ?1 AND idx = 0")
-        .bind(bad.id.to_string())
-        .execute(&raw)
-        .await
-        .unwrap();
+    db.execute(&format!(
+        "UPDATE steps SET status = 'PENDING' WHERE saga_id = '{}' AND idx = 0",
+        bad.id
+    ))
+    .await;
     store.retry_now(bad.id, "ops@test").await.unwrap();
     let done = wait_for(&store, bad.id, Duration::from_secs(10), |s| {
         s.status.is_terminal()
@@ -157,4 +156,42 @@ async fn a_database_that_cannot_be_written_is_a_one_line_error_and_loses_nothing
     let store = orchestrator::store::SqliteStore::open(&url).await.unwrap();
     let back = store.get_saga(saga.id).await.unwrap().unwrap();
     assert_eq!(back.input, json!({"keep": "me"}));
+}
+
+#[tokio::test]
+async fn a_value_the_database_cannot_hold_is_refused_cleanly() {
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let engine = orchestrator::Engine::new(
+        store.clone(),
+        std::sync::Arc::new(registry_of([scripted_saga(
+            "s",
+            1,
+            &[S::new("a", Compensatable)],
+            &j,
+        )])),
+        test_config(),
+    );
+    let input = json!({"note": "before\u{0}after"});
+    match engine.start("s", input.clone()).await {
+        // SQLite stores it and gives it back unchanged.
+        Ok(saga) => {
+            let back = store.get_saga(saga.id).await.unwrap().unwrap();
+            assert_eq!(back.input, input);
+        }
+        // PostgreSQL refuses NUL in JSON: a typed error (HTTP 400), not a database failure.
+        Err(orchestrator::StartError::Store(orchestrator::StoreError::InvalidValue(m))) => {
+            assert!(!m.is_empty());
+            let page = store
+                .list_sagas(&orchestrator::model::ListFilter {
+                    limit: 10,
+                    ..Default::default()
+                })
+                .await
+                .unwrap();
+            assert!(page.sagas.is_empty(), "nothing half-written");
+        }
+        Err(e) => panic!("unexpected error: {e}"),
+    }
 }

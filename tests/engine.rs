@@ -653,7 +653,7 @@ async fn an_interrupted_attempt_is_made_again_with_the_same_key() {
         .claim(ClaimRequest {
             owner: "ghost",
             limit: 1,
-            lease_ttl_ms: 60_000,
+            lease_ttl_ms: 300,
             definitions: &[key],
         })
         .await

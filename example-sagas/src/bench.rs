@@ -36,6 +36,8 @@ pub struct BenchReport {
     pub sagas: usize,
     /// Sagas kept in flight.
     pub concurrency: usize,
+    /// Orchestrator processes sharing the database.
+    pub processes: usize,
     /// Throughput.
     pub sagas_per_s: f64,
     /// Step executions per second (3 per happy saga; 5 per compensated one).
@@ -56,8 +58,8 @@ impl BenchReport {
     /// The one-line text form.
     pub fn line(&self) -> String {
         format!(
-            "bench backend={} scenario={} sagas={} concurrency={} sagas_per_s={:.1} steps_per_s={:.1} \
-             p50_ms={:.2} p99_ms={:.2} commits_per_saga={:.2} peak_rss_mb={:.1} errors={}",
+            "bench backend={} scenario={} sagas={} concurrency={} processes={} sagas_per_s={:.1} \
+             steps_per_s={:.1} p50_ms={:.2} p99_ms={:.2} commits_per_saga={:.2} peak_rss_mb={:.1} errors={}",
             self.backend,
             match self.scenario {
                 Scenario::Happy => "happy",
@@ -65,6 +67,7 @@ impl BenchReport {
             },
             self.sagas,
             self.concurrency,
+            self.processes,
             self.sagas_per_s,
             self.steps_per_s,
             self.p50_ms,
@@ -98,24 +101,106 @@ pub fn bench_saga() -> Result<SagaDefinition, saga_dsl::DefinitionError> {
 }
 
 /// Runs the benchmark on `store` and returns its figures.
-pub async fn run(
-    store: Arc<dyn Store>,
-    backend: &str,
-    scenario: Scenario,
-    sagas: usize,
-    concurrency: usize,
-    workers: usize,
-) -> anyhow::Result<BenchReport> {
+/// What one benchmark run does.
+#[derive(Debug, Clone)]
+pub struct BenchPlan {
+    /// `sqlite` or `postgres` (for the report).
+    pub backend: String,
+    /// The database URL (passed to helper worker processes).
+    pub url: String,
+    /// The workload.
+    pub scenario: Scenario,
+    /// Sagas to measure.
+    pub sagas: usize,
+    /// Sagas kept in flight.
+    pub concurrency: usize,
+    /// Engine workers per process.
+    pub workers: usize,
+    /// Orchestrator processes: this one plus `processes - 1` helper processes (PostgreSQL only).
+    pub processes: usize,
+}
+
+/// An engine over `store` that runs the benchmark saga.
+pub fn bench_engine(store: Arc<dyn Store>, workers: usize) -> anyhow::Result<Engine> {
     let mut registry = Registry::new();
     registry.register(bench_saga()?)?;
-    let engine = Engine::new(
-        store.clone(),
+    Ok(Engine::new(
+        store,
         Arc::new(registry),
         EngineConfig {
             workers,
             ..EngineConfig::default()
         },
+    ))
+}
+
+/// Helper worker processes of a multi-process run; stopped (SIGTERM) and reaped on drop.
+struct Helpers(Vec<std::process::Child>);
+
+impl Helpers {
+    fn spawn(plan: &BenchPlan) -> anyhow::Result<Self> {
+        use std::io::BufRead;
+        let exe = std::env::current_exe()?;
+        let mut children = Helpers(Vec::new());
+        for _ in 1..plan.processes {
+            let mut child = std::process::Command::new(&exe)
+                .args(["bench-worker", "--database-url", &plan.url])
+                .args(["--workers", &plan.workers.to_string()])
+                .stdout(std::process::Stdio::piped())
+                .spawn()?;
+            // Wait until it has registered and is claiming.
+            let mut line = String::new();
+            if let Some(out) = child.stdout.as_mut() {
+                std::io::BufReader::new(out).read_line(&mut line)?;
+            }
+            anyhow::ensure!(
+                line.starts_with("ready"),
+                "bench worker did not start: {line:?}"
+            );
+            children.0.push(child);
+        }
+        Ok(children)
+    }
+
+    /// Stops every helper and returns the commits they made.
+    fn stop(mut self) -> anyhow::Result<u64> {
+        let mut commits = 0;
+        for mut child in std::mem::take(&mut self.0) {
+            std::process::Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status()?;
+            let mut out = String::new();
+            if let Some(mut stdout) = child.stdout.take() {
+                std::io::Read::read_to_string(&mut stdout, &mut out)?;
+            }
+            child.wait()?;
+            commits += out
+                .lines()
+                .find_map(|l| l.strip_prefix("commits="))
+                .and_then(|n| n.trim().parse::<u64>().ok())
+                .unwrap_or(0);
+        }
+        Ok(commits)
+    }
+}
+
+impl Drop for Helpers {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Runs the benchmark on `store` and returns its figures.
+pub async fn run(store: Arc<dyn Store>, plan: &BenchPlan) -> anyhow::Result<BenchReport> {
+    let (scenario, sagas, concurrency) = (plan.scenario, plan.sagas, plan.concurrency);
+    anyhow::ensure!(
+        plan.processes <= 1 || plan.backend == "postgres",
+        "several processes share a database only on PostgreSQL"
     );
+    let engine = bench_engine(store.clone(), plan.workers)?;
     let shutdown = CancellationToken::new();
     let runner = {
         let (engine, shutdown) = (engine.clone(), shutdown.clone());
@@ -124,12 +209,15 @@ pub async fn run(
     let concurrency = concurrency.max(1);
     let warmup = (sagas / 10).clamp(concurrency.min(sagas), 200.max(concurrency));
     lanes(&engine, scenario, warmup, concurrency).await?;
+    // Helpers start after the warm-up, so their whole-life commit counts cover the measured
+    // phase (plus a few idle polls while they are being stopped).
+    let helpers = Helpers::spawn(plan)?;
 
     let commits_before = store.commits();
     let started = Instant::now();
     let (mut latencies, errors) = lanes(&engine, scenario, sagas, concurrency).await?;
     let wall = started.elapsed().as_secs_f64();
-    let commits = store.commits() - commits_before;
+    let commits = store.commits() - commits_before + helpers.stop()?;
     shutdown.cancel();
     runner.await??;
 
@@ -146,7 +234,8 @@ pub async fn run(
         Scenario::Compensate => 5.0,
     };
     Ok(BenchReport {
-        backend: backend.to_owned(),
+        backend: plan.backend.clone(),
+        processes: plan.processes,
         scenario,
         sagas,
         concurrency,

@@ -65,6 +65,14 @@ enum Command {
     },
     /// Run the in-process benchmark on a fresh database and print one line of figures.
     Bench(BenchArgs),
+    /// A helper process of a multi-process benchmark: runs the benchmark saga's engine until
+    /// SIGTERM, then prints its commit count.
+    #[command(hide = true)]
+    BenchWorker {
+        /// Engine workers.
+        #[arg(long, default_value_t = 16)]
+        workers: usize,
+    },
     #[command(flatten)]
     Admin(AdminCommand),
 }
@@ -86,6 +94,18 @@ struct ServeArgs {
     /// Largest accepted request body, in bytes.
     #[arg(long, default_value_t = HttpConfig::DEFAULT_BODY_LIMIT)]
     body_limit: usize,
+    /// Bearer token every /v1 endpoint and /metrics require (`Authorization: Bearer TOKEN`);
+    /// without one the API is open. /healthz and /openapi.json never need it.
+    #[arg(
+        long,
+        env = "SAGA_API_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    api_token: Option<String>,
+    /// Longest `Prefer: wait=N` honoured, in seconds; longer waits are capped to it.
+    #[arg(long, default_value_t = HttpConfig::DEFAULT_MAX_WAIT.as_secs(), value_name = "SECONDS")]
+    max_wait_secs: u64,
 }
 
 #[derive(Debug, clap::Args)]
@@ -102,6 +122,9 @@ struct BenchArgs {
     /// Workload.
     #[arg(long, value_enum, default_value_t = Scenario::Happy)]
     scenario: Scenario,
+    /// Orchestrator processes sharing the database (PostgreSQL only): this one plus helpers.
+    #[arg(long, default_value_t = 1)]
+    processes: usize,
     /// Print the figures as JSON.
     #[arg(long)]
     json: bool,
@@ -124,6 +147,7 @@ async fn main() -> ExitCode {
         Command::Serve(args) => serve(&cli, args).await,
         Command::Ledger { json } => ledger(&cli, *json).await,
         Command::Bench(args) => run_bench(&cli, args, db_explicit).await,
+        Command::BenchWorker { workers } => bench_worker(&cli, *workers).await,
         Command::Admin(cmd) => admin(&cli, cmd).await,
     };
     match result {
@@ -185,12 +209,20 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     tokio::spawn(stop_on_signal(shutdown.clone()));
 
-    let router = http::router(
+    let api_token = args.api_token.clone().filter(|t| !t.is_empty());
+    if api_token.is_none() {
+        tracing::info!("no API token set (SAGA_API_TOKEN or --api-token): the API is open");
+    }
+    // Waits end at shutdown, so a long poll cannot hold the graceful stop.
+    let router = http::router_with_shutdown(
         engine.clone(),
         HttpConfig {
             body_limit: args.body_limit,
+            api_token,
+            max_wait: Duration::from_secs(args.max_wait_secs),
             ..HttpConfig::default()
         },
+        shutdown.clone(),
     );
     let engine_task = {
         let (engine, shutdown) = (engine.clone(), shutdown.clone());
@@ -286,19 +318,34 @@ async fn run_bench(cli: &Cli, args: &BenchArgs, db_explicit: bool) -> anyhow::Re
     let store = orchestrator::store::open(&url)
         .await
         .with_context(|| format!("cannot open {url}"))?;
-    let report = bench::run(
-        store,
-        backend,
-        args.scenario,
-        args.sagas,
-        args.concurrency,
-        args.workers.unwrap_or(args.concurrency),
-    )
-    .await?;
+    let plan = bench::BenchPlan {
+        backend: backend.to_owned(),
+        url: url.clone(),
+        scenario: args.scenario,
+        sagas: args.sagas,
+        concurrency: args.concurrency,
+        workers: args.workers.unwrap_or(args.concurrency),
+        processes: args.processes.max(1),
+    };
+    let report = bench::run(store, &plan).await?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!("{}", report.line());
     }
+    Ok(())
+}
+
+async fn bench_worker(cli: &Cli, workers: usize) -> anyhow::Result<()> {
+    let store = orchestrator::store::open(&cli.db.database_url)
+        .await
+        .with_context(|| format!("cannot open {}", cli.db.database_url))?;
+    let engine = bench::bench_engine(store.clone(), workers)?;
+    let shutdown = CancellationToken::new();
+    tokio::spawn(stop_on_signal(shutdown.clone()));
+    println!("ready");
+    let _ = std::io::stdout().flush();
+    engine.run(shutdown).await?;
+    println!("commits={}", store.commits());
     Ok(())
 }

@@ -14,6 +14,7 @@
 //! - [`cli`]: the operator commands shared by `saga` and application binaries.
 
 pub mod cli;
+pub mod client;
 pub mod clock;
 pub mod engine;
 pub mod failpoint;

@@ -6,7 +6,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use serde::{Deserialize, Serialize, Serializer};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -31,11 +31,31 @@ fn ser_opt_time<S: Serializer>(ms: &Option<Millis>, s: S) -> Result<S::Ok, S::Er
     }
 }
 
+/// Reads RFC 3339 text back into milliseconds (the inverse of [`rfc3339`]), so that a client of
+/// the HTTP API can deserialize the records it serves.
+fn parse_rfc3339<E: serde::de::Error>(text: &str) -> Result<Millis, E> {
+    chrono::DateTime::parse_from_rfc3339(text)
+        .map(|t| t.timestamp_millis())
+        .map_err(|e| E::custom(format!("invalid RFC 3339 time {text:?}: {e}")))
+}
+
+fn de_time<'de, D: Deserializer<'de>>(d: D) -> Result<Millis, D::Error> {
+    parse_rfc3339(&String::deserialize(d)?)
+}
+
+fn de_opt_time<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Millis>, D::Error> {
+    Option::<String>::deserialize(d)?
+        .map(|t| parse_rfc3339(&t))
+        .transpose()
+}
+
 /// Declares a string-backed enum with upper- or lower-case wire names.
 macro_rules! wire_enum {
-    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $variant:ident = $text:literal),+ $(,)? }) => {
+    // `$text` is a `tt`, not a `literal`: a `literal` fragment reaches derive macros wrapped in
+    // an invisible group, which utoipa's `ToSchema` does not look into for `serde(rename)`.
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $variant:ident = $text:tt),+ $(,)? }) => {
         $(#[$m])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
         pub enum $name {
             $($(#[$vm])* #[serde(rename = $text)] $variant),+
         }
@@ -154,7 +174,7 @@ impl From<saga_dsl::StepKind> for StepKindName {
 }
 
 /// One half (action or compensation) of a step in the log.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PhaseRecord {
     /// Its status.
     pub status: StepStatus,
@@ -165,10 +185,20 @@ pub struct PhaseRecord {
     /// Whether the latest attempt's outcome is unknown (it timed out, or the process died).
     pub outcome_unknown: bool,
     /// When the first attempt started.
-    #[serde(serialize_with = "ser_opt_time")]
+    #[serde(
+        serialize_with = "ser_opt_time",
+        deserialize_with = "de_opt_time",
+        default
+    )]
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub started_at: Option<Millis>,
     /// When it reached its current status.
-    #[serde(serialize_with = "ser_opt_time")]
+    #[serde(
+        serialize_with = "ser_opt_time",
+        deserialize_with = "de_opt_time",
+        default
+    )]
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub ended_at: Option<Millis>,
 }
 
@@ -192,7 +222,7 @@ impl PhaseRecord {
 }
 
 /// One step of a saga in the log.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct StepRecord {
     /// Position, from 0.
     pub index: u32,
@@ -210,7 +240,7 @@ pub struct StepRecord {
 }
 
 /// A saga as stored: the body of `GET /v1/sagas/{id}` and of `saga show ID --json`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Saga {
     /// Id (a UUIDv7, so ids sort by creation time).
     pub id: Uuid,
@@ -238,17 +268,24 @@ pub struct Saga {
     /// Why the saga went backward or stopped.
     pub error: Option<String>,
     /// When the next attempt is due, while the saga waits on a retry timer.
-    #[serde(serialize_with = "ser_opt_time")]
+    #[serde(
+        serialize_with = "ser_opt_time",
+        deserialize_with = "de_opt_time",
+        default
+    )]
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub next_run_at: Option<Millis>,
     /// The worker currently holding the saga's lease.
     pub lease_owner: Option<String>,
     /// The lease's epoch (fencing token).
     pub lease_epoch: i64,
     /// Created.
-    #[serde(serialize_with = "ser_time")]
+    #[serde(serialize_with = "ser_time", deserialize_with = "de_time")]
+    #[schema(value_type = String, format = DateTime)]
     pub created_at: Millis,
     /// Last changed.
-    #[serde(serialize_with = "ser_time")]
+    #[serde(serialize_with = "ser_time", deserialize_with = "de_time")]
+    #[schema(value_type = String, format = DateTime)]
     pub updated_at: Millis,
     /// The steps, in order.
     pub steps: Vec<StepRecord>,
@@ -267,7 +304,7 @@ pub fn definition_key(name: &str, version: u32, hash: &str) -> String {
 }
 
 /// A row of `saga list`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SagaSummary {
     /// Id.
     pub id: Uuid,
@@ -284,10 +321,12 @@ pub struct SagaSummary {
     /// See [`Saga::error`].
     pub error: Option<String>,
     /// Created.
-    #[serde(serialize_with = "ser_time")]
+    #[serde(serialize_with = "ser_time", deserialize_with = "de_time")]
+    #[schema(value_type = String, format = DateTime)]
     pub created_at: Millis,
     /// Last changed.
-    #[serde(serialize_with = "ser_time")]
+    #[serde(serialize_with = "ser_time", deserialize_with = "de_time")]
+    #[schema(value_type = String, format = DateTime)]
     pub updated_at: Millis,
 }
 
@@ -307,7 +346,7 @@ pub struct ListFilter {
 }
 
 /// A page of sagas, newest first.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SagaPage {
     /// The sagas.
     pub sagas: Vec<SagaSummary>,
@@ -316,14 +355,15 @@ pub struct SagaPage {
 }
 
 /// One entry of a saga's event history (also the transactional outbox).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Event {
     /// Position in the saga's history, from 1.
     pub seq: i64,
     /// Globally unique, increasing id (for deduplication by consumers).
     pub id: i64,
     /// When.
-    #[serde(serialize_with = "ser_time")]
+    #[serde(serialize_with = "ser_time", deserialize_with = "de_time")]
+    #[schema(value_type = String, format = DateTime)]
     pub at: Millis,
     /// `saga.started`, `step.succeeded`, `step.compensated`, …
     #[serde(rename = "type")]
@@ -372,4 +412,26 @@ pub fn needs_compensation(step: &StepRecord) -> bool {
             step.compensation.status,
             StepStatus::Succeeded | StepStatus::Manual
         )
+}
+
+/// An orchestrator process, as recorded in the workers table.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Worker {
+    /// Worker id (also the lease owner): `host:pid:random`.
+    pub id: String,
+    /// Host name.
+    pub host: String,
+    /// Process id.
+    pub pid: i64,
+    /// Started.
+    #[serde(serialize_with = "ser_time")]
+    pub started_at: Millis,
+    /// Last heartbeat.
+    #[serde(serialize_with = "ser_time")]
+    pub heartbeat_at: Millis,
+    /// When it stopped gracefully (or was found dead by a successor on the embedded store).
+    #[serde(serialize_with = "ser_opt_time")]
+    pub stopped_at: Option<Millis>,
+    /// Leases it holds now.
+    pub leases: i64,
 }

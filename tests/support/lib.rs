@@ -14,27 +14,130 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-/// A fresh SQLite file in a temporary directory (kept alive by the returned guard).
+/// The backend the storage tests run on: `SAGA_TEST_BACKEND=postgres` selects PostgreSQL (a fresh
+/// database per test on the server named by `SAGA_TEST_PG_URL`, default
+/// `postgres://postgres@127.0.0.1:5432/postgres`); anything else, a fresh SQLite file.
+pub fn backend_is_postgres() -> bool {
+    std::env::var("SAGA_TEST_BACKEND").is_ok_and(|b| b == "postgres")
+}
+
+fn pg_admin_url() -> String {
+    std::env::var("SAGA_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+/// Runs a future to completion on a private runtime in another thread, so that sync code (a
+/// constructor, a `Drop`) can do async work even when called from inside a test's runtime.
+fn block_on_side<T: Send + 'static>(f: impl std::future::Future<Output = T> + Send + 'static) -> T {
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(f)
+    })
+    .join()
+    .unwrap()
+}
+
+/// A fresh, empty saga database for one test: a SQLite file in a temporary directory, or a new
+/// PostgreSQL database (dropped again when this value is dropped).
 pub struct TempDb {
     pub dir: tempfile::TempDir,
     pub url: String,
+    pg_name: Option<String>,
 }
 
 impl TempDb {
+    /// A fresh database on the backend `SAGA_TEST_BACKEND` selects.
     pub fn new() -> Self {
+        if backend_is_postgres() {
+            Self::postgres()
+        } else {
+            Self::sqlite()
+        }
+    }
+
+    /// A fresh SQLite file.
+    pub fn sqlite() -> Self {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("saga.db").display());
-        Self { dir, url }
+        Self {
+            dir,
+            url,
+            pg_name: None,
+        }
+    }
+
+    /// A fresh PostgreSQL database; panics if the server cannot be reached.
+    pub fn postgres() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let name = format!("saga_test_{}", Uuid::new_v4().simple());
+        let admin = pg_admin_url();
+        let create = format!("CREATE DATABASE {name}");
+        block_on_side(async move {
+            use sqlx::Connection;
+            let mut conn = sqlx::PgConnection::connect(&admin)
+                .await
+                .unwrap_or_else(|e| {
+                    panic!("PostgreSQL at {admin} (SAGA_TEST_PG_URL) is unreachable: {e}")
+                });
+            sqlx::Executor::execute(&mut conn, create.as_str())
+                .await
+                .unwrap();
+        });
+        let base = pg_admin_url();
+        let url = match base.rfind('/') {
+            Some(i) if base[..i].len() > "postgres://".len() => format!("{}/{name}", &base[..i]),
+            _ => format!("{base}/{name}"),
+        };
+        Self {
+            dir,
+            url,
+            pg_name: Some(name),
+        }
     }
 
     pub async fn store(&self) -> Arc<dyn Store> {
-        Arc::new(SqliteStore::open(&self.url).await.unwrap())
+        if self.pg_name.is_some() {
+            orchestrator::store::open(&self.url).await.unwrap()
+        } else {
+            Arc::new(SqliteStore::open(&self.url).await.unwrap())
+        }
+    }
+
+    /// Runs one SQL statement directly against the database (to corrupt a row on purpose).
+    pub async fn execute(&self, sql: &str) {
+        if self.pg_name.is_some() {
+            let pool = sqlx::PgPool::connect(&self.url).await.unwrap();
+            sqlx::query(sql).execute(&pool).await.unwrap();
+            pool.close().await;
+        } else {
+            let pool = sqlx::SqlitePool::connect(&self.url).await.unwrap();
+            sqlx::query(sql).execute(&pool).await.unwrap();
+            pool.close().await;
+        }
     }
 }
 
 impl Default for TempDb {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+impl Drop for TempDb {
+    fn drop(&mut self) {
+        if let Some(name) = self.pg_name.take() {
+            let admin = pg_admin_url();
+            block_on_side(async move {
+                use sqlx::Connection;
+                if let Ok(mut conn) = sqlx::PgConnection::connect(&admin).await {
+                    let drop = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+                    let _ = sqlx::Executor::execute(&mut conn, drop.as_str()).await;
+                }
+            });
+        }
     }
 }
 
@@ -274,18 +377,31 @@ pub struct Server {
 }
 
 impl Server {
-    /// Starts `example-sagas serve` on `saga.db` and `shop.db` in `dir`, with extra environment
+    /// Starts `example-sagas serve` on the saga database `db_url` and `shop.db` in `dir`, with
+    /// a 2-second lease (so a restart after a kill takes over quickly on PostgreSQL), extra environment
     /// variables, and waits until it answers `/healthz`.
-    pub async fn spawn(dir: &std::path::Path, env: &[(&str, &str)], extra_args: &[&str]) -> Self {
+    pub async fn spawn(
+        db_url: &str,
+        dir: &std::path::Path,
+        env: &[(&str, &str)],
+        extra_args: &[&str],
+    ) -> Self {
         use std::io::BufRead;
         let mut cmd = std::process::Command::new(bin_path("example-sagas"));
         cmd.arg("serve")
             .arg("--listen")
             .arg("127.0.0.1:0")
             .arg("--database-url")
-            .arg(format!("sqlite://{}", dir.join("saga.db").display()))
-            .arg("--shop-database-url")
-            .arg(format!("sqlite://{}", dir.join("shop.db").display()))
+            .arg(db_url)
+            .args(if env.iter().any(|(k, _)| *k == "SHOP_DATABASE_URL") {
+                vec![]
+            } else {
+                vec![
+                    "--shop-database-url".to_owned(),
+                    format!("sqlite://{}", dir.join("shop.db").display()),
+                ]
+            })
+            .args(["--lease-ttl-secs", "2"])
             .args(extra_args)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::inherit())
@@ -321,6 +437,22 @@ impl Server {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
         panic!("server at {} never became healthy", server.base);
+    }
+
+    /// The process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends a signal (`STOP`, `CONT`, `TERM`, …) with `kill(1)`.
+    pub fn signal(&self, sig: &str) {
+        let ok = std::process::Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.pid().to_string())
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -{sig} failed");
     }
 
     /// SIGKILL, and reap the process.

@@ -25,7 +25,8 @@ pub struct DatabaseArgs {
     pub database_url: String,
 }
 
-/// The operator commands of SPEC §5 that work directly on the database.
+/// The operator commands of SPEC §5: all but `start` work directly on the database; `start`
+/// goes through a server's HTTP API (see [`AdminCommand::needs_database`]).
 ///
 /// An application binary embeds them next to its own commands (`serve`, `start`) with
 /// `#[command(flatten)]`:
@@ -68,6 +69,8 @@ pub enum AdminCommand {
     MarkCompensated(MarkCompensatedArgs),
     /// Apply database migrations (creates an SQLite database if it does not exist).
     Migrate,
+    /// Start a saga through a server's HTTP API, with one idempotency key reused across retries.
+    Start(StartArgs),
 }
 
 impl AdminCommand {
@@ -94,6 +97,12 @@ impl AdminCommand {
     /// an existing one, so that a wrong path is an error rather than a new empty file.
     pub fn creates_database(&self) -> bool {
         matches!(self, Self::Migrate)
+    }
+
+    /// Whether the command works on the database. `start` does not: it talks to a server over
+    /// HTTP, so no store is opened for it (and no `saga.db` is created).
+    pub fn needs_database(&self) -> bool {
+        !matches!(self, Self::Start(_))
     }
 }
 
@@ -191,6 +200,42 @@ pub struct MarkCompensatedArgs {
     pub reason: String,
 }
 
+/// The default server of `start`.
+pub const DEFAULT_SERVER: &str = "http://127.0.0.1:8080";
+
+/// `start NAME --input JSON [--server URL] [--idempotency-key K] [--wait SECONDS] [--token T]
+/// [--json]`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct StartArgs {
+    /// The saga definition name (e.g. place_order).
+    pub name: String,
+    /// The saga input, as JSON.
+    #[arg(long, value_name = "JSON")]
+    pub input: String,
+    /// The server's base URL.
+    #[arg(long, value_name = "URL", env = "SAGA_SERVER", default_value = DEFAULT_SERVER)]
+    pub server: String,
+    /// The idempotency key of this start (default: a new UUIDv4). The same key is sent on
+    /// every retry; run the command again with the printed key to retry the same start.
+    #[arg(long, value_name = "KEY")]
+    pub idempotency_key: Option<String>,
+    /// Wait up to this many seconds for the saga to end, and print how it ended.
+    #[arg(long, value_name = "SECONDS")]
+    pub wait: Option<u64>,
+    /// The server's API token, sent as a bearer token.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "SAGA_API_TOKEN",
+        hide_env_values = true
+    )]
+    pub token: Option<String>,
+    /// Print JSON: `{"id", "name", "status", "idempotency_key"}`, or with `--wait` the saga
+    /// object (as `GET /v1/sagas/{id}`).
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// Reads a saga status in any case (`failed`, `FAILED`).
 fn parse_status(text: &str) -> Result<SagaStatus, String> {
     text.trim().to_ascii_uppercase().parse().map_err(|_| {
@@ -259,5 +304,43 @@ mod tests {
     fn only_migrate_creates_a_database() {
         assert!(AdminCommand::Migrate.creates_database());
         assert!(!AdminCommand::List(ListArgs::default()).creates_database());
+    }
+
+    #[test]
+    fn parses_start() {
+        let cmd = AdminCommand::parse_words([
+            "start",
+            "place_order",
+            "--input",
+            "{}",
+            "--server",
+            "http://127.0.0.1:9",
+            "--idempotency-key",
+            "k-1",
+            "--wait",
+            "5",
+            "--token",
+            "t",
+            "--json",
+        ])
+        .unwrap();
+        assert_eq!(
+            cmd,
+            AdminCommand::Start(StartArgs {
+                name: "place_order".into(),
+                input: "{}".into(),
+                server: "http://127.0.0.1:9".into(),
+                idempotency_key: Some("k-1".into()),
+                wait: Some(5),
+                token: Some("t".into()),
+                json: true,
+            })
+        );
+        assert!(!cmd.needs_database());
+        assert!(AdminCommand::Migrate.needs_database());
+        assert!(
+            AdminCommand::parse_words(["start", "place_order"]).is_err(),
+            "--input is required"
+        );
     }
 }

@@ -3,17 +3,22 @@
 //! Each command checks its arguments, makes one store call that changes something (or none),
 //! and writes a table, a JSON document or one line saying what happened. Refusals (cancel after
 //! the pivot, abort of a finished saga) are errors, so scripts see a non-zero exit.
+//!
+//! `start` is the exception: it goes through a server's HTTP API with the typed
+//! [`SagaClient`], which reuses one idempotency key across its retries.
 
 use std::io::Write;
+use std::time::Duration;
 
 use uuid::Uuid;
 
 use super::args::{
     AbortArgs, AdminCommand, CancelArgs, EventsArgs, ListArgs, MarkCompensatedArgs, RetryArgs,
-    ShowArgs,
+    ShowArgs, StartArgs,
 };
 use super::error::CliError;
 use super::render;
+use crate::client::{ClientError, SagaClient};
 use crate::model::{needs_compensation, ListFilter, Saga, SagaStatus, StepStatus};
 use crate::store::{CancelOutcome, Store};
 
@@ -39,6 +44,53 @@ pub async fn run_admin(
             writeln!(out, "migrations applied; the database is up to date")?;
             Ok(())
         }
+        // Needs no store; one given is simply not used.
+        AdminCommand::Start(a) => run_start(a, out).await,
+    }
+}
+
+/// Runs `start`: starts a saga through the HTTP API at `--server` and prints its id and status
+/// (and, with `--wait`, how it ended). Needs no database.
+pub async fn run_start(a: &StartArgs, out: &mut impl Write) -> Result<(), CliError> {
+    let input: serde_json::Value = serde_json::from_str(&a.input)
+        .map_err(|e| CliError::BadArgument(format!("--input is not valid JSON: {e}")))?;
+    let client = SagaClient::new(&a.server, a.token.clone()).map_err(client_error)?;
+    let started = client
+        .start(&a.name, &input, a.idempotency_key.clone())
+        .await
+        .map_err(client_error)?;
+    let Some(secs) = a.wait else {
+        if a.json {
+            render::json(out, &started)?;
+        } else {
+            render::started(out, &started)?;
+        }
+        return Ok(());
+    };
+    let saga = client
+        .wait(started.id, Duration::from_secs(secs))
+        .await
+        .map_err(client_error)?;
+    if a.json {
+        render::json(out, &saga)?;
+    } else {
+        render::started(out, &started)?;
+        render::waited(out, &saga, secs)?;
+    }
+    Ok(())
+}
+
+/// A client failure as a one-line command error. A `409` is a conflict with the saga's state;
+/// everything else (unreachable server, refused input, unknown definition) is reported as what
+/// the server or the network said.
+fn client_error(e: ClientError) -> CliError {
+    match e {
+        ClientError::Api {
+            status: 409,
+            message,
+            ..
+        } => CliError::Conflict(message),
+        e => CliError::BadArgument(e.to_string()),
     }
 }
 

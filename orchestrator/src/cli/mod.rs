@@ -1,5 +1,6 @@
 //! The operator commands of SPEC §5 (`list`, `show`, `events`, `cancel`, `abort`, `retry`,
-//! `mark-compensated`, `migrate`), shared by the `saga` binary and application binaries.
+//! `mark-compensated`, `migrate`, `start`), shared by the `saga` binary and application
+//! binaries. `start` goes through a server's HTTP API ([`run_start`]) and opens no database.
 //!
 //! The commands are plain data ([`AdminCommand`], parsed by clap) and one function,
 //! [`run_admin`], that runs one against any [`Store`] and writes to any [`std::io::Write`]:
@@ -47,16 +48,24 @@ use std::sync::Arc;
 
 pub use args::{
     AbortArgs, AdminCommand, CancelArgs, DatabaseArgs, EventsArgs, ListArgs, MarkCompensatedArgs,
-    RetryArgs, ShowArgs, DEFAULT_LIST_LIMIT,
+    RetryArgs, ShowArgs, StartArgs, DEFAULT_LIST_LIMIT, DEFAULT_SERVER,
 };
-pub use commands::{actor, run_admin};
+pub use commands::{actor, run_admin, run_start};
 pub use error::CliError;
 
 use crate::store::{self, SqliteStore, Store};
 
 /// Opens the store a command needs: an existing database for every command but `migrate`, which
 /// creates an SQLite file if it is missing. Opening applies pending migrations.
+///
+/// `start` needs no store (see [`AdminCommand::needs_database`]): asking for one is an error,
+/// rather than opening (or creating) a database for nothing. [`open_and_run`] handles it.
 pub async fn open_store_for(cmd: &AdminCommand, url: &str) -> Result<Arc<dyn Store>, CliError> {
+    if !cmd.needs_database() {
+        return Err(CliError::BadArgument(
+            "this command works through the HTTP API and opens no database".to_owned(),
+        ));
+    }
     if url.starts_with("sqlite:") && !cmd.creates_database() {
         Ok(Arc::new(SqliteStore::open_existing(url).await?))
     } else {
@@ -65,12 +74,17 @@ pub async fn open_store_for(cmd: &AdminCommand, url: &str) -> Result<Arc<dyn Sto
 }
 
 /// Opens the database `url` names as [`open_store_for`] does and runs the command on it: the
-/// whole of an admin subcommand, for binaries.
+/// whole of an admin subcommand, for binaries. `start` runs without opening anything.
 pub async fn open_and_run(
     cmd: &AdminCommand,
     url: &str,
     out: &mut impl std::io::Write,
 ) -> Result<(), CliError> {
+    if let AdminCommand::Start(args) = cmd {
+        run_start(args, out).await?;
+        out.flush()?;
+        return Ok(());
+    }
     let store = open_store_for(cmd, url).await?;
     run_admin(cmd, store.as_ref(), out).await?;
     out.flush()?;

@@ -10,6 +10,7 @@ use std::io::Write;
 use comfy_table::{presets, CellAlignment, ContentArrangement, Table};
 use serde::Serialize;
 
+use crate::client::StartedSaga;
 use crate::model::{
     needs_compensation, rfc3339, Attempt, Event, Millis, PhaseRecord, Saga, SagaPage, SagaStatus,
     SagaSummary, StepRecord, StepStatus,
@@ -345,6 +346,37 @@ pub(crate) fn events(out: &mut impl Write, events: &[Event]) -> std::io::Result<
         ]);
     }
     writeln!(out, "{t}")
+}
+
+/// What `start` prints: the new saga and the key that started it.
+pub(crate) fn started(out: &mut impl Write, s: &StartedSaga) -> std::io::Result<()> {
+    writeln!(out, "saga {} started: {} ({})", s.id, s.status, s.name)?;
+    writeln!(
+        out,
+        "idempotency key {} (pass it as --idempotency-key to retry this same start)",
+        s.idempotency_key
+    )
+}
+
+/// What `start --wait` prints once the wait is over: how the saga ended, or that it has not.
+pub(crate) fn waited(out: &mut impl Write, saga: &Saga, secs: u64) -> std::io::Result<()> {
+    let mut line = if saga.status.is_terminal() {
+        format!("saga {} ended: {}", saga.id, saga.status)
+    } else {
+        format!(
+            "saga {} is still {} after {secs}s; it goes on in the background",
+            saga.id, saga.status
+        )
+    };
+    let f = flags(saga.needs_attention, saga.blocked, saga.cancel_requested);
+    if !f.is_empty() {
+        line.push_str(&format!(" ({})", f.join(", ")));
+    }
+    writeln!(out, "{line}")?;
+    if let Some(error) = &saga.error {
+        writeln!(out, "error: {}", truncate(error, 200))?;
+    }
+    Ok(())
 }
 
 /// One line after a command that changed a saga: where it is now.

@@ -41,6 +41,18 @@ enum CallResult {
     Err { error: StepError, unknown: bool },
 }
 
+impl CallResult {
+    /// The outcome as the attempt log names it, for metric labels.
+    fn outcome(&self) -> &'static str {
+        match self {
+            Self::Ok(_) => "succeeded",
+            Self::Err { unknown: true, .. } => "timed_out",
+            Self::Err { error, .. } if error.is_retryable() => "retryable",
+            Self::Err { .. } => "failed",
+        }
+    }
+}
+
 /// Drives `claimed` until it no longer needs this worker; logs why it stopped.
 pub(super) async fn drive(inner: Arc<Inner>, claimed: Claimed, stop: CancellationToken) {
     let span = tracing::info_span!(
@@ -108,6 +120,9 @@ impl Driver {
                 NextCall::Done => {
                     self.write(false, true).await?;
                     if self.saga.status.is_terminal() {
+                        metrics::counter!("saga_ended_total",
+                            "name" => self.saga.name.clone(), "status" => self.saga.status.as_str())
+                        .increment(1);
                         self.inner.notify_terminal(self.saga.id, self.saga.status);
                     }
                     return Ok(());
@@ -146,7 +161,12 @@ impl Driver {
                     }
                     let step_name = self.def.steps()[index].name().to_owned();
                     crash_if_armed(before_point(phase), &step_name);
+                    let started = std::time::Instant::now();
                     let result = self.call(index, phase, attempt).await;
+                    metrics::histogram!("saga_step_duration_seconds",
+                        "name" => self.saga.name.clone(), "step" => step_name.clone(),
+                        "phase" => phase.as_str(), "outcome" => result.outcome())
+                    .record(started.elapsed().as_secs_f64());
                     crash_if_armed(after_point(phase), &step_name);
                     self.record(index, phase, attempt, result);
                 }
@@ -294,6 +314,11 @@ impl Driver {
                     Phase::Action => "step.succeeded",
                     Phase::Compensation => "step.compensated",
                 };
+                if phase == Phase::Compensation {
+                    metrics::counter!("saga_compensations_total",
+                        "name" => self.saga.name.clone(), "step" => step.name.clone())
+                    .increment(1);
+                }
                 self.pending.events.push(NewEvent::step(
                     kind,
                     &step.name,
@@ -388,6 +413,10 @@ impl Driver {
         let record = rec.clone();
         if retry {
             self.saga.next_run_at = Some(now + delay.as_millis() as i64);
+            metrics::counter!("saga_step_retries_total",
+                "name" => self.saga.name.clone(), "step" => step_name.clone(),
+                "phase" => phase.as_str())
+            .increment(1);
         }
         if phase == Phase::Compensation
             && !self.saga.needs_attention

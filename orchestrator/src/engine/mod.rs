@@ -224,6 +224,7 @@ impl Engine {
             })
             .await?;
         tracing::debug!(saga.id = %saga.id, saga.name = name, "saga started");
+        metrics::counter!("saga_started_total", "name" => saga.name.clone()).increment(1);
         self.inner.wake.notify_one();
         Ok(saga)
     }
@@ -236,7 +237,27 @@ impl Engine {
         id: Uuid,
         timeout: Duration,
     ) -> Result<Option<SagaStatus>, StoreError> {
+        let result = self.wait_terminal_inner(id, timeout).await;
+        // Drop the waiters this call left behind (their receivers are gone), so a saga that
+        // ends in another process, or never, leaves nothing in the map.
+        let mut waiters = self.inner.waiters.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(list) = waiters.get_mut(&id) {
+            list.retain(|tx| !tx.is_closed());
+            if list.is_empty() {
+                waiters.remove(&id);
+            }
+        }
+        result
+    }
+
+    async fn wait_terminal_inner(
+        &self,
+        id: Uuid,
+        timeout: Duration,
+    ) -> Result<Option<SagaStatus>, StoreError> {
         let deadline = tokio::time::Instant::now() + timeout;
+        // Sagas driven by other processes announce their end through the store, if it can.
+        let mut finished = self.inner.store.finished_signal();
         loop {
             let (tx, rx) = tokio::sync::oneshot::channel();
             self.inner
@@ -253,8 +274,26 @@ impl Engine {
                 Some(_) => {}
             }
             let poll = tokio::time::Instant::now() + self.inner.config.poll_interval;
+            let ended_elsewhere = async {
+                match finished.as_mut() {
+                    Some(rx) => loop {
+                        match rx.recv().await {
+                            Ok(done) if done != id => continue,
+                            // Ours, or we lagged behind and may have missed it: read again.
+                            Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                                break
+                            }
+                            Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                                std::future::pending::<()>().await
+                            }
+                        }
+                    },
+                    None => std::future::pending::<()>().await,
+                }
+            };
             tokio::select! {
                 got = rx => if let Ok(status) = got { return Ok(Some(status)) },
+                _ = ended_elsewhere => {}
                 _ = tokio::time::sleep_until(poll.min(deadline)) => {}
             }
             if tokio::time::Instant::now() >= deadline {
@@ -274,10 +313,12 @@ impl Engine {
                 id: cfg.worker_id.clone(),
                 host: hostname(),
                 pid: std::process::id(),
+                definitions: inner.definitions.clone(),
             })
             .await?;
         tracing::info!(worker = %cfg.worker_id, workers = cfg.workers, "engine started");
         let heartbeat = tokio::spawn(heartbeat_loop(self.inner.clone(), shutdown.child_token()));
+        let due_signal = inner.store.due_signal();
         let mut drivers = JoinSet::new();
         let mut last_blocked_check = None::<tokio::time::Instant>;
         while !shutdown.is_cancelled() {
@@ -333,6 +374,7 @@ impl Engine {
             tokio::select! {
                 _ = shutdown.cancelled() => {}
                 _ = inner.wake.notified() => {}
+                _ = async { match &due_signal { Some(s) => s.notified().await, None => std::future::pending().await } } => {}
                 Some(res) = drivers.join_next(), if !drivers.is_empty() => {
                     if let Err(e) = res {
                         tracing::error!(error = %e, "saga driver task failed");

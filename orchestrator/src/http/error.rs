@@ -254,6 +254,9 @@ impl From<StoreError> for ApiError {
             }
             // The store writes these messages for people (e.g. "saga is not FAILED").
             StoreError::Conflict(message) => Self::conflict(message),
+            StoreError::InvalidValue(message) => Self::bad_request(format!(
+                "the request carries a value that cannot be stored (for example a NUL character): {message}"
+            )),
             e if e.is_transient() => Self::unavailable(
                 "the database is temporarily unavailable; retry shortly",
                 Some(Box::new(e)),

@@ -1,35 +1,48 @@
 //! One function per endpoint. Each reads its request through the extractors of
 //! `extract.rs`, calls the engine or the store, and answers JSON or an [`ApiError`].
+//!
+//! Each handler's `#[utoipa::path]` attribute is its entry in the OpenAPI document; the router
+//! registers the handler through that attribute (`utoipa_axum::routes!`), so the method and path
+//! written there are the ones served.
+
+use std::time::Duration;
 
 use axum::extract::State;
-use axum::http::{header, Method, StatusCode, Uri};
+use axum::http::{header, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
+use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::http::error::{quote, ApiError};
 use crate::http::extract::{JsonBody, ListQuery, SagaId, SagaName};
+use crate::http::openapi::ErrorBody;
+use crate::http::prefer::{applied_headers, Wait};
 use crate::http::state::AppState;
 use crate::model::{Event, Saga, SagaPage, SagaStatus};
 use crate::store::CancelOutcome;
 
 /// The body of `202` to `POST /v1/sagas/{name}`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct Started {
+    /// The new saga's id; follow `Location` to read it.
     id: Uuid,
+    /// Its definition name.
     name: String,
+    /// `QUEUED` until a worker picks it up.
     status: SagaStatus,
 }
 
 /// The body of `GET /v1/sagas/{id}/events`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct Events {
+    /// The history, oldest first.
     events: Vec<Event>,
 }
 
 /// How a cancel request was taken.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub(crate) enum CancelResult {
     /// The step in flight finishes, then the saga compensates.
@@ -39,17 +52,67 @@ pub(crate) enum CancelResult {
 }
 
 /// The body of `202` to `POST /v1/sagas/{id}/cancel`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct Cancelled {
+    /// The saga.
     id: Uuid,
+    /// Its status as of the answer.
     status: SagaStatus,
+    /// How the request was taken.
     cancel: CancelResult,
 }
 
 /// The body of `GET /healthz`.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct Health {
+    /// `ok`.
+    #[schema(example = "ok")]
     status: &'static str,
+}
+
+/// The OpenAPI description of `POST /v1/sagas/{saga}`.
+const START_DESCRIPTION: &str = "Starts a saga of the latest registered version of the \
+    definition `saga`, with the request body as its input. Answers `202 Accepted` with a \
+    `Location` to poll once the saga is durably recorded. With `Prefer: wait=N` the server holds \
+    the answer up to N seconds: `200` with the finished saga if it ended in time, else `202`.";
+
+/// The OpenAPI description of `GET /v1/sagas/{saga}`.
+const GET_DESCRIPTION: &str = "The saga with its steps (the same object as `saga show ID \
+    --json`). With `Prefer: wait=N`, a saga that has not ended is waited for up to N seconds (a \
+    long poll); the answer is the saga as it is then.";
+
+/// The OpenAPI description of `GET /v1/sagas`.
+const LIST_DESCRIPTION: &str = "A page of sagas, newest first, with a cursor for the next page \
+    (keyset pagination: pages stay stable while new sagas arrive).";
+
+/// The OpenAPI description of `POST /v1/sagas/{saga}/cancel`.
+const CANCEL_DESCRIPTION: &str = "Requests cancellation: the step in flight finishes, then the \
+    saga compensates. Refused with `409` once the saga has ended or passed its point of no \
+    return (its pivot step has started).";
+
+/// Waits up to `wait` for the saga to end and returns it once it has; `None` when the time is
+/// up, the server is shutting down (a long wait must not hold a graceful shutdown), or the wait
+/// itself failed. A failure is logged, not answered: the saga exists, and a `5xx` would invite
+/// a client to start it again.
+async fn wait_for_end(state: &AppState, id: Uuid, wait: Duration) -> Option<Saga> {
+    let ended = tokio::select! {
+        ended = state.engine.wait_terminal(id, wait) => ended,
+        _ = state.shutdown.cancelled() => return None,
+    };
+    match ended {
+        Ok(Some(_)) => match state.engine.store().get_saga(id).await {
+            Ok(saga) => saga,
+            Err(e) => {
+                tracing::warn!(saga.id = %id, error = %e, "cannot read the saga after waiting");
+                None
+            }
+        },
+        Ok(None) => None,
+        Err(e) => {
+            tracing::warn!(saga.id = %id, error = %e, "waiting for the saga to end failed");
+            None
+        }
+    }
 }
 
 /// `POST /v1/sagas/{name}`: starts a saga of the latest registered version of `name` with the
@@ -61,9 +124,57 @@ pub(crate) struct Health {
 /// one is accepted; `413` over the limit; `400` malformed JSON), then `422 invalid_input` when
 /// the JSON does not fit the definition's input type. No saga is created unless every check
 /// passes.
+///
+/// With `Prefer: wait=N` the answer is held up to N seconds (capped): `200` with the whole saga
+/// if it ended in time, else the usual `202`; both say `Preference-Applied: wait=N`.
+#[utoipa::path(
+    post,
+    path = "/v1/sagas/{saga}",
+    tag = "sagas",
+    operation_id = "start_saga",
+    summary = "Start a saga",
+    description = START_DESCRIPTION,
+    params(
+        ("saga" = String, Path, description = "The saga definition name", example = "place_order"),
+        ("Prefer" = Option<String>, Header,
+         description = "`wait=N` (RFC 7240): hold the answer up to N seconds for the saga to end"),
+    ),
+    request_body(
+        content = serde_json::Value,
+        content_type = "application/json",
+        description = "The saga input (any JSON the definition's input type accepts)"
+    ),
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "Ended within the `Prefer: wait` time", body = Saga,
+         headers(
+             ("Location" = String, description = "/v1/sagas/{id}"),
+             ("Preference-Applied" = String, description = "wait=N, the wait applied"),
+         )),
+        (status = 202, description = "Started: durably recorded, runs in the background",
+         body = Started,
+         headers(
+             ("Location" = String, description = "/v1/sagas/{id}"),
+             ("Preference-Applied" = String,
+              description = "wait=N, when the request asked to wait"),
+         )),
+        (status = 400, description = "Malformed JSON body", body = ErrorBody),
+        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
+        (status = 404, description = "No saga definition with this name", body = ErrorBody),
+        (status = 413, description = "Body over the limit (1 MiB by default)", body = ErrorBody),
+        (status = 415, description = "A Content-Type other than JSON", body = ErrorBody),
+        (status = 422, description = "JSON that does not fit the saga's input type",
+         body = ErrorBody),
+        (status = 500, description = "Internal error (details in the server log)",
+         body = ErrorBody),
+        (status = 503, description = "Database unavailable or request timed out",
+         body = ErrorBody),
+    )
+)]
 pub(crate) async fn start_saga(
     State(state): State<AppState>,
     SagaName(name): SagaName,
+    Wait(wait): Wait,
     body: Result<JsonBody, ApiError>,
 ) -> Result<Response, ApiError> {
     if state.engine.registry().latest(&name).is_none() {
@@ -74,26 +185,100 @@ pub(crate) async fn start_saga(
     }
     let JsonBody(input) = body?;
     let saga = state.engine.start(&name, input).await?;
-    let location = format!("/v1/sagas/{}", saga.id);
+    // A UUID is always a valid header value; and now that the saga exists, no error may be
+    // answered (a client would start it again).
+    let location = HeaderValue::from_str(&format!("/v1/sagas/{}", saga.id))
+        .unwrap_or_else(|_| HeaderValue::from_static("/v1/sagas"));
+    let Some(wait) = wait else {
+        let body = Started {
+            id: saga.id,
+            name: saga.name,
+            status: saga.status,
+        };
+        return Ok((
+            StatusCode::ACCEPTED,
+            [(header::LOCATION, location)],
+            Json(body),
+        )
+            .into_response());
+    };
+    let applied = applied_headers(wait);
+    if let Some(done) = wait_for_end(&state, saga.id, wait).await {
+        return Ok((
+            StatusCode::OK,
+            [(header::LOCATION, location)],
+            applied,
+            Json(done),
+        )
+            .into_response());
+    }
+    // Not over yet: the status as of now (a worker has probably picked it up).
+    let status = match state.engine.store().get_saga(saga.id).await {
+        Ok(Some(now)) => now.status,
+        _ => saga.status,
+    };
     let body = Started {
         id: saga.id,
         name: saga.name,
-        status: saga.status,
+        status,
     };
     Ok((
         StatusCode::ACCEPTED,
         [(header::LOCATION, location)],
+        applied,
         Json(body),
     )
         .into_response())
 }
 
 /// `GET /v1/sagas/{id}`: the saga with its steps, the same object as `saga show ID --json`.
+///
+/// With `Prefer: wait=N` on a saga that has not ended, the answer is held up to N seconds
+/// (capped) for it to end (a long poll); it is `200` with the saga as it is then, either way.
+#[utoipa::path(
+    get,
+    path = "/v1/sagas/{saga}",
+    tag = "sagas",
+    operation_id = "get_saga",
+    summary = "Read a saga",
+    description = GET_DESCRIPTION,
+    params(
+        ("saga" = Uuid, Path, description = "The saga id"),
+        ("Prefer" = Option<String>, Header,
+         description = "`wait=N` (RFC 7240): hold the answer up to N seconds for the saga to end"),
+    ),
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "The saga", body = Saga,
+         headers(("Preference-Applied" = String,
+                  description = "wait=N, when the request asked to wait"))),
+        (status = 400, description = "Malformed saga id", body = ErrorBody),
+        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
+        (status = 404, description = "No saga with this id", body = ErrorBody),
+        (status = 500, description = "Internal error (details in the server log)",
+         body = ErrorBody),
+        (status = 503, description = "Database unavailable or request timed out",
+         body = ErrorBody),
+    )
+)]
 pub(crate) async fn get_saga(
     State(state): State<AppState>,
     SagaId(id): SagaId,
-) -> Result<Json<Saga>, ApiError> {
-    find_saga(&state, id).await.map(Json)
+    Wait(wait): Wait,
+) -> Result<Response, ApiError> {
+    let saga = find_saga(&state, id).await?;
+    let Some(wait) = wait else {
+        return Ok(Json(saga).into_response());
+    };
+    let saga = if saga.status.is_terminal() {
+        saga
+    } else {
+        match wait_for_end(&state, id, wait).await {
+            Some(done) => done,
+            None => find_saga(&state, id).await?,
+        }
+    };
+    Ok((applied_headers(wait), Json(saga)).into_response())
 }
 
 async fn find_saga(state: &AppState, id: Uuid) -> Result<Saga, ApiError> {
@@ -107,6 +292,35 @@ async fn find_saga(state: &AppState, id: Uuid) -> Result<Saga, ApiError> {
 
 /// `GET /v1/sagas?status=&name=&needs_attention=&limit=&cursor=`: a page of sagas, newest
 /// first, `{"sagas": [...], "next_cursor": id or null}`. `limit` defaults to 50, at most 1000.
+#[utoipa::path(
+    get,
+    path = "/v1/sagas",
+    tag = "sagas",
+    operation_id = "list_sagas",
+    summary = "List sagas",
+    description = LIST_DESCRIPTION,
+    params(
+        ("status" = Option<SagaStatus>, Query,
+         description = "Only sagas in this status (any case)"),
+        ("name" = Option<String>, Query, description = "Only sagas of this definition name"),
+        ("needs_attention" = Option<bool>, Query,
+         description = "Only sagas flagged as needing a person"),
+        ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000,
+         description = "Page size, 1 to 1000 (default 50)"),
+        ("cursor" = Option<Uuid>, Query,
+         description = "The `next_cursor` of the previous page"),
+    ),
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "A page of sagas", body = SagaPage),
+        (status = 400, description = "Malformed or unknown query parameter", body = ErrorBody),
+        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
+        (status = 500, description = "Internal error (details in the server log)",
+         body = ErrorBody),
+        (status = 503, description = "Database unavailable or request timed out",
+         body = ErrorBody),
+    )
+)]
 pub(crate) async fn list_sagas(
     State(state): State<AppState>,
     ListQuery(filter): ListQuery,
@@ -116,6 +330,25 @@ pub(crate) async fn list_sagas(
 
 /// `GET /v1/sagas/{id}/events`: the saga's event history, oldest first; `404` for an unknown
 /// saga (rather than an empty list, which would hide a typo in the id).
+#[utoipa::path(
+    get,
+    path = "/v1/sagas/{saga}/events",
+    tag = "sagas",
+    operation_id = "saga_events",
+    summary = "Read a saga's event history",
+    params(("saga" = Uuid, Path, description = "The saga id")),
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "The events, oldest first", body = Events),
+        (status = 400, description = "Malformed saga id", body = ErrorBody),
+        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
+        (status = 404, description = "No saga with this id", body = ErrorBody),
+        (status = 500, description = "Internal error (details in the server log)",
+         body = ErrorBody),
+        (status = 503, description = "Database unavailable or request timed out",
+         body = ErrorBody),
+    )
+)]
 pub(crate) async fn saga_events(
     State(state): State<AppState>,
     SagaId(id): SagaId,
@@ -132,6 +365,27 @@ pub(crate) async fn saga_events(
 /// `POST /v1/sagas/{id}/cancel`: requests cancellation. `202` with
 /// `{"id", "status", "cancel": "accepted" | "already_compensating"}` when the saga will
 /// compensate; `409 conflict` when it is terminal or past its point of no return.
+#[utoipa::path(
+    post,
+    path = "/v1/sagas/{saga}/cancel",
+    tag = "sagas",
+    operation_id = "cancel_saga",
+    summary = "Cancel a saga",
+    description = CANCEL_DESCRIPTION,
+    params(("saga" = Uuid, Path, description = "The saga id")),
+    security((), ("bearer" = [])),
+    responses(
+        (status = 202, description = "Accepted: the saga will compensate", body = Cancelled),
+        (status = 400, description = "Malformed saga id", body = ErrorBody),
+        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
+        (status = 404, description = "No saga with this id", body = ErrorBody),
+        (status = 409, description = "The saga has ended or passed its pivot", body = ErrorBody),
+        (status = 500, description = "Internal error (details in the server log)",
+         body = ErrorBody),
+        (status = 503, description = "Database unavailable or request timed out",
+         body = ErrorBody),
+    )
+)]
 pub(crate) async fn cancel_saga(
     State(state): State<AppState>,
     SagaId(id): SagaId,
@@ -163,6 +417,18 @@ pub(crate) async fn cancel_saga(
 
 /// `GET /healthz`: `200 {"status": "ok"}` when the store answers a trivial query, else
 /// `503 unavailable`. Cheap enough for a load balancer to call every second.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "operations",
+    operation_id = "healthz",
+    summary = "Health check",
+    description = "`200` when the database answers. Never needs a token.",
+    responses(
+        (status = 200, description = "Healthy", body = Health),
+        (status = 503, description = "The database does not answer", body = ErrorBody),
+    )
+)]
 pub(crate) async fn healthz(State(state): State<AppState>) -> Result<Json<Health>, ApiError> {
     match state.engine.store().now().await {
         Ok(_) => Ok(Json(Health { status: "ok" })),
@@ -171,6 +437,30 @@ pub(crate) async fn healthz(State(state): State<AppState>) -> Result<Json<Health
             Some(Box::new(e)),
         )),
     }
+}
+
+/// `GET /openapi.json`: this API's OpenAPI document (generated from the code at start).
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "operations",
+    operation_id = "openapi",
+    summary = "This document",
+    description = "The OpenAPI 3.1 document of the API. Never needs a token.",
+    responses(
+        (status = 200, description = "The OpenAPI document", content_type = "application/json",
+         body = Object),
+    )
+)]
+pub(crate) async fn openapi(State(state): State<AppState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        state.openapi.clone(),
+    )
+        .into_response()
 }
 
 /// The fallback for paths no route matches: `404 not_found` in the API's error shape.

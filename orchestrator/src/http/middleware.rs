@@ -1,6 +1,7 @@
 //! Cross-cutting concerns as `axum::middleware::from_fn` functions: the request id and timeout
 //! around every request, and the guarantee that every error answer has the API's JSON shape.
-//! A later change adds authentication and metrics here, as further layers in `router`.
+//! Authentication (`auth.rs`) and the request counter (`metrics.rs`) are further layers in
+//! `router`.
 
 use std::sync::Arc;
 
@@ -12,6 +13,7 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::http::error::ApiError;
+use crate::http::prefer::granted_wait;
 use crate::http::HttpConfig;
 
 /// The request-id header: read from the request when a proxy set a sane one, else generated;
@@ -30,9 +32,12 @@ fn acceptable_request_id(value: &HeaderValue) -> Option<String> {
     plain.then(|| text.to_owned())
 }
 
-/// The outermost layer: gives the request an id, runs everything inside a tracing span that
-/// carries it (so errors logged deeper, such as a store failure, name the request), enforces
+/// Gives the request an id, runs everything inside a tracing span that carries it (so errors
+/// logged deeper, such as a store failure, name the request), enforces
 /// [`HttpConfig::request_timeout`], and returns the id in `x-request-id`.
+///
+/// A request that asks to wait (`Prefer: wait=N`) gets the granted wait on top of the timeout,
+/// so the timeout always exceeds the wait and only cuts work that is really stuck.
 pub(crate) async fn request_context(
     State(config): State<Arc<HttpConfig>>,
     req: Request,
@@ -49,7 +54,8 @@ pub(crate) async fn request_context(
         method = %req.method(),
         path = %req.uri().path(),
     );
-    let timeout = config.request_timeout;
+    let timeout =
+        config.request_timeout + granted_wait(req.headers(), config.max_wait).unwrap_or_default();
     let outcome = tokio::time::timeout(timeout, next.run(req))
         .instrument(span.clone())
         .await;
@@ -162,6 +168,24 @@ mod tests {
         assert_eq!(body["error"]["code"], "unavailable");
         assert_eq!(headers[header::RETRY_AFTER], "1");
         assert!(headers.contains_key(&REQUEST_ID));
+    }
+
+    #[tokio::test]
+    async fn a_wait_extends_the_timeout() {
+        let config = HttpConfig {
+            request_timeout: Duration::from_millis(20),
+            ..HttpConfig::default()
+        };
+        let app = app(config);
+        let req = Request::get("/slow")
+            .header("prefer", "wait=1")
+            .body(Body::empty())
+            .expect("request");
+        // 5 s of work against 20 ms + 1 s: still cut, but only after the wait.
+        let started = std::time::Instant::now();
+        let res = app.oneshot(req).await.expect("infallible");
+        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(started.elapsed() >= Duration::from_secs(1));
     }
 
     #[tokio::test]

@@ -1,5 +1,6 @@
 //! The HTTP API of the engine (specification §4): start sagas, read them, list them, read their
-//! event history, request cancellation, and a health check.
+//! event history, request cancellation, a health check, Prometheus metrics and the OpenAPI
+//! document.
 //!
 //! # Why it is shaped this way
 //!
@@ -14,56 +15,84 @@
 //!   (or `503 unavailable` with `Retry-After` when it is transient); the real cause is logged
 //!   inside the request's tracing span, whose `request_id` is echoed in the `x-request-id`
 //!   response header, so an operator can find it from a client's bug report.
+//! - **Documented from the code.** Each handler carries its `#[utoipa::path]` entry and is
+//!   registered through it (`utoipa_axum::routes!`), so the router and [`openapi()`] come from
+//!   the same list and cannot drift apart; `GET /openapi.json` serves the document.
+//! - **Optional bearer auth.** With [`HttpConfig::api_token`] set, `/v1` and `/metrics` need
+//!   the token (compared in constant time); `/healthz` and `/openapi.json` stay open. Each
+//!   request carries its [`ClientId`].
+//! - **Waiting instead of polling.** `Prefer: wait=N` (RFC 7240) holds a start or a read up to
+//!   N seconds (at most [`HttpConfig::max_wait`]) for the saga to end.
 //! - **Room to grow.** Per-request state is `AppState` (in `state.rs`), the cross-cutting
-//!   concerns are layers in [`router`] (request id, timeout, tracing, body limit, error shape),
-//!   and each endpoint is one function in `handlers.rs`. Idempotency keys, bearer-token auth,
-//!   `/metrics`, `/openapi.json` and webhooks add a field to the state, a layer or a route here
-//!   without touching the existing handlers.
+//!   concerns are layers in [`router`] (metrics, request id, timeout, tracing, error shape,
+//!   auth, body limit), and each endpoint is one function in `handlers.rs`. Idempotency keys
+//!   and webhooks add a field to the state, a layer or a route here.
 //!
 //! # Example
 //!
 //! ```no_run
 //! # async fn demo(engine: orchestrator::Engine) -> std::io::Result<()> {
-//! use orchestrator::http::{router, serve, HttpConfig};
+//! use orchestrator::http::{router_with_shutdown, serve, HttpConfig};
 //! use tokio_util::sync::CancellationToken;
 //!
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
 //! let shutdown = CancellationToken::new();
-//! serve(listener, router(engine, HttpConfig::default()), shutdown).await
+//! let config = HttpConfig {
+//!     api_token: std::env::var("SAGA_API_TOKEN").ok(),
+//!     ..HttpConfig::default()
+//! };
+//! let app = router_with_shutdown(engine, config, shutdown.clone());
+//! serve(listener, app, shutdown).await
 //! # }
 //! ```
 
+mod auth;
 mod error;
 mod extract;
 mod handlers;
+mod metrics;
 mod middleware;
+mod openapi;
+mod prefer;
 mod state;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::Bytes;
 use axum::extract::DefaultBodyLimit;
-use axum::routing::{get, post};
 use axum::Router;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::trace::TraceLayer;
+use utoipa::OpenApi;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::engine::Engine;
+pub use auth::ClientId;
 pub use error::ApiError;
 use state::AppState;
 
 /// Settings of the HTTP API. Build one with struct-update syntax so that fields added later keep
 /// their defaults: `HttpConfig { body_limit: 64 * 1024, ..HttpConfig::default() }`.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct HttpConfig {
     /// The largest request body accepted, in bytes; a larger one is answered `413`
     /// (`payload_too_large`) before it is parsed. Default: 1 MiB, as the specification says.
     pub body_limit: usize,
     /// How long a request may take before it is answered `503` (`unavailable`, with
-    /// `Retry-After`). Default: 30 seconds.
+    /// `Retry-After`). A request that asks to wait (`Prefer: wait=N`) gets its granted wait on
+    /// top, so a wait is never cut short by the timeout. Default: 30 seconds.
     pub request_timeout: Duration,
+    /// The bearer token clients must present (`Authorization: Bearer <token>`) on every `/v1`
+    /// endpoint and `/metrics`; `None` (or an empty string) leaves the API open. Binaries read
+    /// it from `SAGA_API_TOKEN` or `--api-token`. Never printed by `Debug`.
+    pub api_token: Option<String>,
+    /// The longest `Prefer: wait=N` honoured; longer requests are capped to it (and
+    /// `Preference-Applied` says so). `Duration::ZERO` turns waiting off. Default: 60 seconds.
+    pub max_wait: Duration,
 }
 
 impl HttpConfig {
@@ -71,6 +100,8 @@ impl HttpConfig {
     pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
     /// The default request timeout: 30 seconds.
     pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+    /// The default cap on `Prefer: wait`: 60 seconds.
+    pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(60);
 }
 
 impl Default for HttpConfig {
@@ -78,8 +109,58 @@ impl Default for HttpConfig {
         Self {
             body_limit: Self::DEFAULT_BODY_LIMIT,
             request_timeout: Self::DEFAULT_REQUEST_TIMEOUT,
+            api_token: None,
+            max_wait: Self::DEFAULT_MAX_WAIT,
         }
     }
+}
+
+impl std::fmt::Debug for HttpConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpConfig")
+            .field("body_limit", &self.body_limit)
+            .field("request_timeout", &self.request_timeout)
+            .field("api_token", &self.api_token.as_ref().map(|_| "<redacted>"))
+            .field("max_wait", &self.max_wait)
+            .finish()
+    }
+}
+
+/// Every documented route, registered from its handler's `#[utoipa::path]`.
+fn api_routes() -> OpenApiRouter<AppState> {
+    // `/v1/sagas/{saga}` is a definition name for POST and a saga id for GET: the router needs
+    // one parameter name per path position, so the handlers decide how to read it.
+    OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+        .routes(routes!(handlers::healthz))
+        .routes(routes!(metrics::metrics))
+        .routes(routes!(handlers::openapi))
+        .routes(routes!(handlers::list_sagas))
+        .routes(routes!(handlers::get_saga, handlers::start_saga))
+        .routes(routes!(handlers::saga_events))
+        .routes(routes!(handlers::cancel_saga))
+}
+
+/// The OpenAPI document of the API, as `GET /openapi.json` serves it. Generated from the
+/// handlers, so it always matches the router; `docs/openapi.json` is a copy of it (regenerate
+/// with `UPDATE_OPENAPI=1 cargo test --test http_api`).
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    api_routes().into_openapi()
+}
+
+/// [`openapi()`] as pretty-printed JSON with a final newline: the exact text of
+/// `GET /openapi.json` and of `docs/openapi.json`.
+pub fn openapi_json() -> String {
+    to_json(&openapi())
+}
+
+fn to_json(doc: &utoipa::openapi::OpenApi) -> String {
+    let mut text = doc
+        .to_pretty_json()
+        // Serializing a document built from our own types cannot fail; an empty object still
+        // makes a valid (if useless) answer should it ever.
+        .unwrap_or_else(|_| "{}".to_owned());
+    text.push('\n');
+    text
 }
 
 /// Builds the HTTP API over `engine`.
@@ -92,29 +173,44 @@ impl Default for HttpConfig {
 /// | `GET /v1/sagas/{id}/events` | the saga's event history |
 /// | `POST /v1/sagas/{id}/cancel` | request cancellation: `202`, or `409` when too late |
 /// | `GET /healthz` | `200` when the store answers, else `503` |
+/// | `GET /metrics` | Prometheus text |
+/// | `GET /openapi.json` | the OpenAPI document ([`openapi()`]) |
 ///
 /// Every error, including an unknown route (`404`) and a wrong method (`405`), is JSON
 /// `{"error": {"code": …, "message": …}}`, and every response carries an `x-request-id` header.
 ///
 /// The router does not run the engine: call [`Engine::run`] next to it (a `202` only records
-/// the saga; some process sharing the database must drive it).
+/// the saga; some process sharing the database must drive it). Building a router installs the
+/// process's Prometheus recorder if none is installed yet.
+///
+/// A server that shuts down gracefully should use [`router_with_shutdown`], so that requests
+/// waiting on `Prefer: wait` answer at once instead of holding the shutdown.
 pub fn router(engine: Engine, config: HttpConfig) -> Router {
+    router_with_shutdown(engine, config, CancellationToken::new())
+}
+
+/// [`router`], with waits (`Prefer: wait`) cut short when `shutdown` is cancelled: they answer
+/// as if their time were up (`202`, or the saga as it is), so the server's graceful shutdown
+/// only waits for real work. Pass the token given to [`serve`].
+pub fn router_with_shutdown(
+    engine: Engine,
+    config: HttpConfig,
+    shutdown: CancellationToken,
+) -> Router {
     let config = Arc::new(config);
+    let auth = Arc::new(auth::Auth::new(config.api_token.as_deref()));
+    if config.api_token.as_deref() == Some("") {
+        tracing::warn!("the API token is empty: authentication is off");
+    }
+    let (routes, doc) = api_routes().split_for_parts();
     let state = AppState {
         engine,
         config: config.clone(),
+        openapi: Bytes::from(to_json(&doc)),
+        metrics: metrics::handle(),
+        shutdown,
     };
-    // `/v1/sagas/{saga}` is a definition name for POST and a saga id for GET: the router needs
-    // one parameter name per path position, so the handlers decide how to read it.
-    Router::new()
-        .route("/healthz", get(handlers::healthz))
-        .route("/v1/sagas", get(handlers::list_sagas))
-        .route(
-            "/v1/sagas/{saga}",
-            get(handlers::get_saga).post(handlers::start_saga),
-        )
-        .route("/v1/sagas/{saga}/events", get(handlers::saga_events))
-        .route("/v1/sagas/{saga}/cancel", post(handlers::cancel_saga))
+    routes
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
         .with_state(state)
@@ -123,6 +219,12 @@ pub fn router(engine: Engine, config: HttpConfig) -> Router {
         // streamed (chunked) body while the extractor buffers it.
         .layer(DefaultBodyLimit::max(config.body_limit))
         .layer(RequestBodyLimitLayer::new(config.body_limit))
+        // Authentication before the body is read: a refused request costs nothing and
+        // creates nothing.
+        .layer(axum::middleware::from_fn_with_state(
+            auth,
+            auth::authenticate,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             config.clone(),
             middleware::json_errors,
@@ -132,6 +234,8 @@ pub fn router(engine: Engine, config: HttpConfig) -> Router {
             config,
             middleware::request_context,
         ))
+        // Outermost, so that timeouts and refusals are counted too.
+        .layer(axum::middleware::from_fn(metrics::track_requests))
 }
 
 /// Serves `router` on `listener` until `shutdown` is cancelled, then stops accepting

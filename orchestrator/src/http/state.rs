@@ -1,16 +1,27 @@
-//! What every handler can reach. A later change adds the idempotency-key store, the API token
-//! and the metrics handle here, as fields, so handlers keep their signatures.
+//! What every handler can reach. New concerns (the idempotency-key store, webhooks) add a field
+//! here, so handlers keep their signatures.
 
 use std::sync::Arc;
+
+use axum::body::Bytes;
+use metrics_exporter_prometheus::PrometheusHandle;
+use tokio_util::sync::CancellationToken;
 
 use crate::engine::Engine;
 use crate::http::HttpConfig;
 
-/// The shared state of the HTTP API. Cheap to clone (two `Arc`s).
+/// The shared state of the HTTP API. Cheap to clone (`Arc`s and handles).
 #[derive(Clone, Debug)]
 pub(crate) struct AppState {
     /// The engine: starts sagas and reaches the store.
     pub(crate) engine: Engine,
     /// The API settings.
     pub(crate) config: Arc<HttpConfig>,
+    /// The OpenAPI document, serialized once when the router is built.
+    pub(crate) openapi: Bytes,
+    /// Renders the process's Prometheus series.
+    pub(crate) metrics: PrometheusHandle,
+    /// Cancelled when the server shuts down: long waits (`Prefer: wait`) end early, so that
+    /// they do not hold a graceful shutdown.
+    pub(crate) shutdown: CancellationToken,
 }

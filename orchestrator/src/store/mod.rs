@@ -10,6 +10,9 @@
 //! transitions of many sagas into one commit (group commit) without the engine noticing, as long
 //! as it reports each one durable only once its transaction has committed.
 
+mod postgres;
+mod rows;
+mod rules;
 mod sqlite;
 
 use async_trait::async_trait;
@@ -19,6 +22,7 @@ use uuid::Uuid;
 use crate::model::{
     Attempt, Event, ListFilter, Millis, PhaseRecord, Saga, SagaPage, SagaStatus, StepKindName,
 };
+pub use postgres::PgStore;
 pub use sqlite::{SqliteDurability, SqliteStore};
 
 /// A saga to create.
@@ -211,6 +215,8 @@ pub struct WorkerInfo {
     pub host: String,
     /// Process id.
     pub pid: u32,
+    /// The definition keys (`name@version#hash`) this worker can run.
+    pub definitions: Vec<String>,
 }
 
 /// Errors of the step log.
@@ -256,6 +262,10 @@ pub enum StoreError {
     /// A migration failed.
     #[error("migration failed: {0}")]
     Migrate(sqlx::migrate::MigrateError),
+    /// The database refused a value (PostgreSQL refuses NUL characters in text and `\u0000` in
+    /// JSON, which SQLite accepts): the request carried data the store cannot hold.
+    #[error("the database cannot store this value: {0}")]
+    InvalidValue(String),
     /// A file next to the database (the engine lock) could not be used.
     #[error("{0}")]
     Io(String),
@@ -282,6 +292,22 @@ impl StoreError {
 
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
+        // SQLSTATE class 22 is "data exception": the value, not the database, is at fault.
+        let data_exception = e
+            .as_database_error()
+            .and_then(|d| d.code())
+            .is_some_and(|c| c.len() == 5 && c.starts_with("22"));
+        if data_exception {
+            let message = e
+                .as_database_error()
+                .map(|d| d.message().to_owned())
+                .unwrap_or_default();
+            return Self::InvalidValue(message);
+        }
+        // Invalid UTF-8 or a NUL byte sent as a bound parameter fails while encoding.
+        if let sqlx::Error::Encode(err) = &e {
+            return Self::InvalidValue(err.to_string());
+        }
         Self::Database(e)
     }
 }
@@ -359,6 +385,24 @@ pub trait Store: Send + Sync + 'static {
         actor: &str,
     ) -> Result<Saga>;
 
+    /// The orchestrator processes recorded in this database, newest first, with the number of
+    /// leases each holds.
+    async fn workers(&self) -> Result<Vec<crate::model::Worker>>;
+
+    /// A signal raised when another process makes a saga due (a new saga, a released lease), so
+    /// the engine need not wait for its next poll. `None` when the backend has no such channel
+    /// (the embedded store has a single engine, woken in-process).
+    fn due_signal(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        None
+    }
+
+    /// A channel announcing sagas that reached a terminal status in any process sharing the
+    /// database, so a caller waiting for a result (`Prefer: wait`, the benchmark) need not poll.
+    /// `None` when the backend has none (then only sagas ended in this process wake waiters).
+    fn finished_signal(&self) -> Option<tokio::sync::broadcast::Receiver<Uuid>> {
+        None
+    }
+
     /// How many write transactions this store has committed since it was opened (for
     /// benchmarks: commits per saga is the figure that bounds throughput).
     fn commits(&self) -> u64 {
@@ -374,6 +418,8 @@ pub trait Store: Send + Sync + 'static {
 pub async fn open(url: &str) -> Result<std::sync::Arc<dyn Store>> {
     if url.starts_with("sqlite:") {
         Ok(std::sync::Arc::new(SqliteStore::open(url).await?))
+    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        Ok(std::sync::Arc::new(PgStore::open(url).await?))
     } else {
         Err(StoreError::UnsupportedUrl(url.to_owned()))
     }

@@ -18,20 +18,24 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::Value;
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
-    SqliteSynchronous,
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 use sqlx::{QueryBuilder, Row, Sqlite, Transaction};
 use uuid::Uuid;
 
+use super::rows::{
+    corrupt, parse_enum, parse_json, saga_from_row, step_from_row, summary_from_row,
+    worker_from_row,
+};
+use super::rules::{cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan};
 use super::{
     Applied, AttemptChange, CancelOutcome, ClaimRequest, Claimed, Lease, NewSaga, Result, Store,
     StoreError, Transition, WorkerInfo,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::model::{
-    definition_key, needs_compensation, Attempt, Event, ListFilter, Millis, PhaseRecord, Saga,
-    SagaPage, SagaStatus, SagaSummary, StepKindName, StepRecord, StepStatus,
+    definition_key, Attempt, Event, ListFilter, Millis, PhaseRecord, Saga, SagaPage, SagaStatus,
+    StepKindName, StepRecord, StepStatus,
 };
 use saga_dsl::Phase;
 
@@ -223,6 +227,11 @@ fn split_durability(url: &str) -> Result<(String, SqliteDurability)> {
     Ok((base, durability))
 }
 
+const WORKERS_SQL: &str =
+    "SELECT w.id, w.host, w.pid, w.started_at, w.heartbeat_at, w.stopped_at, \
+     (SELECT COUNT(*) FROM sagas s WHERE s.lease_owner = w.id) AS leases \
+     FROM workers w ORDER BY w.started_at DESC LIMIT 100";
+
 const SAGA_COLUMNS: &str = "id, name, version, definition_hash, status, needs_attention, blocked, \
      cancel_requested, pivot_reached, input, output, error, next_run_at, lease_owner, lease_epoch, created_at, updated_at";
 
@@ -234,101 +243,6 @@ const SELECT_STEPS: &str =
     "SELECT saga_id, idx, name, kind, status, attempts, last_error, outcome_unknown, output, \
      started_at, ended_at, comp_status, comp_attempts, comp_last_error, comp_outcome_unknown, \
      comp_started_at, comp_ended_at FROM steps WHERE saga_id = ?1 ORDER BY idx";
-
-fn corrupt(saga: &str, detail: impl std::fmt::Display) -> StoreError {
-    StoreError::Corrupt {
-        saga: saga.to_owned(),
-        detail: detail.to_string(),
-    }
-}
-
-fn parse_json(saga: &str, text: Option<String>) -> Result<Option<Value>> {
-    text.map(|t| serde_json::from_str(&t).map_err(|e| corrupt(saga, format!("bad JSON: {e}"))))
-        .transpose()
-}
-
-fn parse_enum<T: FromStr>(saga: &str, text: &str) -> Result<T>
-where
-    T::Err: std::fmt::Display,
-{
-    text.parse().map_err(|e| corrupt(saga, e))
-}
-
-fn saga_from_row(row: &SqliteRow, steps: Vec<StepRecord>) -> Result<Saga> {
-    let id_text: String = row.try_get("id")?;
-    let id = Uuid::parse_str(&id_text).map_err(|e| corrupt(&id_text, e))?;
-    let status: String = row.try_get("status")?;
-    let version: i64 = row.try_get("version")?;
-    Ok(Saga {
-        id,
-        name: row.try_get("name")?,
-        version: u32::try_from(version).map_err(|e| corrupt(&id_text, e))?,
-        definition_hash: row.try_get("definition_hash")?,
-        status: parse_enum(&id_text, &status)?,
-        needs_attention: row.try_get("needs_attention")?,
-        blocked: row.try_get("blocked")?,
-        cancel_requested: row.try_get("cancel_requested")?,
-        pivot_reached: row.try_get("pivot_reached")?,
-        input: parse_json(&id_text, Some(row.try_get("input")?))?.unwrap_or(Value::Null),
-        output: parse_json(&id_text, row.try_get("output")?)?,
-        error: row.try_get("error")?,
-        next_run_at: row.try_get("next_run_at")?,
-        lease_owner: row.try_get("lease_owner")?,
-        lease_epoch: row.try_get("lease_epoch")?,
-        created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
-        steps,
-    })
-}
-
-fn step_from_row(row: &SqliteRow) -> Result<StepRecord> {
-    let saga: String = row.try_get("saga_id")?;
-    let kind: String = row.try_get("kind")?;
-    let status: String = row.try_get("status")?;
-    let comp_status: String = row.try_get("comp_status")?;
-    let idx: i64 = row.try_get("idx")?;
-    let attempts: i64 = row.try_get("attempts")?;
-    let comp_attempts: i64 = row.try_get("comp_attempts")?;
-    Ok(StepRecord {
-        index: u32::try_from(idx).map_err(|e| corrupt(&saga, e))?,
-        name: row.try_get("name")?,
-        kind: parse_enum(&saga, &kind)?,
-        action: PhaseRecord {
-            status: parse_enum(&saga, &status)?,
-            attempts: u32::try_from(attempts).map_err(|e| corrupt(&saga, e))?,
-            last_error: row.try_get("last_error")?,
-            outcome_unknown: row.try_get("outcome_unknown")?,
-            started_at: row.try_get("started_at")?,
-            ended_at: row.try_get("ended_at")?,
-        },
-        output: parse_json(&saga, row.try_get("output")?)?,
-        compensation: PhaseRecord {
-            status: parse_enum(&saga, &comp_status)?,
-            attempts: u32::try_from(comp_attempts).map_err(|e| corrupt(&saga, e))?,
-            last_error: row.try_get("comp_last_error")?,
-            outcome_unknown: row.try_get("comp_outcome_unknown")?,
-            started_at: row.try_get("comp_started_at")?,
-            ended_at: row.try_get("comp_ended_at")?,
-        },
-    })
-}
-
-fn summary_from_row(row: &SqliteRow) -> Result<SagaSummary> {
-    let id_text: String = row.try_get("id")?;
-    let status: String = row.try_get("status")?;
-    let version: i64 = row.try_get("version")?;
-    Ok(SagaSummary {
-        id: Uuid::parse_str(&id_text).map_err(|e| corrupt(&id_text, e))?,
-        name: row.try_get("name")?,
-        version: u32::try_from(version).map_err(|e| corrupt(&id_text, e))?,
-        status: parse_enum(&id_text, &status)?,
-        needs_attention: row.try_get("needs_attention")?,
-        blocked: row.try_get("blocked")?,
-        error: row.try_get("error")?,
-        created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
-    })
-}
 
 fn json_list(items: &[String]) -> String {
     serde_json::to_string(items).unwrap_or_else(|_| "[]".to_owned())
@@ -867,12 +781,8 @@ impl Store for SqliteStore {
             .ok_or(StoreError::NotFound(id))?;
         let status: SagaStatus = parse_enum(&id.to_string(), &row.try_get::<String, _>("status")?)?;
         let pivot_reached: bool = row.try_get("pivot_reached")?;
-        let outcome = if status.is_terminal() {
-            CancelOutcome::Terminal(status)
-        } else if status == SagaStatus::Compensating {
-            CancelOutcome::AlreadyCompensating
-        } else if pivot_reached {
-            CancelOutcome::PastPivot
+        let outcome = if let Some(refusal) = cancel_refusal(status, pivot_reached) {
+            refusal
         } else {
             sqlx::query(
                 "UPDATE sagas SET cancel_requested = 1, updated_at = ?2, \
@@ -901,12 +811,7 @@ impl Store for SqliteStore {
         let now = self.now_ms();
         let mut tx = self.begin_write().await?;
         let saga = Self::require_saga(&mut tx, id).await?;
-        if saga.status.is_terminal() && saga.status != SagaStatus::Failed {
-            return Err(StoreError::Conflict(format!(
-                "saga {id} is {}; only a saga that is not finished can be aborted",
-                saga.status
-            )));
-        }
+        check_abort(&saga)?;
         sqlx::query(
             "UPDATE sagas SET status = 'ABORTED', next_run_at = NULL, lease_owner = NULL, \
              lease_expires_at = NULL, lease_epoch = lease_epoch + 1, updated_at = ?2, \
@@ -928,17 +833,8 @@ impl Store for SqliteStore {
         let now = self.now_ms();
         let mut tx = self.begin_write().await?;
         let saga = Self::require_saga(&mut tx, id).await?;
-        match saga.status {
-            SagaStatus::Failed => {
-                // The step that failed after the pivot gets another attempt (the engine makes
-                // at least one attempt of a RETRYING step, whatever its budget).
-                let failed = saga
-                    .steps
-                    .iter()
-                    .find(|s| matches!(s.action.status, StepStatus::Failed | StepStatus::Unknown))
-                    .ok_or_else(|| {
-                        StoreError::Conflict(format!("saga {id} is FAILED but no step failed"))
-                    })?;
+        match plan_retry(&saga)? {
+            RetryPlan::Failed(failed) => {
                 sqlx::query("UPDATE steps SET status = 'RETRYING' WHERE saga_id = ?1 AND idx = ?2")
                     .bind(id.to_string())
                     .bind(i64::from(failed.index))
@@ -964,12 +860,7 @@ impl Store for SqliteStore {
                 )
                 .await?;
             }
-            s if s.is_terminal() => {
-                return Err(StoreError::Conflict(format!(
-                    "saga {id} is {s}; there is nothing to retry"
-                )))
-            }
-            _ => {
+            RetryPlan::DueNow => {
                 sqlx::query(
                     "UPDATE sagas SET next_run_at = ?2, updated_at = ?2 \
                      WHERE id = ?1 AND (next_run_at IS NULL OR next_run_at > ?2)",
@@ -1004,26 +895,7 @@ impl Store for SqliteStore {
         let now = self.now_ms();
         let mut tx = self.begin_write().await?;
         let saga = Self::require_saga(&mut tx, id).await?;
-        let record =
-            saga.steps
-                .iter()
-                .find(|s| s.name == step)
-                .ok_or_else(|| StoreError::UnknownStep {
-                    saga: id,
-                    step: step.to_owned(),
-                })?;
-        if saga.status != SagaStatus::Compensating {
-            return Err(StoreError::Conflict(format!(
-                "saga {id} is {}; steps can be marked compensated only while it is COMPENSATING",
-                saga.status
-            )));
-        }
-        if !needs_compensation(record) {
-            return Err(StoreError::Conflict(format!(
-                "step {step} of saga {id} has no compensation pending (compensation {})",
-                record.compensation.status
-            )));
-        }
+        let record = check_mark_compensated(&saga, id, step)?;
         sqlx::query(
             "UPDATE steps SET comp_status = 'MANUAL', comp_ended_at = ?3 WHERE saga_id = ?1 AND idx = ?2",
         )
@@ -1054,6 +926,11 @@ impl Store for SqliteStore {
         .await?;
         self.commit(tx).await?;
         self.reload(id).await
+    }
+
+    async fn workers(&self) -> Result<Vec<crate::model::Worker>> {
+        let rows = sqlx::query(WORKERS_SQL).fetch_all(&self.reader).await?;
+        rows.iter().map(worker_from_row).collect()
     }
 
     fn commits(&self) -> u64 {

@@ -1,0 +1,556 @@
+//! A typed client for the HTTP API: start a saga, read it, wait for it to end, cancel it.
+//!
+//! # One key per logical start
+//!
+//! The mistake this client exists to prevent is the seed's: a client that retries a start after
+//! a lost reply with a *new* idempotency key starts a second saga (a second charge). Here
+//! [`SagaClient::start`] takes the key once, before the first attempt, and sends that same key
+//! on every retry of that start (connection errors, timeouts, `409`, `429`, `5xx`), with capped
+//! exponential backoff and full jitter (tokio-retry's strategy), honouring `Retry-After`. A key
+//! is generated (a UUIDv4) when the caller gives none, and returned in [`StartedSaga`] so that a
+//! caller that gives up can resume the same logical start later.
+//!
+//! (The server records `Idempotency-Key` once its idempotency support lands; until then the
+//! header is sent and ignored, and this client's behaviour does not change.)
+//!
+//! # Example
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), orchestrator::client::ClientError> {
+//! use std::time::Duration;
+//! use orchestrator::client::SagaClient;
+//!
+//! let client = SagaClient::new("http://127.0.0.1:8080", std::env::var("SAGA_API_TOKEN").ok())?;
+//! let input = serde_json::json!({"order_id": "o-1", "user": "ada", "amount": 1200});
+//! let started = client.start("place_order", &input, None).await?;
+//! let saga = client.wait(started.id, Duration::from_secs(30)).await?;
+//! println!("{} is {}", saga.id, saga.status);
+//! # Ok(()) }
+//! ```
+
+use std::time::Duration;
+
+use reqwest::header::{HeaderName, HeaderValue, RETRY_AFTER};
+use reqwest::{Method, StatusCode, Url};
+use serde::{Deserialize, Serialize};
+use tokio_retry::strategy::{jitter, ExponentialBackoff};
+use uuid::Uuid;
+
+use crate::model::{Saga, SagaStatus};
+
+/// The `Idempotency-Key` request header (IETF httpapi draft).
+pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
+
+/// The longest idempotency key the API accepts (SPEC §4).
+pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 255;
+
+/// The longest `Prefer: wait` one request asks for; longer waits are several requests.
+const MAX_WAIT_PER_REQUEST: Duration = Duration::from_secs(60);
+
+/// The longest `Retry-After` honoured; a server asking for more gets this.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
+
+/// Why a call failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientError {
+    /// The server answered with an error (after any retries): its status and its
+    /// `{"error": {"code", "message"}}`.
+    #[error("the server answered {status} {code}: {message}")]
+    Api {
+        /// The HTTP status.
+        status: u16,
+        /// The API's stable error code (`not_found`, `invalid_input`, …), or `http_<status>`
+        /// when the body was not the API's error shape (a proxy's page, say).
+        code: String,
+        /// The server's message.
+        message: String,
+    },
+    /// The server could not be reached, or the exchange broke off, on every attempt.
+    #[error("cannot reach the saga API at {url} after {attempts} attempt(s): {detail}")]
+    Transport {
+        /// The URL of the request.
+        url: String,
+        /// Attempts made.
+        attempts: u32,
+        /// The cause, with its chain (connection refused, timed out, …).
+        detail: String,
+    },
+    /// The base URL is not an absolute `http` or `https` URL.
+    #[error("invalid server URL {0:?}: expected an absolute http:// or https:// URL")]
+    InvalidUrl(String),
+    /// An argument cannot be sent (an idempotency key that is empty, too long or not
+    /// printable ASCII).
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// The server answered something this client does not understand.
+    #[error("unexpected answer from {url}: {detail}")]
+    UnexpectedResponse {
+        /// The URL of the request.
+        url: String,
+        /// What was wrong with it.
+        detail: String,
+    },
+}
+
+impl ClientError {
+    /// The HTTP status of an [`Api`](ClientError::Api) error.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            Self::Api { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+
+    /// The API error code of an [`Api`](ClientError::Api) error.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            Self::Api { code, .. } => Some(code),
+            _ => None,
+        }
+    }
+}
+
+/// The answer to a start: the new saga, and the idempotency key that started it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StartedSaga {
+    /// The saga id.
+    pub id: Uuid,
+    /// The definition name.
+    pub name: String,
+    /// Its status when the server answered (`QUEUED`, usually).
+    pub status: SagaStatus,
+    /// The key sent with every attempt of this start; pass it again to retry the same logical
+    /// start later.
+    pub idempotency_key: String,
+}
+
+/// The answer to a cancel request.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CancelAccepted {
+    /// The saga id.
+    pub id: Uuid,
+    /// Its status when the server answered.
+    pub status: SagaStatus,
+    /// `accepted` (the step in flight finishes, then the saga compensates) or
+    /// `already_compensating`.
+    pub cancel: String,
+}
+
+/// What a start answer must hold (a `202` body, or a whole saga).
+#[derive(Deserialize)]
+struct StartAnswer {
+    id: Uuid,
+    name: String,
+    status: SagaStatus,
+}
+
+#[derive(Deserialize)]
+struct ErrorAnswer {
+    error: ErrorDetail,
+}
+
+#[derive(Deserialize)]
+struct ErrorDetail {
+    code: String,
+    message: String,
+}
+
+/// A client of one orchestrator's HTTP API. Cheap to clone (it shares its connection pool).
+#[derive(Clone)]
+pub struct SagaClient {
+    http: reqwest::Client,
+    base: Url,
+    token: Option<String>,
+    max_attempts: u32,
+    first_backoff: Duration,
+    max_backoff: Duration,
+    request_timeout: Duration,
+}
+
+impl std::fmt::Debug for SagaClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SagaClient")
+            .field("base", &self.base.as_str())
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("max_attempts", &self.max_attempts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SagaClient {
+    /// The default number of attempts per call (the first and four retries).
+    pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
+    /// The default time one attempt may take (a `wait` adds its wait).
+    pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+    /// A client of the API at `base_url` (`http://127.0.0.1:8080`, or with a path prefix behind
+    /// a proxy), presenting `token` as a bearer token when given.
+    pub fn new(base_url: &str, token: Option<String>) -> Result<Self, ClientError> {
+        let base = Url::parse(base_url.trim())
+            .ok()
+            .filter(|u| matches!(u.scheme(), "http" | "https") && !u.cannot_be_a_base())
+            .ok_or_else(|| ClientError::InvalidUrl(base_url.to_owned()))?;
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .map_err(|e| ClientError::Transport {
+                url: base.to_string(),
+                attempts: 0,
+                detail: chain(&e),
+            })?;
+        Ok(Self {
+            http,
+            base,
+            token: token.filter(|t| !t.is_empty()),
+            max_attempts: Self::DEFAULT_MAX_ATTEMPTS,
+            first_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(5),
+            request_timeout: Self::DEFAULT_REQUEST_TIMEOUT,
+        })
+    }
+
+    /// Attempts per call, at least 1 (default 5).
+    pub fn with_max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts.max(1);
+        self
+    }
+
+    /// The backoff between attempts: `first`, doubling up to `max`, each with full jitter
+    /// (default 100 ms up to 5 s).
+    pub fn with_backoff(mut self, first: Duration, max: Duration) -> Self {
+        self.first_backoff = first.max(Duration::from_millis(1));
+        self.max_backoff = max.max(self.first_backoff);
+        self
+    }
+
+    /// How long one attempt may take before it counts as timed out (default 30 s).
+    pub fn with_request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
+    /// The API's base URL.
+    pub fn base_url(&self) -> &str {
+        self.base.as_str()
+    }
+
+    /// Starts a saga of definition `name` with `input`.
+    ///
+    /// `idempotency_key` names this logical start; when `None` a UUIDv4 is generated. Either
+    /// way the same key goes with every attempt, and comes back in [`StartedSaga`].
+    pub async fn start(
+        &self,
+        name: &str,
+        input: &impl Serialize,
+        idempotency_key: Option<String>,
+    ) -> Result<StartedSaga, ClientError> {
+        let key = idempotency_key.unwrap_or_else(|| Uuid::new_v4().to_string());
+        let key_header = check_key(&key)?;
+        let body = serde_json::to_vec(input)
+            .map_err(|e| ClientError::InvalidArgument(format!("the input is not JSON: {e}")))?;
+        let url = self.url(&["v1", "sagas", name])?;
+        let response = self
+            .send(Method::POST, &url, |req| {
+                req.header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .header(HeaderName::from_static(IDEMPOTENCY_KEY), key_header.clone())
+                    .body(body.clone())
+            })
+            .await?;
+        let answer: StartAnswer = decode(&url, response).await?;
+        Ok(StartedSaga {
+            id: answer.id,
+            name: answer.name,
+            status: answer.status,
+            idempotency_key: key,
+        })
+    }
+
+    /// Reads a saga (`GET /v1/sagas/{id}`).
+    pub async fn get(&self, id: Uuid) -> Result<Saga, ClientError> {
+        let url = self.url(&["v1", "sagas", &id.to_string()])?;
+        let response = self.send(Method::GET, &url, |req| req).await?;
+        decode(&url, response).await
+    }
+
+    /// Waits up to `timeout` for the saga to end, with long polls (`Prefer: wait`) rather than
+    /// a busy loop, and returns it as it is then: check [`SagaStatus::is_terminal`] to tell an
+    /// end from a timeout.
+    pub async fn wait(&self, id: Uuid, timeout: Duration) -> Result<Saga, ClientError> {
+        let url = self.url(&["v1", "sagas", &id.to_string()])?;
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
+            let wait = remaining.min(MAX_WAIT_PER_REQUEST).as_secs();
+            if wait == 0 {
+                return self.get(id).await;
+            }
+            let asked = tokio::time::Instant::now();
+            let response = self
+                .send_with_timeout(
+                    Method::GET,
+                    &url,
+                    self.request_timeout + Duration::from_secs(wait),
+                    |req| req.header("prefer", format!("wait={wait}")),
+                )
+                .await?;
+            // A server (or proxy) that ignores `Prefer` answers at once: poll gently then.
+            let honoured = response.headers().contains_key("preference-applied");
+            let saga: Saga = decode(&url, response).await?;
+            if saga.status.is_terminal() {
+                return Ok(saga);
+            }
+            if !honoured && asked.elapsed() < Duration::from_secs(wait) {
+                let pause = Duration::from_millis(250).min(remaining);
+                tokio::time::sleep(pause).await;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(saga);
+            }
+        }
+    }
+
+    /// Requests cancellation (`POST /v1/sagas/{id}/cancel`): the step in flight finishes, then
+    /// the saga compensates. A saga that has ended or passed its pivot is a `409`
+    /// [`ClientError::Api`].
+    pub async fn cancel(&self, id: Uuid) -> Result<CancelAccepted, ClientError> {
+        let url = self.url(&["v1", "sagas", &id.to_string(), "cancel"])?;
+        let response = self.send(Method::POST, &url, |req| req).await?;
+        decode(&url, response).await
+    }
+
+    /// `base` + path segments, each percent-encoded.
+    fn url(&self, segments: &[&str]) -> Result<Url, ClientError> {
+        let mut url = self.base.clone();
+        url.path_segments_mut()
+            .map_err(|()| ClientError::InvalidUrl(self.base.to_string()))?
+            .pop_if_empty()
+            .extend(segments);
+        Ok(url)
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        url: &Url,
+        decorate: impl Fn(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, ClientError> {
+        self.send_with_timeout(method, url, self.request_timeout, decorate)
+            .await
+    }
+
+    /// Sends a request, retrying connection errors, timeouts, `409`, `429` and `5xx` with
+    /// backoff; `decorate` adds the same headers and body to every attempt. Returns the first
+    /// success, or the last failure as a [`ClientError`].
+    async fn send_with_timeout(
+        &self,
+        method: Method,
+        url: &Url,
+        timeout: Duration,
+        decorate: impl Fn(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, ClientError> {
+        // `from_millis(2).factor(f)` gives f·2, f·4, …: a first delay of 2·f ms, doubling.
+        let factor = (self.first_backoff.as_millis() as u64 / 2).max(1);
+        let mut delays = ExponentialBackoff::from_millis(2)
+            .factor(factor)
+            .max_delay(self.max_backoff)
+            .map(jitter)
+            .take(self.max_attempts.saturating_sub(1) as usize);
+        let mut attempt = 1u32;
+        loop {
+            let mut req = self
+                .http
+                .request(method.clone(), url.clone())
+                .timeout(timeout);
+            if let Some(token) = &self.token {
+                req = req.bearer_auth(token);
+            }
+            let outcome = decorate(req).send().await;
+            let retry_hint = match &outcome {
+                Ok(r) if retryable_status(r.status()) => Some(retry_after(r)),
+                Ok(_) => None,
+                Err(e) if retryable_transport(e) => Some(None),
+                Err(_) => None,
+            };
+            let next = match retry_hint {
+                Some(hint) => delays.next().map(|d| hint.map_or(d, |h| h.max(d))),
+                None => None,
+            };
+            let Some(delay) = next else {
+                return match outcome {
+                    Ok(r) if r.status().is_success() => Ok(r),
+                    Ok(r) => Err(api_error(url, r).await),
+                    Err(e) => Err(ClientError::Transport {
+                        url: url.to_string(),
+                        attempts: attempt,
+                        detail: chain(&e),
+                    }),
+                };
+            };
+            match &outcome {
+                Ok(r) => tracing::debug!(%url, attempt, status = r.status().as_u16(),
+                                         retry_in_ms = delay.as_millis() as u64, "retrying"),
+                Err(e) => tracing::debug!(%url, attempt, error = %chain(e),
+                                          retry_in_ms = delay.as_millis() as u64, "retrying"),
+            }
+            // Free the connection of a failed answer before sleeping.
+            drop(outcome);
+            tokio::time::sleep(delay).await;
+            attempt += 1;
+        }
+    }
+}
+
+/// Statuses worth another attempt with the same key: the request may not have been processed
+/// (`5xx`, `429`), or is being processed (`409`, the idempotency rule for a request in
+/// progress; a `409` that means a state conflict costs a few harmless retries).
+fn retryable_status(status: StatusCode) -> bool {
+    status.is_server_error()
+        || status == StatusCode::CONFLICT
+        || status == StatusCode::TOO_MANY_REQUESTS
+}
+
+/// Transport failures worth another attempt: nothing was sent (connect), or the answer was
+/// lost (timeout, reset). Not a request that could not even be built.
+fn retryable_transport(e: &reqwest::Error) -> bool {
+    !e.is_builder() && !e.is_redirect() && !e.is_decode()
+}
+
+/// A `Retry-After` in seconds (the HTTP-date form is ignored), capped.
+fn retry_after(response: &reqwest::Response) -> Option<Duration> {
+    response
+        .headers()
+        .get(RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(|s| Duration::from_secs(s).min(MAX_RETRY_AFTER))
+}
+
+fn check_key(key: &str) -> Result<HeaderValue, ClientError> {
+    if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_LEN {
+        return Err(ClientError::InvalidArgument(format!(
+            "an idempotency key must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} characters, got {}",
+            key.len()
+        )));
+    }
+    if !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(ClientError::InvalidArgument(
+            "an idempotency key must be printable ASCII without spaces".to_owned(),
+        ));
+    }
+    HeaderValue::from_str(key).map_err(|e| ClientError::InvalidArgument(e.to_string()))
+}
+
+/// An error and its causes on one line (reqwest's own message is only "error sending request").
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let more = cause.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+async fn decode<T: serde::de::DeserializeOwned>(
+    url: &Url,
+    response: reqwest::Response,
+) -> Result<T, ClientError> {
+    let unexpected = |detail: String| ClientError::UnexpectedResponse {
+        url: url.to_string(),
+        detail,
+    };
+    let bytes = response
+        .bytes()
+        .await
+        .map_err(|e| unexpected(format!("cannot read the body: {}", chain(&e))))?;
+    serde_json::from_slice(&bytes).map_err(|e| unexpected(format!("not the expected JSON: {e}")))
+}
+
+/// The server's `{"error": {"code", "message"}}`, or a stand-in for a body without it.
+async fn api_error(url: &Url, response: reqwest::Response) -> ClientError {
+    let status = response.status();
+    let bytes = response.bytes().await.unwrap_or_default();
+    match serde_json::from_slice::<ErrorAnswer>(&bytes) {
+        Ok(ErrorAnswer { error }) => ClientError::Api {
+            status: status.as_u16(),
+            code: error.code,
+            message: error.message,
+        },
+        Err(_) => {
+            let text = String::from_utf8_lossy(&bytes);
+            let text: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+            let text: String = text.chars().take(200).collect();
+            ClientError::Api {
+                status: status.as_u16(),
+                code: format!("http_{}", status.as_u16()),
+                message: if text.is_empty() {
+                    format!(
+                        "{} from {url}",
+                        status.canonical_reason().unwrap_or("error")
+                    )
+                } else {
+                    text
+                },
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base_urls_are_checked_and_paths_encoded() {
+        assert!(matches!(
+            SagaClient::new("localhost:8080", None),
+            Err(ClientError::InvalidUrl(_))
+        ));
+        assert!(matches!(
+            SagaClient::new("ftp://x", None),
+            Err(ClientError::InvalidUrl(_))
+        ));
+        let c = SagaClient::new("http://127.0.0.1:8080/api/", None).expect("valid");
+        let url = c.url(&["v1", "sagas", "a b/c"]).expect("url");
+        assert_eq!(url.as_str(), "http://127.0.0.1:8080/api/v1/sagas/a%20b%2Fc");
+        let c = SagaClient::new("http://127.0.0.1:8080", None).expect("valid");
+        let url = c.url(&["v1", "sagas"]).expect("url");
+        assert_eq!(url.as_str(), "http://127.0.0.1:8080/v1/sagas");
+    }
+
+    #[test]
+    fn keys_are_checked() {
+        assert!(check_key("k-1").is_ok());
+        assert!(check_key("").is_err());
+        assert!(check_key("has space").is_err());
+        assert!(check_key(&"x".repeat(256)).is_err());
+        assert!(check_key(&"x".repeat(255)).is_ok());
+    }
+
+    #[test]
+    fn what_is_retried() {
+        for s in [409, 429, 500, 502, 503, 504] {
+            assert!(
+                retryable_status(StatusCode::from_u16(s).expect("status")),
+                "{s}"
+            );
+        }
+        for s in [200, 202, 400, 401, 404, 413, 422] {
+            assert!(
+                !retryable_status(StatusCode::from_u16(s).expect("status")),
+                "{s}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_token_is_not_printed() {
+        let c = SagaClient::new("http://127.0.0.1:1", Some("s3cret".into())).expect("valid");
+        assert!(!format!("{c:?}").contains("s3cret"));
+    }
+}

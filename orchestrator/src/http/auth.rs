@@ -1,0 +1,281 @@
+//! Bearer-token authentication (SPEC §4): when [`HttpConfig::api_token`] is set, every `/v1`
+//! endpoint and `/metrics` need `Authorization: Bearer <token>`; `/healthz` and
+//! `/openapi.json` stay open so that load balancers and tooling need no secret.
+//!
+//! The check runs before the request body is read and before any handler, so a refused request
+//! creates nothing. Tokens are compared as SHA-256 digests in constant time: hashing first makes
+//! the comparison independent of the presented token's length, and `subtle` keeps it
+//! independent of where the first differing byte is.
+//!
+//! Every request that passes carries a [`ClientId`] in its extensions, so that per-client state
+//! (idempotency keys, later) can be scoped to who sent it.
+//!
+//! [`HttpConfig::api_token`]: crate::http::HttpConfig::api_token
+
+use std::sync::Arc;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::http::error::ApiError;
+
+/// Who sent a request, as far as authentication can tell; found in the request's extensions
+/// (`Extension<ClientId>` in a handler).
+///
+/// With a token configured, a request that presented it is [`ClientId::TOKEN`]; without one
+/// (or on an open endpoint without credentials) it is [`ClientId::ANONYMOUS`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ClientId(pub String);
+
+impl ClientId {
+    /// The client of a server without a token, or of an open endpoint.
+    pub const ANONYMOUS: &'static str = "anonymous";
+    /// The client that presented the configured API token.
+    pub const TOKEN: &'static str = "token";
+
+    fn anonymous() -> Self {
+        Self(Self::ANONYMOUS.to_owned())
+    }
+
+    fn token() -> Self {
+        Self(Self::TOKEN.to_owned())
+    }
+
+    /// The identity as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The expected token, kept only as its digest.
+#[derive(Clone)]
+pub(crate) struct Auth {
+    digest: Option<[u8; 32]>,
+}
+
+impl std::fmt::Debug for Auth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Auth")
+            .field("token_required", &self.digest.is_some())
+            .finish()
+    }
+}
+
+impl Auth {
+    /// Authentication with `token`; `None` (or an empty token) turns it off.
+    pub(crate) fn new(token: Option<&str>) -> Self {
+        let digest = token
+            .filter(|t| !t.is_empty())
+            .map(|t| digest(t.as_bytes()));
+        Self { digest }
+    }
+}
+
+/// Whether `presented` is the token whose digest is `expected`, in constant time.
+fn token_matches(expected: &[u8; 32], presented: &str) -> bool {
+    bool::from(expected.ct_eq(&digest(presented.as_bytes())))
+}
+
+fn digest(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
+}
+
+/// Whether a path needs the token: `/v1` and everything under it (unknown routes included, so
+/// that routes cannot be probed without it), and `/metrics`.
+fn protected(path: &str) -> bool {
+    path == "/v1" || path.starts_with("/v1/") || path == "/metrics"
+}
+
+/// What the `Authorization` header holds.
+enum Credentials<'a> {
+    None,
+    /// A bearer token (the scheme name is case-insensitive, RFC 7235 §2.1).
+    Bearer(&'a str),
+    /// Something else: another scheme, or a value that is not text.
+    Malformed,
+}
+
+fn credentials(headers: &HeaderMap) -> Credentials<'_> {
+    let Some(value) = headers.get(header::AUTHORIZATION) else {
+        return Credentials::None;
+    };
+    let Ok(text) = value.to_str() else {
+        return Credentials::Malformed;
+    };
+    match text.trim().split_once(' ') {
+        Some((scheme, token)) if scheme.eq_ignore_ascii_case("bearer") => {
+            let token = token.trim();
+            if token.is_empty() {
+                Credentials::Malformed
+            } else {
+                Credentials::Bearer(token)
+            }
+        }
+        _ => Credentials::Malformed,
+    }
+}
+
+/// `401 unauthorized` with `WWW-Authenticate: Bearer` (RFC 6750 §3).
+fn unauthorized(presented: bool) -> Response {
+    let (message, challenge) = if presented {
+        (
+            "the bearer token is not valid for this server",
+            r#"Bearer realm="saga-orchestrator", error="invalid_token""#,
+        )
+    } else {
+        (
+            "this endpoint needs a bearer token: send Authorization: Bearer <token> \
+             (the server's SAGA_API_TOKEN)",
+            r#"Bearer realm="saga-orchestrator""#,
+        )
+    };
+    let mut response =
+        ApiError::new(StatusCode::UNAUTHORIZED, "unauthorized", message).into_response();
+    response.headers_mut().insert(
+        header::WWW_AUTHENTICATE,
+        HeaderValue::from_static(challenge),
+    );
+    response
+}
+
+/// The authentication layer: refuses a protected request without the right token, and records
+/// the [`ClientId`] of every request it lets through.
+pub(crate) async fn authenticate(
+    State(auth): State<Arc<Auth>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let client = match (&auth.digest, credentials(req.headers())) {
+        (None, _) => ClientId::anonymous(),
+        (Some(expected), Credentials::Bearer(token)) if token_matches(expected, token) => {
+            ClientId::token()
+        }
+        (Some(_), presented) => {
+            let path_protected = protected(req.uri().path())
+                || req
+                    .extensions()
+                    .get::<MatchedPath>()
+                    .is_some_and(|m| protected(m.as_str()));
+            if path_protected {
+                return unauthorized(!matches!(presented, Credentials::None));
+            }
+            ClientId::anonymous()
+        }
+    };
+    req.extensions_mut().insert(client);
+    next.run(req).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(authorization: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::AUTHORIZATION,
+            HeaderValue::from_str(authorization).expect("header value"),
+        );
+        h
+    }
+
+    #[test]
+    fn reads_bearer_credentials() {
+        assert!(matches!(credentials(&HeaderMap::new()), Credentials::None));
+        assert!(matches!(
+            credentials(&headers("Bearer abc")),
+            Credentials::Bearer("abc")
+        ));
+        assert!(matches!(
+            credentials(&headers("bearer   abc ")),
+            Credentials::Bearer("abc")
+        ));
+        assert!(matches!(
+            credentials(&headers("Basic YTpi")),
+            Credentials::Malformed
+        ));
+        assert!(matches!(
+            credentials(&headers("Bearer ")),
+            Credentials::Malformed
+        ));
+        assert!(matches!(
+            credentials(&headers("abc")),
+            Credentials::Malformed
+        ));
+    }
+
+    #[test]
+    fn compares_tokens_by_digest() {
+        let auth = Auth::new(Some("s3cret"));
+        let expected = auth.digest.expect("a token is set");
+        assert!(token_matches(&expected, "s3cret"));
+        assert!(!token_matches(&expected, "s3cre"));
+        assert!(!token_matches(&expected, "s3cret "));
+        assert!(!token_matches(&expected, ""));
+        assert!(Auth::new(Some("")).digest.is_none(), "empty token = off");
+        assert!(!format!("{auth:?}").contains("s3cret"));
+    }
+
+    /// A router that answers with the `ClientId` the layer recorded.
+    fn app(token: Option<&str>) -> axum::Router {
+        use axum::routing::get;
+        use axum::Extension;
+        let who = |Extension(c): Extension<ClientId>| async move { c.0 };
+        axum::Router::new()
+            .route("/v1/who", get(who))
+            .route("/healthz", get(who))
+            .layer(axum::middleware::from_fn_with_state(
+                Arc::new(Auth::new(token)),
+                authenticate,
+            ))
+    }
+
+    async fn call(app: axum::Router, path: &str, auth: Option<&str>) -> (StatusCode, String) {
+        use tower::ServiceExt;
+        let mut req = axum::http::Request::get(path);
+        if let Some(a) = auth {
+            req = req.header(header::AUTHORIZATION, a);
+        }
+        let res = app
+            .oneshot(req.body(axum::body::Body::empty()).expect("request"))
+            .await
+            .expect("infallible");
+        let status = res.status();
+        let bytes = axum::body::to_bytes(res.into_body(), 1 << 16)
+            .await
+            .expect("body");
+        (status, String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    #[tokio::test]
+    async fn requests_carry_their_client_id() {
+        let (s, who) = call(app(Some("t")), "/v1/who", Some("Bearer t")).await;
+        assert_eq!((s, who.as_str()), (StatusCode::OK, ClientId::TOKEN));
+        let (s, _) = call(app(Some("t")), "/v1/who", Some("Bearer x")).await;
+        assert_eq!(s, StatusCode::UNAUTHORIZED);
+        let (s, who) = call(app(Some("t")), "/healthz", None).await;
+        assert_eq!((s, who.as_str()), (StatusCode::OK, ClientId::ANONYMOUS));
+        let (s, who) = call(app(None), "/v1/who", None).await;
+        assert_eq!((s, who.as_str()), (StatusCode::OK, ClientId::ANONYMOUS));
+    }
+
+    #[test]
+    fn protects_v1_and_metrics_only() {
+        for p in [
+            "/v1",
+            "/v1/sagas",
+            "/v1/sagas/x/cancel",
+            "/v1/nope",
+            "/metrics",
+        ] {
+            assert!(protected(p), "{p}");
+        }
+        for p in ["/healthz", "/openapi.json", "/v10", "/metricsx", "/"] {
+            assert!(!protected(p), "{p}");
+        }
+    }
+}

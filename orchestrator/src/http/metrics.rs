@@ -1,0 +1,224 @@
+//! Prometheus metrics: one recorder per process, the HTTP request counter, and `GET /metrics`.
+//!
+//! The engine records its series with the `metrics` facade (`metrics::counter!` and friends in
+//! `engine/`); they go nowhere until a recorder is installed. Building a router installs the
+//! Prometheus recorder once per process ([`handle`]), so a binary gets them for free, and tests
+//! that build several routers in one process share it rather than fail on "already installed".
+//!
+//! | series | kind | labels |
+//! |---|---|---|
+//! | `saga_started_total` | counter | `name` |
+//! | `saga_ended_total` | counter | `name`, `status` |
+//! | `saga_step_duration_seconds` | histogram | `name`, `step`, `phase`, `outcome` |
+//! | `saga_step_retries_total` | counter | `name`, `step`, `phase` |
+//! | `saga_compensations_total` | counter | `name`, `step` |
+//! | `saga_needs_attention` | gauge | (none): refreshed from the store at each scrape |
+//! | `http_requests_total` | counter | `method`, `route` (the route template), `status` |
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::http::error::ApiError;
+use crate::http::openapi::ErrorBody;
+use crate::http::state::AppState;
+use crate::model::ListFilter;
+
+/// The bucket bounds of `saga_step_duration_seconds`, from 5 ms to 5 minutes.
+const STEP_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
+/// At most this many flagged sagas are counted for `saga_needs_attention` (one page of the
+/// store's list); a larger backlog shows as 1000.
+const NEEDS_ATTENTION_CAP: u32 = 1000;
+
+/// How often histograms are folded and idle series trimmed when nobody scrapes.
+const UPKEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// The content type of the Prometheus text format.
+const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+
+/// The process's Prometheus handle, installing the recorder on first use.
+///
+/// When another recorder is installed already (an application that set up its own), the
+/// series recorded through the `metrics` facade go to that one: this handle then renders only
+/// an empty registry, and a warning says so once.
+pub(crate) fn handle() -> PrometheusHandle {
+    HANDLE.get_or_init(install).clone()
+}
+
+fn install() -> PrometheusHandle {
+    let builder = PrometheusBuilder::new();
+    let builder = match builder.set_buckets_for_metric(
+        Matcher::Full("saga_step_duration_seconds".to_owned()),
+        STEP_BUCKETS,
+    ) {
+        Ok(b) => b,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot set histogram buckets; using summaries");
+            PrometheusBuilder::new()
+        }
+    };
+    let handle = match builder.install_recorder() {
+        Ok(handle) => handle,
+        Err(e) => {
+            tracing::warn!(
+                error = %e,
+                "a metrics recorder is installed already; /metrics will not show the saga series"
+            );
+            PrometheusBuilder::new().build_recorder().handle()
+        }
+    };
+    describe();
+    let upkeep = handle.clone();
+    // A plain thread, not a task: it must outlive whichever runtime built the first router.
+    let spawned = std::thread::Builder::new()
+        .name("metrics-upkeep".to_owned())
+        .spawn(move || loop {
+            std::thread::sleep(UPKEEP_EVERY);
+            upkeep.run_upkeep();
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the metrics upkeep thread; scrapes still do it");
+    }
+    handle
+}
+
+/// The `# HELP` lines.
+fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_counter!("saga_started_total", "Sagas started, by definition name.");
+    describe_counter!(
+        "saga_ended_total",
+        "Sagas that reached a terminal status, by definition name and status."
+    );
+    describe_histogram!(
+        "saga_step_duration_seconds",
+        Unit::Seconds,
+        "Duration of each action or compensation attempt, by outcome."
+    );
+    describe_counter!(
+        "saga_step_retries_total",
+        "Attempts of an action or compensation that failed and were scheduled again."
+    );
+    describe_counter!(
+        "saga_compensations_total",
+        "Compensations that succeeded (steps undone), by saga and step."
+    );
+    describe_gauge!(
+        "saga_needs_attention",
+        "Sagas flagged as needing a person (capped at 1000), read from the store at each scrape."
+    );
+    describe_counter!(
+        "http_requests_total",
+        "HTTP requests answered, by method, route template and status."
+    );
+}
+
+/// A method as a label: the standard ones by name, anything else as `OTHER`, so that a client
+/// cannot create series at will.
+fn method_label(method: &Method) -> &'static str {
+    match *method {
+        Method::GET => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::HEAD => "HEAD",
+        Method::OPTIONS => "OPTIONS",
+        _ => "OTHER",
+    }
+}
+
+/// The outermost layer: counts every answer, timeouts and refusals included, by the route
+/// template it matched (`/v1/sagas/{saga}`, never the raw path) or `unmatched`.
+pub(crate) async fn track_requests(req: Request, next: Next) -> Response {
+    let method = method_label(req.method());
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_owned())
+        .unwrap_or_else(|| "unmatched".to_owned());
+    let response = next.run(req).await;
+    metrics::counter!(
+        "http_requests_total",
+        "method" => method,
+        "route" => route,
+        "status" => response.status().as_str().to_owned()
+    )
+    .increment(1);
+    response
+}
+
+/// The OpenAPI description of `GET /metrics`.
+const METRICS_DESCRIPTION: &str = "The process's series in the Prometheus text format: sagas \
+    started and ended, step durations, retries, compensations, the needs-attention count and \
+    HTTP requests. Needs the bearer token when the server has one.";
+
+/// `GET /metrics`: the Prometheus text exposition of this process's series.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "operations",
+    summary = "Prometheus metrics",
+    description = METRICS_DESCRIPTION,
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "Prometheus text format 0.0.4",
+         content_type = "text/plain", body = String),
+        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
+    )
+)]
+pub(crate) async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let filter = ListFilter {
+        needs_attention: true,
+        limit: NEEDS_ATTENTION_CAP,
+        ..ListFilter::default()
+    };
+    match state.engine.store().list_sagas(&filter).await {
+        Ok(page) => {
+            metrics::gauge!("saga_needs_attention").set(page.sagas.len() as f64);
+        }
+        // Still serve the other series: a scrape that fails entirely would hide them too.
+        Err(e) => tracing::warn!(error = %e, "cannot count the sagas needing attention"),
+    }
+    let body = state.metrics.render();
+    Ok((
+        StatusCode::OK,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(PROMETHEUS_TEXT),
+        )],
+        body,
+    )
+        .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn methods_are_bounded_labels() {
+        assert_eq!(method_label(&Method::GET), "GET");
+        let odd = Method::from_bytes(b"BREW").expect("a method");
+        assert_eq!(method_label(&odd), "OTHER");
+    }
+
+    #[test]
+    fn the_handle_is_shared() {
+        let a = handle();
+        let b = handle();
+        metrics::counter!("saga_started_total", "name" => "unit_test").increment(1);
+        assert!(a.render().contains("unit_test"));
+        assert!(b.render().contains("unit_test"));
+    }
+}

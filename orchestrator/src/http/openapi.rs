@@ -1,0 +1,78 @@
+//! The OpenAPI 3.1 document of the API, generated from the code.
+//!
+//! Every route is registered through `utoipa_axum::routes!` from the handler's own
+//! `#[utoipa::path]` attribute (see `api_routes` in `mod.rs`), so the router and the document are
+//! built from the same list: a handler cannot be served without being documented. The test
+//! `tests/http_api.rs` checks the rest (methods, status codes) against the live router, and
+//! that `docs/openapi.json` is this document byte for byte.
+
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi, ToSchema};
+
+/// The error body every `4xx` and `5xx` answer has.
+#[derive(Debug, ToSchema)]
+#[allow(dead_code)] // Only its schema is used: `ApiError` writes the same shape.
+pub(crate) struct ErrorBody {
+    error: ErrorDetail,
+}
+
+/// The error itself.
+#[derive(Debug, ToSchema)]
+#[allow(dead_code)]
+pub(crate) struct ErrorDetail {
+    /// Stable and machine-readable: `bad_request`, `unauthorized`, `not_found`,
+    /// `method_not_allowed`, `conflict`, `payload_too_large`, `unsupported_media_type`,
+    /// `invalid_input`, `internal`, `unavailable`.
+    #[schema(example = "not_found")]
+    code: String,
+    /// For a person: what went wrong and how to fix it.
+    #[schema(example = "no saga definition named \"place_ordr\"")]
+    message: String,
+}
+
+/// Adds the bearer security scheme.
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(
+                HttpBuilder::new()
+                    .scheme(HttpAuthScheme::Bearer)
+                    .description(Some(
+                        "The server's API token (SAGA_API_TOKEN or --api-token). Needed by every \
+                         /v1 endpoint and /metrics when the server has one; without one the API \
+                         is open. A missing or wrong token is answered 401 with \
+                         WWW-Authenticate: Bearer, and nothing is created.",
+                    ))
+                    .build(),
+            ),
+        );
+    }
+}
+
+/// The parts of the document that are not paths: info, tags, security scheme, shared schemas.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "saga orchestrator",
+        description = "Start sagas, follow them, list them, read their history and cancel them.\n\n\
+            Every error is JSON `{\"error\": {\"code\", \"message\"}}`; every response carries \
+            an `x-request-id` header that names the request in the server log. An unknown \
+            route is `404` and a known route with another method is `405` (with `Allow`).\n\n\
+            `POST /v1/sagas/{name}` and `GET /v1/sagas/{id}` honour `Prefer: wait=N` \
+            (RFC 7240): the server holds the request up to N seconds (at most its configured \
+            maximum, 60 by default) for the saga to end, and says what it applied in \
+            `Preference-Applied`.",
+        license(name = "MIT OR Apache-2.0"),
+    ),
+    modifiers(&BearerAuth),
+    components(schemas(ErrorBody, ErrorDetail)),
+    tags(
+        (name = "sagas", description = "Starting and following sagas"),
+        (name = "operations", description = "Health, metrics and this document"),
+    )
+)]
+pub(crate) struct ApiDoc;

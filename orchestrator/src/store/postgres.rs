@@ -1,0 +1,915 @@
+//! The PostgreSQL store: how users scale out to many orchestrator processes on one database.
+//!
+//! Workers claim due sagas in batches with `FOR UPDATE SKIP LOCKED` over a materialised candidate
+//! set (so `LIMIT` applies before the locks, not after a late filter), hold them with heartbeats,
+//! and lose them when the lease expires on the **database clock** (`saga_now_ms()`), so a worker
+//! with a skewed clock cannot keep or steal a lease. Every write of the engine checks owner and
+//! epoch in its `WHERE` clause, in the same transaction as the change (fencing).
+//!
+//! New and released sagas raise `NOTIFY saga_due`; every engine listens, so a saga started
+//! through one process is picked up by an idle one without waiting for a poll. Polling stays as
+//! the fallback (a notification lost while the listener reconnects costs one poll interval).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use sqlx::{Postgres, QueryBuilder, Row, Transaction};
+use tokio::sync::Notify;
+use uuid::Uuid;
+
+use super::rows::{
+    corrupt, parse_enum, saga_from_row, step_from_row, summary_from_row, worker_from_row,
+};
+use super::rules::{cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan};
+use super::{
+    Applied, AttemptChange, CancelOutcome, ClaimRequest, Claimed, Lease, NewSaga, Result, Store,
+    StoreError, Transition, WorkerInfo,
+};
+use crate::model::{
+    definition_key, Attempt, Event, ListFilter, Millis, PhaseRecord, Saga, SagaPage, SagaStatus,
+    StepKindName, StepRecord, StepStatus,
+};
+use saga_dsl::Phase;
+
+const MAX_PAGE: u32 = 1000;
+const CHANNEL: &str = "saga_due";
+const DONE_CHANNEL: &str = "saga_done";
+
+/// The PostgreSQL implementation of [`Store`].
+pub struct PgStore {
+    pool: PgPool,
+    commits: AtomicU64,
+    due: Arc<Notify>,
+    done: tokio::sync::broadcast::Sender<Uuid>,
+    listener: OnceLock<()>,
+}
+
+impl std::fmt::Debug for PgStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore").finish_non_exhaustive()
+    }
+}
+
+const SAGA_SELECT: &str = "SELECT id::text AS id, name, version, definition_hash, status, needs_attention, \
+     blocked, cancel_requested, pivot_reached, input::text AS input, output::text AS output, error, \
+     next_run_at, lease_owner, lease_epoch, created_at, updated_at FROM sagas";
+
+const STEPS_SELECT: &str =
+    "SELECT saga_id::text AS saga_id, idx, name, kind, status, attempts, last_error, \
+     outcome_unknown, output::text AS output, started_at, ended_at, comp_status, comp_attempts, \
+     comp_last_error, comp_outcome_unknown, comp_started_at, comp_ended_at FROM steps";
+
+impl PgStore {
+    /// Connects to the database a `postgres://` URL names and applies migrations.
+    pub async fn open(url: &str) -> Result<Self> {
+        let opts: PgConnectOptions = url
+            .parse()
+            .map_err(|_| StoreError::UnsupportedUrl(url.to_owned()))?;
+        let pool = PgPoolOptions::new()
+            .max_connections(16)
+            .min_connections(1)
+            .acquire_timeout(Duration::from_secs(5))
+            // A connection that died with a server restart is noticed before use.
+            .test_before_acquire(true)
+            .connect_with(opts)
+            .await?;
+        let store = Self {
+            pool,
+            commits: AtomicU64::new(0),
+            due: Arc::new(Notify::new()),
+            done: tokio::sync::broadcast::channel(4096).0,
+            listener: OnceLock::new(),
+        };
+        store.migrate().await?;
+        Ok(store)
+    }
+
+    /// The connection pool (for tests and tools that need raw access).
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    async fn commit(&self, tx: Transaction<'static, Postgres>) -> Result<()> {
+        tx.commit().await?;
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Starts the LISTEN task once, on first use.
+    fn ensure_listener(&self) {
+        self.listener.get_or_init(|| {
+            tokio::spawn(listen_loop(
+                self.pool.clone(),
+                self.due.clone(),
+                self.done.clone(),
+            ));
+        });
+    }
+
+    async fn notify_done(tx: &mut Transaction<'static, Postgres>, id: &str) -> Result<()> {
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(DONE_CHANNEL)
+            .bind(id)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
+    async fn notify_due(tx: &mut Transaction<'static, Postgres>) -> Result<()> {
+        sqlx::query("SELECT pg_notify($1, '')")
+            .bind(CHANNEL)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
+    /// Loads sagas with their steps, in the order of `ids`; a row that does not parse comes
+    /// back as its own `Err` so one corrupt saga does not hide the others.
+    async fn load_many(
+        conn: &mut sqlx::PgConnection,
+        ids: &[Uuid],
+    ) -> Result<Vec<(Uuid, Result<Saga>)>> {
+        let texts: Vec<String> = ids.iter().map(Uuid::to_string).collect();
+        let saga_rows = sqlx::query(&format!("{SAGA_SELECT} WHERE id = ANY($1::uuid[])"))
+            .bind(&texts)
+            .fetch_all(&mut *conn)
+            .await?;
+        let step_rows = sqlx::query(&format!(
+            "{STEPS_SELECT} WHERE saga_id = ANY($1::uuid[]) ORDER BY saga_id, idx"
+        ))
+        .bind(&texts)
+        .fetch_all(&mut *conn)
+        .await?;
+        let mut steps: HashMap<String, Vec<Result<StepRecord>>> = HashMap::new();
+        for row in &step_rows {
+            let saga: String = row.try_get("saga_id")?;
+            steps.entry(saga).or_default().push(step_from_row(row));
+        }
+        let mut by_id: HashMap<String, Result<Saga>> = HashMap::new();
+        for row in &saga_rows {
+            let id: String = row.try_get("id")?;
+            let own = steps
+                .remove(&id)
+                .unwrap_or_default()
+                .into_iter()
+                .collect::<Result<Vec<_>>>();
+            let saga = own.and_then(|s| saga_from_row(row, s));
+            by_id.insert(id, saga);
+        }
+        Ok(ids
+            .iter()
+            .filter_map(|id| by_id.remove(&id.to_string()).map(|s| (*id, s)))
+            .collect())
+    }
+
+    async fn load_one(conn: &mut sqlx::PgConnection, id: Uuid) -> Result<Option<Saga>> {
+        match Self::load_many(conn, &[id]).await?.pop() {
+            Some((_, saga)) => saga.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Locks the saga row for the rest of the transaction and loads it.
+    async fn lock_saga(tx: &mut Transaction<'static, Postgres>, id: Uuid) -> Result<Saga> {
+        let found = sqlx::query("SELECT 1 FROM sagas WHERE id = $1::uuid FOR UPDATE")
+            .bind(id.to_string())
+            .fetch_optional(&mut **tx)
+            .await?;
+        if found.is_none() {
+            return Err(StoreError::NotFound(id));
+        }
+        let conn: &mut sqlx::PgConnection = tx;
+        Self::load_one(&mut *conn, id)
+            .await?
+            .ok_or(StoreError::NotFound(id))
+    }
+
+    async fn reload(&self, id: Uuid) -> Result<Saga> {
+        let mut conn = self.pool.acquire().await?;
+        Self::load_one(&mut conn, id)
+            .await?
+            .ok_or(StoreError::NotFound(id))
+    }
+}
+
+async fn insert_event(
+    tx: &mut Transaction<'static, Postgres>,
+    saga_id: &str,
+    kind: &str,
+    step: Option<&str>,
+    data: &Value,
+) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO events (saga_id, at, type, step, data) \
+         VALUES ($1::uuid, saga_now_ms(), $2, $3, $4::jsonb)",
+    )
+    .bind(saga_id)
+    .bind(kind)
+    .bind(step)
+    .bind(data.to_string())
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
+async fn listen_loop(pool: PgPool, due: Arc<Notify>, done: tokio::sync::broadcast::Sender<Uuid>) {
+    loop {
+        match PgListener::connect_with(&pool).await {
+            Ok(mut listener) => {
+                if let Err(e) = listener.listen_all([CHANNEL, DONE_CHANNEL]).await {
+                    tracing::warn!(error = %e, "LISTEN failed; polling until it works");
+                } else {
+                    loop {
+                        // `recv` reconnects by itself after a lost connection; notifications sent
+                        // meanwhile are lost, which the poll covers.
+                        match listener.recv().await {
+                            Ok(n) if n.channel() == DONE_CHANNEL => {
+                                if let Ok(id) = Uuid::parse_str(n.payload()) {
+                                    let _ = done.send(id);
+                                }
+                            }
+                            Ok(_) => due.notify_one(),
+                            Err(e) => {
+                                tracing::warn!(error = %e, "LISTEN connection failed");
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot connect for LISTEN; polling meanwhile"),
+        }
+        // Whatever was missed while disconnected: let the engine look now.
+        due.notify_one();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+#[async_trait]
+impl Store for PgStore {
+    async fn migrate(&self) -> Result<()> {
+        sqlx::migrate!("../migrations/postgres")
+            .run(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn register_worker(&self, worker: &WorkerInfo) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO workers (id, host, pid, definitions, started_at, heartbeat_at) \
+             VALUES ($1, $2, $3, $4, saga_now_ms(), saga_now_ms()) \
+             ON CONFLICT (id) DO UPDATE SET heartbeat_at = saga_now_ms(), stopped_at = NULL, \
+             definitions = EXCLUDED.definitions",
+        )
+        .bind(&worker.id)
+        .bind(&worker.host)
+        .bind(i64::from(worker.pid))
+        .bind(&worker.definitions)
+        .execute(&self.pool)
+        .await?;
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    async fn heartbeat(&self, worker: &str, lease_ttl_ms: i64) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("UPDATE workers SET heartbeat_at = saga_now_ms() WHERE id = $1")
+            .bind(worker)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "UPDATE sagas SET lease_expires_at = saga_now_ms() + $2 WHERE lease_owner = $1",
+        )
+        .bind(worker)
+        .bind(lease_ttl_ms)
+        .execute(&mut *tx)
+        .await?;
+        self.commit(tx).await
+    }
+
+    async fn deregister_worker(&self, worker: &str) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "UPDATE sagas SET lease_owner = NULL, lease_expires_at = NULL WHERE lease_owner = $1",
+        )
+        .bind(worker)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "UPDATE workers SET stopped_at = saga_now_ms(), heartbeat_at = saga_now_ms() WHERE id = $1",
+        )
+        .bind(worker)
+        .execute(&mut *tx)
+        .await?;
+        // The released sagas are due: another process may take them at once.
+        Self::notify_due(&mut tx).await?;
+        self.commit(tx).await
+    }
+
+    async fn create_saga(&self, new: NewSaga) -> Result<Saga> {
+        let id = new.id.to_string();
+        let key = definition_key(&new.name, new.version, &new.definition_hash);
+        let mut tx = self.pool.begin().await?;
+        let now: i64 = sqlx::query_scalar(
+            "INSERT INTO sagas (id, name, version, definition_hash, definition_key, status, input, \
+             next_run_at, created_at, updated_at) \
+             VALUES ($1::uuid, $2, $3, $4, $5, 'QUEUED', $6::jsonb, saga_now_ms(), saga_now_ms(), saga_now_ms()) \
+             RETURNING created_at",
+        )
+        .bind(&id)
+        .bind(&new.name)
+        .bind(i64::from(new.version))
+        .bind(&new.definition_hash)
+        .bind(&key)
+        .bind(new.input.to_string())
+        .fetch_one(&mut *tx)
+        .await?;
+        let names: Vec<&str> = new.steps.iter().map(|(n, _)| n.as_str()).collect();
+        let kinds: Vec<&str> = new.steps.iter().map(|(_, k)| k.as_str()).collect();
+        let comps: Vec<&str> = new
+            .steps
+            .iter()
+            .map(|(_, k)| comp_status_for(*k).as_str())
+            .collect();
+        sqlx::query(
+            "INSERT INTO steps (saga_id, idx, name, kind, status, comp_status) \
+             SELECT $1::uuid, t.ord - 1, t.name, t.kind, 'PENDING', t.comp \
+             FROM UNNEST($2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS t(name, kind, comp, ord)",
+        )
+        .bind(&id)
+        .bind(&names)
+        .bind(&kinds)
+        .bind(&comps)
+        .execute(&mut *tx)
+        .await?;
+        let data = serde_json::json!({"name": new.name, "version": new.version});
+        insert_event(&mut tx, &id, "saga.started", None, &data).await?;
+        Self::notify_due(&mut tx).await?;
+        self.commit(tx).await?;
+        Ok(new_saga_record(new, now))
+    }
+
+    async fn get_saga(&self, id: Uuid) -> Result<Option<Saga>> {
+        let mut conn = self.pool.acquire().await?;
+        Self::load_one(&mut conn, id).await
+    }
+
+    async fn list_sagas(&self, filter: &ListFilter) -> Result<SagaPage> {
+        let limit = filter.limit.clamp(1, MAX_PAGE);
+        let mut q = QueryBuilder::<Postgres>::new(
+            "SELECT id::text AS id, name, version, status, needs_attention, blocked, error, \
+             created_at, updated_at FROM sagas WHERE TRUE",
+        );
+        if let Some(status) = filter.status {
+            q.push(" AND status = ").push_bind(status.as_str());
+        }
+        if let Some(name) = &filter.name {
+            q.push(" AND name = ").push_bind(name.clone());
+        }
+        if filter.needs_attention {
+            q.push(" AND needs_attention");
+        }
+        if let Some(cursor) = filter.cursor {
+            q.push(" AND id < ")
+                .push_bind(cursor.to_string())
+                .push("::uuid");
+        }
+        q.push(" ORDER BY id DESC LIMIT ")
+            .push_bind(i64::from(limit) + 1);
+        let rows = q.build().fetch_all(&self.pool).await?;
+        let mut sagas = rows
+            .iter()
+            .map(summary_from_row)
+            .collect::<Result<Vec<_>>>()?;
+        let next_cursor = if sagas.len() > limit as usize {
+            sagas.truncate(limit as usize);
+            sagas.last().map(|s| s.id)
+        } else {
+            None
+        };
+        Ok(SagaPage { sagas, next_cursor })
+    }
+
+    async fn events(&self, id: Uuid) -> Result<Vec<Event>> {
+        let rows = sqlx::query(
+            "SELECT id, ROW_NUMBER() OVER (ORDER BY id) AS seq, at, type, step, data::text AS data \
+             FROM events WHERE saga_id = $1::uuid ORDER BY id",
+        )
+        .bind(id.to_string())
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let data: String = row.try_get("data")?;
+                Ok(Event {
+                    seq: row.try_get("seq")?,
+                    id: row.try_get("id")?,
+                    at: row.try_get("at")?,
+                    kind: row.try_get("type")?,
+                    step: row.try_get("step")?,
+                    data: serde_json::from_str(&data).map_err(|e| corrupt(&id.to_string(), e))?,
+                })
+            })
+            .collect()
+    }
+
+    async fn attempts(&self, id: Uuid) -> Result<Vec<Attempt>> {
+        let rows = sqlx::query(
+            "SELECT a.step_idx, s.name, a.phase, a.attempt, a.worker, a.lease_epoch, a.started_at, \
+             a.ended_at, a.outcome, a.error FROM attempts a \
+             JOIN steps s ON s.saga_id = a.saga_id AND s.idx = a.step_idx \
+             WHERE a.saga_id = $1::uuid ORDER BY a.started_at, a.step_idx, a.phase, a.attempt",
+        )
+        .bind(id.to_string())
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let idx: i64 = row.try_get("step_idx")?;
+                let attempt: i64 = row.try_get("attempt")?;
+                Ok(Attempt {
+                    step_index: idx as u32,
+                    step: row.try_get("name")?,
+                    phase: row.try_get("phase")?,
+                    attempt: attempt as u32,
+                    worker: row.try_get("worker")?,
+                    lease_epoch: row.try_get("lease_epoch")?,
+                    started_at: row.try_get("started_at")?,
+                    ended_at: row.try_get("ended_at")?,
+                    outcome: row.try_get("outcome")?,
+                    error: row.try_get("error")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Vec<Claimed>> {
+        if req.limit == 0 || req.definitions.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.pool.begin().await?;
+        // The candidate set is materialised and locked first (SKIP LOCKED: other workers
+        // claiming at the same moment get other sagas), then updated.
+        let rows = sqlx::query(
+            "WITH candidates AS MATERIALIZED ( \
+                 SELECT id FROM sagas \
+                 WHERE next_run_at IS NOT NULL AND next_run_at <= saga_now_ms() \
+                   AND (lease_owner IS NULL OR lease_expires_at < saga_now_ms()) \
+                   AND definition_key = ANY($3) \
+                 ORDER BY next_run_at LIMIT $4 \
+                 FOR UPDATE SKIP LOCKED) \
+             UPDATE sagas s SET lease_owner = $1, lease_epoch = s.lease_epoch + 1, \
+                 lease_expires_at = saga_now_ms() + $2, blocked = FALSE \
+             FROM candidates c WHERE s.id = c.id \
+             RETURNING s.id::text AS id, s.lease_epoch",
+        )
+        .bind(req.owner)
+        .bind(req.lease_ttl_ms)
+        .bind(req.definitions)
+        .bind(i64::from(req.limit))
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut epochs = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let id_text: String = row.try_get("id")?;
+            let id = Uuid::parse_str(&id_text).map_err(|e| corrupt(&id_text, e))?;
+            epochs.push((id, row.try_get::<i64, _>("lease_epoch")?));
+        }
+        let ids: Vec<Uuid> = epochs.iter().map(|(id, _)| *id).collect();
+        let conn: &mut sqlx::PgConnection = &mut tx;
+        let loaded = Self::load_many(&mut *conn, &ids).await?;
+        let mut claimed = Vec::with_capacity(loaded.len());
+        for ((id, saga), (_, epoch)) in loaded.into_iter().zip(epochs) {
+            match saga {
+                Ok(saga) => claimed.push(Claimed {
+                    lease: Lease {
+                        saga_id: id,
+                        owner: req.owner.to_owned(),
+                        epoch,
+                    },
+                    saga,
+                }),
+                Err(StoreError::Corrupt { detail, .. }) => {
+                    tracing::error!(saga.id = %id, %detail, "corrupt saga row parked; needs attention");
+                    sqlx::query(
+                        "UPDATE sagas SET lease_owner = NULL, lease_expires_at = NULL, next_run_at = NULL, \
+                         needs_attention = TRUE, updated_at = saga_now_ms() WHERE id = $1::uuid",
+                    )
+                    .bind(id.to_string())
+                    .execute(&mut *tx)
+                    .await?;
+                    let data = serde_json::json!({"detail": detail});
+                    insert_event(&mut tx, &id.to_string(), "saga.corrupt", None, &data).await?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.commit(tx).await?;
+        Ok(claimed)
+    }
+
+    async fn apply(&self, lease: &Lease, t: &Transition) -> Result<Applied> {
+        let id = lease.saga_id.to_string();
+        let mut tx = self.pool.begin().await?;
+        let s = &t.saga;
+        let updated = sqlx::query(
+            "UPDATE sagas SET status = $1, next_run_at = $2, error = $3, \
+             output = COALESCE($4::jsonb, output), needs_attention = $5, pivot_reached = $6, \
+             updated_at = saga_now_ms(), \
+             lease_owner = CASE WHEN $7 THEN NULL ELSE lease_owner END, \
+             lease_expires_at = CASE WHEN $7 THEN NULL ELSE lease_expires_at END \
+             WHERE id = $8::uuid AND lease_owner = $9 AND lease_epoch = $10 \
+               AND NOT ($11 AND cancel_requested)",
+        )
+        .bind(s.status.as_str())
+        .bind(s.next_run_at)
+        .bind(&s.error)
+        .bind(s.output.as_ref().map(Value::to_string))
+        .bind(s.needs_attention)
+        .bind(s.pivot_reached)
+        .bind(t.release)
+        .bind(&id)
+        .bind(&lease.owner)
+        .bind(lease.epoch)
+        .bind(t.unless_cancelled)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if updated == 0 {
+            let row = sqlx::query(
+                "SELECT lease_owner, lease_epoch, cancel_requested FROM sagas WHERE id = $1::uuid",
+            )
+            .bind(&id)
+            .fetch_optional(&mut *tx)
+            .await?;
+            tx.rollback().await?;
+            return match row {
+                Some(row)
+                    if row.try_get::<Option<String>, _>("lease_owner")?.as_deref()
+                        == Some(lease.owner.as_str())
+                        && row.try_get::<i64, _>("lease_epoch")? == lease.epoch
+                        && row.try_get::<bool, _>("cancel_requested")? =>
+                {
+                    Ok(Applied::CancelRequested)
+                }
+                _ => Err(StoreError::LeaseLost(lease.saga_id)),
+            };
+        }
+        for step in &t.steps {
+            let r = &step.record;
+            let sql = match step.phase {
+                Phase::Action => {
+                    "UPDATE steps SET status = $1, attempts = $2, last_error = $3, outcome_unknown = $4, \
+                     started_at = $5, ended_at = $6, output = COALESCE($7::jsonb, output) \
+                     WHERE saga_id = $8::uuid AND idx = $9"
+                }
+                Phase::Compensation => {
+                    "UPDATE steps SET comp_status = $1, comp_attempts = $2, comp_last_error = $3, \
+                     comp_outcome_unknown = $4, comp_started_at = $5, comp_ended_at = $6 \
+                     WHERE saga_id = $8::uuid AND idx = $9 AND ($7::text IS NULL OR TRUE)"
+                }
+            };
+            sqlx::query(sql)
+                .bind(r.status.as_str())
+                .bind(i64::from(r.attempts))
+                .bind(&r.last_error)
+                .bind(r.outcome_unknown)
+                .bind(r.started_at)
+                .bind(r.ended_at)
+                .bind(step.output.as_ref().map(Value::to_string))
+                .bind(&id)
+                .bind(i64::from(step.index))
+                .execute(&mut *tx)
+                .await?;
+        }
+        for change in &t.attempts {
+            match change {
+                AttemptChange::Start {
+                    step_index,
+                    phase,
+                    attempt,
+                } => {
+                    sqlx::query(
+                        "INSERT INTO attempts (saga_id, step_idx, phase, attempt, worker, lease_epoch, started_at) \
+                         VALUES ($1::uuid, $2, $3, $4, $5, $6, saga_now_ms())",
+                    )
+                    .bind(&id)
+                    .bind(i64::from(*step_index))
+                    .bind(phase.as_str())
+                    .bind(i64::from(*attempt))
+                    .bind(&lease.owner)
+                    .bind(lease.epoch)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+                AttemptChange::Finish {
+                    step_index,
+                    phase,
+                    attempt,
+                    outcome,
+                    error,
+                } => {
+                    sqlx::query(
+                        "UPDATE attempts SET ended_at = saga_now_ms(), outcome = $5, error = $6 \
+                         WHERE saga_id = $1::uuid AND step_idx = $2 AND phase = $3 AND attempt = $4",
+                    )
+                    .bind(&id)
+                    .bind(i64::from(*step_index))
+                    .bind(phase.as_str())
+                    .bind(i64::from(*attempt))
+                    .bind(*outcome)
+                    .bind(error)
+                    .execute(&mut *tx)
+                    .await?;
+                }
+            }
+        }
+        for event in &t.events {
+            insert_event(&mut tx, &id, event.kind, event.step.as_deref(), &event.data).await?;
+        }
+        if t.saga.status.is_terminal() {
+            Self::notify_done(&mut tx, &id).await?;
+        }
+        if t.release && t.saga.next_run_at.is_some() {
+            // Released while still runnable (shutdown, a long backoff): wake other workers.
+            Self::notify_due(&mut tx).await?;
+        }
+        self.commit(tx).await?;
+        Ok(Applied::Written)
+    }
+
+    async fn mark_blocked(&self, definitions: &[String]) -> Result<u64> {
+        let mut tx = self.pool.begin().await?;
+        // Blocked means no live worker has the definition, not only this one: workers of
+        // different versions may share a database during a rolling deploy.
+        let rows = sqlx::query(
+            "UPDATE sagas SET blocked = TRUE, updated_at = saga_now_ms() \
+             WHERE next_run_at IS NOT NULL AND next_run_at <= saga_now_ms() AND NOT blocked \
+               AND (lease_owner IS NULL OR lease_expires_at < saga_now_ms()) \
+               AND definition_key <> ALL($1) \
+               AND definition_key NOT IN ( \
+                   SELECT unnest(definitions) FROM workers \
+                   WHERE stopped_at IS NULL AND heartbeat_at > saga_now_ms() - 60000) \
+             RETURNING id::text AS id, definition_key",
+        )
+        .bind(definitions)
+        .fetch_all(&mut *tx)
+        .await?;
+        for row in &rows {
+            let id: String = row.try_get("id")?;
+            let key: String = row.try_get("definition_key")?;
+            let data = serde_json::json!({
+                "definition": key,
+                "reason": "no running orchestrator process has this exact saga definition"
+            });
+            insert_event(&mut tx, &id, "saga.blocked", None, &data).await?;
+        }
+        self.commit(tx).await?;
+        Ok(rows.len() as u64)
+    }
+
+    async fn next_due(&self, definitions: &[String]) -> Result<Option<Millis>> {
+        let due: Option<i64> = sqlx::query_scalar(
+            "SELECT MIN(next_run_at) FROM sagas \
+             WHERE next_run_at IS NOT NULL AND lease_owner IS NULL AND definition_key = ANY($1)",
+        )
+        .bind(definitions)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(due)
+    }
+
+    async fn request_cancel(&self, id: Uuid) -> Result<CancelOutcome> {
+        let mut tx = self.pool.begin().await?;
+        let row =
+            sqlx::query("SELECT status, pivot_reached FROM sagas WHERE id = $1::uuid FOR UPDATE")
+                .bind(id.to_string())
+                .fetch_optional(&mut *tx)
+                .await?
+                .ok_or(StoreError::NotFound(id))?;
+        let status: SagaStatus = parse_enum(&id.to_string(), &row.try_get::<String, _>("status")?)?;
+        let pivot_reached: bool = row.try_get("pivot_reached")?;
+        let outcome = if let Some(refusal) = cancel_refusal(status, pivot_reached) {
+            refusal
+        } else {
+            sqlx::query(
+                "UPDATE sagas SET cancel_requested = TRUE, updated_at = saga_now_ms(), \
+                 next_run_at = LEAST(COALESCE(next_run_at, saga_now_ms()), saga_now_ms()) \
+                 WHERE id = $1::uuid",
+            )
+            .bind(id.to_string())
+            .execute(&mut *tx)
+            .await?;
+            insert_event(
+                &mut tx,
+                &id.to_string(),
+                "saga.cancel_requested",
+                None,
+                &serde_json::json!({}),
+            )
+            .await?;
+            Self::notify_due(&mut tx).await?;
+            CancelOutcome::Accepted
+        };
+        self.commit(tx).await?;
+        Ok(outcome)
+    }
+
+    async fn abort(&self, id: Uuid, reason: &str, actor: &str) -> Result<Saga> {
+        let mut tx = self.pool.begin().await?;
+        let saga = Self::lock_saga(&mut tx, id).await?;
+        check_abort(&saga)?;
+        sqlx::query(
+            "UPDATE sagas SET status = 'ABORTED', next_run_at = NULL, lease_owner = NULL, \
+             lease_expires_at = NULL, lease_epoch = lease_epoch + 1, updated_at = saga_now_ms(), \
+             error = COALESCE(error, $2) WHERE id = $1::uuid",
+        )
+        .bind(id.to_string())
+        .bind(format!("aborted: {reason}"))
+        .execute(&mut *tx)
+        .await?;
+        let data =
+            serde_json::json!({"reason": reason, "actor": actor, "previous_status": saga.status});
+        insert_event(&mut tx, &id.to_string(), "saga.aborted", None, &data).await?;
+        Self::notify_done(&mut tx, &id.to_string()).await?;
+        self.commit(tx).await?;
+        self.reload(id).await
+    }
+
+    async fn retry_now(&self, id: Uuid, actor: &str) -> Result<Saga> {
+        let mut tx = self.pool.begin().await?;
+        let saga = Self::lock_saga(&mut tx, id).await?;
+        match plan_retry(&saga)? {
+            RetryPlan::Failed(failed) => {
+                sqlx::query(
+                    "UPDATE steps SET status = 'RETRYING' WHERE saga_id = $1::uuid AND idx = $2",
+                )
+                .bind(id.to_string())
+                .bind(i64::from(failed.index))
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query(
+                    "UPDATE sagas SET status = 'RUNNING', next_run_at = saga_now_ms(), needs_attention = FALSE, \
+                     lease_owner = NULL, lease_expires_at = NULL, lease_epoch = lease_epoch + 1, \
+                     updated_at = saga_now_ms() WHERE id = $1::uuid",
+                )
+                .bind(id.to_string())
+                .execute(&mut *tx)
+                .await?;
+                let data = serde_json::json!({"actor": actor, "step": failed.name});
+                insert_event(
+                    &mut tx,
+                    &id.to_string(),
+                    "saga.retried",
+                    Some(&failed.name),
+                    &data,
+                )
+                .await?;
+            }
+            RetryPlan::DueNow => {
+                sqlx::query(
+                    "UPDATE sagas SET next_run_at = saga_now_ms(), updated_at = saga_now_ms() \
+                     WHERE id = $1::uuid AND (next_run_at IS NULL OR next_run_at > saga_now_ms())",
+                )
+                .bind(id.to_string())
+                .execute(&mut *tx)
+                .await?;
+                let data = serde_json::json!({"actor": actor});
+                insert_event(
+                    &mut tx,
+                    &id.to_string(),
+                    "saga.retry_requested",
+                    None,
+                    &data,
+                )
+                .await?;
+            }
+        }
+        Self::notify_due(&mut tx).await?;
+        self.commit(tx).await?;
+        self.reload(id).await
+    }
+
+    async fn mark_compensated(
+        &self,
+        id: Uuid,
+        step: &str,
+        reason: &str,
+        actor: &str,
+    ) -> Result<Saga> {
+        let mut tx = self.pool.begin().await?;
+        let saga = Self::lock_saga(&mut tx, id).await?;
+        let record = check_mark_compensated(&saga, id, step)?;
+        sqlx::query(
+            "UPDATE steps SET comp_status = 'MANUAL', comp_ended_at = saga_now_ms() \
+             WHERE saga_id = $1::uuid AND idx = $2",
+        )
+        .bind(id.to_string())
+        .bind(i64::from(record.index))
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "UPDATE sagas SET needs_attention = FALSE, next_run_at = saga_now_ms(), lease_owner = NULL, \
+             lease_expires_at = NULL, lease_epoch = lease_epoch + 1, updated_at = saga_now_ms() \
+             WHERE id = $1::uuid",
+        )
+        .bind(id.to_string())
+        .execute(&mut *tx)
+        .await?;
+        let data = serde_json::json!({"reason": reason, "actor": actor});
+        insert_event(
+            &mut tx,
+            &id.to_string(),
+            "step.marked_compensated",
+            Some(step),
+            &data,
+        )
+        .await?;
+        Self::notify_due(&mut tx).await?;
+        self.commit(tx).await?;
+        self.reload(id).await
+    }
+
+    async fn workers(&self) -> Result<Vec<crate::model::Worker>> {
+        let rows = sqlx::query(
+            "SELECT w.id, w.host, w.pid, w.started_at, w.heartbeat_at, w.stopped_at, \
+             (SELECT COUNT(*) FROM sagas s WHERE s.lease_owner = w.id) AS leases \
+             FROM workers w ORDER BY w.started_at DESC LIMIT 100",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(worker_from_row).collect()
+    }
+
+    fn due_signal(&self) -> Option<Arc<Notify>> {
+        self.ensure_listener();
+        Some(self.due.clone())
+    }
+
+    fn finished_signal(&self) -> Option<tokio::sync::broadcast::Receiver<Uuid>> {
+        let rx = self.done.subscribe();
+        self.ensure_listener();
+        Some(rx)
+    }
+
+    fn commits(&self) -> u64 {
+        self.commits.load(Ordering::Relaxed)
+    }
+
+    async fn now(&self) -> Result<Millis> {
+        Ok(sqlx::query_scalar("SELECT saga_now_ms()")
+            .fetch_one(&self.pool)
+            .await?)
+    }
+}
+
+/// The compensation status a new step starts with.
+pub(super) fn comp_status_for(kind: StepKindName) -> StepStatus {
+    if kind == StepKindName::Compensatable {
+        StepStatus::Pending
+    } else {
+        StepStatus::None
+    }
+}
+
+/// The record of a saga just created, as `create_saga` returns it.
+pub(super) fn new_saga_record(new: NewSaga, now: Millis) -> Saga {
+    let steps = new
+        .steps
+        .iter()
+        .enumerate()
+        .map(|(idx, (name, kind))| StepRecord {
+            index: idx as u32,
+            name: name.clone(),
+            kind: *kind,
+            action: PhaseRecord::pending(),
+            output: None,
+            compensation: PhaseRecord::with_status(comp_status_for(*kind)),
+        })
+        .collect();
+    Saga {
+        id: new.id,
+        name: new.name,
+        version: new.version,
+        definition_hash: new.definition_hash,
+        status: SagaStatus::Queued,
+        needs_attention: false,
+        blocked: false,
+        cancel_requested: false,
+        pivot_reached: false,
+        input: new.input,
+        output: None,
+        error: None,
+        next_run_at: Some(now),
+        lease_owner: None,
+        lease_epoch: 0,
+        created_at: now,
+        updated_at: now,
+        steps,
+    }
+}

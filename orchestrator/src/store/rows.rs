@@ -1,0 +1,158 @@
+//! Reading log rows back, the same way for every backend: each backend's row type implements
+//! [`LogRow`], and the decoders here turn rows into model records, reporting a row that does not
+//! parse as [`StoreError::Corrupt`] with the saga it belongs to.
+
+use std::str::FromStr;
+
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::{Result, StoreError};
+use crate::model::{PhaseRecord, Saga, SagaSummary, StepRecord, Worker};
+
+/// A column value a log row can yield.
+pub(super) trait Column: Sized {
+    /// Reads column `name` of a SQLite row.
+    fn sqlite(row: &sqlx::sqlite::SqliteRow, name: &str) -> Result<Self>;
+    /// Reads column `name` of a PostgreSQL row.
+    fn postgres(row: &sqlx::postgres::PgRow, name: &str) -> Result<Self>;
+}
+
+macro_rules! column {
+    ($($t:ty),*) => {$(
+        impl Column for $t {
+            fn sqlite(row: &sqlx::sqlite::SqliteRow, name: &str) -> Result<Self> {
+                Ok(sqlx::Row::try_get(row, name)?)
+            }
+            fn postgres(row: &sqlx::postgres::PgRow, name: &str) -> Result<Self> {
+                Ok(sqlx::Row::try_get(row, name)?)
+            }
+        }
+    )*};
+}
+column!(String, Option<String>, i64, Option<i64>, bool);
+
+/// A row of the step log, from any backend.
+pub(super) trait LogRow {
+    /// Reads one column.
+    fn get<T: Column>(&self, name: &str) -> Result<T>;
+}
+
+impl LogRow for sqlx::sqlite::SqliteRow {
+    fn get<T: Column>(&self, name: &str) -> Result<T> {
+        T::sqlite(self, name)
+    }
+}
+
+impl LogRow for sqlx::postgres::PgRow {
+    fn get<T: Column>(&self, name: &str) -> Result<T> {
+        T::postgres(self, name)
+    }
+}
+
+pub(super) fn corrupt(saga: &str, detail: impl std::fmt::Display) -> StoreError {
+    StoreError::Corrupt {
+        saga: saga.to_owned(),
+        detail: detail.to_string(),
+    }
+}
+
+pub(super) fn parse_json(saga: &str, text: Option<String>) -> Result<Option<Value>> {
+    text.map(|t| serde_json::from_str(&t).map_err(|e| corrupt(saga, format!("bad JSON: {e}"))))
+        .transpose()
+}
+
+pub(super) fn parse_enum<T: FromStr>(saga: &str, text: &str) -> Result<T>
+where
+    T::Err: std::fmt::Display,
+{
+    text.parse().map_err(|e| corrupt(saga, e))
+}
+
+pub(super) fn saga_from_row<R: LogRow>(row: &R, steps: Vec<StepRecord>) -> Result<Saga> {
+    let id_text: String = row.get("id")?;
+    let id = Uuid::parse_str(&id_text).map_err(|e| corrupt(&id_text, e))?;
+    let status: String = row.get("status")?;
+    let version: i64 = row.get("version")?;
+    Ok(Saga {
+        id,
+        name: row.get("name")?,
+        version: u32::try_from(version).map_err(|e| corrupt(&id_text, e))?,
+        definition_hash: row.get("definition_hash")?,
+        status: parse_enum(&id_text, &status)?,
+        needs_attention: row.get("needs_attention")?,
+        blocked: row.get("blocked")?,
+        cancel_requested: row.get("cancel_requested")?,
+        pivot_reached: row.get("pivot_reached")?,
+        input: parse_json(&id_text, Some(row.get("input")?))?.unwrap_or(Value::Null),
+        output: parse_json(&id_text, row.get("output")?)?,
+        error: row.get("error")?,
+        next_run_at: row.get("next_run_at")?,
+        lease_owner: row.get("lease_owner")?,
+        lease_epoch: row.get("lease_epoch")?,
+        created_at: row.get("created_at")?,
+        updated_at: row.get("updated_at")?,
+        steps,
+    })
+}
+
+pub(super) fn step_from_row<R: LogRow>(row: &R) -> Result<StepRecord> {
+    let saga: String = row.get("saga_id")?;
+    let kind: String = row.get("kind")?;
+    let status: String = row.get("status")?;
+    let comp_status: String = row.get("comp_status")?;
+    let idx: i64 = row.get("idx")?;
+    let attempts: i64 = row.get("attempts")?;
+    let comp_attempts: i64 = row.get("comp_attempts")?;
+    Ok(StepRecord {
+        index: u32::try_from(idx).map_err(|e| corrupt(&saga, e))?,
+        name: row.get("name")?,
+        kind: parse_enum(&saga, &kind)?,
+        action: PhaseRecord {
+            status: parse_enum(&saga, &status)?,
+            attempts: u32::try_from(attempts).map_err(|e| corrupt(&saga, e))?,
+            last_error: row.get("last_error")?,
+            outcome_unknown: row.get("outcome_unknown")?,
+            started_at: row.get("started_at")?,
+            ended_at: row.get("ended_at")?,
+        },
+        output: parse_json(&saga, row.get("output")?)?,
+        compensation: PhaseRecord {
+            status: parse_enum(&saga, &comp_status)?,
+            attempts: u32::try_from(comp_attempts).map_err(|e| corrupt(&saga, e))?,
+            last_error: row.get("comp_last_error")?,
+            outcome_unknown: row.get("comp_outcome_unknown")?,
+            started_at: row.get("comp_started_at")?,
+            ended_at: row.get("comp_ended_at")?,
+        },
+    })
+}
+
+pub(super) fn summary_from_row<R: LogRow>(row: &R) -> Result<SagaSummary> {
+    let id_text: String = row.get("id")?;
+    let status: String = row.get("status")?;
+    let version: i64 = row.get("version")?;
+    Ok(SagaSummary {
+        id: Uuid::parse_str(&id_text).map_err(|e| corrupt(&id_text, e))?,
+        name: row.get("name")?,
+        version: u32::try_from(version).map_err(|e| corrupt(&id_text, e))?,
+        status: parse_enum(&id_text, &status)?,
+        needs_attention: row.get("needs_attention")?,
+        blocked: row.get("blocked")?,
+        error: row.get("error")?,
+        created_at: row.get("created_at")?,
+        updated_at: row.get("updated_at")?,
+    })
+}
+
+pub(super) fn worker_from_row<R: LogRow>(row: &R) -> Result<Worker> {
+    Ok(Worker {
+        id: row.get("id")?,
+        host: row.get("host")?,
+        pid: row.get("pid")?,
+        started_at: row.get("started_at")?,
+        heartbeat_at: row.get("heartbeat_at")?,
+        stopped_at: row.get("stopped_at")?,
+        leases: row.get("leases")?,
+    })
+}

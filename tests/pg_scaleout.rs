@@ -1,0 +1,259 @@
+//! Several orchestrator processes on one PostgreSQL database: takeover after a SIGKILL, fencing
+//! of a worker paused past its lease, and one owner at a time, proven from the attempt log and
+//! the participants' ledger. These tests always run on PostgreSQL.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use example_sagas::shop::Shop;
+use orchestrator::store::Store;
+use saga_suite::{Server, TempDb};
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+const LONG: Duration = Duration::from_secs(60);
+/// `Server::spawn` runs every process with a 2-second lease.
+const LEASE: Duration = Duration::from_secs(2);
+
+async fn worker_of(store: &Arc<dyn Store>, server: &Server) -> String {
+    for _ in 0..100 {
+        let workers = store.workers().await.unwrap();
+        if let Some(w) = workers.iter().find(|w| w.pid == i64::from(server.pid())) {
+            return w.id.clone();
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("worker of pid {} never registered", server.pid());
+}
+
+fn order(id: &str, simulate: Value) -> Value {
+    json!({"order_id": id, "user": "ada", "amount": 700, "simulate": simulate})
+}
+
+fn terminal(s: &Value) -> bool {
+    matches!(
+        s["status"].as_str(),
+        Some("COMPLETED" | "COMPENSATED" | "FAILED" | "ABORTED")
+    )
+}
+
+/// No two attempts of one saga overlap in time, whoever made them.
+async fn assert_one_owner_at_a_time(store: &Arc<dyn Store>, id: Uuid) {
+    let mut attempts = store.attempts(id).await.unwrap();
+    attempts.sort_by_key(|a| (a.started_at, a.lease_epoch));
+    for w in attempts.windows(2) {
+        let ended = w[0]
+            .ended_at
+            .expect("every attempt is closed once the saga is terminal");
+        assert!(
+            ended <= w[1].started_at,
+            "overlapping attempts of saga {id}: {:?} and {:?}",
+            w[0],
+            w[1]
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_processes_one_killed_every_saga_finishes_with_effects_once() {
+    let db = TempDb::postgres();
+    let shop_db = TempDb::postgres();
+    let store = db.store().await;
+    let env = [("SHOP_DATABASE_URL", shop_db.url.as_str())];
+    let dir = db.dir.path();
+    let args = ["--workers", "8"];
+    let mut servers = vec![
+        Server::spawn(&db.url, dir, &env, &args).await,
+        Server::spawn(&db.url, dir, &env, &args).await,
+        Server::spawn(&db.url, dir, &env, &args).await,
+    ];
+    let victim_id = worker_of(&store, &servers[0]).await;
+
+    let mut started = Vec::new();
+    for i in 0..36 {
+        let simulate = match i % 3 {
+            0 => json!({"delay_ms": 600}),
+            1 => json!({"delay_ms": 600, "fail_step": "assign_rider"}),
+            _ => json!({"delay_ms": 400, "transient_failures": {"charge_payment": 1}}),
+        };
+        let server = &servers[i % 3];
+        started.push((
+            i,
+            server
+                .start("place_order", order(&format!("s{i}"), simulate))
+                .await,
+        ));
+    }
+    // Let every process take work, then kill one in the middle of its steps.
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let held: Vec<Uuid> = {
+        let mut held = Vec::new();
+        for (_, id) in &started {
+            let s = store.get_saga(*id).await.unwrap().unwrap();
+            if s.lease_owner.as_deref() == Some(victim_id.as_str()) {
+                held.push(*id);
+            }
+        }
+        held
+    };
+    assert!(!held.is_empty(), "the victim held no saga when killed");
+    servers.remove(0).kill9();
+    let killed_at = Instant::now();
+
+    // Takeover: every saga the victim held gets another owner within the lease plus a margin
+    // (one heartbeat period of staleness and one poll interval).
+    for id in &held {
+        loop {
+            let s = store.get_saga(*id).await.unwrap().unwrap();
+            if s.status.is_terminal() || s.lease_owner.as_deref().is_some_and(|o| o != victim_id) {
+                break;
+            }
+            assert!(
+                killed_at.elapsed() < LEASE + Duration::from_millis(2500),
+                "saga {id} not taken over after {:?}",
+                killed_at.elapsed()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    let shop = Shop::open(&shop_db.url).await.unwrap();
+    for (i, id) in &started {
+        let saga = servers[0].wait_for(*id, LONG, terminal).await;
+        let l = shop.ledger_for(&format!("s{i}")).await.unwrap();
+        if i % 3 == 1 {
+            assert_eq!(saga["status"], "COMPENSATED", "{saga:#}");
+            assert_eq!(
+                (l.reserved, l.released, l.charged, l.refunded),
+                (1, 1, 1, 1),
+                "{l:?}"
+            );
+            assert_eq!(l.rider_assigned, 0);
+        } else {
+            assert_eq!(saga["status"], "COMPLETED", "{saga:#}");
+            assert_eq!(
+                (l.reserved, l.charged, l.rider_assigned),
+                (1, 1, 1),
+                "{l:?}"
+            );
+            assert_eq!(
+                (l.released, l.refunded, l.rider_unassigned),
+                (0, 0, 0),
+                "{l:?}"
+            );
+        }
+        assert_one_owner_at_a_time(&store, *id).await;
+    }
+    shop.close().await;
+    // Work really was spread over the processes.
+    let mut owners = std::collections::BTreeSet::new();
+    for (_, id) in &started {
+        for a in store.attempts(*id).await.unwrap() {
+            owners.insert(a.worker);
+        }
+    }
+    assert!(owners.len() >= 3, "attempts by {owners:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_paused_past_its_lease_writes_nothing_after_it_resumes() {
+    let db = TempDb::postgres();
+    let shop_db = TempDb::postgres();
+    let store = db.store().await;
+    let env = [("SHOP_DATABASE_URL", shop_db.url.as_str())];
+    let dir = db.dir.path();
+    let a = Server::spawn(&db.url, dir, &env, &[]).await;
+    let a_id = worker_of(&store, &a).await;
+    let id = a
+        .start("place_order", order("fenced", json!({"delay_ms": 2400})))
+        .await;
+    a.wait_for(id, LONG, |s| s["steps"][0]["status"] == "RUNNING")
+        .await;
+
+    // A freezes mid-action (a long GC pause, a stalled VM); B takes the saga over.
+    a.signal("STOP");
+    let b = Server::spawn(&db.url, dir, &env, &[]).await;
+    let b_id = worker_of(&store, &b).await;
+    let done = b.wait_for(id, LONG, terminal).await;
+    assert_eq!(done["status"], "COMPLETED");
+
+    let snapshot = || async {
+        (
+            store.get_saga(id).await.unwrap().unwrap(),
+            store.events(id).await.unwrap(),
+            store.attempts(id).await.unwrap(),
+        )
+    };
+    let before = snapshot().await;
+    // A wakes up, finishes the call it was making, and tries to record it.
+    a.signal("CONT");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let after = snapshot().await;
+    assert_eq!(
+        before, after,
+        "the fenced worker wrote to the saga after resuming"
+    );
+
+    // A's only attempt is the one it started before the pause, closed by B as interrupted.
+    let by_a: Vec<_> = after.2.iter().filter(|x| x.worker == a_id).collect();
+    assert_eq!(by_a.len(), 1, "{by_a:?}");
+    assert_eq!(by_a[0].outcome.as_deref(), Some("interrupted"));
+    assert!(after.2.iter().skip(1).all(|x| x.worker == b_id));
+    assert!(after.2.iter().any(|x| x.lease_epoch > by_a[0].lease_epoch));
+    assert_one_owner_at_a_time(&store, id).await;
+
+    // And the participants saw each effect once: A's late call carried the same key.
+    let shop = Shop::open(&shop_db.url).await.unwrap();
+    let l = shop.ledger_for("fenced").await.unwrap();
+    assert_eq!(
+        (l.reserved, l.charged, l.rider_assigned),
+        (1, 1, 1),
+        "{l:?}"
+    );
+    shop.close().await;
+    a.kill9();
+    b.kill9();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_are_visible_and_graceful_shutdown_releases_leases_at_once() {
+    let db = TempDb::postgres();
+    let store = db.store().await;
+    let dir = db.dir.path();
+    let a = Server::spawn(&db.url, dir, &[], &[]).await;
+    let a_id = worker_of(&store, &a).await;
+    let id = a
+        .start("place_order", order("handover", json!({"delay_ms": 900})))
+        .await;
+    a.wait_for(id, LONG, |s| s["steps"][0]["status"] == "RUNNING")
+        .await;
+    let workers = store.workers().await.unwrap();
+    let me = workers.iter().find(|w| w.id == a_id).unwrap();
+    assert_eq!(me.leases, 1);
+    assert_eq!(me.stopped_at, None);
+
+    // SIGTERM: A finishes the call in flight, records it, and releases the lease.
+    a.signal("TERM");
+    let status = a.wait_exit(Duration::from_secs(20));
+    assert!(status.success(), "graceful exit: {status:?}");
+    let s = store.get_saga(id).await.unwrap().unwrap();
+    assert_eq!(
+        s.lease_owner, None,
+        "released at shutdown, not left to expire"
+    );
+    assert_ne!(s.steps[0].action.status, orchestrator::StepStatus::Running);
+    let workers = store.workers().await.unwrap();
+    assert!(workers
+        .iter()
+        .find(|w| w.id == a_id)
+        .unwrap()
+        .stopped_at
+        .is_some());
+
+    // Another process continues at once (no lease to wait for).
+    let b = Server::spawn(&db.url, dir, &[], &[]).await;
+    let done = b.wait_for(id, LONG, terminal).await;
+    assert_eq!(done["status"], "COMPLETED");
+}
