@@ -23,7 +23,8 @@ use tokio::sync::Notify;
 use uuid::Uuid;
 
 use super::rows::{
-    corrupt, parse_enum, saga_from_row, step_from_row, summary_from_row, worker_from_row,
+    comp_status_for, corrupt, new_saga_record, parse_enum, saga_from_row, step_from_row,
+    summary_from_row, worker_from_row,
 };
 use super::rules::{cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan};
 use super::{
@@ -31,8 +32,7 @@ use super::{
     StoreError, Transition, WorkerInfo,
 };
 use crate::model::{
-    definition_key, Attempt, Event, ListFilter, Millis, PhaseRecord, Saga, SagaPage, SagaStatus,
-    StepKindName, StepRecord, StepStatus,
+    definition_key, Attempt, Event, ListFilter, Millis, Saga, SagaPage, SagaStatus, StepRecord,
 };
 use saga_dsl::Phase;
 
@@ -250,6 +250,52 @@ async fn listen_loop(pool: PgPool, due: Arc<Notify>, done: tokio::sync::broadcas
     }
 }
 
+/// Writes a new saga (status `QUEUED`, due now on the database clock), its steps and its
+/// `saga.started` event inside the caller's transaction; returns the creation time. Shared by
+/// plain starts and idempotent starts, which record their key in the same transaction.
+pub(crate) async fn insert_saga_rows(
+    tx: &mut Transaction<'static, Postgres>,
+    new: &NewSaga,
+) -> Result<Millis> {
+    let id = new.id.to_string();
+    let key = definition_key(&new.name, new.version, &new.definition_hash);
+    let now: i64 = sqlx::query_scalar(
+        "INSERT INTO sagas (id, name, version, definition_hash, definition_key, status, input, \
+         next_run_at, created_at, updated_at) \
+         VALUES ($1::uuid, $2, $3, $4, $5, 'QUEUED', $6::jsonb, saga_now_ms(), saga_now_ms(), saga_now_ms()) \
+         RETURNING created_at",
+    )
+    .bind(&id)
+    .bind(&new.name)
+    .bind(i64::from(new.version))
+    .bind(&new.definition_hash)
+    .bind(&key)
+    .bind(new.input.to_string())
+    .fetch_one(&mut **tx)
+    .await?;
+    let names: Vec<&str> = new.steps.iter().map(|(n, _)| n.as_str()).collect();
+    let kinds: Vec<&str> = new.steps.iter().map(|(_, k)| k.as_str()).collect();
+    let comps: Vec<&str> = new
+        .steps
+        .iter()
+        .map(|(_, k)| comp_status_for(*k).as_str())
+        .collect();
+    sqlx::query(
+        "INSERT INTO steps (saga_id, idx, name, kind, status, comp_status) \
+         SELECT $1::uuid, t.ord - 1, t.name, t.kind, 'PENDING', t.comp \
+         FROM UNNEST($2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS t(name, kind, comp, ord)",
+    )
+    .bind(&id)
+    .bind(&names)
+    .bind(&kinds)
+    .bind(&comps)
+    .execute(&mut **tx)
+    .await?;
+    let data = serde_json::json!({"name": new.name, "version": new.version});
+    insert_event(tx, &id, "saga.started", None, &data).await?;
+    Ok(now)
+}
+
 #[async_trait]
 impl Store for PgStore {
     async fn migrate(&self) -> Result<()> {
@@ -312,43 +358,8 @@ impl Store for PgStore {
     }
 
     async fn create_saga(&self, new: NewSaga) -> Result<Saga> {
-        let id = new.id.to_string();
-        let key = definition_key(&new.name, new.version, &new.definition_hash);
         let mut tx = self.pool.begin().await?;
-        let now: i64 = sqlx::query_scalar(
-            "INSERT INTO sagas (id, name, version, definition_hash, definition_key, status, input, \
-             next_run_at, created_at, updated_at) \
-             VALUES ($1::uuid, $2, $3, $4, $5, 'QUEUED', $6::jsonb, saga_now_ms(), saga_now_ms(), saga_now_ms()) \
-             RETURNING created_at",
-        )
-        .bind(&id)
-        .bind(&new.name)
-        .bind(i64::from(new.version))
-        .bind(&new.definition_hash)
-        .bind(&key)
-        .bind(new.input.to_string())
-        .fetch_one(&mut *tx)
-        .await?;
-        let names: Vec<&str> = new.steps.iter().map(|(n, _)| n.as_str()).collect();
-        let kinds: Vec<&str> = new.steps.iter().map(|(_, k)| k.as_str()).collect();
-        let comps: Vec<&str> = new
-            .steps
-            .iter()
-            .map(|(_, k)| comp_status_for(*k).as_str())
-            .collect();
-        sqlx::query(
-            "INSERT INTO steps (saga_id, idx, name, kind, status, comp_status) \
-             SELECT $1::uuid, t.ord - 1, t.name, t.kind, 'PENDING', t.comp \
-             FROM UNNEST($2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS t(name, kind, comp, ord)",
-        )
-        .bind(&id)
-        .bind(&names)
-        .bind(&kinds)
-        .bind(&comps)
-        .execute(&mut *tx)
-        .await?;
-        let data = serde_json::json!({"name": new.name, "version": new.version});
-        insert_event(&mut tx, &id, "saga.started", None, &data).await?;
+        let now = insert_saga_rows(&mut tx, &new).await?;
         Self::notify_due(&mut tx).await?;
         self.commit(tx).await?;
         Ok(new_saga_record(new, now))
@@ -865,51 +876,5 @@ impl Store for PgStore {
         Ok(sqlx::query_scalar("SELECT saga_now_ms()")
             .fetch_one(&self.pool)
             .await?)
-    }
-}
-
-/// The compensation status a new step starts with.
-pub(super) fn comp_status_for(kind: StepKindName) -> StepStatus {
-    if kind == StepKindName::Compensatable {
-        StepStatus::Pending
-    } else {
-        StepStatus::None
-    }
-}
-
-/// The record of a saga just created, as `create_saga` returns it.
-pub(super) fn new_saga_record(new: NewSaga, now: Millis) -> Saga {
-    let steps = new
-        .steps
-        .iter()
-        .enumerate()
-        .map(|(idx, (name, kind))| StepRecord {
-            index: idx as u32,
-            name: name.clone(),
-            kind: *kind,
-            action: PhaseRecord::pending(),
-            output: None,
-            compensation: PhaseRecord::with_status(comp_status_for(*kind)),
-        })
-        .collect();
-    Saga {
-        id: new.id,
-        name: new.name,
-        version: new.version,
-        definition_hash: new.definition_hash,
-        status: SagaStatus::Queued,
-        needs_attention: false,
-        blocked: false,
-        cancel_requested: false,
-        pivot_reached: false,
-        input: new.input,
-        output: None,
-        error: None,
-        next_run_at: Some(now),
-        lease_owner: None,
-        lease_epoch: 0,
-        created_at: now,
-        updated_at: now,
-        steps,
     }
 }

@@ -7,8 +7,12 @@ use std::str::FromStr;
 use serde_json::Value;
 use uuid::Uuid;
 
+use super::NewSaga;
 use super::{Result, StoreError};
-use crate::model::{PhaseRecord, Saga, SagaSummary, StepRecord, Worker};
+use crate::model::{
+    Millis, PhaseRecord, Saga, SagaStatus, SagaSummary, StepKindName, StepRecord, StepStatus,
+    Worker,
+};
 
 /// A column value a log row can yield.
 pub(super) trait Column: Sized {
@@ -155,4 +159,50 @@ pub(super) fn worker_from_row<R: LogRow>(row: &R) -> Result<Worker> {
         stopped_at: row.get("stopped_at")?,
         leases: row.get("leases")?,
     })
+}
+
+/// The compensation status a new step starts with.
+pub(super) fn comp_status_for(kind: StepKindName) -> StepStatus {
+    if kind == StepKindName::Compensatable {
+        StepStatus::Pending
+    } else {
+        StepStatus::None
+    }
+}
+
+/// The record of a saga just created, as `create_saga` returns it.
+pub(super) fn new_saga_record(new: NewSaga, now: Millis) -> Saga {
+    let steps = new
+        .steps
+        .iter()
+        .enumerate()
+        .map(|(idx, (name, kind))| StepRecord {
+            index: idx as u32,
+            name: name.clone(),
+            kind: *kind,
+            action: PhaseRecord::pending(),
+            output: None,
+            compensation: PhaseRecord::with_status(comp_status_for(*kind)),
+        })
+        .collect();
+    Saga {
+        id: new.id,
+        name: new.name,
+        version: new.version,
+        definition_hash: new.definition_hash,
+        status: SagaStatus::Queued,
+        needs_attention: false,
+        blocked: false,
+        cancel_requested: false,
+        pivot_reached: false,
+        input: new.input,
+        output: None,
+        error: None,
+        next_run_at: Some(now),
+        lease_owner: None,
+        lease_epoch: 0,
+        created_at: now,
+        updated_at: now,
+        steps,
+    }
 }

@@ -24,8 +24,8 @@ use sqlx::{QueryBuilder, Row, Sqlite, Transaction};
 use uuid::Uuid;
 
 use super::rows::{
-    corrupt, parse_enum, parse_json, saga_from_row, step_from_row, summary_from_row,
-    worker_from_row,
+    comp_status_for, corrupt, new_saga_record, parse_enum, parse_json, saga_from_row,
+    step_from_row, summary_from_row, worker_from_row,
 };
 use super::rules::{cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan};
 use super::{
@@ -34,8 +34,7 @@ use super::{
 };
 use crate::clock::{Clock, SystemClock};
 use crate::model::{
-    definition_key, Attempt, Event, ListFilter, Millis, PhaseRecord, Saga, SagaPage, SagaStatus,
-    StepKindName, StepRecord, StepStatus,
+    definition_key, Attempt, Event, ListFilter, Millis, Saga, SagaPage, SagaStatus,
 };
 use saga_dsl::Phase;
 
@@ -267,6 +266,46 @@ async fn insert_event(
     Ok(())
 }
 
+/// Writes a new saga (status `QUEUED`, due at `now`), its steps and its `saga.started` event on
+/// `conn`, inside the caller's transaction. Shared by plain starts and idempotent starts, which
+/// record their key in the same transaction.
+pub(crate) async fn insert_saga_rows(
+    conn: &mut sqlx::SqliteConnection,
+    new: &NewSaga,
+    now: Millis,
+) -> Result<()> {
+    let id = new.id.to_string();
+    let key = definition_key(&new.name, new.version, &new.definition_hash);
+    sqlx::query(
+        "INSERT INTO sagas (id, name, version, definition_hash, definition_key, status, input, \
+         next_run_at, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, 'QUEUED', ?6, ?7, ?7, ?7)",
+    )
+    .bind(&id)
+    .bind(&new.name)
+    .bind(i64::from(new.version))
+    .bind(&new.definition_hash)
+    .bind(&key)
+    .bind(new.input.to_string())
+    .bind(now)
+    .execute(&mut *conn)
+    .await?;
+    for (idx, (name, kind)) in new.steps.iter().enumerate() {
+        sqlx::query(
+            "INSERT INTO steps (saga_id, idx, name, kind, status, comp_status) \
+             VALUES (?1, ?2, ?3, ?4, 'PENDING', ?5)",
+        )
+        .bind(&id)
+        .bind(idx as i64)
+        .bind(name)
+        .bind(kind.as_str())
+        .bind(comp_status_for(*kind).as_str())
+        .execute(&mut *conn)
+        .await?;
+    }
+    let data = serde_json::json!({"name": new.name, "version": new.version});
+    insert_event(conn, &id, now, "saga.started", None, &data).await
+}
+
 #[async_trait]
 impl Store for SqliteStore {
     async fn migrate(&self) -> Result<()> {
@@ -379,72 +418,10 @@ impl Store for SqliteStore {
 
     async fn create_saga(&self, new: NewSaga) -> Result<Saga> {
         let now = self.now_ms();
-        let id = new.id.to_string();
-        let key = definition_key(&new.name, new.version, &new.definition_hash);
         let mut tx = self.begin_write().await?;
-        sqlx::query(
-            "INSERT INTO sagas (id, name, version, definition_hash, definition_key, status, input, \
-             next_run_at, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, 'QUEUED', ?6, ?7, ?7, ?7)",
-        )
-        .bind(&id)
-        .bind(&new.name)
-        .bind(i64::from(new.version))
-        .bind(&new.definition_hash)
-        .bind(&key)
-        .bind(new.input.to_string())
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
-        let mut steps = Vec::with_capacity(new.steps.len());
-        for (idx, (name, kind)) in new.steps.iter().enumerate() {
-            let comp = if *kind == StepKindName::Compensatable {
-                StepStatus::Pending
-            } else {
-                StepStatus::None
-            };
-            sqlx::query(
-                "INSERT INTO steps (saga_id, idx, name, kind, status, comp_status) \
-                 VALUES (?1, ?2, ?3, ?4, 'PENDING', ?5)",
-            )
-            .bind(&id)
-            .bind(idx as i64)
-            .bind(name)
-            .bind(kind.as_str())
-            .bind(comp.as_str())
-            .execute(&mut *tx)
-            .await?;
-            steps.push(StepRecord {
-                index: idx as u32,
-                name: name.clone(),
-                kind: *kind,
-                action: PhaseRecord::pending(),
-                output: None,
-                compensation: PhaseRecord::with_status(comp),
-            });
-        }
-        let data = serde_json::json!({"name": new.name, "version": new.version});
-        insert_event(&mut tx, &id, now, "saga.started", None, &data).await?;
+        insert_saga_rows(&mut tx, &new, now).await?;
         self.commit(tx).await?;
-        Ok(Saga {
-            id: new.id,
-            name: new.name,
-            version: new.version,
-            definition_hash: new.definition_hash,
-            status: SagaStatus::Queued,
-            needs_attention: false,
-            blocked: false,
-            cancel_requested: false,
-            pivot_reached: false,
-            input: new.input,
-            output: None,
-            error: None,
-            next_run_at: Some(now),
-            lease_owner: None,
-            lease_epoch: 0,
-            created_at: now,
-            updated_at: now,
-            steps,
-        })
+        Ok(new_saga_record(new, now))
     }
 
     async fn get_saga(&self, id: Uuid) -> Result<Option<Saga>> {
