@@ -585,3 +585,19 @@ async fn the_binary_lists_json_and_migrates() {
     assert_eq!(stderr.lines().count(), 1, "{stderr:?}");
     f.engine.stop().await;
 }
+
+#[tokio::test]
+async fn workers_lists_the_running_process_and_its_leases() {
+    let f = Fixture::new().await;
+    let listed = saga_json(&f.store, &["workers", "--json"]).await;
+    let workers = listed["workers"].as_array().unwrap();
+    let me = workers
+        .iter()
+        .find(|w| w["id"] == f.engine.engine.config().worker_id.as_str())
+        .expect("the running engine is listed");
+    assert_eq!(me["pid"], std::process::id());
+    assert!(me["stopped_at"].is_null());
+    assert_eq!(me["leases"], 0, "every saga of the fixture has ended");
+    let table = saga(&f.store, &["workers"]).await.unwrap();
+    assert!(table.contains("alive"), "{table}");
+}

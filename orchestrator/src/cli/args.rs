@@ -67,6 +67,8 @@ pub enum AdminCommand {
     Retry(RetryArgs),
     /// Vouch that a stuck compensation was done by hand (audited); the saga carries on.
     MarkCompensated(MarkCompensatedArgs),
+    /// List the orchestrator processes recorded in the database, their heartbeats and leases.
+    Workers(WorkersArgs),
     /// Apply database migrations (creates an SQLite database if it does not exist).
     Migrate,
     /// Start a saga through a server's HTTP API, with one idempotency key reused across retries.
@@ -343,4 +345,12 @@ mod tests {
             "--input is required"
         );
     }
+}
+
+/// Arguments of `workers`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+pub struct WorkersArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }

@@ -39,6 +39,15 @@ pub async fn run_admin(
         AdminCommand::Abort(a) => abort(a, store, out).await,
         AdminCommand::Retry(a) => retry(a, store, out).await,
         AdminCommand::MarkCompensated(a) => mark_compensated(a, store, out).await,
+        AdminCommand::Workers(a) => {
+            let workers = store.workers().await?;
+            if a.json {
+                render::json(out, &serde_json::json!({ "workers": workers }))?;
+            } else {
+                render::workers(out, &workers, store.now().await?)?;
+            }
+            Ok(())
+        }
         AdminCommand::Migrate => {
             store.migrate().await?;
             writeln!(out, "migrations applied; the database is up to date")?;

@@ -48,7 +48,7 @@ use std::sync::Arc;
 
 pub use args::{
     AbortArgs, AdminCommand, CancelArgs, DatabaseArgs, EventsArgs, ListArgs, MarkCompensatedArgs,
-    RetryArgs, ShowArgs, StartArgs, DEFAULT_LIST_LIMIT, DEFAULT_SERVER,
+    RetryArgs, ShowArgs, StartArgs, WorkersArgs, DEFAULT_LIST_LIMIT, DEFAULT_SERVER,
 };
 pub use commands::{actor, run_admin, run_start};
 pub use error::CliError;

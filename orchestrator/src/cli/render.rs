@@ -348,6 +348,43 @@ pub(crate) fn events(out: &mut impl Write, events: &[Event]) -> std::io::Result<
     writeln!(out, "{t}")
 }
 
+/// The `workers` table: one row per orchestrator process, newest first.
+pub(crate) fn workers(
+    out: &mut impl Write,
+    workers: &[crate::model::Worker],
+    now: Millis,
+) -> std::io::Result<()> {
+    if workers.is_empty() {
+        return writeln!(out, "no orchestrator process has run on this database");
+    }
+    let mut t = table(&[
+        "worker",
+        "host",
+        "pid",
+        "started",
+        "last heartbeat",
+        "state",
+        "leases",
+    ]);
+    align_right(&mut t, &[2, 6]);
+    for w in workers {
+        let state = match w.stopped_at {
+            Some(_) => "stopped".to_owned(),
+            None => format!("alive ({} ago)", duration(now - w.heartbeat_at)),
+        };
+        t.add_row(vec![
+            w.id.clone(),
+            w.host.clone(),
+            w.pid.to_string(),
+            rfc3339(w.started_at),
+            rfc3339(w.heartbeat_at),
+            state,
+            w.leases.to_string(),
+        ]);
+    }
+    writeln!(out, "{t}")
+}
+
 /// What `start` prints: the new saga and the key that started it.
 pub(crate) fn started(out: &mut impl Write, s: &StartedSaga) -> std::io::Result<()> {
     writeln!(out, "saga {} started: {} ({})", s.id, s.status, s.name)?;
