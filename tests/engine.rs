@@ -759,3 +759,101 @@ async fn many_sagas_run_concurrently_and_each_step_runs_once() {
         }
     }
 }
+
+#[tokio::test]
+async fn group_commit_fails_only_the_writes_whose_lease_is_lost() {
+    use orchestrator::store::{Applied, ClaimRequest, SagaUpdate, Transition};
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let def = scripted_saga("s", 1, &[S::new("a", Compensatable)], &j);
+    let key = orchestrator::model::definition_key("s", 1, def.hash());
+    let idle = orchestrator::Engine::new(
+        store.clone(),
+        std::sync::Arc::new(registry_of([def])),
+        test_config(),
+    );
+    for _ in 0..60 {
+        idle.start("s", json!({})).await.unwrap();
+    }
+    let claimed = store
+        .claim(ClaimRequest {
+            owner: "w",
+            limit: 100,
+            lease_ttl_ms: 60_000,
+            definitions: &[key],
+        })
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 60);
+    // An operator takes every third saga over: those leases are gone.
+    for c in claimed.iter().step_by(3) {
+        store.abort(c.saga.id, "test", "ops@test").await.unwrap();
+    }
+    let commits_before = store.commits();
+    let writes = claimed.iter().map(|c| {
+        let store = store.clone();
+        let lease = c.lease.clone();
+        async move {
+            let t = Transition {
+                saga: SagaUpdate {
+                    status: SagaStatus::Running,
+                    next_run_at: Some(0),
+                    error: Some("written".to_owned()),
+                    output: None,
+                    needs_attention: false,
+                    pivot_reached: false,
+                },
+                steps: vec![],
+                attempts: vec![],
+                events: vec![orchestrator::store::NewEvent::saga(
+                    "test.written",
+                    json!({}),
+                )],
+                unless_cancelled: false,
+                release: false,
+            };
+            store.apply(&lease, &t).await
+        }
+    });
+    let results = futures_join_all(writes).await;
+    let commits = store.commits() - commits_before;
+    for (i, (c, r)) in claimed.iter().zip(&results).enumerate() {
+        let saga = store.get_saga(c.saga.id).await.unwrap().unwrap();
+        if i % 3 == 0 {
+            assert!(
+                matches!(r, Err(orchestrator::StoreError::LeaseLost(_))),
+                "{r:?}"
+            );
+            assert_eq!(
+                saga.status,
+                SagaStatus::Aborted,
+                "nothing of the stale write landed"
+            );
+        } else {
+            assert_eq!(r.as_ref().unwrap(), &Applied::Written);
+            assert_eq!(saga.error.as_deref(), Some("written"));
+            let events = store.events(c.saga.id).await.unwrap();
+            assert_eq!(events.last().unwrap().kind, "test.written");
+        }
+    }
+    assert!(
+        commits < 60,
+        "60 concurrent writes took {commits} commits: no grouping"
+    );
+}
+
+/// Awaits every future concurrently (a small `join_all`).
+async fn futures_join_all<F: std::future::Future + Send + 'static>(
+    futs: impl IntoIterator<Item = F>,
+) -> Vec<F::Output>
+where
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futs.into_iter().map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.unwrap());
+    }
+    out
+}

@@ -10,6 +10,7 @@
 //! transitions of many sagas into one commit (group commit) without the engine noticing, as long
 //! as it reports each one durable only once its transaction has committed.
 
+mod group_commit;
 mod postgres;
 mod rows;
 mod rules;
@@ -266,6 +267,15 @@ pub enum StoreError {
     /// JSON, which SQLite accepts): the request carried data the store cannot hold.
     #[error("the database cannot store this value: {0}")]
     InvalidValue(String),
+    /// The transaction carrying this write (with others, by group commit) failed to commit;
+    /// nothing of it was written.
+    #[error("commit failed: {message}")]
+    CommitFailed {
+        /// The cause.
+        message: String,
+        /// Whether the cause was transient (the database busy or away).
+        transient: bool,
+    },
     /// A file next to the database (the engine lock) could not be used.
     #[error("{0}")]
     Io(String),
@@ -276,6 +286,7 @@ impl StoreError {
     /// timeout, busy), as opposed to a bug or bad data: callers may retry.
     pub fn is_transient(&self) -> bool {
         match self {
+            Self::CommitFailed { transient, .. } => *transient,
             Self::Database(e) => {
                 matches!(
                     e,

@@ -27,6 +27,7 @@ use super::rows::{
     comp_status_for, corrupt, new_saga_record, parse_enum, parse_json, saga_from_row,
     step_from_row, summary_from_row, worker_from_row,
 };
+use super::group_commit::WriteQueue;
 use super::rules::{cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan};
 use super::{
     Applied, AttemptChange, CancelOutcome, ClaimRequest, Claimed, Lease, NewSaga, Result, Store,
@@ -60,6 +61,9 @@ pub struct SqliteStore {
     path: Option<std::path::PathBuf>,
     engine_lock: Mutex<Option<File>>,
     clock: std::sync::Arc<dyn Clock>,
+    /// Engine writes (create, claim, transitions, heartbeats), group-committed.
+    queue: WriteQueue<Sqlite>,
+    /// Commits made outside the queue (operator commands, registration).
     commits: std::sync::atomic::AtomicU64,
 }
 
@@ -131,6 +135,7 @@ impl SqliteStore {
                 .await?
         };
         let store = Self {
+            queue: WriteQueue::start(writer.clone(), "BEGIN IMMEDIATE", clock.clone()),
             writer,
             reader,
             path: store_path,
@@ -177,8 +182,7 @@ impl SqliteStore {
         Ok(Some(saga_from_row(&row, steps)?))
     }
 
-    async fn require_saga(tx: &mut Transaction<'static, Sqlite>, id: Uuid) -> Result<Saga> {
-        let conn: &mut sqlx::SqliteConnection = tx;
+    async fn require_saga(conn: &mut sqlx::SqliteConnection, id: Uuid) -> Result<Saga> {
         let row = sqlx::query(SELECT_SAGA)
             .bind(id.to_string())
             .fetch_optional(&mut *conn)
@@ -199,6 +203,16 @@ impl SqliteStore {
         Self::load_saga(&self.writer, id)
             .await?
             .ok_or(StoreError::NotFound(id))
+    }
+
+    /// The writer pool, for the idempotency and outbox stores (`BEGIN IMMEDIATE` writes).
+    pub(crate) fn writer_pool(&self) -> &SqlitePool {
+        &self.writer
+    }
+
+    /// The read-only pool, for the idempotency and outbox stores.
+    pub(crate) fn reader_pool(&self) -> &SqlitePool {
+        &self.reader
     }
 }
 
@@ -306,6 +320,207 @@ pub(crate) async fn insert_saga_rows(
     insert_event(conn, &id, now, "saga.started", None, &data).await
 }
 
+/// One engine transition, fenced by the lease, on the writer's connection.
+async fn apply_on(
+    conn: &mut sqlx::SqliteConnection,
+    now: Millis,
+    lease: &Lease,
+    t: &Transition,
+) -> Result<Applied> {
+        let id = lease.saga_id.to_string();
+    let s = &t.saga;
+    let updated = sqlx::query(
+        "UPDATE sagas SET status = ?1, next_run_at = ?2, error = ?3, output = COALESCE(?4, output), \
+         needs_attention = ?5, pivot_reached = ?6, updated_at = ?7, \
+         lease_owner = CASE WHEN ?8 THEN NULL ELSE lease_owner END, \
+         lease_expires_at = CASE WHEN ?8 THEN NULL ELSE lease_expires_at END \
+         WHERE id = ?9 AND lease_owner = ?10 AND lease_epoch = ?11 \
+           AND NOT (?12 AND cancel_requested)",
+    )
+    .bind(s.status.as_str())
+    .bind(s.next_run_at)
+    .bind(&s.error)
+    .bind(s.output.as_ref().map(Value::to_string))
+    .bind(s.needs_attention)
+    .bind(s.pivot_reached)
+    .bind(now)
+    .bind(t.release)
+    .bind(&id)
+    .bind(&lease.owner)
+    .bind(lease.epoch)
+    .bind(t.unless_cancelled)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if updated == 0 {
+        // Find out why, under the same write lock.
+        let row = sqlx::query(
+            "SELECT lease_owner, lease_epoch, cancel_requested FROM sagas WHERE id = ?1",
+        )
+        .bind(&id)
+        .fetch_optional(&mut *conn)
+        .await?;
+        return match row {
+            Some(row)
+                if row.try_get::<Option<String>, _>("lease_owner")?.as_deref()
+                    == Some(lease.owner.as_str())
+                    && row.try_get::<i64, _>("lease_epoch")? == lease.epoch
+                    && row.try_get::<bool, _>("cancel_requested")? =>
+            {
+                Ok(Applied::CancelRequested)
+            }
+            _ => Err(StoreError::LeaseLost(lease.saga_id)),
+        };
+    }
+    for step in &t.steps {
+        let r = &step.record;
+        let sql = match step.phase {
+            Phase::Action => {
+                "UPDATE steps SET status = ?1, attempts = ?2, last_error = ?3, outcome_unknown = ?4, \
+                 started_at = ?5, ended_at = ?6, output = COALESCE(?7, output) \
+                 WHERE saga_id = ?8 AND idx = ?9"
+            }
+            Phase::Compensation => {
+                "UPDATE steps SET comp_status = ?1, comp_attempts = ?2, comp_last_error = ?3, \
+                 comp_outcome_unknown = ?4, comp_started_at = ?5, comp_ended_at = ?6 \
+                 WHERE saga_id = ?8 AND idx = ?9"
+            }
+        };
+        sqlx::query(sql)
+            .bind(r.status.as_str())
+            .bind(i64::from(r.attempts))
+            .bind(&r.last_error)
+            .bind(r.outcome_unknown)
+            .bind(r.started_at)
+            .bind(r.ended_at)
+            .bind(step.output.as_ref().map(Value::to_string))
+            .bind(&id)
+            .bind(i64::from(step.index))
+            .execute(&mut *conn)
+            .await?;
+    }
+    for change in &t.attempts {
+        match change {
+            AttemptChange::Start {
+                step_index,
+                phase,
+                attempt,
+            } => {
+                sqlx::query(
+                    "INSERT INTO attempts (saga_id, step_idx, phase, attempt, worker, lease_epoch, started_at) \
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                )
+                .bind(&id)
+                .bind(i64::from(*step_index))
+                .bind(phase.as_str())
+                .bind(i64::from(*attempt))
+                .bind(&lease.owner)
+                .bind(lease.epoch)
+                .bind(now)
+                .execute(&mut *conn)
+                .await?;
+            }
+            AttemptChange::Finish {
+                step_index,
+                phase,
+                attempt,
+                outcome,
+                error,
+            } => {
+                sqlx::query(
+                    "UPDATE attempts SET ended_at = ?5, outcome = ?6, error = ?7 \
+                     WHERE saga_id = ?1 AND step_idx = ?2 AND phase = ?3 AND attempt = ?4",
+                )
+                .bind(&id)
+                .bind(i64::from(*step_index))
+                .bind(phase.as_str())
+                .bind(i64::from(*attempt))
+                .bind(now)
+                .bind(*outcome)
+                .bind(error)
+                .execute(&mut *conn)
+                .await?;
+            }
+        }
+    }
+    for event in &t.events {
+        insert_event(
+            &mut *conn,
+            &id,
+            now,
+            event.kind,
+            event.step.as_deref(),
+            &event.data,
+        )
+        .await?;
+    }
+    Ok(Applied::Written)
+    }
+
+/// Claims due sagas for `owner` on the writer's connection.
+async fn claim_on(
+    conn: &mut sqlx::SqliteConnection,
+    now: Millis,
+    owner: &str,
+    limit: u32,
+    lease_ttl_ms: i64,
+    definitions: &str,
+) -> Result<Vec<Claimed>> {
+        let rows = sqlx::query(
+        "UPDATE sagas SET lease_owner = ?1, lease_epoch = lease_epoch + 1, lease_expires_at = ?2, \
+         blocked = 0 \
+         WHERE id IN (SELECT id FROM sagas \
+             WHERE next_run_at IS NOT NULL AND next_run_at <= ?3 \
+               AND (lease_owner IS NULL OR lease_expires_at < ?3) \
+               AND definition_key IN (SELECT value FROM json_each(?4)) \
+             ORDER BY next_run_at LIMIT ?5) \
+         RETURNING id, lease_epoch",
+    )
+    .bind(owner)
+    .bind(now + lease_ttl_ms)
+    .bind(now)
+    .bind(definitions)
+    .bind(i64::from(limit))
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut claimed = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let id_text: String = row.try_get("id")?;
+        let id = Uuid::parse_str(&id_text).map_err(|e| corrupt(&id_text, e))?;
+        let epoch: i64 = row.try_get("lease_epoch")?;
+        let saga = match SqliteStore::require_saga(&mut *conn, id).await {
+            Ok(saga) => saga,
+            Err(StoreError::Corrupt { detail, .. }) => {
+                // One unreadable row must not stop the engine from claiming the others:
+                // park it, flagged and with an event, until a person repairs it and runs
+                // `saga retry`.
+                tracing::error!(saga.id = %id, %detail, "corrupt saga row parked; needs attention");
+                sqlx::query(
+                    "UPDATE sagas SET lease_owner = NULL, lease_expires_at = NULL, \
+                     next_run_at = NULL, needs_attention = 1, updated_at = ?2 WHERE id = ?1",
+                )
+                .bind(&id_text)
+                .bind(now)
+                .execute(&mut *conn)
+                .await?;
+                let data = serde_json::json!({"detail": detail});
+                insert_event(&mut *conn, &id_text, now, "saga.corrupt", None, &data).await?;
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
+        claimed.push(Claimed {
+            lease: Lease {
+                saga_id: id,
+                owner: owner.to_owned(),
+                epoch,
+            },
+            saga,
+        });
+    }
+    Ok(claimed)
+    }
+
 #[async_trait]
 impl Store for SqliteStore {
     async fn migrate(&self) -> Result<()> {
@@ -374,20 +589,24 @@ impl Store for SqliteStore {
     }
 
     async fn heartbeat(&self, worker: &str, lease_ttl_ms: i64) -> Result<()> {
-        let now = self.now_ms();
-        let mut tx = self.begin_write().await?;
-        sqlx::query("UPDATE workers SET heartbeat_at = ?2 WHERE id = ?1")
-            .bind(worker)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("UPDATE sagas SET lease_expires_at = ?2 WHERE lease_owner = ?1")
-            .bind(worker)
-            .bind(now + lease_ttl_ms)
-            .execute(&mut *tx)
-            .await?;
-        self.commit(tx).await?;
-        Ok(())
+        let worker = worker.to_owned();
+        self.queue
+            .run(move |conn, now| {
+                Box::pin(async move {
+                    sqlx::query("UPDATE workers SET heartbeat_at = ?2 WHERE id = ?1")
+                        .bind(&worker)
+                        .bind(now)
+                        .execute(&mut *conn)
+                        .await?;
+                    sqlx::query("UPDATE sagas SET lease_expires_at = ?2 WHERE lease_owner = ?1")
+                        .bind(&worker)
+                        .bind(now + lease_ttl_ms)
+                        .execute(&mut *conn)
+                        .await?;
+                    Ok(())
+                })
+            })
+            .await
     }
 
     async fn deregister_worker(&self, worker: &str) -> Result<()> {
@@ -417,11 +636,14 @@ impl Store for SqliteStore {
     }
 
     async fn create_saga(&self, new: NewSaga) -> Result<Saga> {
-        let now = self.now_ms();
-        let mut tx = self.begin_write().await?;
-        insert_saga_rows(&mut tx, &new, now).await?;
-        self.commit(tx).await?;
-        Ok(new_saga_record(new, now))
+        self.queue
+            .run(move |conn, now| {
+                Box::pin(async move {
+                    insert_saga_rows(conn, &new, now).await?;
+                    Ok(new_saga_record(new, now))
+                })
+            })
+            .await
     }
 
     async fn get_saga(&self, id: Uuid) -> Result<Option<Saga>> {
@@ -517,197 +739,21 @@ impl Store for SqliteStore {
         if req.limit == 0 || req.definitions.is_empty() {
             return Ok(Vec::new());
         }
-        let now = self.now_ms();
-        let mut tx = self.begin_write().await?;
-        let rows = sqlx::query(
-            "UPDATE sagas SET lease_owner = ?1, lease_epoch = lease_epoch + 1, lease_expires_at = ?2, \
-             blocked = 0 \
-             WHERE id IN (SELECT id FROM sagas \
-                 WHERE next_run_at IS NOT NULL AND next_run_at <= ?3 \
-                   AND (lease_owner IS NULL OR lease_expires_at < ?3) \
-                   AND definition_key IN (SELECT value FROM json_each(?4)) \
-                 ORDER BY next_run_at LIMIT ?5) \
-             RETURNING id, lease_epoch",
-        )
-        .bind(req.owner)
-        .bind(now + req.lease_ttl_ms)
-        .bind(now)
-        .bind(json_list(req.definitions))
-        .bind(i64::from(req.limit))
-        .fetch_all(&mut *tx)
-        .await?;
-        let mut claimed = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let id_text: String = row.try_get("id")?;
-            let id = Uuid::parse_str(&id_text).map_err(|e| corrupt(&id_text, e))?;
-            let epoch: i64 = row.try_get("lease_epoch")?;
-            let saga = match Self::require_saga(&mut tx, id).await {
-                Ok(saga) => saga,
-                Err(StoreError::Corrupt { detail, .. }) => {
-                    // One unreadable row must not stop the engine from claiming the others:
-                    // park it, flagged and with an event, until a person repairs it and runs
-                    // `saga retry`.
-                    tracing::error!(saga.id = %id, %detail, "corrupt saga row parked; needs attention");
-                    sqlx::query(
-                        "UPDATE sagas SET lease_owner = NULL, lease_expires_at = NULL, \
-                         next_run_at = NULL, needs_attention = 1, updated_at = ?2 WHERE id = ?1",
-                    )
-                    .bind(&id_text)
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await?;
-                    let data = serde_json::json!({"detail": detail});
-                    insert_event(&mut tx, &id_text, now, "saga.corrupt", None, &data).await?;
-                    continue;
-                }
-                Err(e) => return Err(e),
-            };
-            claimed.push(Claimed {
-                lease: Lease {
-                    saga_id: id,
-                    owner: req.owner.to_owned(),
-                    epoch,
-                },
-                saga,
-            });
-        }
-        self.commit(tx).await?;
-        Ok(claimed)
+        let owner = req.owner.to_owned();
+        let (limit, ttl) = (req.limit, req.lease_ttl_ms);
+        let definitions = json_list(req.definitions);
+        self.queue
+            .run(move |conn, now| {
+                Box::pin(async move { claim_on(conn, now, &owner, limit, ttl, &definitions).await })
+            })
+            .await
     }
 
     async fn apply(&self, lease: &Lease, t: &Transition) -> Result<Applied> {
-        let now = self.now_ms();
-        let id = lease.saga_id.to_string();
-        let mut tx = self.begin_write().await?;
-        let s = &t.saga;
-        let updated = sqlx::query(
-            "UPDATE sagas SET status = ?1, next_run_at = ?2, error = ?3, output = COALESCE(?4, output), \
-             needs_attention = ?5, pivot_reached = ?6, updated_at = ?7, \
-             lease_owner = CASE WHEN ?8 THEN NULL ELSE lease_owner END, \
-             lease_expires_at = CASE WHEN ?8 THEN NULL ELSE lease_expires_at END \
-             WHERE id = ?9 AND lease_owner = ?10 AND lease_epoch = ?11 \
-               AND NOT (?12 AND cancel_requested)",
-        )
-        .bind(s.status.as_str())
-        .bind(s.next_run_at)
-        .bind(&s.error)
-        .bind(s.output.as_ref().map(Value::to_string))
-        .bind(s.needs_attention)
-        .bind(s.pivot_reached)
-        .bind(now)
-        .bind(t.release)
-        .bind(&id)
-        .bind(&lease.owner)
-        .bind(lease.epoch)
-        .bind(t.unless_cancelled)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if updated == 0 {
-            // Find out why, under the same write lock.
-            let row = sqlx::query(
-                "SELECT lease_owner, lease_epoch, cancel_requested FROM sagas WHERE id = ?1",
-            )
-            .bind(&id)
-            .fetch_optional(&mut *tx)
-            .await?;
-            tx.rollback().await?;
-            return match row {
-                Some(row)
-                    if row.try_get::<Option<String>, _>("lease_owner")?.as_deref()
-                        == Some(lease.owner.as_str())
-                        && row.try_get::<i64, _>("lease_epoch")? == lease.epoch
-                        && row.try_get::<bool, _>("cancel_requested")? =>
-                {
-                    Ok(Applied::CancelRequested)
-                }
-                _ => Err(StoreError::LeaseLost(lease.saga_id)),
-            };
-        }
-        for step in &t.steps {
-            let r = &step.record;
-            let sql = match step.phase {
-                Phase::Action => {
-                    "UPDATE steps SET status = ?1, attempts = ?2, last_error = ?3, outcome_unknown = ?4, \
-                     started_at = ?5, ended_at = ?6, output = COALESCE(?7, output) \
-                     WHERE saga_id = ?8 AND idx = ?9"
-                }
-                Phase::Compensation => {
-                    "UPDATE steps SET comp_status = ?1, comp_attempts = ?2, comp_last_error = ?3, \
-                     comp_outcome_unknown = ?4, comp_started_at = ?5, comp_ended_at = ?6 \
-                     WHERE saga_id = ?8 AND idx = ?9"
-                }
-            };
-            sqlx::query(sql)
-                .bind(r.status.as_str())
-                .bind(i64::from(r.attempts))
-                .bind(&r.last_error)
-                .bind(r.outcome_unknown)
-                .bind(r.started_at)
-                .bind(r.ended_at)
-                .bind(step.output.as_ref().map(Value::to_string))
-                .bind(&id)
-                .bind(i64::from(step.index))
-                .execute(&mut *tx)
-                .await?;
-        }
-        for change in &t.attempts {
-            match change {
-                AttemptChange::Start {
-                    step_index,
-                    phase,
-                    attempt,
-                } => {
-                    sqlx::query(
-                        "INSERT INTO attempts (saga_id, step_idx, phase, attempt, worker, lease_epoch, started_at) \
-                         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                    )
-                    .bind(&id)
-                    .bind(i64::from(*step_index))
-                    .bind(phase.as_str())
-                    .bind(i64::from(*attempt))
-                    .bind(&lease.owner)
-                    .bind(lease.epoch)
-                    .bind(now)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-                AttemptChange::Finish {
-                    step_index,
-                    phase,
-                    attempt,
-                    outcome,
-                    error,
-                } => {
-                    sqlx::query(
-                        "UPDATE attempts SET ended_at = ?5, outcome = ?6, error = ?7 \
-                         WHERE saga_id = ?1 AND step_idx = ?2 AND phase = ?3 AND attempt = ?4",
-                    )
-                    .bind(&id)
-                    .bind(i64::from(*step_index))
-                    .bind(phase.as_str())
-                    .bind(i64::from(*attempt))
-                    .bind(now)
-                    .bind(*outcome)
-                    .bind(error)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-            }
-        }
-        for event in &t.events {
-            insert_event(
-                &mut tx,
-                &id,
-                now,
-                event.kind,
-                event.step.as_deref(),
-                &event.data,
-            )
-            .await?;
-        }
-        self.commit(tx).await?;
-        Ok(Applied::Written)
+        let (lease, t) = (lease.clone(), t.clone());
+        self.queue
+            .run(move |conn, now| Box::pin(async move { apply_on(conn, now, &lease, &t).await }))
+            .await
     }
 
     async fn mark_blocked(&self, definitions: &[String]) -> Result<u64> {
@@ -911,7 +957,7 @@ impl Store for SqliteStore {
     }
 
     fn commits(&self) -> u64 {
-        self.commits.load(std::sync::atomic::Ordering::Relaxed)
+        self.commits.load(std::sync::atomic::Ordering::Relaxed) + self.queue.commits()
     }
 
     async fn now(&self) -> Result<Millis> {
