@@ -54,7 +54,12 @@ impl CallResult {
 }
 
 /// Drives `claimed` until it no longer needs this worker; logs why it stopped.
-pub(super) async fn drive(inner: Arc<Inner>, claimed: Claimed, stop: CancellationToken) {
+pub(super) async fn drive(
+    inner: Arc<Inner>,
+    claimed: Claimed,
+    _slot: tokio::sync::OwnedSemaphorePermit,
+    stop: CancellationToken,
+) {
     let span = tracing::info_span!(
         "saga",
         saga.id = %claimed.saga.id,

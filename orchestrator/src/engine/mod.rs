@@ -26,7 +26,7 @@ use uuid::Uuid;
 
 use crate::clock::{Clock, SystemClock};
 use crate::model::{definition_key, Saga, SagaStatus, StepKindName};
-use crate::store::{ClaimRequest, NewSaga, Store, StoreError, WorkerInfo};
+use crate::store::{ClaimRequest, Claimed, NewSaga, Store, StoreError, WorkerInfo};
 
 /// Engine settings.
 #[derive(Debug, Clone)]
@@ -108,6 +108,9 @@ pub enum EngineError {
     Store(#[from] StoreError),
 }
 
+/// A saga started and leased in this process, with the worker slot it occupies.
+type Direct = (Claimed, tokio::sync::OwnedSemaphorePermit);
+
 pub(crate) struct Inner {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) registry: Arc<Registry>,
@@ -115,6 +118,14 @@ pub(crate) struct Inner {
     pub(crate) clock: Arc<dyn Clock>,
     definitions: Vec<String>,
     wake: Notify,
+    /// One permit per worker slot: held by every driver, whether its saga was claimed or
+    /// started here directly.
+    slots: Arc<tokio::sync::Semaphore>,
+    /// Sagas started in this process and already leased to it, handed to the run loop.
+    direct: tokio::sync::mpsc::UnboundedSender<Direct>,
+    direct_rx: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Direct>>>,
+    /// Whether `run` is accepting work.
+    running: std::sync::atomic::AtomicBool,
     /// In-process waiters for sagas to end (see [`Engine::wait_terminal`]).
     waiters: Mutex<HashMap<Uuid, Vec<tokio::sync::oneshot::Sender<SagaStatus>>>>,
 }
@@ -161,6 +172,8 @@ impl Engine {
         config: EngineConfig,
         clock: Arc<dyn Clock>,
     ) -> Self {
+        let (direct_tx, direct_rx) = tokio::sync::mpsc::unbounded_channel();
+        let workers = config.workers.max(1);
         let definitions = registry
             .iter()
             .map(|d| definition_key(d.name(), d.version(), d.hash()))
@@ -173,6 +186,10 @@ impl Engine {
                 clock,
                 definitions,
                 wake: Notify::new(),
+                slots: Arc::new(tokio::sync::Semaphore::new(workers)),
+                direct: direct_tx,
+                direct_rx: Mutex::new(Some(direct_rx)),
+                running: std::sync::atomic::AtomicBool::new(false),
                 waiters: Mutex::new(HashMap::new()),
             }),
         }
@@ -207,25 +224,52 @@ impl Engine {
                 name: name.to_owned(),
                 message,
             })?;
-        let saga = self
-            .inner
-            .store
-            .create_saga(NewSaga {
-                id: Uuid::now_v7(),
-                name: def.name().to_owned(),
-                version: def.version(),
-                definition_hash: def.hash().to_owned(),
-                input,
-                steps: def
-                    .steps()
-                    .iter()
-                    .map(|s| (s.name().to_owned(), StepKindName::from(s.kind())))
-                    .collect(),
-            })
-            .await?;
+        let new = NewSaga {
+            id: Uuid::now_v7(),
+            name: def.name().to_owned(),
+            version: def.version(),
+            definition_hash: def.hash().to_owned(),
+            input,
+            steps: def
+                .steps()
+                .iter()
+                .map(|s| (s.name().to_owned(), StepKindName::from(s.kind())))
+                .collect(),
+        };
+        let inner = &self.inner;
+        // With a free worker here, the saga is created already leased to this process and
+        // driven at once: no claim, no wait for the run loop.
+        let slot = inner
+            .running
+            .load(std::sync::atomic::Ordering::Acquire)
+            .then(|| inner.slots.clone().try_acquire_owned().ok())
+            .flatten();
+        let saga = match slot {
+            Some(permit) => {
+                let claimed = inner
+                    .store
+                    .create_saga_leased(
+                        new,
+                        &inner.config.worker_id,
+                        inner.config.lease_ttl.as_millis() as i64,
+                    )
+                    .await?;
+                let saga = claimed.saga.clone();
+                if inner.direct.send((claimed, permit)).is_err() {
+                    // The run loop has stopped: the saga stays leased to this worker until
+                    // deregistration (or, after a crash, a restart) frees it.
+                    tracing::warn!(saga.id = %saga.id, "engine stopped; saga left for the next start");
+                }
+                saga
+            }
+            None => {
+                let saga = inner.store.create_saga(new).await?;
+                inner.wake.notify_one();
+                saga
+            }
+        };
         tracing::debug!(saga.id = %saga.id, saga.name = name, "saga started");
         metrics::counter!("saga_started_total", "name" => saga.name.clone()).increment(1);
-        self.inner.wake.notify_one();
         Ok(saga)
     }
 
@@ -319,12 +363,24 @@ impl Engine {
         tracing::info!(worker = %cfg.worker_id, workers = cfg.workers, "engine started");
         let heartbeat = tokio::spawn(heartbeat_loop(self.inner.clone(), shutdown.child_token()));
         let due_signal = inner.store.due_signal();
+        let mut direct = inner
+            .direct_rx
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .ok_or_else(|| {
+                StoreError::Conflict("this engine is already running".to_owned())
+            })?;
+        inner.running.store(true, std::sync::atomic::Ordering::Release);
         let mut drivers = JoinSet::new();
         let mut last_blocked_check = None::<tokio::time::Instant>;
+        // Whether due sagas may be waiting: at start, when woken, after a poll interval, and
+        // when the last claim was cut short by a lack of free slots.
+        let mut look = true;
+        let mut backlog = false;
         while !shutdown.is_cancelled() {
-            let free = cfg.workers.saturating_sub(drivers.len());
-            let mut claimed = 0usize;
-            if free > 0 {
+            let free = inner.slots.available_permits();
+            if look && free > 0 {
                 match inner
                     .store
                     .claim(ClaimRequest {
@@ -336,11 +392,16 @@ impl Engine {
                     .await
                 {
                     Ok(list) => {
-                        claimed = list.len();
+                        backlog = list.len() == free;
                         for c in list {
+                            // Claimed with `free` as the limit: a permit is there.
+                            let Ok(permit) = inner.slots.clone().try_acquire_owned() else {
+                                break;
+                            };
                             drivers.spawn(driver::drive(
                                 self.inner.clone(),
                                 c,
+                                permit,
                                 shutdown.child_token(),
                             ));
                         }
@@ -349,6 +410,8 @@ impl Engine {
                         tracing::warn!(error = %e, "claiming sagas failed; will retry");
                     }
                 }
+            } else if look {
+                backlog = true;
             }
             if last_blocked_check.is_none_or(|t| t.elapsed() >= cfg.poll_interval) {
                 last_blocked_check = Some(tokio::time::Instant::now());
@@ -362,26 +425,33 @@ impl Engine {
                     Err(e) => tracing::warn!(error = %e, "checking for blocked sagas failed"),
                 }
             }
-            let sleep_for = if free == 0 {
-                // Every slot is busy: a finishing driver wakes us.
+            let sleep_for = if backlog || !look {
                 cfg.poll_interval
-            } else if claimed == free {
-                // There may be more due sagas than we had room for.
-                Duration::ZERO
             } else {
                 self.time_to_next_due().await
             };
+            look = false;
             tokio::select! {
                 _ = shutdown.cancelled() => {}
-                _ = inner.wake.notified() => {}
-                _ = async { match &due_signal { Some(s) => s.notified().await, None => std::future::pending().await } } => {}
+                _ = inner.wake.notified() => look = true,
+                _ = async { match &due_signal { Some(s) => s.notified().await, None => std::future::pending().await } } => look = true,
+                Some((c, permit)) = direct.recv() => {
+                    drivers.spawn(driver::drive(self.inner.clone(), c, permit, shutdown.child_token()));
+                }
                 Some(res) = drivers.join_next(), if !drivers.is_empty() => {
                     if let Err(e) = res {
                         tracing::error!(error = %e, "saga driver task failed");
                     }
+                    // A slot freed: take more only if sagas were left waiting for one.
+                    look = backlog;
                 }
-                _ = tokio::time::sleep(sleep_for) => {}
+                _ = tokio::time::sleep(sleep_for) => look = true,
             }
+        }
+        inner.running.store(false, std::sync::atomic::Ordering::Release);
+        // Sagas started directly while we were stopping: drive them like the others.
+        while let Ok((c, permit)) = direct.try_recv() {
+            drivers.spawn(driver::drive(self.inner.clone(), c, permit, shutdown.child_token()));
         }
         tracing::info!(
             in_flight = drivers.len(),
@@ -394,6 +464,9 @@ impl Engine {
         }
         heartbeat.abort();
         inner.store.deregister_worker(&cfg.worker_id).await?;
+        // A saga started directly in the last instant is released by the deregistration above
+        // and claimable by anyone; the channel is kept for the next `run`.
+        *inner.direct_rx.lock().unwrap_or_else(|p| p.into_inner()) = Some(direct);
         tracing::info!(worker = %cfg.worker_id, "engine stopped; leases released");
         Ok(())
     }

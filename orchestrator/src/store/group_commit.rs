@@ -1,50 +1,86 @@
 //! Group commit: the step-log writes of many in-flight sagas share one database transaction.
 //!
-//! Every write of the engine goes into a queue as a *job* (a closure that runs its statements
-//! on a connection it is lent). One writer task takes the first job, then every job already
-//! waiting (up to a batch limit), opens one transaction, runs each job inside its own
-//! `SAVEPOINT`, and commits once. So:
+//! Every write of the engine goes into a queue. One writer task takes the first write, then
+//! every write already waiting (up to a batch limit), opens one transaction, runs them, and
+//! commits once. So:
 //!
-//! - with nothing else in flight a job is committed alone, at once: batching adds no latency;
-//! - under load one commit (one fsync) carries many sagas' transitions;
-//! - a job that fails (a lost lease, a constraint) is rolled back to its savepoint and reported
-//!   to its caller alone; the others in the batch still commit;
-//! - no job is reported done before the commit that carries it returned: a caller that got
+//! - with nothing else in flight a write is committed alone, at once: batching adds no latency;
+//! - under load one commit (one fsync) carries many sagas' writes;
+//! - engine transitions are applied set-based ([`super::batch`]): a handful of statements per
+//!   batch, each saga's row still fenced by its own lease owner and epoch; other writes (a new
+//!   saga, a claim, a heartbeat) run as closures, each in its own `SAVEPOINT`;
+//! - a write that fails (a lost lease, a constraint) fails alone: its savepoint is rolled back,
+//!   or, if a set-based statement fails, the transitions are applied again one by one;
+//! - no write is reported done before the commit that carries it returned: a caller that got
 //!   `Ok` knows its write is durable.
-
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
-use sqlx::{Database, Executor, Pool};
+use sqlx::{Database, Executor, Pool, Row};
 use tokio::sync::{mpsc, oneshot};
 
-use super::{Result, StoreError};
+use super::batch::{Item, NewItem};
+use super::rows::new_saga_record;
+use super::{Applied, Lease, NewSaga, Result, Saga, StoreError, Transition};
 use crate::clock::Clock;
 use crate::model::Millis;
 
 /// A boxed future borrowing the writer's connection.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-/// Runs a job's statements; answers whether they succeeded (else its savepoint is rolled back).
+/// Runs a closure job's statements; answers whether they succeeded (else its savepoint is
+/// rolled back).
 type Run<DB> = Box<
     dyn for<'c> FnOnce(&'c mut <DB as Database>::Connection, Millis) -> BoxFuture<'c, bool> + Send,
 >;
 
-/// Reports to the job's caller once the outcome of the commit carrying it is known.
+/// Reports to a closure job's caller once the outcome of the commit carrying it is known.
 type Finish = Box<dyn FnOnce(Result<()>) + Send>;
 
+/// Applies transitions set-based on a connection (see [`super::batch`]).
+pub(crate) type ApplyFn<DB> = for<'c> fn(
+    &'c mut <DB as Database>::Connection,
+    Millis,
+    &'c [Item],
+) -> BoxFuture<'c, Result<Vec<Result<Applied>>>>;
+
+/// Creates sagas set-based on a connection (see [`super::batch`]).
+pub(crate) type CreateFn<DB> =
+    for<'c> fn(&'c mut <DB as Database>::Connection, Millis, &'c [NewItem]) -> BoxFuture<'c, Result<()>>;
+
 /// A queued write.
-struct Job<DB: Database> {
-    run: Run<DB>,
-    finish: Finish,
+enum Job<DB: Database> {
+    /// A new saga, created with the others of its batch.
+    Create {
+        item: NewItem,
+        reply: oneshot::Sender<Result<Saga>>,
+    },
+    /// Any statements, run in a savepoint.
+    Closure { run: Run<DB>, finish: Finish },
+    /// An engine transition, applied with the others of its batch.
+    Apply {
+        item: Item,
+        reply: oneshot::Sender<Result<Applied>>,
+    },
 }
 
-/// The most jobs one transaction carries.
-const MAX_BATCH: usize = 256;
+/// The most writes one transaction carries.
+const MAX_BATCH: usize = 512;
+
+/// How the queue talks to one backend.
+pub(crate) struct Backend<DB: Database> {
+    /// Opens a write transaction (`BEGIN IMMEDIATE` on SQLite: take the write lock up front).
+    pub(crate) begin: &'static str,
+    /// A query for the batch's time on the database clock, or `None` to use the clock.
+    pub(crate) now_sql: Option<&'static str>,
+    /// The set-based transition writer.
+    pub(crate) apply: ApplyFn<DB>,
+    /// The set-based saga creator.
+    pub(crate) create: CreateFn<DB>,
+}
 
 /// A queue of writes committed in groups by one writer task.
 pub(crate) struct WriteQueue<DB: Database> {
@@ -52,22 +88,51 @@ pub(crate) struct WriteQueue<DB: Database> {
     commits: Arc<AtomicU64>,
 }
 
+fn stopped() -> StoreError {
+    StoreError::Io("the step-log writer has stopped".to_owned())
+}
+
 impl<DB: Database> WriteQueue<DB>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'r> i64: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
 {
-    /// Starts the writer task over `pool`; `begin` opens a write transaction (`BEGIN IMMEDIATE`
-    /// on SQLite, so the write lock is taken up front).
-    pub(crate) fn start(pool: Pool<DB>, begin: &'static str, clock: Arc<dyn Clock>) -> Self {
+    /// Starts the writer task over `pool`.
+    pub(crate) fn start(pool: Pool<DB>, backend: Backend<DB>, clock: Arc<dyn Clock>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let commits = Arc::new(AtomicU64::new(0));
-        tokio::spawn(writer(pool, begin, clock, rx, commits.clone()));
+        tokio::spawn(writer(pool, backend, clock, rx, commits.clone()));
         Self { tx, commits }
     }
 
     /// Commits made so far.
     pub(crate) fn commits(&self) -> u64 {
         self.commits.load(Ordering::Relaxed)
+    }
+
+    /// Applies one engine transition, group-committed with whatever else is queued.
+    pub(crate) async fn apply(&self, lease: Lease, transition: Transition) -> Result<Applied> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Job::Apply {
+                item: (lease, transition),
+                reply,
+            })
+            .map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+
+    /// Creates a saga (leased to `lease.0` for `lease.1` ms if given), group-committed.
+    pub(crate) async fn create(&self, new: NewSaga, lease: Option<(String, i64)>) -> Result<Saga> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Job::Create {
+                item: NewItem { new, lease },
+                reply,
+            })
+            .map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
     }
 
     /// Runs `f` inside a group-committed transaction and returns its result once committed.
@@ -82,7 +147,7 @@ where
         // The job's own result waits here until the commit decides what the caller hears.
         let slot = Arc::new(Mutex::new(None::<Result<T>>));
         let written = slot.clone();
-        let job = Job::<DB> {
+        let job = Job::<DB>::Closure {
             run: Box::new(move |conn, now| {
                 Box::pin(async move {
                     let result = f(conn, now).await;
@@ -101,16 +166,12 @@ where
                 let _ = reply.send(answer);
             }),
         };
-        self.tx
-            .send(job)
-            .map_err(|_| StoreError::Io("the step-log writer has stopped".to_owned()))?;
-        answer
-            .await
-            .map_err(|_| StoreError::Io("the step-log writer has stopped".to_owned()))?
+        self.tx.send(job).map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
     }
 }
 
-/// The same failure for every job of a batch (errors are not `Clone`).
+/// The same failure for every write of a batch (errors are not `Clone`).
 fn shared_failure(e: &StoreError) -> StoreError {
     StoreError::CommitFailed {
         message: e.to_string(),
@@ -128,74 +189,119 @@ where
 
 async fn writer<DB: Database>(
     pool: Pool<DB>,
-    begin: &'static str,
+    backend: Backend<DB>,
     clock: Arc<dyn Clock>,
     mut rx: mpsc::UnboundedReceiver<Job<DB>>,
     commits: Arc<AtomicU64>,
 ) where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'r> i64: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
 {
     while let Some(first) = rx.recv().await {
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
+        let mut jobs = vec![first];
+        while jobs.len() < MAX_BATCH {
             match rx.try_recv() {
-                Ok(job) => batch.push(job),
+                Ok(job) => jobs.push(job),
                 Err(_) => break,
             }
         }
-        let mut finishes = Vec::with_capacity(batch.len());
-        let mut runs = Vec::with_capacity(batch.len());
-        for job in batch {
-            finishes.push(job.finish);
-            runs.push(job.run);
+        let mut runs = Vec::new();
+        let mut finishes = Vec::new();
+        let mut items = Vec::new();
+        let mut replies = Vec::new();
+        let mut news = Vec::new();
+        let mut created = Vec::new();
+        for job in jobs {
+            match job {
+                Job::Create { item, reply } => {
+                    news.push(item);
+                    created.push(reply);
+                }
+                Job::Closure { run, finish } => {
+                    runs.push(run);
+                    finishes.push(finish);
+                }
+                Job::Apply { item, reply } => {
+                    items.push(item);
+                    replies.push(reply);
+                }
+            }
         }
-        match run_batch(&pool, begin, clock.now_ms(), runs).await {
-            Ok(committed) => {
+        match run_batch(&pool, &backend, &*clock, runs, &items, &news).await {
+            Ok((committed, applied, creates)) => {
                 if committed {
                     commits.fetch_add(1, Ordering::Relaxed);
                 }
                 for f in finishes {
                     f(Ok(()));
                 }
+                for (reply, result) in replies.into_iter().zip(applied) {
+                    let _ = reply.send(result);
+                }
+                for ((reply, item), result) in created.into_iter().zip(news).zip(creates) {
+                    let _ = reply.send(result.map(|now| created_record(item, now)));
+                }
             }
             Err(e) => {
-                tracing::warn!(error = %e, jobs = finishes.len(), "group commit failed");
+                tracing::warn!(error = %e, writes = finishes.len() + replies.len(), "group commit failed");
                 for f in finishes {
                     f(Err(shared_failure(&e)));
+                }
+                for reply in replies {
+                    let _ = reply.send(Err(shared_failure(&e)));
+                }
+                for reply in created {
+                    let _ = reply.send(Err(shared_failure(&e)));
                 }
             }
         }
     }
 }
 
-/// Runs one batch in one transaction; `Ok(true)` if something was committed. A lone job runs
-/// without a savepoint: if it fails, the transaction is rolled back and the job reports its own
-/// error. On `Err`, nothing of the batch was committed.
+/// `(anything committed, each transition's result, each creation's time or error)`.
+type Outcome = (bool, Vec<Result<Applied>>, Vec<Result<Millis>>);
+
+/// The record of a saga just created, with the lease it was created under.
+fn created_record(item: NewItem, now: Millis) -> Saga {
+    let mut saga = new_saga_record(item.new, now);
+    if let Some((owner, _)) = item.lease {
+        saga.lease_owner = Some(owner);
+        saga.lease_epoch = 1;
+    }
+    saga
+}
+
+/// Runs one batch in one transaction: `(committed, result of each transition)`. On `Err`
+/// nothing of the batch was committed.
 async fn run_batch<DB: Database>(
     pool: &Pool<DB>,
-    begin: &'static str,
-    now: Millis,
+    backend: &Backend<DB>,
+    clock: &dyn Clock,
     runs: Vec<Run<DB>>,
-) -> Result<bool>
+    items: &[Item],
+    news: &[NewItem],
+) -> Result<Outcome>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'r> i64: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
 {
     let mut conn = pool.acquire().await?;
     let conn: &mut DB::Connection = &mut conn;
-    exec::<DB>(conn, begin).await?;
-    let result = run_jobs::<DB>(conn, now, runs).await;
-    match result {
-        Ok(true) => match exec::<DB>(conn, "COMMIT").await {
-            Ok(()) => Ok(true),
+    exec::<DB>(conn, backend.begin).await?;
+    match run_jobs(conn, backend, clock, runs, items, news).await {
+        Ok((true, applied, creates)) => match exec::<DB>(conn, "COMMIT").await {
+            Ok(()) => Ok((true, applied, creates)),
             Err(e) => {
                 let _ = exec::<DB>(conn, "ROLLBACK").await;
                 Err(e)
             }
         },
-        Ok(false) => {
-            // Every job failed on its own: nothing to commit; each reports its own error.
+        Ok((false, applied, creates)) => {
+            // Nothing succeeded: nothing to commit; each write reports its own error.
             exec::<DB>(conn, "ROLLBACK").await?;
-            Ok(false)
+            Ok((false, applied, creates))
         }
         Err(e) => {
             let _ = exec::<DB>(conn, "ROLLBACK").await;
@@ -204,17 +310,29 @@ where
     }
 }
 
-/// Runs the jobs, each in its own savepoint when there are several; `Ok(any succeeded)`.
+/// Runs the closures (each in a savepoint when the batch holds several writes) and the
+/// transitions; `Ok((anything written, transition results))`.
 async fn run_jobs<DB: Database>(
     conn: &mut DB::Connection,
-    now: Millis,
+    backend: &Backend<DB>,
+    clock: &dyn Clock,
     runs: Vec<Run<DB>>,
-) -> Result<bool>
+    items: &[Item],
+    news: &[NewItem],
+) -> Result<Outcome>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+    for<'r> i64: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
+    usize: sqlx::ColumnIndex<DB::Row>,
 {
-    let alone = runs.len() == 1;
+    let now = match backend.now_sql {
+        Some(sql) => conn.fetch_one(sql).await?.try_get(0)?,
+        None => clock.now_ms(),
+    };
+    let alone = runs.len() + items.len() + news.len() == 1;
     let mut any_ok = false;
+    let creates = create_all(conn, backend, now, news, alone).await?;
+    any_ok |= creates.iter().any(Result::is_ok);
     for run in runs {
         if !alone {
             exec::<DB>(conn, "SAVEPOINT job").await?;
@@ -228,5 +346,93 @@ where
             exec::<DB>(conn, "RELEASE SAVEPOINT job").await?;
         }
     }
-    Ok(any_ok)
+    if items.is_empty() {
+        return Ok((any_ok, Vec::new(), creates));
+    }
+    if alone {
+        // One transition alone: its statement error is its own, and rolls the transaction back.
+        let applied = (backend.apply)(conn, now, items).await?;
+        any_ok |= applied.iter().any(|r| matches!(r, Ok(Applied::Written)));
+        return Ok((any_ok, applied, creates));
+    }
+    exec::<DB>(conn, "SAVEPOINT transitions").await?;
+    let applied = match (backend.apply)(conn, now, items).await {
+        Ok(applied) => {
+            exec::<DB>(conn, "RELEASE SAVEPOINT transitions").await?;
+            applied
+        }
+        Err(e) => {
+            // One transition broke a statement: apply them one by one so it fails alone.
+            tracing::debug!(error = %e, "set-based apply failed; applying one by one");
+            exec::<DB>(conn, "ROLLBACK TO SAVEPOINT transitions").await?;
+            exec::<DB>(conn, "RELEASE SAVEPOINT transitions").await?;
+            let mut applied = Vec::with_capacity(items.len());
+            for item in items {
+                exec::<DB>(conn, "SAVEPOINT transition").await?;
+                match (backend.apply)(conn, now, std::slice::from_ref(item)).await {
+                    Ok(mut one) => {
+                        exec::<DB>(conn, "RELEASE SAVEPOINT transition").await?;
+                        applied.push(one.pop().unwrap_or(Err(StoreError::LeaseLost(item.0.saga_id))));
+                    }
+                    Err(e) => {
+                        exec::<DB>(conn, "ROLLBACK TO SAVEPOINT transition").await?;
+                        exec::<DB>(conn, "RELEASE SAVEPOINT transition").await?;
+                        applied.push(Err(e));
+                    }
+                }
+            }
+            applied
+        }
+    };
+    any_ok |= applied.iter().any(|r| matches!(r, Ok(Applied::Written)));
+    Ok((any_ok, applied, creates))
+}
+
+/// Creates the batch's new sagas set-based; if that fails (an id collision), one by one so the
+/// bad one fails alone. Each result is the creation time.
+async fn create_all<DB: Database>(
+    conn: &mut DB::Connection,
+    backend: &Backend<DB>,
+    now: Millis,
+    news: &[NewItem],
+    alone: bool,
+) -> Result<Vec<Result<Millis>>>
+where
+    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
+{
+    if news.is_empty() {
+        return Ok(Vec::new());
+    }
+    if alone {
+        (backend.create)(conn, now, news).await?;
+        return Ok(vec![Ok(now)]);
+    }
+    exec::<DB>(conn, "SAVEPOINT creates").await?;
+    match (backend.create)(conn, now, news).await {
+        Ok(()) => {
+            exec::<DB>(conn, "RELEASE SAVEPOINT creates").await?;
+            Ok(news.iter().map(|_| Ok(now)).collect())
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "set-based create failed; creating one by one");
+            exec::<DB>(conn, "ROLLBACK TO SAVEPOINT creates").await?;
+            exec::<DB>(conn, "RELEASE SAVEPOINT creates").await?;
+            let mut out = Vec::with_capacity(news.len());
+            for item in news {
+                exec::<DB>(conn, "SAVEPOINT one").await?;
+                match (backend.create)(conn, now, std::slice::from_ref(item)).await {
+                    Ok(()) => {
+                        exec::<DB>(conn, "RELEASE SAVEPOINT one").await?;
+                        out.push(Ok(now));
+                    }
+                    Err(e) => {
+                        exec::<DB>(conn, "ROLLBACK TO SAVEPOINT one").await?;
+                        exec::<DB>(conn, "RELEASE SAVEPOINT one").await?;
+                        out.push(Err(e));
+                    }
+                }
+            }
+            Ok(out)
+        }
+    }
 }

@@ -10,6 +10,7 @@
 //! transitions of many sagas into one commit (group commit) without the engine noticing, as long
 //! as it reports each one durable only once its transaction has committed.
 
+mod batch;
 mod group_commit;
 mod postgres;
 mod rows;
@@ -352,6 +353,11 @@ pub trait Store: Send + Sync + 'static {
     /// Creates a saga in status `QUEUED`, due now, with all its steps pending and a
     /// `saga.started` event, in one transaction.
     async fn create_saga(&self, new: NewSaga) -> Result<Saga>;
+
+    /// Creates a saga already leased to `owner` (epoch 1), so the process that starts it can
+    /// drive it at once without a claim; otherwise as [`Store::create_saga`].
+    async fn create_saga_leased(&self, new: NewSaga, owner: &str, lease_ttl_ms: i64)
+        -> Result<Claimed>;
 
     /// Reads one saga with its steps.
     async fn get_saga(&self, id: Uuid) -> Result<Option<Saga>>;

@@ -365,6 +365,37 @@ impl Store for PgStore {
         Ok(new_saga_record(new, now))
     }
 
+    async fn create_saga_leased(
+        &self,
+        new: NewSaga,
+        owner: &str,
+        lease_ttl_ms: i64,
+    ) -> Result<Claimed> {
+        let mut tx = self.pool.begin().await?;
+        let now = insert_saga_rows(&mut tx, &new).await?;
+        sqlx::query(
+            "UPDATE sagas SET lease_owner = $2, lease_epoch = 1, \
+             lease_expires_at = saga_now_ms() + $3 WHERE id = $1::uuid",
+        )
+        .bind(new.id.to_string())
+        .bind(owner)
+        .bind(lease_ttl_ms)
+        .execute(&mut *tx)
+        .await?;
+        self.commit(tx).await?;
+        let mut saga = new_saga_record(new, now);
+        saga.lease_owner = Some(owner.to_owned());
+        saga.lease_epoch = 1;
+        Ok(Claimed {
+            lease: Lease {
+                saga_id: saga.id,
+                owner: owner.to_owned(),
+                epoch: 1,
+            },
+            saga,
+        })
+    }
+
     async fn get_saga(&self, id: Uuid) -> Result<Option<Saga>> {
         let mut conn = self.pool.acquire().await?;
         Self::load_one(&mut conn, id).await

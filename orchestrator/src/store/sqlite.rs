@@ -24,20 +24,20 @@ use sqlx::{QueryBuilder, Row, Sqlite, Transaction};
 use uuid::Uuid;
 
 use super::rows::{
-    comp_status_for, corrupt, new_saga_record, parse_enum, parse_json, saga_from_row,
+    comp_status_for, corrupt, parse_enum, parse_json, saga_from_row,
     step_from_row, summary_from_row, worker_from_row,
 };
-use super::group_commit::WriteQueue;
+use super::batch;
+use super::group_commit::{Backend, WriteQueue};
 use super::rules::{cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan};
 use super::{
-    Applied, AttemptChange, CancelOutcome, ClaimRequest, Claimed, Lease, NewSaga, Result, Store,
+    Applied, CancelOutcome, ClaimRequest, Claimed, Lease, NewSaga, Result, Store,
     StoreError, Transition, WorkerInfo,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::model::{
     definition_key, Attempt, Event, ListFilter, Millis, Saga, SagaPage, SagaStatus,
 };
-use saga_dsl::Phase;
 
 /// How hard SQLite works to keep a commit on power loss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -135,7 +135,16 @@ impl SqliteStore {
                 .await?
         };
         let store = Self {
-            queue: WriteQueue::start(writer.clone(), "BEGIN IMMEDIATE", clock.clone()),
+            queue: WriteQueue::start(
+                writer.clone(),
+                Backend {
+                    begin: "BEGIN IMMEDIATE",
+                    now_sql: None,
+                    apply: batch::sqlite::apply_batch_boxed,
+                    create: batch::sqlite::insert_sagas_boxed,
+                },
+                clock.clone(),
+            ),
             writer,
             reader,
             path: store_path,
@@ -320,143 +329,6 @@ pub(crate) async fn insert_saga_rows(
     insert_event(conn, &id, now, "saga.started", None, &data).await
 }
 
-/// One engine transition, fenced by the lease, on the writer's connection.
-async fn apply_on(
-    conn: &mut sqlx::SqliteConnection,
-    now: Millis,
-    lease: &Lease,
-    t: &Transition,
-) -> Result<Applied> {
-        let id = lease.saga_id.to_string();
-    let s = &t.saga;
-    let updated = sqlx::query(
-        "UPDATE sagas SET status = ?1, next_run_at = ?2, error = ?3, output = COALESCE(?4, output), \
-         needs_attention = ?5, pivot_reached = ?6, updated_at = ?7, \
-         lease_owner = CASE WHEN ?8 THEN NULL ELSE lease_owner END, \
-         lease_expires_at = CASE WHEN ?8 THEN NULL ELSE lease_expires_at END \
-         WHERE id = ?9 AND lease_owner = ?10 AND lease_epoch = ?11 \
-           AND NOT (?12 AND cancel_requested)",
-    )
-    .bind(s.status.as_str())
-    .bind(s.next_run_at)
-    .bind(&s.error)
-    .bind(s.output.as_ref().map(Value::to_string))
-    .bind(s.needs_attention)
-    .bind(s.pivot_reached)
-    .bind(now)
-    .bind(t.release)
-    .bind(&id)
-    .bind(&lease.owner)
-    .bind(lease.epoch)
-    .bind(t.unless_cancelled)
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
-    if updated == 0 {
-        // Find out why, under the same write lock.
-        let row = sqlx::query(
-            "SELECT lease_owner, lease_epoch, cancel_requested FROM sagas WHERE id = ?1",
-        )
-        .bind(&id)
-        .fetch_optional(&mut *conn)
-        .await?;
-        return match row {
-            Some(row)
-                if row.try_get::<Option<String>, _>("lease_owner")?.as_deref()
-                    == Some(lease.owner.as_str())
-                    && row.try_get::<i64, _>("lease_epoch")? == lease.epoch
-                    && row.try_get::<bool, _>("cancel_requested")? =>
-            {
-                Ok(Applied::CancelRequested)
-            }
-            _ => Err(StoreError::LeaseLost(lease.saga_id)),
-        };
-    }
-    for step in &t.steps {
-        let r = &step.record;
-        let sql = match step.phase {
-            Phase::Action => {
-                "UPDATE steps SET status = ?1, attempts = ?2, last_error = ?3, outcome_unknown = ?4, \
-                 started_at = ?5, ended_at = ?6, output = COALESCE(?7, output) \
-                 WHERE saga_id = ?8 AND idx = ?9"
-            }
-            Phase::Compensation => {
-                "UPDATE steps SET comp_status = ?1, comp_attempts = ?2, comp_last_error = ?3, \
-                 comp_outcome_unknown = ?4, comp_started_at = ?5, comp_ended_at = ?6 \
-                 WHERE saga_id = ?8 AND idx = ?9"
-            }
-        };
-        sqlx::query(sql)
-            .bind(r.status.as_str())
-            .bind(i64::from(r.attempts))
-            .bind(&r.last_error)
-            .bind(r.outcome_unknown)
-            .bind(r.started_at)
-            .bind(r.ended_at)
-            .bind(step.output.as_ref().map(Value::to_string))
-            .bind(&id)
-            .bind(i64::from(step.index))
-            .execute(&mut *conn)
-            .await?;
-    }
-    for change in &t.attempts {
-        match change {
-            AttemptChange::Start {
-                step_index,
-                phase,
-                attempt,
-            } => {
-                sqlx::query(
-                    "INSERT INTO attempts (saga_id, step_idx, phase, attempt, worker, lease_epoch, started_at) \
-                     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                )
-                .bind(&id)
-                .bind(i64::from(*step_index))
-                .bind(phase.as_str())
-                .bind(i64::from(*attempt))
-                .bind(&lease.owner)
-                .bind(lease.epoch)
-                .bind(now)
-                .execute(&mut *conn)
-                .await?;
-            }
-            AttemptChange::Finish {
-                step_index,
-                phase,
-                attempt,
-                outcome,
-                error,
-            } => {
-                sqlx::query(
-                    "UPDATE attempts SET ended_at = ?5, outcome = ?6, error = ?7 \
-                     WHERE saga_id = ?1 AND step_idx = ?2 AND phase = ?3 AND attempt = ?4",
-                )
-                .bind(&id)
-                .bind(i64::from(*step_index))
-                .bind(phase.as_str())
-                .bind(i64::from(*attempt))
-                .bind(now)
-                .bind(*outcome)
-                .bind(error)
-                .execute(&mut *conn)
-                .await?;
-            }
-        }
-    }
-    for event in &t.events {
-        insert_event(
-            &mut *conn,
-            &id,
-            now,
-            event.kind,
-            event.step.as_deref(),
-            &event.data,
-        )
-        .await?;
-    }
-    Ok(Applied::Written)
-    }
-
 /// Claims due sagas for `owner` on the writer's connection.
 async fn claim_on(
     conn: &mut sqlx::SqliteConnection,
@@ -636,14 +508,27 @@ impl Store for SqliteStore {
     }
 
     async fn create_saga(&self, new: NewSaga) -> Result<Saga> {
-        self.queue
-            .run(move |conn, now| {
-                Box::pin(async move {
-                    insert_saga_rows(conn, &new, now).await?;
-                    Ok(new_saga_record(new, now))
-                })
-            })
-            .await
+        self.queue.create(new, None).await
+    }
+
+    async fn create_saga_leased(
+        &self,
+        new: NewSaga,
+        owner: &str,
+        lease_ttl_ms: i64,
+    ) -> Result<Claimed> {
+        let saga = self
+            .queue
+            .create(new, Some((owner.to_owned(), lease_ttl_ms)))
+            .await?;
+        Ok(Claimed {
+            lease: Lease {
+                saga_id: saga.id,
+                owner: owner.to_owned(),
+                epoch: saga.lease_epoch,
+            },
+            saga,
+        })
     }
 
     async fn get_saga(&self, id: Uuid) -> Result<Option<Saga>> {
@@ -750,10 +635,7 @@ impl Store for SqliteStore {
     }
 
     async fn apply(&self, lease: &Lease, t: &Transition) -> Result<Applied> {
-        let (lease, t) = (lease.clone(), t.clone());
-        self.queue
-            .run(move |conn, now| Box::pin(async move { apply_on(conn, now, &lease, &t).await }))
-            .await
+        self.queue.apply(lease.clone(), t.clone()).await
     }
 
     async fn mark_blocked(&self, definitions: &[String]) -> Result<u64> {
