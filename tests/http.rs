@@ -103,7 +103,8 @@ struct Api {
 impl Api {
     async fn start(config: HttpConfig) -> Self {
         let db = TempDb::new();
-        let store = db.store().await;
+        let stores = db.stores().await;
+        let store = stores.log.clone();
         let journal = Journal::default();
         let engine = RunningEngine::start(
             store.clone(),
@@ -115,7 +116,7 @@ impl Api {
         let shutdown = CancellationToken::new();
         let server = tokio::spawn(serve(
             listener,
-            router(engine.engine.clone(), config),
+            router(engine.engine.clone(), &stores, config),
             shutdown.clone(),
         ));
         Self {

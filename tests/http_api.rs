@@ -134,13 +134,14 @@ impl Answer {
 impl Api {
     async fn start(config: HttpConfig) -> Self {
         let db = TempDb::new();
-        let store = db.store().await;
+        let stores = db.stores().await;
+        let store = stores.log.clone();
         let engine = RunningEngine::start(store.clone(), registry_of(definitions()), test_config());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let shutdown = CancellationToken::new();
         let token = config.api_token.clone();
-        let router = router_with_shutdown(engine.engine.clone(), config, shutdown.clone());
+        let router = router_with_shutdown(engine.engine.clone(), &stores, config, shutdown.clone());
         let server = tokio::spawn(serve(listener, router, shutdown.clone()));
         Self {
             base: format!("http://{addr}"),
@@ -390,6 +391,7 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
         ("GET", "/v1/sagas/{saga}"),
         ("GET", "/v1/sagas"),
         ("GET", "/v1/sagas/{saga}/events"),
+        ("GET", "/v1/sagas/{saga}/deliveries"),
         ("POST", "/v1/sagas/{saga}/cancel"),
         ("GET", "/healthz"),
         ("GET", "/metrics"),
@@ -427,6 +429,16 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
     let slow = api.start_saga("slow", json!({})).await;
     let unknown = uuid::Uuid::now_v7().to_string();
     let big = json!({"pad": "x".repeat(8192)});
+    // A start that waits holds its idempotency key in progress: a retry meanwhile is 409.
+    let waiting = {
+        let req = api
+            .req(Method::POST, "/v1/sagas/stuck")
+            .header("idempotency-key", "probe-in-progress")
+            .header("prefer", "wait=20")
+            .json(&json!({}));
+        tokio::spawn(async move { req.send().await.map(|r| r.status()) })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
     type Probe = (
         &'static str,
         &'static str,
@@ -467,6 +479,14 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
             "/v1/sagas/{saga}",
             api.req(Method::POST, "/v1/sagas/nope").json(&json!({})),
             "404",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}",
+            api.req(Method::POST, "/v1/sagas/stuck")
+                .header("idempotency-key", "probe-in-progress")
+                .json(&json!({})),
+            "409",
         ),
         (
             "POST",
@@ -556,6 +576,30 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
             "404",
         ),
         (
+            "GET",
+            "/v1/sagas/{saga}/deliveries",
+            api.req(Method::GET, &format!("/v1/sagas/{done}/deliveries")),
+            "200",
+        ),
+        (
+            "GET",
+            "/v1/sagas/{saga}/deliveries",
+            api.req(Method::GET, "/v1/sagas/x/deliveries"),
+            "400",
+        ),
+        (
+            "GET",
+            "/v1/sagas/{saga}/deliveries",
+            api.anonymous(Method::GET, &format!("/v1/sagas/{done}/deliveries")),
+            "401",
+        ),
+        (
+            "GET",
+            "/v1/sagas/{saga}/deliveries",
+            api.req(Method::GET, &format!("/v1/sagas/{unknown}/deliveries")),
+            "404",
+        ),
+        (
             "POST",
             "/v1/sagas/{saga}/cancel",
             api.req(Method::POST, &format!("/v1/sagas/{slow}/cancel")),
@@ -619,6 +663,7 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
             .or_default()
             .insert(status);
     }
+    waiting.abort();
     for (template, methods) in &ops {
         for (method, documented) in methods {
             let seen = seen

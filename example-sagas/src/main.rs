@@ -20,6 +20,7 @@ use example_sagas::bench::{self, Scenario};
 use example_sagas::shop::Shop;
 use orchestrator::cli::{self, AdminCommand, CliError, DatabaseArgs};
 use orchestrator::http::{self, HttpConfig};
+use orchestrator::webhooks::{Relay, WebhookConfig};
 use orchestrator::{Engine, EngineConfig};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
@@ -106,6 +107,39 @@ struct ServeArgs {
     /// Longest `Prefer: wait=N` honoured, in seconds; longer waits are capped to it.
     #[arg(long, default_value_t = HttpConfig::DEFAULT_MAX_WAIT.as_secs(), value_name = "SECONDS")]
     max_wait_secs: u64,
+    /// How long an Idempotency-Key is remembered, in seconds (default 24 hours); expired keys
+    /// are swept every minute.
+    #[arg(
+        long,
+        default_value_t = HttpConfig::DEFAULT_IDEMPOTENCY_RETENTION.as_secs(),
+        value_name = "SECONDS"
+    )]
+    idempotency_retention_secs: u64,
+    /// Refuse saga starts without an Idempotency-Key header (400).
+    #[arg(long)]
+    require_idempotency_key: bool,
+    /// A global webhook subscriber: every event of every saga is POSTed to this URL
+    /// (repeatable). Sagas may also name their own with the Saga-Callback-Url header.
+    #[arg(long = "webhook-url", value_name = "URL")]
+    webhook_urls: Vec<String>,
+    /// The secret that signs webhook deliveries (Saga-Signature header); without one they are
+    /// sent unsigned.
+    #[arg(
+        long,
+        env = "SAGA_WEBHOOK_SECRET",
+        hide_env_values = true,
+        value_name = "SECRET"
+    )]
+    webhook_secret: Option<String>,
+    /// How long one webhook attempt may take, in seconds.
+    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
+    webhook_timeout_secs: u64,
+    /// The first webhook retry delay, in milliseconds (doubling, with jitter, up to an hour).
+    #[arg(long, default_value_t = 1000, value_name = "MILLIS")]
+    webhook_retry_base_ms: u64,
+    /// Attempts before a webhook delivery is given up.
+    #[arg(long, default_value_t = 20)]
+    webhook_max_attempts: u32,
 }
 
 #[derive(Debug, clap::Args)]
@@ -185,15 +219,31 @@ async fn admin(cli: &Cli, cmd: &AdminCommand) -> anyhow::Result<()> {
 }
 
 async fn serve(cli: &Cli, args: &ServeArgs) -> anyhow::Result<()> {
-    let store = orchestrator::store::open(&cli.db.database_url)
+    let stores = orchestrator::store::open_full(&cli.db.database_url)
         .await
         .with_context(|| format!("cannot open {}", cli.db.database_url))?;
+    let webhook_secret = args.webhook_secret.clone().filter(|s| !s.is_empty());
+    if webhook_secret.is_none() {
+        tracing::info!("no webhook secret set (SAGA_WEBHOOK_SECRET or --webhook-secret): webhooks are sent unsigned unless a saga gives its own");
+    }
+    let relay = Relay::new(
+        stores.outbox.clone(),
+        WebhookConfig {
+            subscribers: args.webhook_urls.clone(),
+            secret: webhook_secret,
+            timeout: Duration::from_secs(args.webhook_timeout_secs.max(1)),
+            retry_base: Duration::from_millis(args.webhook_retry_base_ms.max(1)),
+            max_attempts: args.webhook_max_attempts.max(1),
+            ..WebhookConfig::default()
+        },
+    )
+    .context("invalid webhook settings")?;
     let shop = Shop::open(&cli.shop_database_url)
         .await
         .with_context(|| format!("cannot open {}", cli.shop_database_url))?;
     let registry = example_sagas::registry(Arc::new(shop))?;
     let engine = Engine::new(
-        store,
+        stores.log.clone(),
         Arc::new(registry),
         EngineConfig {
             workers: args.workers.max(1),
@@ -216,14 +266,20 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> anyhow::Result<()> {
     // Waits end at shutdown, so a long poll cannot hold the graceful stop.
     let router = http::router_with_shutdown(
         engine.clone(),
+        &stores,
         HttpConfig {
             body_limit: args.body_limit,
             api_token,
             max_wait: Duration::from_secs(args.max_wait_secs),
+            idempotency_retention: Duration::from_secs(args.idempotency_retention_secs.max(1)),
+            require_idempotency_key: args.require_idempotency_key,
             ..HttpConfig::default()
         },
         shutdown.clone(),
     );
+    // The outbox relay (webhooks) and the idempotency-key sweeper stop with the server.
+    let relay_task = tokio::spawn(relay.run(shutdown.clone()));
+    let sweeper_task = tokio::spawn(sweep_idempotency_keys(stores.clone(), shutdown.clone()));
     let engine_task = {
         let (engine, shutdown) = (engine.clone(), shutdown.clone());
         tokio::spawn(async move {
@@ -240,9 +296,30 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> anyhow::Result<()> {
     let served = http::serve(listener, router, shutdown.clone()).await;
     shutdown.cancel();
     let ran = engine_task.await.context("engine task")?;
+    relay_task.await.context("webhook relay task")?;
+    sweeper_task.await.context("idempotency sweeper task")?;
     served.context("HTTP server failed")?;
     ran.context("engine failed")?;
     Ok(())
+}
+
+/// Deletes expired idempotency keys every minute until `shutdown`.
+async fn sweep_idempotency_keys(stores: orchestrator::store::Stores, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(60)) => {}
+        }
+        let swept = match stores.log.now().await {
+            Ok(now) => stores.idempotency.sweep_idempotency(now).await,
+            Err(e) => Err(e),
+        };
+        match swept {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(keys = n, "expired idempotency keys deleted"),
+            Err(e) => tracing::warn!(error = %e, "sweeping idempotency keys failed; will retry"),
+        }
+    }
 }
 
 async fn stop_on_signal(shutdown: CancellationToken) {

@@ -10,8 +10,10 @@
 //! is generated (a UUIDv4) when the caller gives none, and returned in [`StartedSaga`] so that a
 //! caller that gives up can resume the same logical start later.
 //!
-//! (The server records `Idempotency-Key` once its idempotency support lands; until then the
-//! header is sent and ignored, and this client's behaviour does not change.)
+//! The server records the key with the saga in one transaction, so a retry after a lost reply is
+//! answered with the saved answer (`Idempotent-Replayed: true`) and starts nothing; a retry
+//! while the first attempt is still waiting (`Prefer: wait`) gets `409`, which this client
+//! retries.
 //!
 //! # Example
 //!

@@ -12,15 +12,19 @@
 //! - [`engine`]: claiming, leasing and driving sagas; [`engine::plan`] holds the rules.
 //! - [`http`]: the HTTP API (axum).
 //! - [`cli`]: the operator commands shared by `saga` and application binaries.
+//! - [`webhooks`]: the outbox relay and its signed webhook deliveries.
+//! - [`consumer`]: the idempotent-consumer helper for participants' own handlers.
 
 pub mod cli;
 pub mod client;
 pub mod clock;
+pub mod consumer;
 pub mod engine;
 pub mod failpoint;
 pub mod http;
 pub mod model;
 pub mod store;
+pub mod webhooks;
 
 pub use engine::{Engine, EngineConfig, StartError};
 pub use model::{Saga, SagaStatus, StepStatus};

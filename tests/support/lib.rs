@@ -106,6 +106,11 @@ impl TempDb {
         }
     }
 
+    /// The store with all its views (step log, idempotency keys, outbox), as `serve` opens it.
+    pub async fn stores(&self) -> orchestrator::store::Stores {
+        orchestrator::store::open_full(&self.url).await.unwrap()
+    }
+
     /// Runs one SQL statement directly against the database (to corrupt a row on purpose).
     pub async fn execute(&self, sql: &str) {
         if self.pg_name.is_some() {

@@ -20,7 +20,7 @@ use super::error::CliError;
 use super::render;
 use crate::client::{ClientError, SagaClient};
 use crate::model::{needs_compensation, ListFilter, Saga, SagaStatus, StepStatus};
-use crate::store::{CancelOutcome, Store};
+use crate::store::{CancelOutcome, OutboxStore, Store};
 
 /// Runs one operator command against `store`, writing what it shows or did to `out`.
 ///
@@ -176,6 +176,24 @@ async fn show(a: &ShowArgs, store: &dyn Store, out: &mut impl Write) -> Result<(
     let attempts = store.attempts(id).await?;
     let now = store.now().await?;
     render::saga(out, &saga, &attempts, now)?;
+    Ok(())
+}
+
+/// `show` with the saga's webhook deliveries after the attempt log (in the table view; `--json`
+/// prints the saga object alone, the same as `GET /v1/sagas/{id}`; its deliveries are
+/// `GET /v1/sagas/{id}/deliveries`).
+pub async fn show_with_deliveries(
+    a: &ShowArgs,
+    store: &dyn Store,
+    outbox: &dyn OutboxStore,
+    out: &mut impl Write,
+) -> Result<(), CliError> {
+    show(a, store, out).await?;
+    if !a.json {
+        let id = parse_id(&a.id)?;
+        let deliveries = outbox.deliveries(id).await?;
+        render::deliveries(out, &deliveries, store.now().await?)?;
+    }
     Ok(())
 }
 

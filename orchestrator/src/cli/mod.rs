@@ -50,7 +50,7 @@ pub use args::{
     AbortArgs, AdminCommand, CancelArgs, DatabaseArgs, EventsArgs, ListArgs, MarkCompensatedArgs,
     RetryArgs, ShowArgs, StartArgs, WorkersArgs, DEFAULT_LIST_LIMIT, DEFAULT_SERVER,
 };
-pub use commands::{actor, run_admin, run_start};
+pub use commands::{actor, run_admin, run_start, show_with_deliveries};
 pub use error::CliError;
 
 use crate::store::{self, SqliteStore, Store};
@@ -82,6 +82,17 @@ pub async fn open_and_run(
 ) -> Result<(), CliError> {
     if let AdminCommand::Start(args) = cmd {
         run_start(args, out).await?;
+        out.flush()?;
+        return Ok(());
+    }
+    if let AdminCommand::Show(args) = cmd {
+        // `show` also lists the saga's webhook deliveries, which live outside the step log.
+        let stores = if url.starts_with("sqlite:") {
+            store::Stores::sqlite(SqliteStore::open_existing(url).await?)
+        } else {
+            store::open_full(url).await?
+        };
+        show_with_deliveries(args, stores.log.as_ref(), stores.outbox.as_ref(), out).await?;
         out.flush()?;
         return Ok(());
     }

@@ -324,6 +324,70 @@ fn attempts_table(attempts: &[Attempt]) -> Table {
     t
 }
 
+/// The webhook deliveries section of `show` (nothing when the saga has none). `now` is the
+/// database clock, used to say how far off the next attempt is.
+pub(crate) fn deliveries(
+    out: &mut impl Write,
+    deliveries: &[crate::store::Delivery],
+    now: Millis,
+) -> std::io::Result<()> {
+    if deliveries.is_empty() {
+        return Ok(());
+    }
+    let mut t = table(&[
+        "event",
+        "type",
+        "target",
+        "state",
+        "attempts",
+        "next / done",
+        "last",
+        "error",
+    ]);
+    align_right(&mut t, &[0, 4]);
+    // Deliveries go out in order per target: a later pending one waits for the first.
+    let mut first_pending: std::collections::HashMap<&str, i64> = Default::default();
+    for d in deliveries {
+        let blocked_by = match d.state {
+            crate::store::DeliveryState::Pending => {
+                let first = *first_pending.entry(d.target.as_str()).or_insert(d.event_id);
+                (first != d.event_id).then_some(first)
+            }
+            _ => None,
+        };
+        let when = match (d.delivered_at, d.next_attempt_at) {
+            (Some(at), _) => rfc3339(at),
+            (None, Some(_)) if blocked_by.is_some() => {
+                format!("after {}", blocked_by.unwrap_or_default())
+            }
+            (None, Some(next)) if next > now => format!("in {}", duration(next - now)),
+            (None, Some(_)) => "due".to_owned(),
+            (None, None) => "-".to_owned(),
+        };
+        let state = match d.state {
+            crate::store::DeliveryState::Pending => "pending",
+            crate::store::DeliveryState::Delivered => "delivered",
+            crate::store::DeliveryState::Failed => "FAILED",
+        };
+        t.add_row(vec![
+            d.event_id.to_string(),
+            d.kind.clone(),
+            truncate(&d.target, DETAIL_WIDTH),
+            state.to_owned(),
+            d.attempts.to_string(),
+            when,
+            d.last_status.map(|s| s.to_string()).unwrap_or_default(),
+            d.last_error
+                .as_deref()
+                .map(|e| truncate(e, ERROR_WIDTH))
+                .unwrap_or_default(),
+        ]);
+    }
+    writeln!(out)?;
+    writeln!(out, "Webhook deliveries")?;
+    writeln!(out, "{t}")
+}
+
 /// The `events` table.
 pub(crate) fn events(out: &mut impl Write, events: &[Event]) -> std::io::Result<()> {
     if events.is_empty() {

@@ -273,6 +273,12 @@ impl Engine {
         Ok(saga)
     }
 
+    /// Tells the engine that a saga became due outside [`Engine::start`] (an idempotent start
+    /// written by the HTTP layer, say), so it looks now rather than at its next poll.
+    pub fn wake(&self) {
+        self.inner.wake.notify_one();
+    }
+
     /// Waits until the saga reaches a terminal status, for at most `timeout`; returns the status,
     /// or `None` on timeout. Only sagas driven by this process end the wait early; for others
     /// it falls back to reading the log every `poll_interval`.
@@ -368,10 +374,10 @@ impl Engine {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take()
-            .ok_or_else(|| {
-                StoreError::Conflict("this engine is already running".to_owned())
-            })?;
-        inner.running.store(true, std::sync::atomic::Ordering::Release);
+            .ok_or_else(|| StoreError::Conflict("this engine is already running".to_owned()))?;
+        inner
+            .running
+            .store(true, std::sync::atomic::Ordering::Release);
         let mut drivers = JoinSet::new();
         let mut last_blocked_check = None::<tokio::time::Instant>;
         // Whether due sagas may be waiting: at start, when woken, after a poll interval, and
@@ -448,10 +454,17 @@ impl Engine {
                 _ = tokio::time::sleep(sleep_for) => look = true,
             }
         }
-        inner.running.store(false, std::sync::atomic::Ordering::Release);
+        inner
+            .running
+            .store(false, std::sync::atomic::Ordering::Release);
         // Sagas started directly while we were stopping: drive them like the others.
         while let Ok((c, permit)) = direct.try_recv() {
-            drivers.spawn(driver::drive(self.inner.clone(), c, permit, shutdown.child_token()));
+            drivers.spawn(driver::drive(
+                self.inner.clone(),
+                c,
+                permit,
+                shutdown.child_token(),
+            ));
         }
         tracing::info!(
             in_flight = drivers.len(),

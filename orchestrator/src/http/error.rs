@@ -26,7 +26,10 @@ type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// | 400 | `bad_request`: malformed JSON, id, path or query parameter |
 /// | 404 | `not_found`: unknown saga, saga definition or route |
 /// | 405 | `method_not_allowed` |
+/// | 400 | `idempotency_key_missing`: the server requires an `Idempotency-Key` |
 /// | 409 | `conflict`: the saga's state forbids the operation (e.g. cancel after the pivot) |
+/// | 409 | `request_in_progress`: a request with this idempotency key is still running |
+/// | 422 | `idempotency_key_reused`: the idempotency key was used for a different request |
 /// | 413 | `payload_too_large` |
 /// | 415 | `unsupported_media_type` |
 /// | 422 | `invalid_input`: well-formed JSON that does not fit the saga's input type |
@@ -126,6 +129,12 @@ impl ApiError {
             cause,
             ..Self::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", message)
         }
+    }
+
+    /// The same error, answered with `Retry-After: secs`.
+    pub(crate) fn with_retry_after(mut self, secs: u32) -> Self {
+        self.retry_after_secs = Some(secs);
+        self
     }
 
     /// `500 internal` with a generic message; `cause` is logged, not sent.

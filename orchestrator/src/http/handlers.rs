@@ -15,13 +15,18 @@ use serde::Serialize;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+use crate::engine::StartError;
 use crate::http::error::{quote, ApiError};
 use crate::http::extract::{JsonBody, ListQuery, SagaId, SagaName};
+use crate::http::idempotency::{fingerprint, StartHeaders, IDEMPOTENT_REPLAYED};
 use crate::http::openapi::ErrorBody;
 use crate::http::prefer::{applied_headers, Wait};
 use crate::http::state::AppState;
-use crate::model::{Event, Saga, SagaPage, SagaStatus};
-use crate::store::CancelOutcome;
+use crate::model::{Event, Saga, SagaPage, SagaStatus, StepKindName};
+use crate::store::{
+    Callback, CancelOutcome, Delivery, IdempotencyKey, IdempotentStart, NewSaga, SavedResponse,
+};
+use saga_dsl::SagaDefinition;
 
 /// The body of `202` to `POST /v1/sagas/{name}`.
 #[derive(Debug, Serialize, ToSchema)]
@@ -39,6 +44,13 @@ pub(crate) struct Started {
 pub(crate) struct Events {
     /// The history, oldest first.
     events: Vec<Event>,
+}
+
+/// The body of `GET /v1/sagas/{id}/deliveries`.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Deliveries {
+    /// One entry per (event, webhook target), by event id.
+    deliveries: Vec<Delivery>,
 }
 
 /// How a cancel request was taken.
@@ -74,7 +86,24 @@ pub(crate) struct Health {
 const START_DESCRIPTION: &str = "Starts a saga of the latest registered version of the \
     definition `saga`, with the request body as its input. Answers `202 Accepted` with a \
     `Location` to poll once the saga is durably recorded. With `Prefer: wait=N` the server holds \
-    the answer up to N seconds: `200` with the finished saga if it ended in time, else `202`.";
+    the answer up to N seconds: `200` with the finished saga if it ended in time, else `202`.\n\n\
+    **Idempotency-Key** (IETF httpapi draft): send a unique key per logical start and the same \
+    key on every retry. A new key is recorded in the same transaction as the saga, and the \
+    answer is saved against it. A retry of a finished request replays the saved status and \
+    body with `Idempotent-Replayed: true` and starts nothing; a retry while the first request \
+    is still running (it waits with `Prefer: wait`) is `409` with `Retry-After`; the same key \
+    with a different request (another saga name, callback URL, or body other than in the \
+    order of its object keys) is `422`. Keys are 1 to 255 visible ASCII characters, bare or \
+    as an RFC 8941 string (`\"key\"`), scoped to the API client (the bearer token), and kept \
+    for the server's retention period: **24 hours** by default \
+    (`--idempotency-retention-secs`); after that the same key starts a new saga. Errors \
+    (`4xx`) are not saved: a corrected retry with the same key is a new request. A server \
+    started with `--require-idempotency-key` refuses starts without a key (`400`). If the \
+    process answering a waiting request dies, its key is answered like a plain start (`202`) \
+    once the longest possible wait plus the request timeout has passed.\n\n\
+    **Saga-Callback-Url**: an `http(s)` URL that receives every event of this saga as a \
+    signed webhook (see the API description); `Saga-Callback-Secret` signs them with a secret \
+    of the client's choosing instead of the server's.";
 
 /// The OpenAPI description of `GET /v1/sagas/{saga}`.
 const GET_DESCRIPTION: &str = "The saga with its steps (the same object as `saga show ID \
@@ -120,10 +149,13 @@ async fn wait_for_end(state: &AppState, id: Uuid, wait: Duration) -> Option<Saga
 /// `{"id", "name", "status": "QUEUED"}` once the saga is durably recorded.
 ///
 /// The checks run in the order a client would fix them: unknown definition `404` (whatever the
-/// body), then the body (see `JsonBody`: a declared non-JSON `Content-Type` is `415`, a missing
-/// one is accepted; `413` over the limit; `400` malformed JSON), then `422 invalid_input` when
-/// the JSON does not fit the definition's input type. No saga is created unless every check
-/// passes.
+/// body), then the headers (`400` for a malformed `Idempotency-Key` or `Saga-Callback-Url`, or
+/// a missing key when one is required), then the body (see `JsonBody`: a declared non-JSON
+/// `Content-Type` is `415`, a missing one is accepted; `413` over the limit; `400` malformed
+/// JSON), then `422 invalid_input` when the JSON does not fit the definition's input type. No
+/// saga is created unless every check passes.
+///
+/// With an `Idempotency-Key` the four rules of SPEC §4 apply (see [`start_idempotent`]).
 ///
 /// With `Prefer: wait=N` the answer is held up to N seconds (capped): `200` with the whole saga
 /// if it ended in time, else the usual `202`; both say `Preference-Applied: wait=N`.
@@ -138,6 +170,14 @@ async fn wait_for_end(state: &AppState, id: Uuid, wait: Duration) -> Option<Saga
         ("saga" = String, Path, description = "The saga definition name", example = "place_order"),
         ("Prefer" = Option<String>, Header,
          description = "`wait=N` (RFC 7240): hold the answer up to N seconds for the saga to end"),
+        ("Idempotency-Key" = Option<String>, Header,
+         description = "A unique key per logical start, reused on retries: 1 to 255 visible \
+                        ASCII characters, bare or as an RFC 8941 string. Kept 24 hours by \
+                        default (the server's `--idempotency-retention-secs`)"),
+        ("Saga-Callback-Url" = Option<String>, Header,
+         description = "An http(s) URL that receives this saga's events as signed webhooks"),
+        ("Saga-Callback-Secret" = Option<String>, Header,
+         description = "Signs this saga's webhooks instead of the server's secret"),
     ),
     request_body(
         content = serde_json::Value,
@@ -150,6 +190,9 @@ async fn wait_for_end(state: &AppState, id: Uuid, wait: Duration) -> Option<Saga
          headers(
              ("Location" = String, description = "/v1/sagas/{id}"),
              ("Preference-Applied" = String, description = "wait=N, the wait applied"),
+             ("Idempotent-Replayed" = String,
+              description = "`true` when this is the saved answer to an earlier request with \
+                             the same Idempotency-Key"),
          )),
         (status = 202, description = "Started: durably recorded, runs in the background",
          body = Started,
@@ -157,13 +200,24 @@ async fn wait_for_end(state: &AppState, id: Uuid, wait: Duration) -> Option<Saga
              ("Location" = String, description = "/v1/sagas/{id}"),
              ("Preference-Applied" = String,
               description = "wait=N, when the request asked to wait"),
+             ("Idempotent-Replayed" = String,
+              description = "`true` when this is the saved answer to an earlier request with \
+                             the same Idempotency-Key"),
          )),
-        (status = 400, description = "Malformed JSON body", body = ErrorBody),
+        (status = 400, description = "Malformed JSON body, Idempotency-Key or \
+                                      Saga-Callback-Url, or a required key missing",
+         body = ErrorBody),
         (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
         (status = 404, description = "No saga definition with this name", body = ErrorBody),
+        (status = 409, description = "`request_in_progress`: a request with this \
+                                      Idempotency-Key is still running; retry after \
+                                      `Retry-After` seconds", body = ErrorBody,
+         headers(("Retry-After" = String, description = "Seconds to wait before retrying"))),
         (status = 413, description = "Body over the limit (1 MiB by default)", body = ErrorBody),
         (status = 415, description = "A Content-Type other than JSON", body = ErrorBody),
-        (status = 422, description = "JSON that does not fit the saga's input type",
+        (status = 422, description = "`invalid_input`: JSON that does not fit the saga's input \
+                                      type; `idempotency_key_reused`: the Idempotency-Key was \
+                                      used for a different request",
          body = ErrorBody),
         (status = 500, description = "Internal error (details in the server log)",
          body = ErrorBody),
@@ -175,60 +229,287 @@ pub(crate) async fn start_saga(
     State(state): State<AppState>,
     SagaName(name): SagaName,
     Wait(wait): Wait,
+    start_headers: Result<StartHeaders, ApiError>,
     body: Result<JsonBody, ApiError>,
 ) -> Result<Response, ApiError> {
-    if state.engine.registry().latest(&name).is_none() {
+    let Some(def) = state.engine.registry().latest(&name).cloned() else {
         return Err(ApiError::not_found(format!(
             "no saga definition named {}",
             quote(&name)
         )));
-    }
+    };
+    let headers = start_headers?;
     let JsonBody(input) = body?;
-    let saga = state.engine.start(&name, input).await?;
-    // A UUID is always a valid header value; and now that the saga exists, no error may be
-    // answered (a client would start it again).
-    let location = HeaderValue::from_str(&format!("/v1/sagas/{}", saga.id))
-        .unwrap_or_else(|_| HeaderValue::from_static("/v1/sagas"));
-    let Some(wait) = wait else {
-        let body = Started {
-            id: saga.id,
-            name: saga.name,
-            status: saga.status,
+    if let Some(key) = headers.key.clone() {
+        def.check_input(&input).map_err(|message| {
+            ApiError::from(StartError::InvalidInput {
+                name: name.clone(),
+                message,
+            })
+        })?;
+        let fingerprint = fingerprint(def.name(), headers.callback.as_ref(), &input);
+        let key = IdempotencyKey {
+            scope: headers.scope,
+            key,
+            fingerprint,
+            retention: state.config.idempotency_retention,
         };
+        return start_idempotent(state, key, new_saga(&def, input), headers.callback, wait).await;
+    }
+    let saga = match &headers.callback {
+        None => state.engine.start(&name, input).await?,
+        Some(callback) => {
+            def.check_input(&input).map_err(|message| {
+                ApiError::from(StartError::InvalidInput {
+                    name: name.clone(),
+                    message,
+                })
+            })?;
+            let saga = state
+                .idempotency
+                .create_saga_with_callback(new_saga(&def, input), callback)
+                .await?;
+            state.engine.wake();
+            count_started(&saga);
+            saga
+        }
+    };
+    let location = location(saga.id);
+    let started = Started {
+        id: saga.id,
+        name: saga.name,
+        status: saga.status,
+    };
+    let Some(wait) = wait else {
         return Ok((
             StatusCode::ACCEPTED,
             [(header::LOCATION, location)],
-            Json(body),
+            Json(started),
         )
             .into_response());
     };
-    let applied = applied_headers(wait);
-    if let Some(done) = wait_for_end(&state, saga.id, wait).await {
-        return Ok((
-            StatusCode::OK,
-            [(header::LOCATION, location)],
-            applied,
-            Json(done),
-        )
-            .into_response());
-    }
-    // Not over yet: the status as of now (a worker has probably picked it up).
-    let status = match state.engine.store().get_saga(saga.id).await {
-        Ok(Some(now)) => now.status,
-        _ => saga.status,
-    };
-    let body = Started {
-        id: saga.id,
-        name: saga.name,
-        status,
-    };
+    let (status, body) = final_answer(&state, started, wait).await;
     Ok((
-        StatusCode::ACCEPTED,
-        [(header::LOCATION, location)],
-        applied,
-        Json(body),
+        status,
+        [
+            (header::LOCATION, location),
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            ),
+        ],
+        applied_headers(wait),
+        body,
     )
         .into_response())
+}
+
+/// The record of a new saga of `def` (what `Engine::start` writes, for the starts that must
+/// write more in the same transaction: a key, a callback).
+fn new_saga(def: &SagaDefinition, input: serde_json::Value) -> NewSaga {
+    NewSaga {
+        id: Uuid::now_v7(),
+        name: def.name().to_owned(),
+        version: def.version(),
+        definition_hash: def.hash().to_owned(),
+        input,
+        steps: def
+            .steps()
+            .iter()
+            .map(|s| (s.name().to_owned(), StepKindName::from(s.kind())))
+            .collect(),
+    }
+}
+
+/// Counts a saga started outside `Engine::start` (which counts its own).
+fn count_started(saga: &Saga) {
+    tracing::debug!(saga.id = %saga.id, saga.name = %saga.name, "saga started");
+    ::metrics::counter!("saga_started_total", "name" => saga.name.clone()).increment(1);
+}
+
+/// `Location: /v1/sagas/{id}`. A UUID is always a valid header value; and once the saga
+/// exists, no error may be answered (a client would start it again).
+fn location(id: Uuid) -> HeaderValue {
+    HeaderValue::from_str(&format!("/v1/sagas/{id}"))
+        .unwrap_or_else(|_| HeaderValue::from_static("/v1/sagas"))
+}
+
+/// Serialises an answer body once, so that the first answer and its replays are the same bytes.
+fn to_body<T: Serialize>(value: &T) -> String {
+    // Our own types always serialise; an empty object still is valid JSON should one not.
+    serde_json::to_string(value).unwrap_or_else(|_| "{}".to_owned())
+}
+
+/// The answer to a start that asked to wait: `200` with the saga if it ended within `wait`,
+/// else `202` with its status as of now.
+async fn final_answer(state: &AppState, started: Started, wait: Duration) -> (StatusCode, String) {
+    if let Some(done) = wait_for_end(state, started.id, wait).await {
+        return (StatusCode::OK, to_body(&done));
+    }
+    // Not over yet: the status as of now (a worker has probably picked it up).
+    let status = match state.engine.store().get_saga(started.id).await {
+        Ok(Some(now)) => now.status,
+        _ => started.status,
+    };
+    (
+        StatusCode::ACCEPTED,
+        to_body(&Started { status, ..started }),
+    )
+}
+
+/// A start with an `Idempotency-Key` (SPEC §4):
+///
+/// 1. a new key is recorded with the new saga in one transaction; a plain start saves its `202`
+///    in that same transaction, a waiting one saves its final answer when it has it;
+/// 2. a key whose request has finished replays the saved status and body
+///    (`Idempotent-Replayed: true`), starting nothing;
+/// 3. a key whose request is still running (waiting) is `409 request_in_progress` with
+///    `Retry-After: 1` — unless it is older than [`HttpConfig::abandoned_after`]: then the
+///    process that held it died, and the key is completed with a plain `202` and replayed;
+/// 4. a key used for a different request (fingerprint) is `422 idempotency_key_reused`.
+///
+/// [`HttpConfig::abandoned_after`]: crate::http::HttpConfig::abandoned_after
+async fn start_idempotent(
+    state: AppState,
+    key: IdempotencyKey,
+    new: NewSaga,
+    callback: Option<Callback>,
+    wait: Option<Duration>,
+) -> Result<Response, ApiError> {
+    let started = Started {
+        id: new.id,
+        name: new.name.clone(),
+        status: SagaStatus::Queued,
+    };
+    // A plain start knows its answer before writing: it is saved with the key, at once.
+    let plain = wait.is_none().then(|| SavedResponse {
+        status_code: StatusCode::ACCEPTED.as_u16(),
+        body: to_body(&started),
+    });
+    let outcome = state
+        .idempotency
+        .create_saga_idempotent(&key, new, callback.as_ref(), plain.as_ref())
+        .await?;
+    match outcome {
+        IdempotentStart::Created(saga) => {
+            state.engine.wake();
+            count_started(&saga);
+            let location = location(saga.id);
+            let (Some(wait), None) = (wait, &plain) else {
+                let body = plain.map(|p| p.body).unwrap_or_default();
+                return Ok(json_answer(StatusCode::ACCEPTED, location, body, false));
+            };
+            // The wait and the saving of its answer run in their own task: a client that
+            // hangs up does not leave the key in progress for good.
+            let task = {
+                let state = state.clone();
+                tokio::spawn(async move {
+                    let (status, body) = final_answer(&state, started, wait).await;
+                    let saved = SavedResponse {
+                        status_code: status.as_u16(),
+                        body,
+                    };
+                    if let Err(e) = state
+                        .idempotency
+                        .complete_idempotent(&key.scope, &key.key, &saved)
+                        .await
+                    {
+                        tracing::warn!(error = %e, "cannot save the answer of an idempotent start; \
+                                       its key will be answered 202 once abandoned");
+                    }
+                    saved
+                })
+            };
+            let saved = task.await.map_err(ApiError::internal)?;
+            let status = StatusCode::from_u16(saved.status_code).unwrap_or(StatusCode::ACCEPTED);
+            let mut response = json_answer(status, location, saved.body, false);
+            response.headers_mut().extend(applied_headers(wait));
+            Ok(response)
+        }
+        IdempotentStart::Replay { saga_id, response } => {
+            ::metrics::counter!("idempotent_replays_total").increment(1);
+            let status = StatusCode::from_u16(response.status_code).unwrap_or(StatusCode::OK);
+            Ok(json_answer(status, location(saga_id), response.body, true))
+        }
+        IdempotentStart::InProgress {
+            saga_id,
+            created_at,
+        } => {
+            let now = state.engine.store().now().await?;
+            let age = Duration::from_millis(u64::try_from(now - created_at).unwrap_or(0));
+            if age < state.config.abandoned_after() {
+                return Err(ApiError::new(
+                    StatusCode::CONFLICT,
+                    "request_in_progress",
+                    format!(
+                        "a request with this Idempotency-Key (saga {saga_id}) is still in \
+                         progress; retry shortly"
+                    ),
+                )
+                .with_retry_after(1));
+            }
+            // Abandoned: answer (and from now on replay) what a plain start would have.
+            let status = match state.engine.store().get_saga(saga_id).await? {
+                Some(saga) => saga.status,
+                None => SagaStatus::Queued,
+            };
+            let body = to_body(&Started {
+                id: saga_id,
+                name: started.name,
+                status,
+            });
+            let saved = SavedResponse {
+                status_code: StatusCode::ACCEPTED.as_u16(),
+                body,
+            };
+            state
+                .idempotency
+                .complete_idempotent(&key.scope, &key.key, &saved)
+                .await?;
+            Ok(json_answer(
+                StatusCode::ACCEPTED,
+                location(saga_id),
+                saved.body,
+                true,
+            ))
+        }
+        IdempotentStart::Mismatch { saga_id } => Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "idempotency_key_reused",
+            format!(
+                "this Idempotency-Key was already used (saga {saga_id}) for a different \
+                 request: another saga name, callback URL or body; use a new key for a new start"
+            ),
+        )),
+    }
+}
+
+/// A JSON answer with `Location`, marked as a replay when it is one.
+fn json_answer(
+    status: StatusCode,
+    location: HeaderValue,
+    body: String,
+    replayed: bool,
+) -> Response {
+    let mut response = (
+        status,
+        [
+            (header::LOCATION, location),
+            (
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/json"),
+            ),
+        ],
+        body,
+    )
+        .into_response();
+    if replayed {
+        response.headers_mut().insert(
+            IDEMPOTENT_REPLAYED.clone(),
+            HeaderValue::from_static("true"),
+        );
+    }
+    response
 }
 
 /// `GET /v1/sagas/{id}`: the saga with its steps, the same object as `saga show ID --json`.
@@ -360,6 +641,42 @@ pub(crate) async fn saga_events(
         find_saga(&state, id).await?;
     }
     Ok(Json(Events { events }))
+}
+
+/// `GET /v1/sagas/{id}/deliveries`: the saga's webhook deliveries (one per event and target),
+/// with their state, attempts and last error; `404` for an unknown saga.
+#[utoipa::path(
+    get,
+    path = "/v1/sagas/{saga}/deliveries",
+    tag = "sagas",
+    operation_id = "saga_deliveries",
+    summary = "Read a saga's webhook deliveries",
+    description = "Each event of the saga, for each webhook target (the saga's callback URL, \
+        the server's subscribers): `pending`, `delivered` or `failed` (given up), with the \
+        attempts made, the next attempt's time and the receiver's last answer. Empty when no \
+        webhook is configured for the saga.",
+    params(("saga" = Uuid, Path, description = "The saga id")),
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "The deliveries, by event", body = Deliveries),
+        (status = 400, description = "Malformed saga id", body = ErrorBody),
+        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
+        (status = 404, description = "No saga with this id", body = ErrorBody),
+        (status = 500, description = "Internal error (details in the server log)",
+         body = ErrorBody),
+        (status = 503, description = "Database unavailable or request timed out",
+         body = ErrorBody),
+    )
+)]
+pub(crate) async fn saga_deliveries(
+    State(state): State<AppState>,
+    SagaId(id): SagaId,
+) -> Result<Json<Deliveries>, ApiError> {
+    let deliveries = state.outbox.deliveries(id).await?;
+    if deliveries.is_empty() {
+        find_saga(&state, id).await?;
+    }
+    Ok(Json(Deliveries { deliveries }))
 }
 
 /// `POST /v1/sagas/{id}/cancel`: requests cancellation. `202` with

@@ -23,26 +23,35 @@
 //!   request carries its [`ClientId`].
 //! - **Waiting instead of polling.** `Prefer: wait=N` (RFC 7240) holds a start or a read up to
 //!   N seconds (at most [`HttpConfig::max_wait`]) for the saga to end.
+//! - **Idempotent starts.** `Idempotency-Key` on `POST /v1/sagas/{name}` follows the four
+//!   rules of SPEC §4; the key is recorded in the saga's own transaction (see
+//!   [`IdempotencyStore`](crate::store::IdempotencyStore)), scoped to the [`ClientId`], and
+//!   kept for [`HttpConfig::idempotency_retention`]. A client registers a webhook for its saga
+//!   with `Saga-Callback-Url` (see [`crate::webhooks`]).
 //! - **Room to grow.** Per-request state is `AppState` (in `state.rs`), the cross-cutting
 //!   concerns are layers in [`router`] (metrics, request id, timeout, tracing, error shape,
-//!   auth, body limit), and each endpoint is one function in `handlers.rs`. Idempotency keys
-//!   and webhooks add a field to the state, a layer or a route here.
+//!   auth, body limit), and each endpoint is one function in `handlers.rs`.
 //!
 //! # Example
 //!
 //! ```no_run
-//! # async fn demo(engine: orchestrator::Engine) -> std::io::Result<()> {
+//! # async fn demo(registry: saga_dsl::Registry) -> anyhow::Result<()> {
+//! use std::sync::Arc;
 //! use orchestrator::http::{router_with_shutdown, serve, HttpConfig};
+//! use orchestrator::{Engine, EngineConfig};
 //! use tokio_util::sync::CancellationToken;
 //!
+//! let stores = orchestrator::store::open_full("sqlite://saga.db").await?;
+//! let engine = Engine::new(stores.log.clone(), Arc::new(registry), EngineConfig::default());
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
 //! let shutdown = CancellationToken::new();
 //! let config = HttpConfig {
 //!     api_token: std::env::var("SAGA_API_TOKEN").ok(),
 //!     ..HttpConfig::default()
 //! };
-//! let app = router_with_shutdown(engine, config, shutdown.clone());
-//! serve(listener, app, shutdown).await
+//! let app = router_with_shutdown(engine, &stores, config, shutdown.clone());
+//! serve(listener, app, shutdown).await?;
+//! # Ok(())
 //! # }
 //! ```
 
@@ -50,6 +59,7 @@ mod auth;
 mod error;
 mod extract;
 mod handlers;
+mod idempotency;
 mod metrics;
 mod middleware;
 mod openapi;
@@ -71,6 +81,7 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::engine::Engine;
+use crate::store::Stores;
 pub use auth::ClientId;
 pub use error::ApiError;
 use state::AppState;
@@ -93,6 +104,12 @@ pub struct HttpConfig {
     /// The longest `Prefer: wait=N` honoured; longer requests are capped to it (and
     /// `Preference-Applied` says so). `Duration::ZERO` turns waiting off. Default: 60 seconds.
     pub max_wait: Duration,
+    /// How long an `Idempotency-Key` is remembered after its first use; a retry after that
+    /// starts a new saga. Default: 24 hours (`--idempotency-retention-secs`).
+    pub idempotency_retention: Duration,
+    /// Refuse starts without an `Idempotency-Key` (`400`). Default: off
+    /// (`--require-idempotency-key`).
+    pub require_idempotency_key: bool,
 }
 
 impl HttpConfig {
@@ -102,6 +119,15 @@ impl HttpConfig {
     pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
     /// The default cap on `Prefer: wait`: 60 seconds.
     pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(60);
+    /// The default retention of idempotency keys: 24 hours.
+    pub const DEFAULT_IDEMPOTENCY_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
+
+    /// How old a key still in progress must be before it is taken as abandoned: its request
+    /// cannot still be running (the longest wait plus the request timeout, and a margin).
+    /// Such a key is then answered like a plain start (`202`) and completed with that answer.
+    pub fn abandoned_after(&self) -> Duration {
+        self.max_wait + self.request_timeout + Duration::from_secs(5)
+    }
 }
 
 impl Default for HttpConfig {
@@ -111,6 +137,8 @@ impl Default for HttpConfig {
             request_timeout: Self::DEFAULT_REQUEST_TIMEOUT,
             api_token: None,
             max_wait: Self::DEFAULT_MAX_WAIT,
+            idempotency_retention: Self::DEFAULT_IDEMPOTENCY_RETENTION,
+            require_idempotency_key: false,
         }
     }
 }
@@ -122,6 +150,8 @@ impl std::fmt::Debug for HttpConfig {
             .field("request_timeout", &self.request_timeout)
             .field("api_token", &self.api_token.as_ref().map(|_| "<redacted>"))
             .field("max_wait", &self.max_wait)
+            .field("idempotency_retention", &self.idempotency_retention)
+            .field("require_idempotency_key", &self.require_idempotency_key)
             .finish()
     }
 }
@@ -138,6 +168,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(handlers::get_saga, handlers::start_saga))
         .routes(routes!(handlers::saga_events))
         .routes(routes!(handlers::cancel_saga))
+        .routes(routes!(handlers::saga_deliveries))
 }
 
 /// The OpenAPI document of the API, as `GET /openapi.json` serves it. Generated from the
@@ -163,7 +194,8 @@ fn to_json(doc: &utoipa::openapi::OpenApi) -> String {
     text
 }
 
-/// Builds the HTTP API over `engine`.
+/// Builds the HTTP API over `engine`, with `stores` (the same database, see
+/// [`open_full`](crate::store::open_full)) for idempotent starts and webhook deliveries.
 ///
 /// | route | handler |
 /// |---|---|
@@ -172,6 +204,7 @@ fn to_json(doc: &utoipa::openapi::OpenApi) -> String {
 /// | `GET /v1/sagas?status=&name=&needs_attention=&limit=&cursor=` | a page of sagas, newest first |
 /// | `GET /v1/sagas/{id}/events` | the saga's event history |
 /// | `POST /v1/sagas/{id}/cancel` | request cancellation: `202`, or `409` when too late |
+/// | `GET /v1/sagas/{id}/deliveries` | the saga's webhook deliveries |
 /// | `GET /healthz` | `200` when the store answers, else `503` |
 /// | `GET /metrics` | Prometheus text |
 /// | `GET /openapi.json` | the OpenAPI document ([`openapi()`]) |
@@ -185,8 +218,8 @@ fn to_json(doc: &utoipa::openapi::OpenApi) -> String {
 ///
 /// A server that shuts down gracefully should use [`router_with_shutdown`], so that requests
 /// waiting on `Prefer: wait` answer at once instead of holding the shutdown.
-pub fn router(engine: Engine, config: HttpConfig) -> Router {
-    router_with_shutdown(engine, config, CancellationToken::new())
+pub fn router(engine: Engine, stores: &Stores, config: HttpConfig) -> Router {
+    router_with_shutdown(engine, stores, config, CancellationToken::new())
 }
 
 /// [`router`], with waits (`Prefer: wait`) cut short when `shutdown` is cancelled: they answer
@@ -194,6 +227,7 @@ pub fn router(engine: Engine, config: HttpConfig) -> Router {
 /// only waits for real work. Pass the token given to [`serve`].
 pub fn router_with_shutdown(
     engine: Engine,
+    stores: &Stores,
     config: HttpConfig,
     shutdown: CancellationToken,
 ) -> Router {
@@ -205,6 +239,8 @@ pub fn router_with_shutdown(
     let (routes, doc) = api_routes().split_for_parts();
     let state = AppState {
         engine,
+        idempotency: stores.idempotency.clone(),
+        outbox: stores.outbox.clone(),
         config: config.clone(),
         openapi: Bytes::from(to_json(&doc)),
         metrics: metrics::handle(),

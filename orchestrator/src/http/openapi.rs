@@ -21,8 +21,9 @@ pub(crate) struct ErrorBody {
 #[allow(dead_code)]
 pub(crate) struct ErrorDetail {
     /// Stable and machine-readable: `bad_request`, `unauthorized`, `not_found`,
-    /// `method_not_allowed`, `conflict`, `payload_too_large`, `unsupported_media_type`,
-    /// `invalid_input`, `internal`, `unavailable`.
+    /// `method_not_allowed`, `conflict`, `request_in_progress`, `payload_too_large`,
+    /// `unsupported_media_type`, `invalid_input`, `idempotency_key_reused`, `internal`,
+    /// `unavailable`.
     #[schema(example = "not_found")]
     code: String,
     /// For a person: what went wrong and how to fix it.
@@ -65,7 +66,21 @@ impl Modify for BearerAuth {
             `POST /v1/sagas/{name}` and `GET /v1/sagas/{id}` honour `Prefer: wait=N` \
             (RFC 7240): the server holds the request up to N seconds (at most its configured \
             maximum, 60 by default) for the saga to end, and says what it applied in \
-            `Preference-Applied`.",
+            `Preference-Applied`.\n\n\
+            **Idempotency.** `POST /v1/sagas/{name}` takes an `Idempotency-Key` (IETF httpapi \
+            draft): a retry with the same key and request replays the first answer \
+            (`Idempotent-Replayed: true`) instead of starting a second saga. Keys are kept \
+            24 hours by default (the server's `--idempotency-retention-secs`).\n\n\
+            **Webhooks.** Every saga event (the transactional outbox) is POSTed, at least once \
+            and in order per saga, to the saga's `Saga-Callback-Url` and to the server's \
+            subscribers (`--webhook-url`), as JSON `{\"id\", \"type\", \"saga_id\", \
+            \"saga_name\", \"step\", \"at\", \"data\"}` with headers `Saga-Event-Id` (the same \
+            on every retry: deduplicate by it) and `Saga-Signature: t=<unix seconds>,v1=<hex>`, \
+            HMAC-SHA256 with the shared secret over `<t>.<raw body>`. Receivers recompute it, \
+            compare in constant time and refuse timestamps older than a few minutes \
+            (`orchestrator::webhooks::verify_signature`). A failed delivery (not `2xx` within \
+            the timeout) is retried with exponential backoff; `GET /v1/sagas/{id}/deliveries` \
+            shows where each one stands.",
         license(name = "MIT OR Apache-2.0"),
     ),
     modifiers(&BearerAuth),

@@ -9,12 +9,17 @@ use tokio_util::sync::CancellationToken;
 
 use crate::engine::Engine;
 use crate::http::HttpConfig;
+use crate::store::{IdempotencyStore, OutboxStore};
 
 /// The shared state of the HTTP API. Cheap to clone (`Arc`s and handles).
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub(crate) struct AppState {
     /// The engine: starts sagas and reaches the store.
     pub(crate) engine: Engine,
+    /// Idempotent starts (`Idempotency-Key`, callbacks): the same database as the engine's.
+    pub(crate) idempotency: Arc<dyn IdempotencyStore>,
+    /// Webhook deliveries, for `GET /v1/sagas/{id}/deliveries`.
+    pub(crate) outbox: Arc<dyn OutboxStore>,
     /// The API settings.
     pub(crate) config: Arc<HttpConfig>,
     /// The OpenAPI document, serialized once when the router is built.
@@ -24,4 +29,13 @@ pub(crate) struct AppState {
     /// Cancelled when the server shuts down: long waits (`Prefer: wait`) end early, so that
     /// they do not hold a graceful shutdown.
     pub(crate) shutdown: CancellationToken,
+}
+
+impl std::fmt::Debug for AppState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AppState")
+            .field("engine", &self.engine)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
 }

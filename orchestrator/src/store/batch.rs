@@ -41,8 +41,11 @@ pub(crate) struct NewItem {
 }
 
 /// Pushes `CAST(? AS ty)`.
-pub(crate) fn bind_as<'a, DB: Database, T>(b: &mut sqlx::query_builder::Separated<'_, 'a, DB, &'static str>, v: T, ty: &str)
-where
+pub(crate) fn bind_as<'a, DB: Database, T>(
+    b: &mut sqlx::query_builder::Separated<'_, 'a, DB, &'static str>,
+    v: T,
+    ty: &str,
+) where
     T: 'a + sqlx::Encode<'a, DB> + sqlx::Type<DB>,
 {
     b.push("CAST(");
@@ -50,10 +53,12 @@ where
     b.push_unseparated(format!(" AS {ty})"));
 }
 
-
 /// The last update of each (saga, step, phase): a transition may carry a recovery and a new
 /// write-ahead of the same phase, and a set-based `UPDATE` must see one row per key.
-pub(crate) fn latest_steps<'a>(passed: &[&'a Item], phase: Phase) -> Vec<(Uuid, &'a StepUpdate, Option<&'a Value>)> {
+pub(crate) fn latest_steps<'a>(
+    passed: &[&'a Item],
+    phase: Phase,
+) -> Vec<(Uuid, &'a StepUpdate, Option<&'a Value>)> {
     let mut order: Vec<(Uuid, u32)> = Vec::new();
     let mut latest: HashMap<(Uuid, u32), (&'a StepUpdate, Option<&'a Value>)> = HashMap::new();
     for (lease, t) in passed.iter().copied() {
@@ -70,9 +75,6 @@ pub(crate) fn latest_steps<'a>(passed: &[&'a Item], phase: Phase) -> Vec<(Uuid, 
         .filter_map(|k| latest.get(&k).map(|(u, o)| (k.0, *u, *o)))
         .collect()
 }
-
-
-
 
 /// The statements are the same for both backends; only the connection type and the SQL type
 /// names of ids and JSON differ, so one body is stamped out per backend.

@@ -48,8 +48,11 @@ pub(crate) type ApplyFn<DB> = for<'c> fn(
 ) -> BoxFuture<'c, Result<Vec<Result<Applied>>>>;
 
 /// Creates sagas set-based on a connection (see [`super::batch`]).
-pub(crate) type CreateFn<DB> =
-    for<'c> fn(&'c mut <DB as Database>::Connection, Millis, &'c [NewItem]) -> BoxFuture<'c, Result<()>>;
+pub(crate) type CreateFn<DB> = for<'c> fn(
+    &'c mut <DB as Database>::Connection,
+    Millis,
+    &'c [NewItem],
+) -> BoxFuture<'c, Result<()>>;
 
 /// A queued write.
 enum Job<DB: Database> {
@@ -350,8 +353,12 @@ where
         return Ok((any_ok, Vec::new(), creates));
     }
     if alone {
-        // One transition alone: its statement error is its own, and rolls the transaction back.
-        let applied = (backend.apply)(conn, now, items).await?;
+        // One transition alone: its statement error is its own (the transaction is then rolled
+        // back, nothing else being in it).
+        let applied = match (backend.apply)(conn, now, items).await {
+            Ok(applied) => applied,
+            Err(e) => vec![Err(e)],
+        };
         any_ok |= applied.iter().any(|r| matches!(r, Ok(Applied::Written)));
         return Ok((any_ok, applied, creates));
     }
@@ -372,7 +379,10 @@ where
                 match (backend.apply)(conn, now, std::slice::from_ref(item)).await {
                     Ok(mut one) => {
                         exec::<DB>(conn, "RELEASE SAVEPOINT transition").await?;
-                        applied.push(one.pop().unwrap_or(Err(StoreError::LeaseLost(item.0.saga_id))));
+                        applied.push(
+                            one.pop()
+                                .unwrap_or(Err(StoreError::LeaseLost(item.0.saga_id))),
+                        );
                     }
                     Err(e) => {
                         exec::<DB>(conn, "ROLLBACK TO SAVEPOINT transition").await?;
@@ -404,8 +414,8 @@ where
         return Ok(Vec::new());
     }
     if alone {
-        (backend.create)(conn, now, news).await?;
-        return Ok(vec![Ok(now)]);
+        // Its error is its own; the transaction is then rolled back.
+        return Ok(vec![(backend.create)(conn, now, news).await.map(|()| now)]);
     }
     exec::<DB>(conn, "SAVEPOINT creates").await?;
     match (backend.create)(conn, now, news).await {

@@ -12,10 +12,17 @@
 
 mod batch;
 mod group_commit;
+pub mod idempotency;
+mod idempotency_pg;
+mod idempotency_sqlite;
+pub mod outbox;
+mod outbox_pg;
+mod outbox_sqlite;
 mod postgres;
 mod rows;
 mod rules;
 mod sqlite;
+mod stores;
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -24,8 +31,11 @@ use uuid::Uuid;
 use crate::model::{
     Attempt, Event, ListFilter, Millis, PhaseRecord, Saga, SagaPage, SagaStatus, StepKindName,
 };
+pub use idempotency::{Callback, IdempotencyKey, IdempotencyStore, IdempotentStart, SavedResponse};
+pub use outbox::{Delivery, DeliveryState, OutboxStore};
 pub use postgres::PgStore;
 pub use sqlite::{SqliteDurability, SqliteStore};
+pub use stores::{open_full, Stores};
 
 /// A saga to create.
 #[derive(Debug, Clone)]
@@ -356,8 +366,12 @@ pub trait Store: Send + Sync + 'static {
 
     /// Creates a saga already leased to `owner` (epoch 1), so the process that starts it can
     /// drive it at once without a claim; otherwise as [`Store::create_saga`].
-    async fn create_saga_leased(&self, new: NewSaga, owner: &str, lease_ttl_ms: i64)
-        -> Result<Claimed>;
+    async fn create_saga_leased(
+        &self,
+        new: NewSaga,
+        owner: &str,
+        lease_ttl_ms: i64,
+    ) -> Result<Claimed>;
 
     /// Reads one saga with its steps.
     async fn get_saga(&self, id: Uuid) -> Result<Option<Saga>>;

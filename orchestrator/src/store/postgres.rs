@@ -22,19 +22,20 @@ use sqlx::{Postgres, QueryBuilder, Row, Transaction};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
+use super::batch;
+use super::group_commit::{Backend, WriteQueue};
 use super::rows::{
-    comp_status_for, corrupt, new_saga_record, parse_enum, saga_from_row, step_from_row,
-    summary_from_row, worker_from_row,
+    comp_status_for, corrupt, parse_enum, saga_from_row, step_from_row, summary_from_row,
+    worker_from_row,
 };
 use super::rules::{cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan};
 use super::{
-    Applied, AttemptChange, CancelOutcome, ClaimRequest, Claimed, Lease, NewSaga, Result, Store,
-    StoreError, Transition, WorkerInfo,
+    Applied, CancelOutcome, ClaimRequest, Claimed, Lease, NewSaga, Result, Store, StoreError,
+    Transition, WorkerInfo,
 };
 use crate::model::{
     definition_key, Attempt, Event, ListFilter, Millis, Saga, SagaPage, SagaStatus, StepRecord,
 };
-use saga_dsl::Phase;
 
 const MAX_PAGE: u32 = 1000;
 const CHANNEL: &str = "saga_due";
@@ -44,6 +45,8 @@ const DONE_CHANNEL: &str = "saga_done";
 pub struct PgStore {
     pool: PgPool,
     commits: AtomicU64,
+    /// Engine writes (create, transitions), group-committed.
+    queue: WriteQueue<Postgres>,
     due: Arc<Notify>,
     done: tokio::sync::broadcast::Sender<Uuid>,
     listener: OnceLock<()>,
@@ -79,6 +82,16 @@ impl PgStore {
             .connect_with(opts)
             .await?;
         let store = Self {
+            queue: WriteQueue::start(
+                pool.clone(),
+                Backend {
+                    begin: "BEGIN",
+                    now_sql: Some("SELECT saga_now_ms()"),
+                    apply: batch::postgres::apply_batch_boxed,
+                    create: batch::postgres::insert_sagas_boxed,
+                },
+                Arc::new(crate::clock::SystemClock),
+            ),
             pool,
             commits: AtomicU64::new(0),
             due: Arc::new(Notify::new()),
@@ -109,6 +122,19 @@ impl PgStore {
                 self.done.clone(),
             ));
         });
+    }
+
+    /// Sends a notification outside any transaction (after the commit it announces). A lost
+    /// notification costs a poll interval, so a failure is only logged.
+    async fn notify(&self, channel: &str, payload: &str) {
+        let sent = sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(channel)
+            .bind(payload)
+            .execute(&self.pool)
+            .await;
+        if let Err(e) = sent {
+            tracing::debug!(error = %e, channel, "NOTIFY failed");
+        }
     }
 
     async fn notify_done(tx: &mut Transaction<'static, Postgres>, id: &str) -> Result<()> {
@@ -358,11 +384,9 @@ impl Store for PgStore {
     }
 
     async fn create_saga(&self, new: NewSaga) -> Result<Saga> {
-        let mut tx = self.pool.begin().await?;
-        let now = insert_saga_rows(&mut tx, &new).await?;
-        Self::notify_due(&mut tx).await?;
-        self.commit(tx).await?;
-        Ok(new_saga_record(new, now))
+        let saga = self.queue.create(new, None).await?;
+        self.notify(CHANNEL, "").await;
+        Ok(saga)
     }
 
     async fn create_saga_leased(
@@ -371,26 +395,15 @@ impl Store for PgStore {
         owner: &str,
         lease_ttl_ms: i64,
     ) -> Result<Claimed> {
-        let mut tx = self.pool.begin().await?;
-        let now = insert_saga_rows(&mut tx, &new).await?;
-        sqlx::query(
-            "UPDATE sagas SET lease_owner = $2, lease_epoch = 1, \
-             lease_expires_at = saga_now_ms() + $3 WHERE id = $1::uuid",
-        )
-        .bind(new.id.to_string())
-        .bind(owner)
-        .bind(lease_ttl_ms)
-        .execute(&mut *tx)
-        .await?;
-        self.commit(tx).await?;
-        let mut saga = new_saga_record(new, now);
-        saga.lease_owner = Some(owner.to_owned());
-        saga.lease_epoch = 1;
+        let saga = self
+            .queue
+            .create(new, Some((owner.to_owned(), lease_ttl_ms)))
+            .await?;
         Ok(Claimed {
             lease: Lease {
                 saga_id: saga.id,
                 owner: owner.to_owned(),
-                epoch: 1,
+                epoch: saga.lease_epoch,
             },
             saga,
         })
@@ -556,133 +569,17 @@ impl Store for PgStore {
     }
 
     async fn apply(&self, lease: &Lease, t: &Transition) -> Result<Applied> {
-        let id = lease.saga_id.to_string();
-        let mut tx = self.pool.begin().await?;
-        let s = &t.saga;
-        let updated = sqlx::query(
-            "UPDATE sagas SET status = $1, next_run_at = $2, error = $3, \
-             output = COALESCE($4::jsonb, output), needs_attention = $5, pivot_reached = $6, \
-             updated_at = saga_now_ms(), \
-             lease_owner = CASE WHEN $7 THEN NULL ELSE lease_owner END, \
-             lease_expires_at = CASE WHEN $7 THEN NULL ELSE lease_expires_at END \
-             WHERE id = $8::uuid AND lease_owner = $9 AND lease_epoch = $10 \
-               AND NOT ($11 AND cancel_requested)",
-        )
-        .bind(s.status.as_str())
-        .bind(s.next_run_at)
-        .bind(&s.error)
-        .bind(s.output.as_ref().map(Value::to_string))
-        .bind(s.needs_attention)
-        .bind(s.pivot_reached)
-        .bind(t.release)
-        .bind(&id)
-        .bind(&lease.owner)
-        .bind(lease.epoch)
-        .bind(t.unless_cancelled)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if updated == 0 {
-            let row = sqlx::query(
-                "SELECT lease_owner, lease_epoch, cancel_requested FROM sagas WHERE id = $1::uuid",
-            )
-            .bind(&id)
-            .fetch_optional(&mut *tx)
-            .await?;
-            tx.rollback().await?;
-            return match row {
-                Some(row)
-                    if row.try_get::<Option<String>, _>("lease_owner")?.as_deref()
-                        == Some(lease.owner.as_str())
-                        && row.try_get::<i64, _>("lease_epoch")? == lease.epoch
-                        && row.try_get::<bool, _>("cancel_requested")? =>
-                {
-                    Ok(Applied::CancelRequested)
-                }
-                _ => Err(StoreError::LeaseLost(lease.saga_id)),
-            };
-        }
-        for step in &t.steps {
-            let r = &step.record;
-            let sql = match step.phase {
-                Phase::Action => {
-                    "UPDATE steps SET status = $1, attempts = $2, last_error = $3, outcome_unknown = $4, \
-                     started_at = $5, ended_at = $6, output = COALESCE($7::jsonb, output) \
-                     WHERE saga_id = $8::uuid AND idx = $9"
-                }
-                Phase::Compensation => {
-                    "UPDATE steps SET comp_status = $1, comp_attempts = $2, comp_last_error = $3, \
-                     comp_outcome_unknown = $4, comp_started_at = $5, comp_ended_at = $6 \
-                     WHERE saga_id = $8::uuid AND idx = $9 AND ($7::text IS NULL OR TRUE)"
-                }
-            };
-            sqlx::query(sql)
-                .bind(r.status.as_str())
-                .bind(i64::from(r.attempts))
-                .bind(&r.last_error)
-                .bind(r.outcome_unknown)
-                .bind(r.started_at)
-                .bind(r.ended_at)
-                .bind(step.output.as_ref().map(Value::to_string))
-                .bind(&id)
-                .bind(i64::from(step.index))
-                .execute(&mut *tx)
-                .await?;
-        }
-        for change in &t.attempts {
-            match change {
-                AttemptChange::Start {
-                    step_index,
-                    phase,
-                    attempt,
-                } => {
-                    sqlx::query(
-                        "INSERT INTO attempts (saga_id, step_idx, phase, attempt, worker, lease_epoch, started_at) \
-                         VALUES ($1::uuid, $2, $3, $4, $5, $6, saga_now_ms())",
-                    )
-                    .bind(&id)
-                    .bind(i64::from(*step_index))
-                    .bind(phase.as_str())
-                    .bind(i64::from(*attempt))
-                    .bind(&lease.owner)
-                    .bind(lease.epoch)
-                    .execute(&mut *tx)
-                    .await?;
-                }
-                AttemptChange::Finish {
-                    step_index,
-                    phase,
-                    attempt,
-                    outcome,
-                    error,
-                } => {
-                    sqlx::query(
-                        "UPDATE attempts SET ended_at = saga_now_ms(), outcome = $5, error = $6 \
-                         WHERE saga_id = $1::uuid AND step_idx = $2 AND phase = $3 AND attempt = $4",
-                    )
-                    .bind(&id)
-                    .bind(i64::from(*step_index))
-                    .bind(phase.as_str())
-                    .bind(i64::from(*attempt))
-                    .bind(*outcome)
-                    .bind(error)
-                    .execute(&mut *tx)
-                    .await?;
-                }
+        let applied = self.queue.apply(lease.clone(), t.clone()).await?;
+        if applied == Applied::Written {
+            // Announced after the commit, so whoever hears it finds the change.
+            if t.saga.status.is_terminal() {
+                self.notify(DONE_CHANNEL, &lease.saga_id.to_string()).await;
+            } else if t.release && t.saga.next_run_at.is_some() {
+                // Released while still runnable (shutdown, a long backoff): wake other workers.
+                self.notify(CHANNEL, "").await;
             }
         }
-        for event in &t.events {
-            insert_event(&mut tx, &id, event.kind, event.step.as_deref(), &event.data).await?;
-        }
-        if t.saga.status.is_terminal() {
-            Self::notify_done(&mut tx, &id).await?;
-        }
-        if t.release && t.saga.next_run_at.is_some() {
-            // Released while still runnable (shutdown, a long backoff): wake other workers.
-            Self::notify_due(&mut tx).await?;
-        }
-        self.commit(tx).await?;
-        Ok(Applied::Written)
+        Ok(applied)
     }
 
     async fn mark_blocked(&self, definitions: &[String]) -> Result<u64> {
@@ -900,7 +797,7 @@ impl Store for PgStore {
     }
 
     fn commits(&self) -> u64 {
-        self.commits.load(Ordering::Relaxed)
+        self.commits.load(Ordering::Relaxed) + self.queue.commits()
     }
 
     async fn now(&self) -> Result<Millis> {

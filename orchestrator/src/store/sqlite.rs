@@ -23,16 +23,16 @@ use sqlx::sqlite::{
 use sqlx::{QueryBuilder, Row, Sqlite, Transaction};
 use uuid::Uuid;
 
-use super::rows::{
-    comp_status_for, corrupt, parse_enum, parse_json, saga_from_row,
-    step_from_row, summary_from_row, worker_from_row,
-};
 use super::batch;
 use super::group_commit::{Backend, WriteQueue};
+use super::rows::{
+    comp_status_for, corrupt, parse_enum, parse_json, saga_from_row, step_from_row,
+    summary_from_row, worker_from_row,
+};
 use super::rules::{cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan};
 use super::{
-    Applied, CancelOutcome, ClaimRequest, Claimed, Lease, NewSaga, Result, Store,
-    StoreError, Transition, WorkerInfo,
+    Applied, CancelOutcome, ClaimRequest, Claimed, Lease, NewSaga, Result, Store, StoreError,
+    Transition, WorkerInfo,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::model::{
@@ -338,7 +338,7 @@ async fn claim_on(
     lease_ttl_ms: i64,
     definitions: &str,
 ) -> Result<Vec<Claimed>> {
-        let rows = sqlx::query(
+    let rows = sqlx::query(
         "UPDATE sagas SET lease_owner = ?1, lease_epoch = lease_epoch + 1, lease_expires_at = ?2, \
          blocked = 0 \
          WHERE id IN (SELECT id FROM sagas \
@@ -391,7 +391,7 @@ async fn claim_on(
         });
     }
     Ok(claimed)
-    }
+}
 
 #[async_trait]
 impl Store for SqliteStore {

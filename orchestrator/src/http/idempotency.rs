@@ -1,0 +1,352 @@
+//! Reading the headers of an idempotent start: `Idempotency-Key` (IETF httpapi draft "The
+//! Idempotency-Key HTTP Header Field"), `Saga-Callback-Url` and `Saga-Callback-Secret`, and
+//! the request's fingerprint.
+//!
+//! The rules themselves (new key, replay, in progress, mismatch) live in the start handler and
+//! in the store, which records the key in the same transaction as the saga; this module only
+//! turns headers into checked values, so that a malformed header is a `400` before anything is
+//! read or written.
+//!
+//! - The key may be sent bare (`Idempotency-Key: 8e03978e-…`) or as an RFC 8941 string, as the
+//!   draft specifies it (`Idempotency-Key: "8e03978e-…"`); both name the same key. A bare key
+//!   is 1 to 255 visible ASCII characters; a quoted one may also hold spaces and `\"`, `\\`.
+//! - The fingerprint is SHA-256 over the saga name, the callback URL and the body as canonical
+//!   JSON (object keys sorted at every level, no insignificant whitespace), so the order of the
+//!   keys in the body does not matter and any other difference does.
+
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderName};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::http::auth::ClientId;
+use crate::http::error::{quote, ApiError};
+use crate::http::state::AppState;
+use crate::store::Callback;
+
+/// The `Idempotency-Key` request header.
+pub(crate) static IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+/// The response header that marks a replayed answer.
+pub(crate) static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+/// The request header registering a saga's callback URL.
+pub(crate) static CALLBACK_URL: HeaderName = HeaderName::from_static("saga-callback-url");
+/// The request header giving the callback's own signing secret.
+pub(crate) static CALLBACK_SECRET: HeaderName = HeaderName::from_static("saga-callback-secret");
+
+/// The longest key accepted (SPEC §4).
+pub(crate) const MAX_KEY_LEN: usize = 255;
+/// The longest callback URL accepted.
+pub(crate) const MAX_URL_LEN: usize = 2048;
+
+/// Why a key header is refused (each becomes a `400` naming the problem).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum KeyError {
+    /// The header appears more than once.
+    #[error("send one Idempotency-Key header, not several")]
+    Repeated,
+    /// Empty, bare or quoted.
+    #[error("the Idempotency-Key is empty")]
+    Empty,
+    /// Over [`MAX_KEY_LEN`].
+    #[error("the Idempotency-Key is {0} characters long; at most 255 are allowed")]
+    TooLong(usize),
+    /// A character outside visible ASCII, or a malformed quoted string.
+    #[error(
+        "the Idempotency-Key must be visible ASCII characters, bare or as a quoted string \
+         (RFC 8941)"
+    )]
+    Malformed,
+}
+
+/// Reads the `Idempotency-Key` header: `Ok(None)` when there is none.
+pub(crate) fn parse_key(headers: &HeaderMap) -> Result<Option<String>, KeyError> {
+    let mut values = headers.get_all(&IDEMPOTENCY_KEY).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(KeyError::Repeated);
+    }
+    let text = value.to_str().map_err(|_| KeyError::Malformed)?;
+    let text = text.trim_matches([' ', '\t']);
+    let key = match text.strip_prefix('"') {
+        Some(rest) => parse_sf_string(rest)?,
+        None => {
+            if !text.bytes().all(|b| b.is_ascii_graphic()) {
+                return Err(KeyError::Malformed);
+            }
+            text.to_owned()
+        }
+    };
+    if key.is_empty() {
+        return Err(KeyError::Empty);
+    }
+    if key.len() > MAX_KEY_LEN {
+        return Err(KeyError::TooLong(key.len()));
+    }
+    Ok(Some(key))
+}
+
+/// The rest of an RFC 8941 sf-string after its opening quote: printable ASCII, `\"` and `\\`
+/// escapes, a closing quote and nothing after it.
+fn parse_sf_string(rest: &str) -> Result<String, KeyError> {
+    let mut out = String::with_capacity(rest.len());
+    let mut chars = rest.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next() {
+                Some(e @ ('"' | '\\')) => out.push(e),
+                _ => return Err(KeyError::Malformed),
+            },
+            '"' => {
+                return if chars.next().is_none() {
+                    Ok(out)
+                } else {
+                    Err(KeyError::Malformed)
+                };
+            }
+            ' '..='~' => out.push(c),
+            _ => return Err(KeyError::Malformed),
+        }
+    }
+    Err(KeyError::Malformed)
+}
+
+/// Reads `Saga-Callback-Url` (and `Saga-Callback-Secret`): an absolute URL with a host that
+/// the relay can deliver to (see [`crate::webhooks::check_url`]), at most 2048 characters; the secret, if any, 1 to 255 visible ASCII characters.
+pub(crate) fn parse_callback(headers: &HeaderMap) -> Result<Option<Callback>, ApiError> {
+    let one = |name: &HeaderName| -> Result<Option<String>, ApiError> {
+        let mut values = headers.get_all(name).iter();
+        let Some(value) = values.next() else {
+            return Ok(None);
+        };
+        if values.next().is_some() {
+            return Err(ApiError::bad_request(format!(
+                "send one {name} header, not several"
+            )));
+        }
+        let text = value.to_str().map_err(|_| {
+            ApiError::bad_request(format!("the {name} header must be visible ASCII"))
+        })?;
+        Ok(Some(text.trim().to_owned()))
+    };
+    let secret = one(&CALLBACK_SECRET)?;
+    let Some(url) = one(&CALLBACK_URL)? else {
+        if secret.is_some() {
+            return Err(ApiError::bad_request(
+                "Saga-Callback-Secret needs a Saga-Callback-Url to sign for",
+            ));
+        }
+        return Ok(None);
+    };
+    if url.len() > MAX_URL_LEN {
+        return Err(ApiError::bad_request(format!(
+            "the Saga-Callback-Url is longer than {MAX_URL_LEN} characters"
+        )));
+    }
+    let parsed = crate::webhooks::check_url(&url).map_err(|e| {
+        ApiError::bad_request(format!(
+            "the Saga-Callback-Url {} cannot be used: {}",
+            quote(&url),
+            match e {
+                crate::webhooks::WebhookError::InvalidUrl { reason, .. } => reason,
+                other => other.to_string(),
+            }
+        ))
+    })?;
+    if let Some(secret) = &secret {
+        if secret.is_empty()
+            || secret.len() > MAX_KEY_LEN
+            || !secret.bytes().all(|b| b.is_ascii_graphic())
+        {
+            return Err(ApiError::bad_request(
+                "the Saga-Callback-Secret must be 1 to 255 visible ASCII characters",
+            ));
+        }
+    }
+    Ok(Some(Callback {
+        url: parsed.to_string(),
+        secret,
+    }))
+}
+
+/// The idempotency-related headers of a start, checked, with who sent it.
+#[derive(Debug, Clone)]
+pub(crate) struct StartHeaders {
+    /// The key, if any.
+    pub(crate) key: Option<String>,
+    /// The callback, if any.
+    pub(crate) callback: Option<Callback>,
+    /// The client the key is scoped to.
+    pub(crate) scope: String,
+}
+
+impl FromRequestParts<AppState> for StartHeaders {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
+        let key = parse_key(&parts.headers).map_err(|e| ApiError::bad_request(e.to_string()))?;
+        if key.is_none() && state.config.require_idempotency_key {
+            return Err(ApiError::bad_request(
+                "this server requires an Idempotency-Key header on every start (any unique \
+                 string of 1 to 255 visible ASCII characters, reused on retries)",
+            ));
+        }
+        let callback = parse_callback(&parts.headers)?;
+        let scope = parts
+            .extensions
+            .get::<ClientId>()
+            .map(|c| c.as_str().to_owned())
+            .unwrap_or_else(|| ClientId::ANONYMOUS.to_owned());
+        Ok(Self {
+            key,
+            callback,
+            scope,
+        })
+    }
+}
+
+/// The fingerprint of a start: SHA-256 (hex) over the saga name, the callback URL and the
+/// canonical JSON of the body.
+pub(crate) fn fingerprint(name: &str, callback: Option<&Callback>, body: &Value) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(name.as_bytes());
+    hasher.update([0]);
+    hasher.update(callback.map(|c| c.url.as_str()).unwrap_or_default());
+    hasher.update([0]);
+    let mut text = String::new();
+    canonical_json(body, &mut text);
+    hasher.update(text.as_bytes());
+    hex(&hasher.finalize())
+}
+
+/// Writes `value` as JSON with the keys of every object sorted (serde_json sorts them already
+/// unless its `preserve_order` feature is on; this does not depend on that).
+pub(crate) fn canonical_json(value: &Value, out: &mut String) {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(b.0));
+            out.push('{');
+            for (i, (k, v)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(&Value::String(k.clone()).to_string());
+                out.push(':');
+                canonical_json(v, out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, v) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                canonical_json(v, out);
+            }
+            out.push(']');
+        }
+        scalar => out.push_str(&scalar.to_string()),
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    bytes.iter().fold(String::new(), |mut s, b| {
+        let _ = write!(s, "{b:02x}");
+        s
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+    use serde_json::json;
+
+    fn key(values: &[&str]) -> Result<Option<String>, KeyError> {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(
+                &IDEMPOTENCY_KEY,
+                HeaderValue::from_str(v).expect("header value"),
+            );
+        }
+        parse_key(&h)
+    }
+
+    #[test]
+    fn reads_bare_and_quoted_keys() {
+        assert_eq!(key(&[]), Ok(None));
+        assert_eq!(key(&["abc-1"]), Ok(Some("abc-1".into())));
+        assert_eq!(key(&["\"abc-1\""]), Ok(Some("abc-1".into())));
+        assert_eq!(key(&[" \"a b\" "]), Ok(Some("a b".into())));
+        assert_eq!(key(&[r#""q\"x\\""#]), Ok(Some(r#"q"x\"#.into())));
+        assert_eq!(key(&[&"k".repeat(255)]), Ok(Some("k".repeat(255))));
+    }
+
+    #[test]
+    fn refuses_bad_keys() {
+        assert_eq!(key(&[""]), Err(KeyError::Empty));
+        assert_eq!(key(&["\"\""]), Err(KeyError::Empty));
+        assert_eq!(key(&[&"k".repeat(256)]), Err(KeyError::TooLong(256)));
+        assert_eq!(key(&["a b"]), Err(KeyError::Malformed));
+        assert_eq!(key(&["\"abc"]), Err(KeyError::Malformed));
+        assert_eq!(key(&["\"abc\"x"]), Err(KeyError::Malformed));
+        assert_eq!(key(&[r#""a\n""#]), Err(KeyError::Malformed));
+        assert_eq!(key(&["a", "b"]), Err(KeyError::Repeated));
+        let mut h = HeaderMap::new();
+        h.insert(
+            &IDEMPOTENCY_KEY,
+            HeaderValue::from_bytes(b"caf\xc3\xa9").expect("opaque bytes"),
+        );
+        assert_eq!(parse_key(&h), Err(KeyError::Malformed));
+    }
+
+    #[test]
+    fn the_fingerprint_ignores_key_order_only() {
+        let a = json!({"b": 1, "a": {"y": [1, {"d": 2, "c": 3}], "x": null}});
+        let b: Value =
+            serde_json::from_str(r#"{"a": {"x": null, "y": [1, {"c": 3, "d": 2}]}, "b": 1}"#)
+                .expect("json");
+        assert_eq!(fingerprint("s", None, &a), fingerprint("s", None, &b));
+        assert_ne!(fingerprint("s", None, &a), fingerprint("t", None, &a));
+        assert_ne!(
+            fingerprint("s", None, &json!({"a": 1})),
+            fingerprint("s", None, &json!({"a": 2}))
+        );
+        let cb = Callback {
+            url: "http://x/".into(),
+            secret: None,
+        };
+        assert_ne!(fingerprint("s", None, &a), fingerprint("s", Some(&cb), &a));
+        let mut text = String::new();
+        canonical_json(&a, &mut text);
+        assert_eq!(text, r#"{"a":{"x":null,"y":[1,{"c":3,"d":2}]},"b":1}"#);
+    }
+
+    #[test]
+    fn reads_callbacks() {
+        let mut h = HeaderMap::new();
+        assert!(matches!(parse_callback(&h), Ok(None)));
+        h.insert(&CALLBACK_URL, HeaderValue::from_static("ftp://x/"));
+        assert!(parse_callback(&h).is_err());
+        h.insert(&CALLBACK_URL, HeaderValue::from_static("not a url"));
+        assert!(parse_callback(&h).is_err());
+        h.insert(
+            &CALLBACK_URL,
+            HeaderValue::from_static("http://hooks.example/x?y=1"),
+        );
+        let cb = parse_callback(&h).expect("valid").expect("present");
+        assert_eq!(cb.url, "http://hooks.example/x?y=1");
+        h.remove(&CALLBACK_URL);
+        h.insert(&CALLBACK_SECRET, HeaderValue::from_static("s"));
+        assert!(parse_callback(&h).is_err(), "a secret needs a URL");
+    }
+}

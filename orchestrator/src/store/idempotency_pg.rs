@@ -1,0 +1,171 @@
+//! [`IdempotencyStore`] on PostgreSQL: `INSERT … ON CONFLICT DO NOTHING RETURNING` on the key,
+//! then the saga, in one transaction. A concurrent transaction inserting the same key waits on
+//! the primary key until the first one commits (then it conflicts, rolls back and reads the
+//! winner's row) or rolls back (then it inserts and creates the saga itself).
+
+use async_trait::async_trait;
+use sqlx::{Postgres, Row, Transaction};
+use uuid::Uuid;
+
+use super::idempotency::{
+    judge, retention_ms, Callback, IdempotencyKey, IdempotencyStore, IdempotentStart, SavedResponse,
+};
+use super::postgres::insert_saga_rows;
+use super::rows::{corrupt, new_saga_record};
+use super::{NewSaga, PgStore, Result, StoreError};
+use crate::model::{Millis, Saga};
+
+/// The channel the engines listen on for new due sagas (see the PostgreSQL store).
+const DUE_CHANNEL: &str = "saga_due";
+
+/// How often a start retries when the key it conflicted with vanished before it could read it
+/// (expired and deleted in between): each retry either inserts or finds a live row.
+const MAX_ROUNDS: usize = 3;
+
+async fn insert_callback(
+    tx: &mut Transaction<'static, Postgres>,
+    saga_id: Uuid,
+    callback: &Callback,
+) -> Result<()> {
+    sqlx::query("INSERT INTO saga_callbacks (saga_id, url, secret) VALUES ($1::uuid, $2, $3)")
+        .bind(saga_id.to_string())
+        .bind(&callback.url)
+        .bind(&callback.secret)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// Wakes idle engines of every process: a saga is due.
+async fn notify_due(tx: &mut Transaction<'static, Postgres>) -> Result<()> {
+    sqlx::query("SELECT pg_notify($1, '')")
+        .bind(DUE_CHANNEL)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+#[async_trait]
+impl IdempotencyStore for PgStore {
+    async fn create_saga_idempotent(
+        &self,
+        key: &IdempotencyKey,
+        new: NewSaga,
+        callback: Option<&Callback>,
+        response: Option<&SavedResponse>,
+    ) -> Result<IdempotentStart> {
+        for _ in 0..MAX_ROUNDS {
+            let mut tx = self.pool().begin().await?;
+            sqlx::query(
+                "DELETE FROM idempotency_keys WHERE scope = $1 AND key = $2 \
+                 AND expires_at <= saga_now_ms()",
+            )
+            .bind(&key.scope)
+            .bind(&key.key)
+            .execute(&mut *tx)
+            .await?;
+            let inserted = sqlx::query(
+                "INSERT INTO idempotency_keys (scope, key, fingerprint, saga_id, status_code, \
+                 response_body, created_at, expires_at, completed_at) \
+                 VALUES ($1, $2, $3, $4::uuid, $5, $6, saga_now_ms(), saga_now_ms() + $7, \
+                         CASE WHEN $5::integer IS NULL THEN NULL ELSE saga_now_ms() END) \
+                 ON CONFLICT (scope, key) DO NOTHING RETURNING created_at",
+            )
+            .bind(&key.scope)
+            .bind(&key.key)
+            .bind(&key.fingerprint)
+            .bind(new.id.to_string())
+            .bind(response.map(|r| i32::from(r.status_code)))
+            .bind(response.map(|r| r.body.as_str()))
+            .bind(retention_ms(key))
+            .fetch_optional(&mut *tx)
+            .await?;
+            if inserted.is_some() {
+                let now = insert_saga_rows(&mut tx, &new).await?;
+                if let Some(callback) = callback {
+                    insert_callback(&mut tx, new.id, callback).await?;
+                }
+                notify_due(&mut tx).await?;
+                tx.commit().await?;
+                return Ok(IdempotentStart::Created(Box::new(new_saga_record(
+                    new, now,
+                ))));
+            }
+            tx.rollback().await?;
+            // The conflicting row was committed (ON CONFLICT waited for its transaction).
+            let row = sqlx::query(
+                "SELECT fingerprint, saga_id::text AS saga_id, status_code, response_body, \
+                 created_at, completed_at FROM idempotency_keys WHERE scope = $1 AND key = $2",
+            )
+            .bind(&key.scope)
+            .bind(&key.key)
+            .fetch_optional(self.pool())
+            .await?;
+            let Some(row) = row else { continue };
+            let saga_text: String = row.try_get("saga_id")?;
+            let saga_id = Uuid::parse_str(&saga_text).map_err(|e| corrupt(&saga_text, e))?;
+            let completed = match (
+                row.try_get::<Option<i64>, _>("completed_at")?,
+                row.try_get::<Option<i32>, _>("status_code")?,
+                row.try_get::<Option<String>, _>("response_body")?,
+            ) {
+                (Some(_), Some(code), Some(body)) => Some(SavedResponse {
+                    status_code: u16::try_from(code).map_err(|e| corrupt(&saga_text, e))?,
+                    body,
+                }),
+                _ => None,
+            };
+            let fingerprint: String = row.try_get("fingerprint")?;
+            let created_at: Millis = row.try_get("created_at")?;
+            return Ok(judge(
+                &key.fingerprint,
+                &fingerprint,
+                saga_id,
+                completed,
+                created_at,
+            ));
+        }
+        Err(StoreError::Conflict(format!(
+            "idempotency key {:?} kept changing; retry the request",
+            key.key
+        )))
+    }
+
+    async fn create_saga_with_callback(&self, new: NewSaga, callback: &Callback) -> Result<Saga> {
+        let mut tx = self.pool().begin().await?;
+        let now = insert_saga_rows(&mut tx, &new).await?;
+        insert_callback(&mut tx, new.id, callback).await?;
+        notify_due(&mut tx).await?;
+        tx.commit().await?;
+        Ok(new_saga_record(new, now))
+    }
+
+    async fn complete_idempotent(
+        &self,
+        scope: &str,
+        key: &str,
+        response: &SavedResponse,
+    ) -> Result<()> {
+        sqlx::query(
+            "UPDATE idempotency_keys SET status_code = $1, response_body = $2, \
+             completed_at = saga_now_ms() \
+             WHERE scope = $3 AND key = $4 AND completed_at IS NULL",
+        )
+        .bind(i32::from(response.status_code))
+        .bind(&response.body)
+        .bind(scope)
+        .bind(key)
+        .execute(self.pool())
+        .await?;
+        Ok(())
+    }
+
+    async fn sweep_idempotency(&self, now: Millis) -> Result<u64> {
+        let deleted = sqlx::query("DELETE FROM idempotency_keys WHERE expires_at <= $1")
+            .bind(now)
+            .execute(self.pool())
+            .await?
+            .rows_affected();
+        Ok(deleted)
+    }
+}

@@ -1,0 +1,301 @@
+//! [`OutboxStore`] on PostgreSQL, for any number of processes sharing the database.
+//!
+//! - The relay reads events in `(tx, id)` order below `pg_snapshot_xmin(pg_current_snapshot())`:
+//!   every transaction that could still commit an event there has ended, so the cursor never
+//!   jumps over an event that becomes visible later.
+//! - Cursor moves are a compare-and-set, so two relays never enqueue the same batch twice (and
+//!   `ON CONFLICT DO NOTHING` would absorb it if they did).
+//! - Senders claim with `FOR UPDATE SKIP LOCKED`; a claim pushes the delivery's due time past a
+//!   lease, so a sender that dies mid-send is replaced once the lease runs out.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use sqlx::postgres::PgRow;
+use sqlx::Row;
+use uuid::Uuid;
+
+use super::idempotency::Callback;
+use super::outbox::{
+    millis, short_error, state_of, ClaimedDelivery, Delivery, DeliveryOutcome, DeliveryState,
+    NewDelivery, OutboxEvent, OutboxPosition, OutboxStore, TargetKind,
+};
+use super::rows::corrupt;
+use super::{PgStore, Result};
+use crate::model::Millis;
+
+fn parse_uuid(text: &str) -> Result<Uuid> {
+    Uuid::parse_str(text).map_err(|e| corrupt(text, e))
+}
+
+fn event_from_row(row: &PgRow) -> Result<OutboxEvent> {
+    let saga: String = row.try_get("saga_id")?;
+    let data: String = row.try_get("data")?;
+    Ok(OutboxEvent {
+        position: OutboxPosition {
+            tx: row.try_get("tx")?,
+            event_id: row.try_get("event_id")?,
+        },
+        saga_id: parse_uuid(&saga)?,
+        saga_name: row.try_get("saga_name")?,
+        kind: row.try_get("type")?,
+        step: row.try_get("step")?,
+        at: row.try_get("at")?,
+        data: serde_json::from_str(&data).unwrap_or(Value::Null),
+    })
+}
+
+#[async_trait]
+impl OutboxStore for PgStore {
+    async fn relay_cursor(&self, name: &str) -> Result<OutboxPosition> {
+        let row = sqlx::query("SELECT tx, event_id FROM relay_cursors WHERE name = $1")
+            .bind(name)
+            .fetch_optional(self.pool())
+            .await?;
+        Ok(match row {
+            Some(row) => OutboxPosition {
+                tx: row.try_get("tx")?,
+                event_id: row.try_get("event_id")?,
+            },
+            None => OutboxPosition::default(),
+        })
+    }
+
+    async fn outbox_after(&self, after: OutboxPosition, limit: u32) -> Result<Vec<OutboxEvent>> {
+        let rows = sqlx::query(
+            "SELECT e.id AS event_id, e.tx::text::bigint AS tx, e.saga_id::text AS saga_id, \
+             s.name AS saga_name, e.at, e.type, e.step, e.data::text AS data \
+             FROM events e JOIN sagas s ON s.id = e.saga_id \
+             WHERE (e.tx, e.id) > ($1::bigint::text::xid8, $2) \
+               AND e.tx < pg_snapshot_xmin(pg_current_snapshot()) \
+             ORDER BY e.tx, e.id LIMIT $3",
+        )
+        .bind(after.tx)
+        .bind(after.event_id)
+        .bind(i64::from(limit))
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter().map(event_from_row).collect()
+    }
+
+    async fn saga_callbacks(&self, sagas: &[Uuid]) -> Result<HashMap<Uuid, Callback>> {
+        let ids: Vec<String> = sagas.iter().map(Uuid::to_string).collect();
+        let rows = sqlx::query(
+            "SELECT saga_id::text AS saga_id, url, secret FROM saga_callbacks \
+             WHERE saga_id = ANY($1::uuid[])",
+        )
+        .bind(&ids)
+        .fetch_all(self.pool())
+        .await?;
+        let mut found = HashMap::new();
+        for row in &rows {
+            let saga: String = row.try_get("saga_id")?;
+            found.insert(
+                parse_uuid(&saga)?,
+                Callback {
+                    url: row.try_get("url")?,
+                    secret: row.try_get("secret")?,
+                },
+            );
+        }
+        Ok(found)
+    }
+
+    async fn advance_relay(
+        &self,
+        name: &str,
+        from: OutboxPosition,
+        to: OutboxPosition,
+        deliveries: &[NewDelivery],
+    ) -> Result<bool> {
+        let mut tx = self.pool().begin().await?;
+        sqlx::query(
+            "INSERT INTO relay_cursors (name, tx, event_id, updated_at) \
+             VALUES ($1, 0, 0, saga_now_ms()) ON CONFLICT (name) DO NOTHING",
+        )
+        .bind(name)
+        .execute(&mut *tx)
+        .await?;
+        let moved = sqlx::query(
+            "UPDATE relay_cursors SET tx = $1, event_id = $2, updated_at = saga_now_ms() \
+             WHERE name = $3 AND tx = $4 AND event_id = $5",
+        )
+        .bind(to.tx)
+        .bind(to.event_id)
+        .bind(name)
+        .bind(from.tx)
+        .bind(from.event_id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if moved == 0 {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        if !deliveries.is_empty() {
+            let events: Vec<i64> = deliveries.iter().map(|d| d.event_id).collect();
+            let targets: Vec<&str> = deliveries.iter().map(|d| d.target.as_str()).collect();
+            let sagas: Vec<String> = deliveries.iter().map(|d| d.saga_id.to_string()).collect();
+            let kinds: Vec<&str> = deliveries.iter().map(|d| d.kind.as_str()).collect();
+            sqlx::query(
+                "INSERT INTO webhook_deliveries (event_id, target, saga_id, kind, next_attempt_at) \
+                 SELECT t.event_id, t.target, t.saga_id, t.kind, saga_now_ms() \
+                 FROM UNNEST($1::bigint[], $2::text[], $3::uuid[], $4::text[]) \
+                      AS t(event_id, target, saga_id, kind) \
+                 ON CONFLICT (event_id, target) DO NOTHING",
+            )
+            .bind(&events)
+            .bind(&targets)
+            .bind(&sagas)
+            .bind(&kinds)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    async fn claim_deliveries(&self, limit: u32, lease: Duration) -> Result<Vec<ClaimedDelivery>> {
+        let mut tx = self.pool().begin().await?;
+        let rows = sqlx::query(
+            "SELECT d.event_id, d.target, d.kind, d.attempts, e.tx::text::bigint AS tx, \
+             e.saga_id::text AS saga_id, s.name AS saga_name, e.at, e.type, e.step, \
+             e.data::text AS data, c.secret \
+             FROM webhook_deliveries d \
+             JOIN events e ON e.id = d.event_id \
+             JOIN sagas s ON s.id = e.saga_id \
+             LEFT JOIN saga_callbacks c ON c.saga_id = d.saga_id \
+             WHERE d.delivered_at IS NULL AND d.failed_at IS NULL \
+               AND d.next_attempt_at <= saga_now_ms() \
+               AND NOT EXISTS (SELECT 1 FROM webhook_deliveries p \
+                   WHERE p.saga_id = d.saga_id AND p.target = d.target AND p.event_id < d.event_id \
+                     AND p.delivered_at IS NULL AND p.failed_at IS NULL) \
+             ORDER BY d.next_attempt_at, d.event_id LIMIT $1 \
+             FOR UPDATE OF d SKIP LOCKED",
+        )
+        .bind(i64::from(limit))
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut claimed = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let event = event_from_row(row)?;
+            let target: String = row.try_get("target")?;
+            let kind: String = row.try_get("kind")?;
+            let attempts: i32 = row.try_get("attempts")?;
+            sqlx::query(
+                "UPDATE webhook_deliveries SET attempts = attempts + 1, \
+                 next_attempt_at = saga_now_ms() + $1 WHERE event_id = $2 AND target = $3",
+            )
+            .bind(millis(lease))
+            .bind(event.id())
+            .bind(&target)
+            .execute(&mut *tx)
+            .await?;
+            claimed.push(ClaimedDelivery {
+                event,
+                target,
+                kind: TargetKind::parse(&kind),
+                attempt: u32::try_from(attempts.saturating_add(1)).unwrap_or(u32::MAX),
+                callback_secret: row.try_get("secret")?,
+            });
+        }
+        tx.commit().await?;
+        Ok(claimed)
+    }
+
+    async fn finish_delivery(
+        &self,
+        event_id: i64,
+        target: &str,
+        attempt: u32,
+        outcome: &DeliveryOutcome,
+    ) -> Result<()> {
+        let fence = " WHERE event_id = $1 AND target = $2 AND attempts = $3 \
+                     AND delivered_at IS NULL AND failed_at IS NULL";
+        let attempt = i32::try_from(attempt).unwrap_or(i32::MAX);
+        match outcome {
+            DeliveryOutcome::Delivered { status } => {
+                sqlx::query(&format!(
+                    "UPDATE webhook_deliveries SET delivered_at = saga_now_ms(), last_status = $4, \
+                     last_error = NULL{fence}"
+                ))
+                .bind(event_id)
+                .bind(target)
+                .bind(attempt)
+                .bind(i32::from(*status))
+                .execute(self.pool())
+                .await?;
+            }
+            DeliveryOutcome::Failed {
+                status,
+                error,
+                retry_in,
+            } => {
+                sqlx::query(&format!(
+                    "UPDATE webhook_deliveries SET \
+                     next_attempt_at = saga_now_ms() + COALESCE($4, 0), \
+                     failed_at = CASE WHEN $4::bigint IS NULL THEN saga_now_ms() END, \
+                     last_status = $5, last_error = $6{fence}"
+                ))
+                .bind(event_id)
+                .bind(target)
+                .bind(attempt)
+                .bind(retry_in.map(millis))
+                .bind(status.map(i32::from))
+                .bind(short_error(error))
+                .execute(self.pool())
+                .await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn deliveries(&self, saga: Uuid) -> Result<Vec<Delivery>> {
+        let rows = sqlx::query(
+            "SELECT d.event_id, e.type, d.target, d.kind, d.attempts, d.next_attempt_at, \
+             d.delivered_at, d.failed_at, d.last_status, d.last_error \
+             FROM webhook_deliveries d JOIN events e ON e.id = d.event_id \
+             WHERE d.saga_id = $1::uuid ORDER BY d.event_id, d.target",
+        )
+        .bind(saga.to_string())
+        .fetch_all(self.pool())
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let delivered_at: Option<Millis> = row.try_get("delivered_at")?;
+                let failed_at: Option<Millis> = row.try_get("failed_at")?;
+                let state = state_of(delivered_at, failed_at);
+                let kind: String = row.try_get("kind")?;
+                let attempts: i32 = row.try_get("attempts")?;
+                let status: Option<i32> = row.try_get("last_status")?;
+                Ok(Delivery {
+                    event_id: row.try_get("event_id")?,
+                    kind: row.try_get("type")?,
+                    target: row.try_get("target")?,
+                    target_kind: TargetKind::parse(&kind),
+                    state,
+                    attempts: u32::try_from(attempts).unwrap_or(0),
+                    next_attempt_at: (state == DeliveryState::Pending)
+                        .then(|| row.try_get("next_attempt_at"))
+                        .transpose()?,
+                    delivered_at,
+                    last_status: status.and_then(|s| u16::try_from(s).ok()),
+                    last_error: row.try_get("last_error")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn outbox_lag(&self, name: &str) -> Result<i64> {
+        let lag: Option<i64> = sqlx::query_scalar(
+            "SELECT (SELECT COALESCE(MAX(id), 0) FROM events) - \
+             COALESCE((SELECT event_id FROM relay_cursors WHERE name = $1), 0)",
+        )
+        .bind(name)
+        .fetch_one(self.pool())
+        .await?;
+        Ok(lag.unwrap_or(0).max(0))
+    }
+}

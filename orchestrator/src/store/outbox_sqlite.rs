@@ -1,0 +1,302 @@
+//! [`OutboxStore`] on SQLite. Writers are serialised (`BEGIN IMMEDIATE` on the one writer
+//! connection), so event ids are committed in order and the event id alone is the cursor.
+//! Writes are few: one per batch of events read, one per batch of claims, one per attempt.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde_json::Value;
+use sqlx::sqlite::SqliteRow;
+use sqlx::{QueryBuilder, Row, Sqlite};
+use uuid::Uuid;
+
+use super::idempotency::Callback;
+use super::outbox::{
+    millis, short_error, state_of, ClaimedDelivery, Delivery, DeliveryOutcome, NewDelivery,
+    OutboxEvent, OutboxPosition, OutboxStore, TargetKind,
+};
+use super::rows::corrupt;
+use super::{Result, SqliteStore, Store};
+use crate::model::Millis;
+
+fn parse_uuid(text: &str) -> Result<Uuid> {
+    Uuid::parse_str(text).map_err(|e| corrupt(text, e))
+}
+
+fn event_from_row(row: &SqliteRow) -> Result<OutboxEvent> {
+    let saga: String = row.try_get("saga_id")?;
+    let data: String = row.try_get("data")?;
+    Ok(OutboxEvent {
+        position: OutboxPosition {
+            tx: 0,
+            event_id: row.try_get("event_id")?,
+        },
+        saga_id: parse_uuid(&saga)?,
+        saga_name: row.try_get("saga_name")?,
+        kind: row.try_get("type")?,
+        step: row.try_get("step")?,
+        at: row.try_get("at")?,
+        data: serde_json::from_str(&data).unwrap_or(Value::Null),
+    })
+}
+
+#[async_trait]
+impl OutboxStore for SqliteStore {
+    async fn relay_cursor(&self, name: &str) -> Result<OutboxPosition> {
+        let id: Option<i64> =
+            sqlx::query_scalar("SELECT event_id FROM relay_cursors WHERE name = ?1")
+                .bind(name)
+                .fetch_optional(self.reader_pool())
+                .await?;
+        Ok(OutboxPosition {
+            tx: 0,
+            event_id: id.unwrap_or(0),
+        })
+    }
+
+    async fn outbox_after(&self, after: OutboxPosition, limit: u32) -> Result<Vec<OutboxEvent>> {
+        let rows = sqlx::query(
+            "SELECT e.id AS event_id, e.saga_id, s.name AS saga_name, e.at, e.type, e.step, e.data \
+             FROM events e JOIN sagas s ON s.id = e.saga_id \
+             WHERE e.id > ?1 ORDER BY e.id LIMIT ?2",
+        )
+        .bind(after.event_id)
+        .bind(i64::from(limit))
+        .fetch_all(self.reader_pool())
+        .await?;
+        rows.iter().map(event_from_row).collect()
+    }
+
+    async fn saga_callbacks(&self, sagas: &[Uuid]) -> Result<HashMap<Uuid, Callback>> {
+        let mut found = HashMap::new();
+        for chunk in sagas.chunks(500) {
+            let mut q = QueryBuilder::<Sqlite>::new(
+                "SELECT saga_id, url, secret FROM saga_callbacks WHERE saga_id IN (",
+            );
+            let mut list = q.separated(", ");
+            for id in chunk {
+                list.push_bind(id.to_string());
+            }
+            q.push(")");
+            for row in q.build().fetch_all(self.reader_pool()).await? {
+                let saga: String = row.try_get("saga_id")?;
+                found.insert(
+                    parse_uuid(&saga)?,
+                    Callback {
+                        url: row.try_get("url")?,
+                        secret: row.try_get("secret")?,
+                    },
+                );
+            }
+        }
+        Ok(found)
+    }
+
+    async fn advance_relay(
+        &self,
+        name: &str,
+        from: OutboxPosition,
+        to: OutboxPosition,
+        deliveries: &[NewDelivery],
+    ) -> Result<bool> {
+        let now = Store::now(self).await?;
+        let mut tx = self.writer_pool().begin_with("BEGIN IMMEDIATE").await?;
+        sqlx::query(
+            "INSERT INTO relay_cursors (name, tx, event_id, updated_at) VALUES (?1, 0, 0, ?2) \
+             ON CONFLICT (name) DO NOTHING",
+        )
+        .bind(name)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        let moved = sqlx::query(
+            "UPDATE relay_cursors SET event_id = ?1, updated_at = ?2 \
+             WHERE name = ?3 AND event_id = ?4",
+        )
+        .bind(to.event_id)
+        .bind(now)
+        .bind(name)
+        .bind(from.event_id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if moved == 0 {
+            tx.rollback().await?;
+            return Ok(false);
+        }
+        for d in deliveries {
+            sqlx::query(
+                "INSERT INTO webhook_deliveries (event_id, target, saga_id, kind, next_attempt_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (event_id, target) DO NOTHING",
+            )
+            .bind(d.event_id)
+            .bind(&d.target)
+            .bind(d.saga_id.to_string())
+            .bind(d.kind.as_str())
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(true)
+    }
+
+    async fn claim_deliveries(&self, limit: u32, lease: Duration) -> Result<Vec<ClaimedDelivery>> {
+        let now = Store::now(self).await?;
+        // Cheap check first, on the reader: most polls find nothing and need no write lock.
+        let any: Option<i64> = sqlx::query_scalar(
+            "SELECT 1 FROM webhook_deliveries WHERE delivered_at IS NULL AND failed_at IS NULL \
+             AND next_attempt_at <= ?1 LIMIT 1",
+        )
+        .bind(now)
+        .fetch_optional(self.reader_pool())
+        .await?;
+        if any.is_none() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.writer_pool().begin_with("BEGIN IMMEDIATE").await?;
+        let rows = sqlx::query(
+            "SELECT d.event_id, d.target, d.kind, d.attempts, e.saga_id, s.name AS saga_name, \
+             e.at, e.type, e.step, e.data, c.secret \
+             FROM webhook_deliveries d \
+             JOIN events e ON e.id = d.event_id \
+             JOIN sagas s ON s.id = e.saga_id \
+             LEFT JOIN saga_callbacks c ON c.saga_id = d.saga_id \
+             WHERE d.delivered_at IS NULL AND d.failed_at IS NULL AND d.next_attempt_at <= ?1 \
+               AND NOT EXISTS (SELECT 1 FROM webhook_deliveries p \
+                   WHERE p.saga_id = d.saga_id AND p.target = d.target AND p.event_id < d.event_id \
+                     AND p.delivered_at IS NULL AND p.failed_at IS NULL) \
+             ORDER BY d.next_attempt_at, d.event_id LIMIT ?2",
+        )
+        .bind(now)
+        .bind(i64::from(limit))
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut claimed = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let event = event_from_row(row)?;
+            let target: String = row.try_get("target")?;
+            let kind: String = row.try_get("kind")?;
+            let attempts: i64 = row.try_get("attempts")?;
+            sqlx::query(
+                "UPDATE webhook_deliveries SET attempts = attempts + 1, next_attempt_at = ?1 \
+                 WHERE event_id = ?2 AND target = ?3",
+            )
+            .bind(now.saturating_add(millis(lease)))
+            .bind(event.id())
+            .bind(&target)
+            .execute(&mut *tx)
+            .await?;
+            claimed.push(ClaimedDelivery {
+                event,
+                target,
+                kind: TargetKind::parse(&kind),
+                attempt: u32::try_from(attempts + 1).unwrap_or(u32::MAX),
+                callback_secret: row.try_get("secret")?,
+            });
+        }
+        tx.commit().await?;
+        Ok(claimed)
+    }
+
+    async fn finish_delivery(
+        &self,
+        event_id: i64,
+        target: &str,
+        attempt: u32,
+        outcome: &DeliveryOutcome,
+    ) -> Result<()> {
+        let now = Store::now(self).await?;
+        let mut tx = self.writer_pool().begin_with("BEGIN IMMEDIATE").await?;
+        let fence = " WHERE event_id = ?1 AND target = ?2 AND attempts = ?3 \
+                     AND delivered_at IS NULL AND failed_at IS NULL";
+        match outcome {
+            DeliveryOutcome::Delivered { status } => {
+                sqlx::query(&format!(
+                    "UPDATE webhook_deliveries SET delivered_at = ?4, last_status = ?5, \
+                     last_error = NULL{fence}"
+                ))
+                .bind(event_id)
+                .bind(target)
+                .bind(i64::from(attempt))
+                .bind(now)
+                .bind(i64::from(*status))
+                .execute(&mut *tx)
+                .await?;
+            }
+            DeliveryOutcome::Failed {
+                status,
+                error,
+                retry_in,
+            } => {
+                let (next, failed) = match retry_in {
+                    Some(d) => (now.saturating_add(millis(*d)), None),
+                    None => (now, Some(now)),
+                };
+                sqlx::query(&format!(
+                    "UPDATE webhook_deliveries SET next_attempt_at = ?4, failed_at = ?5, \
+                     last_status = ?6, last_error = ?7{fence}"
+                ))
+                .bind(event_id)
+                .bind(target)
+                .bind(i64::from(attempt))
+                .bind(next)
+                .bind(failed)
+                .bind(status.map(i64::from))
+                .bind(short_error(error))
+                .execute(&mut *tx)
+                .await?;
+            }
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn deliveries(&self, saga: Uuid) -> Result<Vec<Delivery>> {
+        let rows = sqlx::query(
+            "SELECT d.event_id, e.type, d.target, d.kind, d.attempts, d.next_attempt_at, \
+             d.delivered_at, d.failed_at, d.last_status, d.last_error \
+             FROM webhook_deliveries d JOIN events e ON e.id = d.event_id \
+             WHERE d.saga_id = ?1 ORDER BY d.event_id, d.target",
+        )
+        .bind(saga.to_string())
+        .fetch_all(self.reader_pool())
+        .await?;
+        rows.iter()
+            .map(|row| {
+                let delivered_at: Option<Millis> = row.try_get("delivered_at")?;
+                let failed_at: Option<Millis> = row.try_get("failed_at")?;
+                let state = state_of(delivered_at, failed_at);
+                let kind: String = row.try_get("kind")?;
+                let attempts: i64 = row.try_get("attempts")?;
+                let status: Option<i64> = row.try_get("last_status")?;
+                Ok(Delivery {
+                    event_id: row.try_get("event_id")?,
+                    kind: row.try_get("type")?,
+                    target: row.try_get("target")?,
+                    target_kind: TargetKind::parse(&kind),
+                    state,
+                    attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
+                    next_attempt_at: (state == super::outbox::DeliveryState::Pending)
+                        .then(|| row.try_get("next_attempt_at"))
+                        .transpose()?,
+                    delivered_at,
+                    last_status: status.and_then(|s| u16::try_from(s).ok()),
+                    last_error: row.try_get("last_error")?,
+                })
+            })
+            .collect()
+    }
+
+    async fn outbox_lag(&self, name: &str) -> Result<i64> {
+        let lag: Option<i64> = sqlx::query_scalar(
+            "SELECT (SELECT COALESCE(MAX(id), 0) FROM events) - \
+             COALESCE((SELECT event_id FROM relay_cursors WHERE name = ?1), 0)",
+        )
+        .bind(name)
+        .fetch_one(self.reader_pool())
+        .await?;
+        Ok(lag.unwrap_or(0).max(0))
+    }
+}

@@ -1,0 +1,485 @@
+//! Webhooks: the transactional outbox relay and its signed deliveries.
+//!
+//! # Why it works this way
+//!
+//! The engine writes every lifecycle event (`saga.started`, `step.succeeded`,
+//! `saga.compensating`, `saga.needs_attention`, `saga.completed`, `saga.compensated`,
+//! `saga.failed`, `saga.cancel_requested`, `saga.aborted`, …) in the same transaction as the
+//! step-log change that causes it, so the events table is an outbox: an event exists if and
+//! only if its change happened. A [`Relay`] turns those events into HTTP deliveries:
+//!
+//! 1. **Enqueue.** It reads the events after its durable cursor and, in one transaction, records
+//!    one delivery per (event, target) and moves the cursor. Targets are the saga's callback URL
+//!    (registered by the client with `Saga-Callback-Url` when it started the saga) and the
+//!    operator's global subscribers ([`WebhookConfig::subscribers`], `--webhook-url`).
+//! 2. **Deliver.** It claims due deliveries (a claim is a lease: a relay that dies mid-send is
+//!    replaced when the lease runs out), POSTs each one, and records the answer: delivered on
+//!    `2xx`; otherwise a retry after an exponential backoff with jitter (tokio-retry), whose due
+//!    time is in the database so it survives a restart; given up after
+//!    [`WebhookConfig::max_attempts`].
+//!
+//! Delivery is **at least once**: a relay killed after the receiver answered but before the
+//! answer was recorded sends the same event again, with the same `Saga-Event-Id`, which
+//! receivers use to deduplicate. Deliveries are **in order per saga and target**: event N+1 of
+//! a saga is not sent to a target before event N was delivered to it (or given up). Several
+//! processes sharing a PostgreSQL database may each run a relay; the store makes them share
+//! the work without sending anything twice beyond what at-least-once allows.
+//!
+//! Every delivery is signed ([`signature`]): `Saga-Signature: t=<unix>,v1=<hmac-sha256 hex>`
+//! over `"<t>.<body>"`, with the saga's callback secret if the client gave one, else the
+//! server's [`WebhookConfig::secret`]. Receivers check it with [`verify_signature`].
+//!
+//! The body is JSON: `{"id": event id, "type", "saga_id", "saga_name", "step", "at", "data"}`.
+
+pub mod signature;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::task::JoinSet;
+use tokio_retry::strategy::{jitter, ExponentialBackoff};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::model::rfc3339;
+use crate::store::outbox::{
+    ClaimedDelivery, DeliveryOutcome, NewDelivery, OutboxEvent, OutboxStore, TargetKind,
+};
+use crate::store::StoreError;
+pub use signature::{
+    sign, verify_signature, verify_signature_at, SignatureError, DEFAULT_TOLERANCE,
+    EVENT_ID_HEADER, SIGNATURE_HEADER,
+};
+
+/// The name of the relay's cursor in `relay_cursors`.
+pub const RELAY_NAME: &str = "webhooks";
+
+/// Whether this build can deliver to `https://` URLs. It cannot: the workspace builds reqwest
+/// without a TLS backend, so such targets are refused up front instead of failing every attempt.
+pub const HTTPS_SUPPORTED: bool = false;
+
+/// Settings of the relay. Build one with struct-update syntax:
+/// `WebhookConfig { subscribers: vec![url], ..WebhookConfig::default() }`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct WebhookConfig {
+    /// Global subscribers: every event of every saga is delivered to each of these URLs. Every
+    /// process sharing a database should list the same ones (the relays share one cursor).
+    pub subscribers: Vec<String>,
+    /// Signs deliveries (unless a saga has its own callback secret); `None` sends them
+    /// unsigned. Binaries read it from `SAGA_WEBHOOK_SECRET` or `--webhook-secret`.
+    pub secret: Option<String>,
+    /// How long one attempt may take (connect, send, answer). Default: 10 seconds. A claimed
+    /// delivery is leased for twice this plus a second, so a relay that died mid-send is
+    /// replaced after that.
+    pub timeout: Duration,
+    /// How often the relay looks for new events and due retries when idle. Default: 250 ms.
+    pub poll_interval: Duration,
+    /// The first retry delay; each further one doubles, with jitter. Default: 1 second.
+    pub retry_base: Duration,
+    /// The longest retry delay. Default: 1 hour.
+    pub retry_max: Duration,
+    /// Attempts before a delivery is given up (then the saga's later events go on).
+    /// Default: 20 (about 10 hours with the default delays).
+    pub max_attempts: u32,
+    /// Deliveries sent at once. Default: 8.
+    pub concurrency: usize,
+    /// Events read per batch. Default: 200.
+    pub batch: u32,
+}
+
+impl Default for WebhookConfig {
+    fn default() -> Self {
+        Self {
+            subscribers: Vec::new(),
+            secret: None,
+            timeout: Duration::from_secs(10),
+            poll_interval: Duration::from_millis(250),
+            retry_base: Duration::from_secs(1),
+            retry_max: Duration::from_secs(3600),
+            max_attempts: 20,
+            concurrency: 8,
+            batch: 200,
+        }
+    }
+}
+
+impl std::fmt::Debug for WebhookConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WebhookConfig")
+            .field("subscribers", &self.subscribers)
+            .field("secret", &self.secret.as_ref().map(|_| "<redacted>"))
+            .field("timeout", &self.timeout)
+            .field("poll_interval", &self.poll_interval)
+            .field("retry_base", &self.retry_base)
+            .field("retry_max", &self.retry_max)
+            .field("max_attempts", &self.max_attempts)
+            .field("concurrency", &self.concurrency)
+            .field("batch", &self.batch)
+            .finish()
+    }
+}
+
+impl WebhookConfig {
+    /// How long a claimed delivery is leased.
+    pub fn claim_lease(&self) -> Duration {
+        self.timeout * 2 + Duration::from_secs(1)
+    }
+
+    /// The delay before attempt `attempts + 1`, after `attempts` failed ones (exponential from
+    /// [`retry_base`](Self::retry_base), capped at [`retry_max`](Self::retry_max), the upper
+    /// half jittered); `None` once [`max_attempts`](Self::max_attempts) are spent.
+    pub fn retry_delay(&self, attempts: u32) -> Option<Duration> {
+        if attempts >= self.max_attempts {
+            return None;
+        }
+        let base_ms = u64::try_from(self.retry_base.as_millis()).unwrap_or(u64::MAX);
+        // `from_millis(2).factor(b / 2)` yields b, 2b, 4b, … (see STYLE.md on tokio-retry).
+        let delay = ExponentialBackoff::from_millis(2)
+            .factor((base_ms / 2).max(1))
+            .max_delay(self.retry_max)
+            .nth(attempts.saturating_sub(1) as usize)
+            .unwrap_or(self.retry_max);
+        Some(delay / 2 + jitter(delay / 2))
+    }
+}
+
+/// Why the relay could not start or do a round.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WebhookError {
+    /// A subscriber URL is not an `http` URL this build can deliver to.
+    #[error("webhook URL {url:?}: {reason}")]
+    InvalidUrl {
+        /// The URL.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The HTTP client could not be built.
+    #[error("cannot build the webhook HTTP client: {0}")]
+    Client(#[from] reqwest::Error),
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Checks that `url` is an absolute `http(s)` URL with a host that this build can deliver to.
+pub fn check_url(url: &str) -> Result<reqwest::Url, WebhookError> {
+    let invalid = |reason: String| WebhookError::InvalidUrl {
+        url: url.to_owned(),
+        reason,
+    };
+    let parsed = reqwest::Url::parse(url).map_err(|e| invalid(e.to_string()))?;
+    match parsed.scheme() {
+        "http" => {}
+        "https" if HTTPS_SUPPORTED => {}
+        "https" => {
+            return Err(invalid(
+                "this build has no TLS support; use an http:// URL (for example a local \
+                 TLS-terminating proxy)"
+                    .to_owned(),
+            ))
+        }
+        other => return Err(invalid(format!("scheme {other:?} is not http"))),
+    }
+    if parsed.host_str().is_none() {
+        return Err(invalid("no host".to_owned()));
+    }
+    Ok(parsed)
+}
+
+/// The JSON body of a delivery.
+#[derive(Debug, Clone, Serialize)]
+pub struct WebhookPayload<'a> {
+    /// The event id: the same on every attempt; deduplicate by it.
+    pub id: i64,
+    /// The event type (`saga.started`, `step.succeeded`, …).
+    #[serde(rename = "type")]
+    pub kind: &'a str,
+    /// The saga.
+    pub saga_id: Uuid,
+    /// The saga's definition name.
+    pub saga_name: &'a str,
+    /// The step the event is about, if any.
+    pub step: Option<&'a str>,
+    /// When the event was written (RFC 3339).
+    pub at: String,
+    /// The event's details.
+    pub data: &'a serde_json::Value,
+}
+
+impl<'a> WebhookPayload<'a> {
+    /// The payload of `event`.
+    pub fn of(event: &'a OutboxEvent) -> Self {
+        Self {
+            id: event.id(),
+            kind: &event.kind,
+            saga_id: event.saga_id,
+            saga_name: &event.saga_name,
+            step: event.step.as_deref(),
+            at: rfc3339(event.at),
+            data: &event.data,
+        }
+    }
+}
+
+/// The outbox relay and webhook sender of one process. Cheap to clone.
+#[derive(Clone)]
+pub struct Relay {
+    outbox: Arc<dyn OutboxStore>,
+    config: Arc<WebhookConfig>,
+    client: reqwest::Client,
+}
+
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Relay {
+    /// A relay over `outbox`; fails on a subscriber URL it cannot deliver to.
+    pub fn new(outbox: Arc<dyn OutboxStore>, config: WebhookConfig) -> Result<Self, WebhookError> {
+        for url in &config.subscribers {
+            check_url(url)?;
+        }
+        let client = reqwest::Client::builder()
+            .timeout(config.timeout)
+            .connect_timeout(config.timeout.min(Duration::from_secs(5)))
+            .redirect(reqwest::redirect::Policy::none())
+            .user_agent(concat!(
+                "saga-orchestrator-webhooks/",
+                env!("CARGO_PKG_VERSION")
+            ))
+            .build()?;
+        Ok(Self {
+            outbox,
+            config: Arc::new(config),
+            client,
+        })
+    }
+
+    /// Runs until `shutdown` is cancelled: relays new events and sends due deliveries. An
+    /// attempt in flight at shutdown is finished and recorded (each is bounded by the timeout).
+    pub async fn run(self, shutdown: CancellationToken) {
+        tracing::info!(
+            subscribers = self.config.subscribers.len(),
+            "webhook relay started"
+        );
+        let mut last_lag = None::<tokio::time::Instant>;
+        while !shutdown.is_cancelled() {
+            let read = match self.relay_once().await {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::warn!(error = %e, "relaying outbox events failed; will retry");
+                    0
+                }
+            };
+            let sent = match self.deliver_once().await {
+                Ok(n) => n,
+                Err(e) => {
+                    tracing::warn!(error = %e, "claiming webhook deliveries failed; will retry");
+                    0
+                }
+            };
+            if last_lag.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) {
+                last_lag = Some(tokio::time::Instant::now());
+                if let Ok(lag) = self.outbox.outbox_lag(RELAY_NAME).await {
+                    metrics::gauge!("outbox_lag_events").set(lag as f64);
+                }
+            }
+            if read >= self.config.batch as usize || sent > 0 {
+                continue;
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = tokio::time::sleep(self.config.poll_interval) => {}
+            }
+        }
+        tracing::info!("webhook relay stopped");
+    }
+
+    /// Reads the events after the cursor and enqueues their deliveries; returns how many
+    /// events were read.
+    pub async fn relay_once(&self) -> Result<usize, WebhookError> {
+        let from = self.outbox.relay_cursor(RELAY_NAME).await?;
+        let events = self.outbox.outbox_after(from, self.config.batch).await?;
+        let Some(last) = events.last() else {
+            return Ok(0);
+        };
+        let to = last.position;
+        let sagas: Vec<Uuid> = events
+            .iter()
+            .map(|e| e.saga_id)
+            .collect::<HashSet<_>>()
+            .into_iter()
+            .collect();
+        let callbacks = self.outbox.saga_callbacks(&sagas).await?;
+        let mut deliveries = Vec::new();
+        for event in &events {
+            if let Some(callback) = callbacks.get(&event.saga_id) {
+                deliveries.push(NewDelivery {
+                    event_id: event.id(),
+                    saga_id: event.saga_id,
+                    target: callback.url.clone(),
+                    kind: TargetKind::Callback,
+                });
+            }
+            for url in &self.config.subscribers {
+                deliveries.push(NewDelivery {
+                    event_id: event.id(),
+                    saga_id: event.saga_id,
+                    target: url.clone(),
+                    kind: TargetKind::Subscriber,
+                });
+            }
+        }
+        if !self
+            .outbox
+            .advance_relay(RELAY_NAME, from, to, &deliveries)
+            .await?
+        {
+            // Another relay moved the cursor first and enqueued this batch itself.
+            return Ok(0);
+        }
+        Ok(events.len())
+    }
+
+    /// Claims due deliveries, sends them concurrently and records each answer; returns how
+    /// many were attempted.
+    pub async fn deliver_once(&self) -> Result<usize, WebhookError> {
+        let claimed = self
+            .outbox
+            .claim_deliveries(
+                u32::try_from(self.config.concurrency.max(1)).unwrap_or(u32::MAX),
+                self.config.claim_lease(),
+            )
+            .await?;
+        let count = claimed.len();
+        let mut sends = JoinSet::new();
+        for delivery in claimed {
+            let relay = self.clone();
+            sends.spawn(async move { relay.attempt(delivery).await });
+        }
+        while let Some(done) = sends.join_next().await {
+            match done {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "recording a webhook attempt failed"),
+                Err(e) => tracing::error!(error = %e, "a webhook attempt panicked"),
+            }
+        }
+        Ok(count)
+    }
+
+    /// One attempt of one delivery: send, then record.
+    #[tracing::instrument(skip_all, fields(event.id = d.event.id(), saga.id = %d.event.saga_id, target = %d.target, attempt = d.attempt))]
+    async fn attempt(&self, d: ClaimedDelivery) -> Result<(), StoreError> {
+        let body = serde_json::to_vec(&WebhookPayload::of(&d.event)).unwrap_or_default();
+        let secret = match d.kind {
+            TargetKind::Callback => d.callback_secret.as_ref().or(self.config.secret.as_ref()),
+            TargetKind::Subscriber => self.config.secret.as_ref(),
+        };
+        let mut request = self
+            .client
+            .post(&d.target)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header(EVENT_ID_HEADER, d.event.id().to_string());
+        if let Some(secret) = secret {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|t| t.as_secs() as i64)
+                .unwrap_or(0);
+            request = request.header(SIGNATURE_HEADER, sign(secret, now, &body));
+        }
+        let outcome = match request.body(body).send().await {
+            Ok(response) if response.status().is_success() => {
+                let status = response.status().as_u16();
+                // The crash window of at-least-once: sent, not yet recorded.
+                crate::failpoint::crash_if_armed("after_webhook_send", &d.event.kind);
+                metrics::counter!("webhook_deliveries_total", "result" => "delivered").increment(1);
+                DeliveryOutcome::Delivered { status }
+            }
+            Ok(response) => {
+                let status = response.status();
+                self.failed(
+                    &d,
+                    Some(status.as_u16()),
+                    format!("receiver answered {status}"),
+                )
+            }
+            Err(e) => self.failed(&d, None, error_chain(&e)),
+        };
+        self.outbox
+            .finish_delivery(d.event.id(), &d.target, d.attempt, &outcome)
+            .await
+    }
+
+    fn failed(&self, d: &ClaimedDelivery, status: Option<u16>, error: String) -> DeliveryOutcome {
+        let retry_in = self.config.retry_delay(d.attempt);
+        metrics::counter!("webhook_failures_total").increment(1);
+        match retry_in {
+            Some(delay) => tracing::info!(%error, retry_in_ms = delay.as_millis() as u64,
+                                          "webhook delivery failed; will retry"),
+            None => {
+                metrics::counter!("webhook_deliveries_total", "result" => "gave_up").increment(1);
+                tracing::warn!(%error, "webhook delivery failed for the last time; giving up")
+            }
+        }
+        DeliveryOutcome::Failed {
+            status,
+            error,
+            retry_in,
+        }
+    }
+}
+
+/// An error with its causes on one line (reqwest's own message is only "error sending request").
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        let more = cause.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_delays_grow_and_stop() {
+        let config = WebhookConfig {
+            retry_base: Duration::from_millis(100),
+            retry_max: Duration::from_millis(1000),
+            max_attempts: 6,
+            ..WebhookConfig::default()
+        };
+        let within = |attempts: u32, low: u64, high: u64| {
+            let d = config.retry_delay(attempts).expect("a retry").as_millis() as u64;
+            assert!((low..=high).contains(&d), "after {attempts}: {d} ms");
+        };
+        within(1, 50, 100);
+        within(2, 100, 200);
+        within(3, 200, 400);
+        within(5, 500, 1000);
+        assert_eq!(config.retry_delay(6), None);
+    }
+
+    #[test]
+    fn only_plain_http_urls_are_accepted_in_this_build() {
+        assert!(check_url("http://127.0.0.1:9/hook").is_ok());
+        assert!(check_url("https://example.com/hook").is_err());
+        assert!(check_url("ftp://example.com/").is_err());
+        assert!(check_url("nope").is_err());
+    }
+}

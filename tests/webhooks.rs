@@ -1,0 +1,427 @@
+//! The transactional outbox relay and its webhooks against a real receiver on loopback (a tiny
+//! axum server in this file), on the backend `SAGA_TEST_BACKEND` selects: signatures verify with
+//! `verify_signature`, every event arrives in order per saga and target, a receiver that is down
+//! gets retries until it answers, a relay killed between sending and recording sends again with
+//! the same event id, and the delivery state is visible over the API.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use orchestrator::http::{router_with_shutdown, serve, HttpConfig};
+use orchestrator::store::{DeliveryState, Stores};
+use orchestrator::webhooks::{verify_signature, Relay, WebhookConfig};
+use saga_dsl::StepKind::{Compensatable, Pivot};
+use saga_suite::{
+    registry_of, scripted_saga, test_config, Journal, RunningEngine, ScriptedStep as S, Server,
+    TempDb,
+};
+use serde_json::{json, Value};
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+const SECRET: &str = "whsec_global";
+const CALLBACK_SECRET: &str = "whsec_callback";
+const LONG: Duration = Duration::from_secs(60);
+
+/// One request the receiver got.
+#[derive(Debug, Clone)]
+struct Hit {
+    path: String,
+    event_id: i64,
+    signature: Option<String>,
+    body: Bytes,
+    /// What the receiver answered.
+    status: u16,
+}
+
+impl Hit {
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap()
+    }
+}
+
+/// A webhook receiver: records every request, answers `503` to the first `fail_first` ones.
+#[derive(Default)]
+struct Receiver {
+    hits: Mutex<Vec<Hit>>,
+    fail_first: AtomicUsize,
+}
+
+impl Receiver {
+    async fn start(fail_first: usize) -> (Arc<Self>, String) {
+        let receiver = Arc::new(Self {
+            hits: Mutex::new(Vec::new()),
+            fail_first: AtomicUsize::new(fail_first),
+        });
+        async fn hook(
+            State(r): State<Arc<Receiver>>,
+            uri: axum::http::Uri,
+            headers: HeaderMap,
+            body: Bytes,
+        ) -> StatusCode {
+            let failing = r
+                .fail_first
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok();
+            let status = if failing {
+                StatusCode::SERVICE_UNAVAILABLE
+            } else {
+                StatusCode::NO_CONTENT
+            };
+            let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+            r.hits.lock().unwrap().push(Hit {
+                path: uri.path().to_owned(),
+                event_id: header("saga-event-id").unwrap().parse().unwrap(),
+                signature: header("saga-signature").map(str::to_owned),
+                body,
+                status: status.as_u16(),
+            });
+            status
+        }
+        let app = axum::Router::new()
+            .route("/{*path}", axum::routing::post(hook))
+            .with_state(receiver.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (receiver, base)
+    }
+
+    fn hits(&self) -> Vec<Hit> {
+        self.hits.lock().unwrap().clone()
+    }
+
+    /// The event types acknowledged (2xx) on `path` for `saga`, in arrival order.
+    fn delivered(&self, path: &str, saga: Uuid) -> Vec<(i64, String)> {
+        self.hits()
+            .iter()
+            .filter(|h| h.path == path && h.status < 300)
+            .map(|h| (h.event_id, h.json()))
+            .filter(|(_, b)| b["saga_id"] == saga.to_string())
+            .map(|(id, b)| (id, b["type"].as_str().unwrap().to_owned()))
+            .collect()
+    }
+
+    /// Waits until `path` has acknowledged a terminal event of `saga`.
+    async fn wait_for_end(&self, path: &str, saga: Uuid) -> Vec<(i64, String)> {
+        let deadline = tokio::time::Instant::now() + LONG;
+        loop {
+            let got = self.delivered(path, saga);
+            if got.iter().any(|(_, t)| t == "saga.completed") {
+                return got;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{path} never got the end of saga {saga}: {got:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Every request to `path` verifies with `secret`, carries its event id in the body too, and
+/// the acknowledged events are in increasing id order with no event sent before its
+/// predecessor was acknowledged.
+fn check_deliveries(receiver: &Receiver, path: &str, secret: &str) {
+    let hits: Vec<Hit> = receiver
+        .hits()
+        .into_iter()
+        .filter(|h| h.path == path)
+        .collect();
+    assert!(!hits.is_empty(), "nothing arrived on {path}");
+    let mut acknowledged: BTreeMap<String, i64> = BTreeMap::new();
+    for hit in &hits {
+        let header = hit.signature.as_deref().expect("signed");
+        verify_signature(secret, header, &hit.body, Duration::from_secs(300))
+            .unwrap_or_else(|e| panic!("signature of event {}: {e}", hit.event_id));
+        assert!(verify_signature("wrong", header, &hit.body, Duration::from_secs(300)).is_err());
+        let body = hit.json();
+        assert_eq!(body["id"], hit.event_id);
+        for field in ["type", "saga_id", "saga_name", "at", "data"] {
+            assert!(body.get(field).is_some(), "{field} missing: {body}");
+        }
+        let saga = body["saga_id"].as_str().unwrap().to_owned();
+        let last = acknowledged.get(&saga).copied().unwrap_or(0);
+        // A retry of the last acknowledged one (at least once) or the next one, never a skip
+        // ahead of an unacknowledged event.
+        assert!(
+            hit.event_id >= last,
+            "event {} sent after {last} was acknowledged",
+            hit.event_id
+        );
+        if hit.status < 300 {
+            acknowledged.insert(saga, hit.event_id);
+        }
+    }
+}
+
+/// An engine, the HTTP API and a relay over one temporary database.
+struct Setup {
+    base: String,
+    stores: Stores,
+    engine: RunningEngine,
+    shutdown: CancellationToken,
+    _db: TempDb,
+}
+
+impl Setup {
+    async fn start(webhooks: WebhookConfig) -> Self {
+        let db = TempDb::new();
+        let stores = db.stores().await;
+        let journal = Journal::default();
+        let registry = registry_of([scripted_saga(
+            "s",
+            1,
+            &[
+                S::new("a", Compensatable),
+                S::new("b", Compensatable),
+                S::new("c", Pivot),
+            ],
+            &journal,
+        )]);
+        let engine = RunningEngine::start(stores.log.clone(), registry, test_config());
+        let shutdown = CancellationToken::new();
+        let relay = Relay::new(stores.outbox.clone(), webhooks).unwrap();
+        tokio::spawn(relay.run(shutdown.clone()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let router = router_with_shutdown(
+            engine.engine.clone(),
+            &stores,
+            HttpConfig::default(),
+            shutdown.clone(),
+        );
+        tokio::spawn(serve(listener, router, shutdown.clone()));
+        Self {
+            base,
+            stores,
+            engine,
+            shutdown,
+            _db: db,
+        }
+    }
+
+    async fn start_saga(&self, headers: &[(&str, &str)]) -> reqwest::Response {
+        let mut req = reqwest::Client::new()
+            .post(format!("{}/v1/sagas/s", self.base))
+            .json(&json!({"n": 1}));
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        req.send().await.unwrap()
+    }
+
+    async fn deliveries(&self, id: Uuid) -> Value {
+        reqwest::get(format!("{}/v1/sagas/{id}/deliveries", self.base))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.engine.stop().await;
+    }
+}
+
+fn fast_webhooks(subscribers: Vec<String>) -> WebhookConfig {
+    WebhookConfig {
+        subscribers,
+        secret: Some(SECRET.to_owned()),
+        timeout: Duration::from_secs(2),
+        poll_interval: Duration::from_millis(20),
+        retry_base: Duration::from_millis(100),
+        ..WebhookConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn events_reach_the_callback_and_the_subscribers_signed_and_in_order() {
+    let (receiver, hooks) = Receiver::start(0).await;
+    let setup = Setup::start(fast_webhooks(vec![format!("{hooks}/global")])).await;
+    let callback = format!("{hooks}/callback?order=1");
+    let resp = setup
+        .start_saga(&[
+            ("saga-callback-url", callback.as_str()),
+            ("saga-callback-secret", CALLBACK_SECRET),
+            ("idempotency-key", "cb-1"),
+        ])
+        .await;
+    assert_eq!(resp.status(), StatusCode::ACCEPTED);
+    let id: Uuid = resp.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+
+    let on_callback = receiver.wait_for_end("/callback", id).await;
+    let on_global = receiver.wait_for_end("/global", id).await;
+    // The whole history, in order, on both: exactly the saga's events.
+    let history: Vec<(i64, String)> = setup
+        .stores
+        .log
+        .events(id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.id, e.kind))
+        .collect();
+    assert_eq!(on_callback, history);
+    assert_eq!(on_global, history);
+    assert_eq!(history.first().unwrap().1, "saga.started");
+    check_deliveries(&receiver, "/callback", CALLBACK_SECRET);
+    check_deliveries(&receiver, "/global", SECRET);
+
+    // The delivery state over the API: everything delivered, once each.
+    let deliveries = setup.deliveries(id).await;
+    let list = deliveries["deliveries"].as_array().unwrap();
+    assert_eq!(list.len(), history.len() * 2, "{deliveries:#}");
+    for d in list {
+        assert_eq!(d["state"], "delivered", "{d}");
+        assert_eq!(d["attempts"], 1);
+        assert_eq!(d["last_status"], 204);
+    }
+    assert!(list.iter().any(|d| d["target_kind"] == "callback"));
+    assert!(list.iter().any(|d| d["target_kind"] == "subscriber"));
+
+    // A callback this build cannot deliver to is refused up front.
+    for bad in ["https://example.com/x", "ftp://example.com/", "not a url"] {
+        let r = setup.start_saga(&[("saga-callback-url", bad)]).await;
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{bad}");
+    }
+    setup.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_receiver_that_is_down_gets_retries_until_it_answers() {
+    // The first five requests fail: the first event is retried, the rest wait for it.
+    let (receiver, hooks) = Receiver::start(5).await;
+    let setup = Setup::start(fast_webhooks(vec![format!("{hooks}/down")])).await;
+    let resp = setup.start_saga(&[]).await;
+    let id: Uuid = resp.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let delivered = receiver.wait_for_end("/down", id).await;
+    let history = setup.stores.log.events(id).await.unwrap();
+    assert_eq!(delivered.len(), history.len(), "each event delivered once");
+    check_deliveries(&receiver, "/down", SECRET);
+    let hits = receiver.hits();
+    let first = history[0].id;
+    let tries = hits.iter().filter(|h| h.event_id == first).count();
+    assert_eq!(tries, 6, "five refusals, then the sixth attempt succeeded");
+    // Nothing of the saga was sent before its first event got through.
+    assert!(hits.iter().take(6).all(|h| h.event_id == first));
+
+    let deliveries = setup.deliveries(id).await;
+    let d0 = &deliveries["deliveries"][0];
+    assert_eq!(d0["event_id"], first);
+    assert_eq!(d0["state"], "delivered");
+    assert_eq!(d0["attempts"], 6);
+    let state = setup.stores.outbox.deliveries(id).await.unwrap();
+    assert!(state.iter().all(|d| d.state == DeliveryState::Delivered));
+    setup.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_receiver_that_never_answers_is_given_up_and_later_events_go_on() {
+    let (receiver, hooks) = Receiver::start(usize::MAX).await;
+    let setup = Setup::start(WebhookConfig {
+        max_attempts: 2,
+        retry_base: Duration::from_millis(20),
+        ..fast_webhooks(vec![format!("{hooks}/dead")])
+    })
+    .await;
+    let resp = setup.start_saga(&[]).await;
+    let id: Uuid = resp.json::<Value>().await.unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    let deadline = tokio::time::Instant::now() + LONG;
+    loop {
+        let d = setup.stores.outbox.deliveries(id).await.unwrap();
+        let history = setup.stores.log.events(id).await.unwrap();
+        let ended = history.last().is_some_and(|e| e.kind == "saga.completed");
+        if ended && d.len() == history.len() && d.iter().all(|x| x.state == DeliveryState::Failed) {
+            assert!(d
+                .iter()
+                .all(|x| x.attempts == 2 && x.last_status == Some(503)));
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{d:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(receiver.delivered("/dead", id).is_empty());
+    setup.stop().await;
+}
+
+/// The relay of a real `example-sagas serve` dies right after the receiver acknowledged a
+/// delivery and before it was recorded: after a restart the same event is sent again, with the
+/// same `Saga-Event-Id`, and the rest follows in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_relay_killed_between_send_and_record_sends_the_same_event_again() {
+    let (receiver, hooks) = Receiver::start(0).await;
+    let db = TempDb::new();
+    let dir = db.dir.path().to_owned();
+    let hook = format!("{hooks}/serve");
+    let args = [
+        "--webhook-url",
+        hook.as_str(),
+        "--webhook-timeout-secs",
+        "1",
+        "--webhook-retry-base-ms",
+        "100",
+    ];
+    let server = Server::spawn(
+        &db.url,
+        &dir,
+        &[
+            ("SAGA_CRASH_AT", "after_webhook_send:saga.started"),
+            ("SAGA_WEBHOOK_SECRET", SECRET),
+        ],
+        &args,
+    )
+    .await;
+    let id = server
+        .start(
+            "place_order",
+            json!({"order_id": "o-hook", "user": "ada", "amount": 1200, "simulate": {}}),
+        )
+        .await;
+    let status = server.wait_exit(LONG);
+    assert!(!status.success(), "the crash point aborts the process");
+    let hits = receiver.hits();
+    assert_eq!(hits.len(), 1, "{hits:?}");
+    let started = hits[0].event_id;
+    assert_eq!(hits[0].json()["type"], "saga.started");
+    assert_eq!(hits[0].status, 204, "the receiver had acknowledged it");
+
+    let server = Server::spawn(&db.url, &dir, &[("SAGA_WEBHOOK_SECRET", SECRET)], &args).await;
+    let delivered = receiver.wait_for_end("/serve", id).await;
+    let again = receiver
+        .hits()
+        .iter()
+        .filter(|h| h.event_id == started)
+        .count();
+    assert_eq!(again, 2, "the same event id, sent twice (at least once)");
+    // Deduplicated by event id, the receiver saw the history in order.
+    let mut ids: Vec<i64> = delivered.iter().map(|(id, _)| *id).collect();
+    ids.dedup();
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "{delivered:?}");
+    assert_eq!(delivered.first().unwrap().1, "saga.started");
+    check_deliveries(&receiver, "/serve", SECRET);
+    let saga = server.saga(id).await;
+    assert_eq!(saga["status"], "COMPLETED");
+    server.kill9();
+}
