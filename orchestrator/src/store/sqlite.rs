@@ -65,6 +65,33 @@ pub struct SqliteStore {
     queue: WriteQueue<Sqlite>,
     /// Commits made outside the queue (operator commands, registration).
     commits: std::sync::atomic::AtomicU64,
+    /// The background WAL checkpoint task, stopped with the store.
+    checkpointer: Option<tokio::task::AbortHandle>,
+}
+
+impl Drop for SqliteStore {
+    fn drop(&mut self) {
+        if let Some(task) = &self.checkpointer {
+            task.abort();
+        }
+    }
+}
+
+/// Copies the WAL back into the database file every 200 ms with a `PASSIVE` checkpoint, which
+/// never blocks the writer (it stops short of frames in use). With automatic checkpoints off,
+/// commits only append to the WAL and fsync it.
+async fn checkpoint_loop(pool: SqlitePool) {
+    let mut every = tokio::time::interval(Duration::from_millis(200));
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+            .execute(&pool)
+            .await
+        {
+            tracing::debug!(error = %e, "WAL checkpoint failed; will retry");
+        }
+    }
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -106,7 +133,10 @@ impl SqliteStore {
             .busy_timeout(Duration::from_secs(10))
             .foreign_keys(true)
             .pragma("temp_store", "memory")
-            .pragma("cache_size", "-16000");
+            .pragma("cache_size", "-16000")
+            // Checkpoints run in the background (see `checkpoint_loop`), not inside a commit
+            // that then stalls for the whole copy: they were the tail of the commit latency.
+            .pragma("wal_autocheckpoint", "0");
         let path = opts.get_filename().to_owned();
         let in_memory = base.contains(":memory:") || path.as_os_str().is_empty();
         if !create && !in_memory && !path.exists() {
@@ -131,10 +161,20 @@ impl SqliteStore {
             SqlitePoolOptions::new()
                 .max_connections(4)
                 .acquire_timeout(Duration::from_secs(30))
-                .connect_with(opts.read_only(true))
+                .connect_with(opts.clone().read_only(true))
                 .await?
         };
+        let checkpointer = if in_memory {
+            None
+        } else {
+            let pool = SqlitePoolOptions::new()
+                .max_connections(1)
+                .connect_with(opts.clone())
+                .await?;
+            Some(tokio::spawn(checkpoint_loop(pool)).abort_handle())
+        };
         let store = Self {
+            checkpointer,
             queue: WriteQueue::start(
                 writer.clone(),
                 Backend {
