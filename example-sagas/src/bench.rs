@@ -84,6 +84,16 @@ pub fn bench_saga() -> Result<SagaDefinition, saga_dsl::DefinitionError> {
     async fn noop(ctx: StepContext) -> Result<serde_json::Value, StepError> {
         Ok(json!({"step": ctx.step_name(), "ok": true}))
     }
+    async fn first(ctx: StepContext) -> Result<serde_json::Value, StepError> {
+        if ctx.raw_input()["park"].as_bool() == Some(true) {
+            // The `timers` measurement: wait an hour on a durable retry timer.
+            return Err(StepError::retry_after(
+                Duration::from_secs(3600),
+                "parked on a retry timer",
+            ));
+        }
+        noop(ctx).await
+    }
     async fn undo(_ctx: StepContext) -> Result<(), StepError> {
         Ok(())
     }
@@ -94,13 +104,12 @@ pub fn bench_saga() -> Result<SagaDefinition, saga_dsl::DefinitionError> {
         noop(ctx).await
     }
     SagaDefinition::builder("bench_order", 1)
-        .step(Step::compensatable("reserve_stock", noop, undo))
+        .step(Step::compensatable("reserve_stock", first, undo))
         .step(Step::compensatable("charge_payment", noop, undo))
         .step(Step::compensatable("assign_rider", last, undo).retry(RetryPolicy::no_retry()))
         .build()
 }
 
-/// Runs the benchmark on `store` and returns its figures.
 /// What one benchmark run does.
 #[derive(Debug, Clone)]
 pub struct BenchPlan {
@@ -294,13 +303,94 @@ async fn lanes(
 
 /// Peak resident set size of this process (VmHWM), in MiB.
 pub fn peak_rss_mb() -> f64 {
+    proc_status_kb("VmHWM:") / 1024.0
+}
+
+/// What `bench-timers` measured: memory with many sagas waiting on durable retry timers.
+#[derive(Debug, Clone, Serialize)]
+pub struct TimersReport {
+    /// `sqlite` or `postgres`.
+    pub backend: String,
+    /// Sagas parked on a one-hour retry timer.
+    pub sagas: usize,
+    /// Resident memory once all were parked.
+    pub rss_mb: f64,
+    /// Peak resident memory during the run.
+    pub peak_rss_mb: f64,
+    /// Seconds it took to start and park them all.
+    pub seconds: f64,
+}
+
+/// Starts `sagas` sagas whose first step asks to be retried in an hour, waits until every one
+/// is parked (its lease released, its next run time in the log), and reports this process's
+/// memory: a saga waiting on a timer must cost the database a row, not the process a task.
+pub async fn timers(
+    store: Arc<dyn Store>,
+    backend: &str,
+    sagas: usize,
+    concurrency: usize,
+) -> anyhow::Result<TimersReport> {
+    let engine = bench_engine(store.clone(), concurrency)?;
+    let shutdown = CancellationToken::new();
+    let runner = {
+        let (engine, shutdown) = (engine.clone(), shutdown.clone());
+        tokio::spawn(async move { engine.run(shutdown).await })
+    };
+    let started = Instant::now();
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..concurrency.max(1) {
+        let (engine, store, next) = (engine.clone(), store.clone(), next.clone());
+        set.spawn(async move {
+            while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < sagas {
+                let saga = engine.start("bench_order", json!({"park": true})).await?;
+                loop {
+                    let s = store
+                        .get_saga(saga.id)
+                        .await?
+                        .ok_or_else(|| anyhow::anyhow!("saga vanished"))?;
+                    if s.steps[0].action.status == orchestrator::StepStatus::Retrying
+                        && s.lease_owner.is_none()
+                    {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+            }
+            anyhow::Ok(())
+        });
+    }
+    while let Some(res) = set.join_next().await {
+        res??;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    // Let the allocator settle, then read the resident size with every saga parked.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rss_mb = current_rss_mb();
+    shutdown.cancel();
+    runner.await??;
+    Ok(TimersReport {
+        backend: backend.to_owned(),
+        sagas,
+        rss_mb,
+        peak_rss_mb: peak_rss_mb(),
+        seconds,
+    })
+}
+
+/// Current resident set size of this process (VmRSS), in MiB.
+pub fn current_rss_mb() -> f64 {
+    proc_status_kb("VmRSS:") / 1024.0
+}
+
+fn proc_status_kb(field: &str) -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
             s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
+                .find(|l| l.starts_with(field))
                 .and_then(|l| l.split_whitespace().nth(1))
                 .and_then(|kb| kb.parse::<f64>().ok())
         })
-        .map_or(0.0, |kb| kb / 1024.0)
+        .unwrap_or(0.0)
 }

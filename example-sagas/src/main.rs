@@ -66,6 +66,16 @@ enum Command {
     },
     /// Run the in-process benchmark on a fresh database and print one line of figures.
     Bench(BenchArgs),
+    /// Measure memory with many sagas waiting on durable retry timers (fresh database unless
+    /// `--database-url` names one).
+    BenchTimers {
+        /// Sagas to park on a one-hour retry timer.
+        #[arg(long, default_value_t = 100_000)]
+        sagas: usize,
+        /// Sagas started at once.
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+    },
     /// A helper process of a multi-process benchmark: runs the benchmark saga's engine until
     /// SIGTERM, then prints its commit count.
     #[command(hide = true)]
@@ -182,6 +192,9 @@ async fn main() -> ExitCode {
         Command::Ledger { json } => ledger(&cli, *json).await,
         Command::Bench(args) => run_bench(&cli, args, db_explicit).await,
         Command::BenchWorker { workers } => bench_worker(&cli, *workers).await,
+        Command::BenchTimers { sagas, concurrency } => {
+            bench_timers(&cli, *sagas, *concurrency, db_explicit).await
+        }
         Command::Admin(cmd) => admin(&cli, cmd).await,
     };
     match result {
@@ -424,5 +437,33 @@ async fn bench_worker(cli: &Cli, workers: usize) -> anyhow::Result<()> {
     let _ = std::io::stdout().flush();
     engine.run(shutdown).await?;
     println!("commits={}", store.commits());
+    Ok(())
+}
+
+async fn bench_timers(
+    cli: &Cli,
+    sagas: usize,
+    concurrency: usize,
+    db_explicit: bool,
+) -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let url = if db_explicit {
+        cli.db.database_url.clone()
+    } else {
+        format!("sqlite://{}", tmp.path().join("timers.db").display())
+    };
+    let backend = if url.starts_with("postgres") {
+        "postgres"
+    } else {
+        "sqlite"
+    };
+    let store = orchestrator::store::open(&url)
+        .await
+        .with_context(|| format!("cannot open {url}"))?;
+    let r = bench::timers(store, backend, sagas, concurrency).await?;
+    println!(
+        "timers backend={} sagas={} seconds={:.1} rss_mb={:.1} peak_rss_mb={:.1}",
+        r.backend, r.sagas, r.seconds, r.rss_mb, r.peak_rss_mb
+    );
     Ok(())
 }
