@@ -857,3 +857,35 @@ where
     }
     out
 }
+
+#[tokio::test]
+async fn more_sagas_than_workers_all_run_when_slots_free_up() {
+    // Direct starts and claims compete for the same worker slots; a saga claimed must always
+    // get a slot (a regression: a claim racing a direct start once left a saga leased and
+    // never driven).
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let def = scripted_saga("s", 1, &three(&[], &[], &[]), &j);
+    let config = orchestrator::EngineConfig {
+        workers: 2,
+        ..test_config()
+    };
+    let eng = RunningEngine::start(store.clone(), registry_of([def]), config);
+    let starts = (0..40).map(|_| {
+        let engine = eng.engine.clone();
+        async move {
+            let saga = engine.start("s", json!({})).await.unwrap();
+            engine
+                .wait_terminal(saga.id, Duration::from_secs(20))
+                .await
+                .unwrap()
+        }
+    });
+    let ended = futures_join_all(starts).await;
+    assert!(
+        ended.iter().all(|s| *s == Some(SagaStatus::Completed)),
+        "{ended:?}"
+    );
+    eng.stop().await;
+}

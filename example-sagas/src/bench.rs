@@ -143,46 +143,48 @@ pub fn bench_engine(store: Arc<dyn Store>, workers: usize) -> anyhow::Result<Eng
     ))
 }
 
-/// Helper worker processes of a multi-process run; stopped (SIGTERM) and reaped on drop.
-struct Helpers(Vec<std::process::Child>);
+/// Helper worker processes of a multi-process run; killed when dropped.
+struct Helpers(Vec<tokio::process::Child>);
 
 impl Helpers {
-    fn spawn(plan: &BenchPlan) -> anyhow::Result<Self> {
-        use std::io::BufRead;
+    async fn spawn(plan: &BenchPlan) -> anyhow::Result<Self> {
+        use tokio::io::AsyncBufReadExt;
         let exe = std::env::current_exe()?;
         let mut children = Helpers(Vec::new());
         for _ in 1..plan.processes {
-            let mut child = std::process::Command::new(&exe)
+            let mut child = tokio::process::Command::new(&exe)
                 .args(["bench-worker", "--database-url", &plan.url])
                 .args(["--workers", &plan.workers.to_string()])
                 .stdout(std::process::Stdio::piped())
+                .kill_on_drop(true)
                 .spawn()?;
             // Wait until it has registered and is claiming.
             let mut line = String::new();
             if let Some(out) = child.stdout.as_mut() {
-                std::io::BufReader::new(out).read_line(&mut line)?;
+                tokio::io::BufReader::new(out).read_line(&mut line).await?;
             }
-            anyhow::ensure!(
-                line.starts_with("ready"),
-                "bench worker did not start: {line:?}"
-            );
+            anyhow::ensure!(line.starts_with("ready"), "bench worker did not start: {line:?}");
             children.0.push(child);
         }
         Ok(children)
     }
 
-    /// Stops every helper and returns the commits they made.
-    fn stop(mut self) -> anyhow::Result<u64> {
+    /// Stops every helper (SIGTERM: they finish what they hold) and returns their commits.
+    async fn stop(mut self) -> anyhow::Result<u64> {
+        use tokio::io::AsyncReadExt;
         let mut commits = 0;
         for mut child in std::mem::take(&mut self.0) {
-            std::process::Command::new("kill")
-                .args(["-TERM", &child.id().to_string()])
-                .status()?;
+            if let Some(pid) = child.id() {
+                tokio::process::Command::new("kill")
+                    .args(["-TERM", &pid.to_string()])
+                    .status()
+                    .await?;
+            }
             let mut out = String::new();
             if let Some(mut stdout) = child.stdout.take() {
-                std::io::Read::read_to_string(&mut stdout, &mut out)?;
+                stdout.read_to_string(&mut out).await?;
             }
-            child.wait()?;
+            child.wait().await?;
             commits += out
                 .lines()
                 .find_map(|l| l.strip_prefix("commits="))
@@ -190,15 +192,6 @@ impl Helpers {
                 .unwrap_or(0);
         }
         Ok(commits)
-    }
-}
-
-impl Drop for Helpers {
-    fn drop(&mut self) {
-        for child in &mut self.0 {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
     }
 }
 
@@ -220,13 +213,13 @@ pub async fn run(store: Arc<dyn Store>, plan: &BenchPlan) -> anyhow::Result<Benc
     lanes(&engine, scenario, warmup, concurrency).await?;
     // Helpers start after the warm-up, so their whole-life commit counts cover the measured
     // phase (plus a few idle polls while they are being stopped).
-    let helpers = Helpers::spawn(plan)?;
+    let helpers = Helpers::spawn(plan).await?;
 
     let commits_before = store.commits();
     let started = Instant::now();
     let (mut latencies, errors) = lanes(&engine, scenario, sagas, concurrency).await?;
     let wall = started.elapsed().as_secs_f64();
-    let commits = store.commits() - commits_before + helpers.stop()?;
+    let commits = store.commits() - commits_before + helpers.stop().await?;
     shutdown.cancel();
     runner.await??;
 

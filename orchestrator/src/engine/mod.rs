@@ -385,7 +385,15 @@ impl Engine {
         let mut look = true;
         let mut backlog = false;
         while !shutdown.is_cancelled() {
-            let free = inner.slots.available_permits();
+            // Take the slots before claiming: a saga claimed must have a worker to drive it
+            // (a direct start may take a slot at any moment).
+            let mut permits = Vec::new();
+            if look {
+                while let Ok(p) = inner.slots.clone().try_acquire_owned() {
+                    permits.push(p);
+                }
+            }
+            let free = permits.len();
             if look && free > 0 {
                 match inner
                     .store
@@ -399,11 +407,7 @@ impl Engine {
                 {
                     Ok(list) => {
                         backlog = list.len() == free;
-                        for c in list {
-                            // Claimed with `free` as the limit: a permit is there.
-                            let Ok(permit) = inner.slots.clone().try_acquire_owned() else {
-                                break;
-                            };
+                        for (c, permit) in list.into_iter().zip(permits.drain(..)) {
                             drivers.spawn(driver::drive(
                                 self.inner.clone(),
                                 c,
@@ -419,6 +423,8 @@ impl Engine {
             } else if look {
                 backlog = true;
             }
+            // Slots not needed by this claim go back.
+            drop(permits);
             if last_blocked_check.is_none_or(|t| t.elapsed() >= cfg.poll_interval) {
                 last_blocked_check = Some(tokio::time::Instant::now());
                 match inner.store.mark_blocked(&inner.definitions).await {
