@@ -163,7 +163,10 @@ impl Helpers {
             if let Some(out) = child.stdout.as_mut() {
                 tokio::io::BufReader::new(out).read_line(&mut line).await?;
             }
-            anyhow::ensure!(line.starts_with("ready"), "bench worker did not start: {line:?}");
+            anyhow::ensure!(
+                line.starts_with("ready"),
+                "bench worker did not start: {line:?}"
+            );
             children.0.push(child);
         }
         Ok(children)
