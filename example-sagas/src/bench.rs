@@ -23,6 +23,9 @@ pub enum Scenario {
     Happy,
     /// The third step fails permanently on its first try; two compensations run.
     Compensate,
+    /// Only starts: each lane starts its next saga as soon as the start returned (the sagas run
+    /// in the background meanwhile). The in-process figure to set beside HTTP starts.
+    Starts,
 }
 
 /// One benchmark run's figures.
@@ -64,6 +67,7 @@ impl BenchReport {
             match self.scenario {
                 Scenario::Happy => "happy",
                 Scenario::Compensate => "compensate",
+                Scenario::Starts => "starts",
             },
             self.sagas,
             self.concurrency,
@@ -237,6 +241,7 @@ pub async fn run(store: Arc<dyn Store>, plan: &BenchPlan) -> anyhow::Result<Benc
     let steps = match scenario {
         Scenario::Happy => 3.0,
         Scenario::Compensate => 5.0,
+        Scenario::Starts => 0.0,
     };
     Ok(BenchReport {
         backend: plan.backend.clone(),
@@ -271,11 +276,16 @@ async fn lanes(
             let want = match scenario {
                 Scenario::Happy => SagaStatus::Completed,
                 Scenario::Compensate => SagaStatus::Compensated,
+                Scenario::Starts => SagaStatus::Queued,
             };
             let input = json!({"order": "bench", "fail_last": scenario == Scenario::Compensate});
             while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < total {
                 let t = Instant::now();
                 let saga = engine.start("bench_order", input.clone()).await?;
+                if scenario == Scenario::Starts {
+                    lat.push(t.elapsed());
+                    continue;
+                }
                 let status = engine
                     .wait_terminal(saga.id, Duration::from_secs(60))
                     .await?;

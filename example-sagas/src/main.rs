@@ -90,6 +90,9 @@ enum Command {
 
 #[derive(Debug, clap::Args)]
 struct ServeArgs {
+    /// Also serve the benchmark saga `bench_order` (three no-op steps), for HTTP load tests.
+    #[arg(long, hide = true)]
+    with_bench_saga: bool,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1:8080", env = "SAGA_LISTEN")]
     listen: String,
@@ -254,7 +257,10 @@ async fn serve(cli: &Cli, args: &ServeArgs) -> anyhow::Result<()> {
     let shop = Shop::open(&cli.shop_database_url)
         .await
         .with_context(|| format!("cannot open {}", cli.shop_database_url))?;
-    let registry = example_sagas::registry(Arc::new(shop))?;
+    let mut registry = example_sagas::registry(Arc::new(shop))?;
+    if args.with_bench_saga {
+        registry.register(bench::bench_saga()?)?;
+    }
     let engine = Engine::new(
         stores.log.clone(),
         Arc::new(registry),

@@ -28,6 +28,83 @@ pub(super) async fn insert_callback(
     Ok(())
 }
 
+/// An idempotent start on the writer's connection, inside a group-committed transaction: the
+/// primary key of `idempotency_keys` decides which of several identical requests creates the
+/// saga (they are serialised on the one writer connection).
+async fn create_idempotent_on(
+    conn: &mut SqliteConnection,
+    now: Millis,
+    key: &IdempotencyKey,
+    new: NewSaga,
+    callback: Option<&Callback>,
+    response: Option<&SavedResponse>,
+) -> Result<IdempotentStart> {
+    // An expired key that the sweeper has not removed yet is as good as gone.
+    sqlx::query("DELETE FROM idempotency_keys WHERE scope = ?1 AND key = ?2 AND expires_at <= ?3")
+        .bind(&key.scope)
+        .bind(&key.key)
+        .bind(now)
+        .execute(&mut *conn)
+        .await?;
+    let inserted = sqlx::query(
+        "INSERT INTO idempotency_keys (scope, key, fingerprint, saga_id, status_code, \
+         response_body, created_at, expires_at, completed_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, CASE WHEN ?5 IS NULL THEN NULL ELSE ?7 END) \
+         ON CONFLICT (scope, key) DO NOTHING",
+    )
+    .bind(&key.scope)
+    .bind(&key.key)
+    .bind(&key.fingerprint)
+    .bind(new.id.to_string())
+    .bind(response.map(|r| i64::from(r.status_code)))
+    .bind(response.map(|r| r.body.as_str()))
+    .bind(now)
+    .bind(now.saturating_add(retention_ms(key)))
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    if inserted == 1 {
+        insert_saga_rows(&mut *conn, &new, now).await?;
+        if let Some(callback) = callback {
+            insert_callback(&mut *conn, new.id, callback).await?;
+        }
+        return Ok(IdempotentStart::Created(Box::new(new_saga_record(
+            new, now,
+        ))));
+    }
+    // The key exists (and cannot change: we hold the write lock). Read it, write nothing.
+    let row = sqlx::query(
+        "SELECT fingerprint, saga_id, status_code, response_body, created_at, completed_at \
+         FROM idempotency_keys WHERE scope = ?1 AND key = ?2",
+    )
+    .bind(&key.scope)
+    .bind(&key.key)
+    .fetch_one(&mut *conn)
+    .await?;
+    let saga_text: String = row.try_get("saga_id")?;
+    let saga_id = Uuid::parse_str(&saga_text).map_err(|e| corrupt(&saga_text, e))?;
+    let completed = match (
+        row.try_get::<Option<i64>, _>("completed_at")?,
+        row.try_get::<Option<i64>, _>("status_code")?,
+        row.try_get::<Option<String>, _>("response_body")?,
+    ) {
+        (Some(_), Some(code), Some(body)) => Some(SavedResponse {
+            status_code: u16::try_from(code).map_err(|e| corrupt(&saga_text, e))?,
+            body,
+        }),
+        _ => None,
+    };
+    let fingerprint: String = row.try_get("fingerprint")?;
+    let created_at: Millis = row.try_get("created_at")?;
+    Ok(judge(
+        &key.fingerprint,
+        &fingerprint,
+        saga_id,
+        completed,
+        created_at,
+    ))
+}
+
 #[async_trait]
 impl IdempotencyStore for SqliteStore {
     async fn create_saga_idempotent(
@@ -37,76 +114,15 @@ impl IdempotencyStore for SqliteStore {
         callback: Option<&Callback>,
         response: Option<&SavedResponse>,
     ) -> Result<IdempotentStart> {
-        let now = Store::now(self).await?;
-        let mut tx = self.writer_pool().begin_with("BEGIN IMMEDIATE").await?;
-        // An expired key that the sweeper has not removed yet is as good as gone.
-        sqlx::query(
-            "DELETE FROM idempotency_keys WHERE scope = ?1 AND key = ?2 AND expires_at <= ?3",
-        )
-        .bind(&key.scope)
-        .bind(&key.key)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
-        let inserted = sqlx::query(
-            "INSERT INTO idempotency_keys (scope, key, fingerprint, saga_id, status_code, \
-             response_body, created_at, expires_at, completed_at) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, CASE WHEN ?5 IS NULL THEN NULL ELSE ?7 END) \
-             ON CONFLICT (scope, key) DO NOTHING",
-        )
-        .bind(&key.scope)
-        .bind(&key.key)
-        .bind(&key.fingerprint)
-        .bind(new.id.to_string())
-        .bind(response.map(|r| i64::from(r.status_code)))
-        .bind(response.map(|r| r.body.as_str()))
-        .bind(now)
-        .bind(now.saturating_add(retention_ms(key)))
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if inserted == 1 {
-            insert_saga_rows(&mut tx, &new, now).await?;
-            if let Some(callback) = callback {
-                insert_callback(&mut tx, new.id, callback).await?;
-            }
-            tx.commit().await?;
-            return Ok(IdempotentStart::Created(Box::new(new_saga_record(
-                new, now,
-            ))));
-        }
-        // The key exists (and cannot change: we hold the write lock). Read it, write nothing.
-        let row = sqlx::query(
-            "SELECT fingerprint, saga_id, status_code, response_body, created_at, completed_at \
-             FROM idempotency_keys WHERE scope = ?1 AND key = ?2",
-        )
-        .bind(&key.scope)
-        .bind(&key.key)
-        .fetch_one(&mut *tx)
-        .await?;
-        tx.rollback().await?;
-        let saga_text: String = row.try_get("saga_id")?;
-        let saga_id = Uuid::parse_str(&saga_text).map_err(|e| corrupt(&saga_text, e))?;
-        let completed = match (
-            row.try_get::<Option<i64>, _>("completed_at")?,
-            row.try_get::<Option<i64>, _>("status_code")?,
-            row.try_get::<Option<String>, _>("response_body")?,
-        ) {
-            (Some(_), Some(code), Some(body)) => Some(SavedResponse {
-                status_code: u16::try_from(code).map_err(|e| corrupt(&saga_text, e))?,
-                body,
-            }),
-            _ => None,
-        };
-        let fingerprint: String = row.try_get("fingerprint")?;
-        let created_at: Millis = row.try_get("created_at")?;
-        Ok(judge(
-            &key.fingerprint,
-            &fingerprint,
-            saga_id,
-            completed,
-            created_at,
-        ))
+        let (key, callback, response) = (key.clone(), callback.cloned(), response.cloned());
+        self.queue()
+            .run(move |conn, now| {
+                Box::pin(async move {
+                    create_idempotent_on(conn, now, &key, new, callback.as_ref(), response.as_ref())
+                        .await
+                })
+            })
+            .await
     }
 
     async fn create_saga_with_callback(&self, new: NewSaga, callback: &Callback) -> Result<Saga> {
@@ -124,21 +140,25 @@ impl IdempotencyStore for SqliteStore {
         key: &str,
         response: &SavedResponse,
     ) -> Result<()> {
-        let now = Store::now(self).await?;
-        let mut tx = self.writer_pool().begin_with("BEGIN IMMEDIATE").await?;
-        sqlx::query(
-            "UPDATE idempotency_keys SET status_code = ?1, response_body = ?2, completed_at = ?3 \
-             WHERE scope = ?4 AND key = ?5 AND completed_at IS NULL",
-        )
-        .bind(i64::from(response.status_code))
-        .bind(&response.body)
-        .bind(now)
-        .bind(scope)
-        .bind(key)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(())
+        let (scope, key, response) = (scope.to_owned(), key.to_owned(), response.clone());
+        self.queue()
+            .run(move |conn, now| {
+                Box::pin(async move {
+                    sqlx::query(
+                        "UPDATE idempotency_keys SET status_code = ?1, response_body = ?2, \
+                         completed_at = ?3 WHERE scope = ?4 AND key = ?5 AND completed_at IS NULL",
+                    )
+                    .bind(i64::from(response.status_code))
+                    .bind(&response.body)
+                    .bind(now)
+                    .bind(&scope)
+                    .bind(&key)
+                    .execute(&mut *conn)
+                    .await?;
+                    Ok(())
+                })
+            })
+            .await
     }
 
     async fn sweep_idempotency(&self, now: Millis) -> Result<u64> {

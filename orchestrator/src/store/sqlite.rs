@@ -255,6 +255,11 @@ impl SqliteStore {
     }
 
     /// The writer pool, for the idempotency and outbox stores (`BEGIN IMMEDIATE` writes).
+    /// The group-commit queue, for writes that belong in the engine's commits.
+    pub(crate) fn queue(&self) -> &WriteQueue<Sqlite> {
+        &self.queue
+    }
+
     pub(crate) fn writer_pool(&self) -> &SqlitePool {
         &self.writer
     }
