@@ -10,8 +10,8 @@ use uuid::Uuid;
 use super::NewSaga;
 use super::{Result, StoreError};
 use crate::model::{
-    Millis, PhaseRecord, Saga, SagaStatus, SagaSummary, StepKindName, StepRecord, StepStatus,
-    Worker,
+    Attempt, Event, Millis, PhaseRecord, Saga, SagaStatus, SagaSummary, StepKindName, StepRecord,
+    StepStatus, Worker,
 };
 
 /// A column value a log row can yield.
@@ -205,4 +205,34 @@ pub(super) fn new_saga_record(new: NewSaga, now: Millis) -> Saga {
         updated_at: now,
         steps,
     }
+}
+
+pub(super) fn attempt_from_row<R: LogRow>(row: &R) -> Result<Attempt> {
+    let idx: i64 = row.get("step_idx")?;
+    let attempt: i64 = row.get("attempt")?;
+    Ok(Attempt {
+        step_index: idx as u32,
+        step: row.get("name")?,
+        phase: row.get("phase")?,
+        attempt: attempt as u32,
+        worker: row.get("worker")?,
+        lease_epoch: row.get("lease_epoch")?,
+        started_at: row.get("started_at")?,
+        ended_at: row.get("ended_at")?,
+        outcome: row.get("outcome")?,
+        error: row.get("error")?,
+    })
+}
+
+/// An event row; `data` is its JSON as text.
+pub(super) fn event_from_row<R: LogRow>(row: &R, saga: &str) -> Result<Event> {
+    let data: String = row.get("data")?;
+    Ok(Event {
+        seq: row.get("seq")?,
+        id: row.get("id")?,
+        at: row.get("at")?,
+        kind: row.get("type")?,
+        step: row.get("step")?,
+        data: parse_json(saga, Some(data))?.unwrap_or(Value::Null),
+    })
 }

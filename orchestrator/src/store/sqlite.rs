@@ -26,8 +26,8 @@ use uuid::Uuid;
 use super::batch;
 use super::group_commit::{Backend, WriteQueue};
 use super::rows::{
-    comp_status_for, corrupt, parse_enum, parse_json, saga_from_row, step_from_row,
-    summary_from_row, worker_from_row,
+    attempt_from_row, comp_status_for, corrupt, event_from_row, parse_enum, saga_from_row,
+    step_from_row, summary_from_row, worker_from_row,
 };
 use super::rules::{cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan};
 use super::{
@@ -620,19 +620,8 @@ impl Store for SqliteStore {
         .bind(id.to_string())
         .fetch_all(&self.reader)
         .await?;
-        rows.iter()
-            .map(|row| {
-                let data: String = row.try_get("data")?;
-                Ok(Event {
-                    seq: row.try_get("seq")?,
-                    id: row.try_get("id")?,
-                    at: row.try_get("at")?,
-                    kind: row.try_get("type")?,
-                    step: row.try_get("step")?,
-                    data: parse_json(&id.to_string(), Some(data))?.unwrap_or(Value::Null),
-                })
-            })
-            .collect()
+        let saga = id.to_string();
+        rows.iter().map(|row| event_from_row(row, &saga)).collect()
     }
 
     async fn attempts(&self, id: Uuid) -> Result<Vec<Attempt>> {
@@ -645,24 +634,7 @@ impl Store for SqliteStore {
         .bind(id.to_string())
         .fetch_all(&self.reader)
         .await?;
-        rows.iter()
-            .map(|row| {
-                let idx: i64 = row.try_get("step_idx")?;
-                let attempt: i64 = row.try_get("attempt")?;
-                Ok(Attempt {
-                    step_index: idx as u32,
-                    step: row.try_get("name")?,
-                    phase: row.try_get("phase")?,
-                    attempt: attempt as u32,
-                    worker: row.try_get("worker")?,
-                    lease_epoch: row.try_get("lease_epoch")?,
-                    started_at: row.try_get("started_at")?,
-                    ended_at: row.try_get("ended_at")?,
-                    outcome: row.try_get("outcome")?,
-                    error: row.try_get("error")?,
-                })
-            })
-            .collect()
+        rows.iter().map(attempt_from_row).collect()
     }
 
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Vec<Claimed>> {
