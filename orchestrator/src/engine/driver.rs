@@ -93,7 +93,10 @@ pub(super) async fn drive(
             Err(StoreError::LeaseLost(_)) => tracing::warn!(
                 "lease lost (another worker or an operator took the saga over); stopped driving it"
             ),
-            Err(e) => tracing::error!(error = %e, "could not write to the step log; stopped driving the saga until its lease expires"),
+            Err(e) => {
+                tracing::error!(error = %e, "could not write to the step log; giving the saga back");
+                give_back(&driver.inner, &driver.lease, &driver.stop).await;
+            }
         }
     }
     .instrument(span)
@@ -507,6 +510,27 @@ impl Driver {
             };
         }
         applied
+    }
+}
+
+/// Releases the lease of a saga this driver could not finish writing, so that it is claimed
+/// again (by this process or another) and resumed from what the log says, not from this
+/// driver's memory. Retried while the database is away: the heartbeat would otherwise keep an
+/// abandoned lease alive for as long as the process lives.
+async fn give_back(inner: &Inner, lease: &Lease, stop: &CancellationToken) {
+    let mut delay = Duration::from_millis(100);
+    loop {
+        match inner.store.release_lease(lease).await {
+            Ok(()) => return,
+            Err(StoreError::LeaseLost(_)) => return,
+            Err(e) => tracing::warn!(error = %e, "releasing the lease failed; retrying"),
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            // At shutdown, deregistration releases every lease of this worker anyway.
+            _ = stop.cancelled() => return,
+        }
+        delay = (delay * 2).min(Duration::from_secs(5));
     }
 }
 

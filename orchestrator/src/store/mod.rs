@@ -391,6 +391,11 @@ pub trait Store: Send + Sync + 'static {
     /// Applies one transition if `lease` still holds.
     async fn apply(&self, lease: &Lease, transition: &Transition) -> Result<Applied>;
 
+    /// Gives a lease up without changing the saga (its driver could not finish writing): the
+    /// saga becomes claimable at once, and whoever claims it resumes from the log.
+    /// [`StoreError::LeaseLost`] if the lease was not held any more.
+    async fn release_lease(&self, lease: &Lease) -> Result<()>;
+
     /// Flags due sagas whose definition is not in `definitions` as blocked (with an event, once)
     /// and returns how many were newly flagged.
     async fn mark_blocked(&self, definitions: &[String]) -> Result<u64>;

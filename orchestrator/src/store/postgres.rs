@@ -554,6 +554,24 @@ impl Store for PgStore {
         Ok(applied)
     }
 
+    async fn release_lease(&self, lease: &Lease) -> Result<()> {
+        let released = sqlx::query(
+            "UPDATE sagas SET lease_owner = NULL, lease_expires_at = NULL \
+             WHERE id = $1::uuid AND lease_owner = $2 AND lease_epoch = $3",
+        )
+        .bind(lease.saga_id.to_string())
+        .bind(&lease.owner)
+        .bind(lease.epoch)
+        .execute(&self.pool)
+        .await?
+        .rows_affected();
+        if released == 0 {
+            return Err(StoreError::LeaseLost(lease.saga_id));
+        }
+        self.notify(CHANNEL, "").await;
+        Ok(())
+    }
+
     async fn mark_blocked(&self, definitions: &[String]) -> Result<u64> {
         let mut tx = self.pool.begin().await?;
         // Blocked means no live worker has the definition, not only this one: workers of

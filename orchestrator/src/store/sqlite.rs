@@ -655,6 +655,23 @@ impl Store for SqliteStore {
         self.queue.apply(lease.clone(), t.clone()).await
     }
 
+    async fn release_lease(&self, lease: &Lease) -> Result<()> {
+        let released = sqlx::query(
+            "UPDATE sagas SET lease_owner = NULL, lease_expires_at = NULL \
+             WHERE id = ?1 AND lease_owner = ?2 AND lease_epoch = ?3",
+        )
+        .bind(lease.saga_id.to_string())
+        .bind(&lease.owner)
+        .bind(lease.epoch)
+        .execute(&self.writer)
+        .await?
+        .rows_affected();
+        if released == 0 {
+            return Err(StoreError::LeaseLost(lease.saga_id));
+        }
+        Ok(())
+    }
+
     async fn mark_blocked(&self, definitions: &[String]) -> Result<u64> {
         let now = self.now_ms();
         let mut tx = self.begin_write().await?;
