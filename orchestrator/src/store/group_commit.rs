@@ -24,7 +24,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::batch::{Item, NewItem};
 use super::rows::new_saga_record;
-use super::{Applied, Lease, NewSaga, Result, Saga, StoreError, Transition};
+use super::{Applied, Claimed, Lease, NewSaga, Result, Saga, StoreError, Transition};
 use crate::clock::Clock;
 use crate::model::Millis;
 
@@ -136,6 +136,26 @@ where
             })
             .map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
+    }
+
+    /// Creates a saga already leased to `owner` (epoch 1), group-committed, with its lease.
+    pub(crate) async fn create_leased(
+        &self,
+        new: NewSaga,
+        owner: &str,
+        lease_ttl_ms: i64,
+    ) -> Result<Claimed> {
+        let saga = self
+            .create(new, Some((owner.to_owned(), lease_ttl_ms)))
+            .await?;
+        Ok(Claimed {
+            lease: Lease {
+                saga_id: saga.id,
+                owner: owner.to_owned(),
+                epoch: saga.lease_epoch,
+            },
+            saga,
+        })
     }
 
     /// Runs `f` inside a group-committed transaction and returns its result once committed.

@@ -395,18 +395,7 @@ impl Store for PgStore {
         owner: &str,
         lease_ttl_ms: i64,
     ) -> Result<Claimed> {
-        let saga = self
-            .queue
-            .create(new, Some((owner.to_owned(), lease_ttl_ms)))
-            .await?;
-        Ok(Claimed {
-            lease: Lease {
-                saga_id: saga.id,
-                owner: owner.to_owned(),
-                epoch: saga.lease_epoch,
-            },
-            saga,
-        })
+        self.queue.create_leased(new, owner, lease_ttl_ms).await
     }
 
     async fn get_saga(&self, id: Uuid) -> Result<Option<Saga>> {
