@@ -142,3 +142,32 @@ pub(super) fn judge(
 pub(super) fn retention_ms(key: &IdempotencyKey) -> i64 {
     i64::try_from(key.retention.as_millis()).unwrap_or(i64::MAX / 4)
 }
+
+/// Judges a request against the row its key already has (columns `fingerprint`, `saga_id` as
+/// text, `status_code` as a 64-bit integer, `response_body`, `created_at`, `completed_at`).
+pub(super) fn judge_row<R: super::rows::LogRow>(
+    row: &R,
+    key: &IdempotencyKey,
+) -> Result<IdempotentStart> {
+    let saga_text: String = row.get("saga_id")?;
+    let saga_id = Uuid::parse_str(&saga_text).map_err(|e| super::rows::corrupt(&saga_text, e))?;
+    let completed_at: Option<Millis> = row.get("completed_at")?;
+    let status_code: Option<i64> = row.get("status_code")?;
+    let body: Option<String> = row.get("response_body")?;
+    let completed = match (completed_at, status_code, body) {
+        (Some(_), Some(code), Some(body)) => Some(SavedResponse {
+            status_code: u16::try_from(code).map_err(|e| super::rows::corrupt(&saga_text, e))?,
+            body,
+        }),
+        _ => None,
+    };
+    let fingerprint: String = row.get("fingerprint")?;
+    let created_at: Millis = row.get("created_at")?;
+    Ok(judge(
+        &key.fingerprint,
+        &fingerprint,
+        saga_id,
+        completed,
+        created_at,
+    ))
+}

@@ -4,14 +4,15 @@
 //! winner's row) or rolls back (then it inserts and creates the saga itself).
 
 use async_trait::async_trait;
-use sqlx::{Postgres, Row, Transaction};
+use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
 
 use super::idempotency::{
-    judge, retention_ms, Callback, IdempotencyKey, IdempotencyStore, IdempotentStart, SavedResponse,
+    judge_row, retention_ms, Callback, IdempotencyKey, IdempotencyStore, IdempotentStart,
+    SavedResponse,
 };
 use super::postgres::insert_saga_rows;
-use super::rows::{corrupt, new_saga_record};
+use super::rows::new_saga_record;
 use super::{NewSaga, PgStore, Result, StoreError};
 use crate::model::{Millis, Saga};
 
@@ -94,36 +95,15 @@ impl IdempotencyStore for PgStore {
             tx.rollback().await?;
             // The conflicting row was committed (ON CONFLICT waited for its transaction).
             let row = sqlx::query(
-                "SELECT fingerprint, saga_id::text AS saga_id, status_code, response_body, \
-                 created_at, completed_at FROM idempotency_keys WHERE scope = $1 AND key = $2",
+                "SELECT fingerprint, saga_id::text AS saga_id, status_code::bigint AS status_code, \
+                 response_body, created_at, completed_at FROM idempotency_keys WHERE scope = $1 AND key = $2",
             )
             .bind(&key.scope)
             .bind(&key.key)
             .fetch_optional(self.pool())
             .await?;
             let Some(row) = row else { continue };
-            let saga_text: String = row.try_get("saga_id")?;
-            let saga_id = Uuid::parse_str(&saga_text).map_err(|e| corrupt(&saga_text, e))?;
-            let completed = match (
-                row.try_get::<Option<i64>, _>("completed_at")?,
-                row.try_get::<Option<i32>, _>("status_code")?,
-                row.try_get::<Option<String>, _>("response_body")?,
-            ) {
-                (Some(_), Some(code), Some(body)) => Some(SavedResponse {
-                    status_code: u16::try_from(code).map_err(|e| corrupt(&saga_text, e))?,
-                    body,
-                }),
-                _ => None,
-            };
-            let fingerprint: String = row.try_get("fingerprint")?;
-            let created_at: Millis = row.try_get("created_at")?;
-            return Ok(judge(
-                &key.fingerprint,
-                &fingerprint,
-                saga_id,
-                completed,
-                created_at,
-            ));
+            return judge_row(&row, key);
         }
         Err(StoreError::Conflict(format!(
             "idempotency key {:?} kept changing; retry the request",

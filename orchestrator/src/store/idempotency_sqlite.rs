@@ -3,13 +3,14 @@
 //! primary key of `idempotency_keys` decides which one creates the saga.
 
 use async_trait::async_trait;
-use sqlx::{Row, SqliteConnection};
+use sqlx::SqliteConnection;
 use uuid::Uuid;
 
 use super::idempotency::{
-    judge, retention_ms, Callback, IdempotencyKey, IdempotencyStore, IdempotentStart, SavedResponse,
+    judge_row, retention_ms, Callback, IdempotencyKey, IdempotencyStore, IdempotentStart,
+    SavedResponse,
 };
-use super::rows::{corrupt, new_saga_record};
+use super::rows::new_saga_record;
 use super::sqlite::insert_saga_rows;
 use super::{NewSaga, Result, SqliteStore, Store};
 use crate::model::{Millis, Saga};
@@ -81,28 +82,7 @@ async fn create_idempotent_on(
     .bind(&key.key)
     .fetch_one(&mut *conn)
     .await?;
-    let saga_text: String = row.try_get("saga_id")?;
-    let saga_id = Uuid::parse_str(&saga_text).map_err(|e| corrupt(&saga_text, e))?;
-    let completed = match (
-        row.try_get::<Option<i64>, _>("completed_at")?,
-        row.try_get::<Option<i64>, _>("status_code")?,
-        row.try_get::<Option<String>, _>("response_body")?,
-    ) {
-        (Some(_), Some(code), Some(body)) => Some(SavedResponse {
-            status_code: u16::try_from(code).map_err(|e| corrupt(&saga_text, e))?,
-            body,
-        }),
-        _ => None,
-    };
-    let fingerprint: String = row.try_get("fingerprint")?;
-    let created_at: Millis = row.try_get("created_at")?;
-    Ok(judge(
-        &key.fingerprint,
-        &fingerprint,
-        saga_id,
-        completed,
-        created_at,
-    ))
+    judge_row(&row, key)
 }
 
 #[async_trait]

@@ -9,6 +9,7 @@ use uuid::Uuid;
 
 use super::NewSaga;
 use super::{Result, StoreError};
+use crate::model::SagaPage;
 use crate::model::{
     Attempt, Event, Millis, PhaseRecord, Saga, SagaStatus, SagaSummary, StepKindName, StepRecord,
     StepStatus, Worker,
@@ -235,4 +236,20 @@ pub(super) fn event_from_row<R: LogRow>(row: &R, saga: &str) -> Result<Event> {
         step: row.get("step")?,
         data: parse_json(saga, Some(data))?.unwrap_or(Value::Null),
     })
+}
+
+/// A page of a list fetched with `LIMIT limit + 1`: the extra row, if any, says there is a next
+/// page, whose cursor is the last saga kept.
+pub(super) fn page_from_rows<R: LogRow>(rows: &[R], limit: u32) -> Result<SagaPage> {
+    let mut sagas = rows
+        .iter()
+        .map(summary_from_row)
+        .collect::<Result<Vec<_>>>()?;
+    let next_cursor = if sagas.len() > limit as usize {
+        sagas.truncate(limit as usize);
+        sagas.last().map(|s| s.id)
+    } else {
+        None
+    };
+    Ok(SagaPage { sagas, next_cursor })
 }

@@ -26,8 +26,8 @@ use uuid::Uuid;
 use super::batch;
 use super::group_commit::{Backend, WriteQueue};
 use super::rows::{
-    attempt_from_row, comp_status_for, corrupt, event_from_row, parse_enum, saga_from_row,
-    step_from_row, summary_from_row, worker_from_row,
+    attempt_from_row, comp_status_for, corrupt, event_from_row, page_from_rows, parse_enum,
+    saga_from_row, step_from_row, worker_from_row,
 };
 use super::rules::{cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan};
 use super::{
@@ -588,17 +588,7 @@ impl Store for SqliteStore {
         q.push(" ORDER BY id DESC LIMIT ")
             .push_bind(i64::from(limit) + 1);
         let rows = q.build().fetch_all(&self.reader).await?;
-        let mut sagas = rows
-            .iter()
-            .map(summary_from_row)
-            .collect::<Result<Vec<_>>>()?;
-        let next_cursor = if sagas.len() > limit as usize {
-            sagas.truncate(limit as usize);
-            sagas.last().map(|s| s.id)
-        } else {
-            None
-        };
-        Ok(SagaPage { sagas, next_cursor })
+        page_from_rows(&rows, limit)
     }
 
     async fn events(&self, id: Uuid) -> Result<Vec<Event>> {
