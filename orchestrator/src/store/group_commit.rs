@@ -19,6 +19,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use sqlx::pool::PoolConnection;
 use sqlx::{Database, Executor, Pool, Row};
 use tokio::sync::{mpsc, oneshot};
 
@@ -40,18 +41,23 @@ type Run<DB> = Box<
 /// Reports to a closure job's caller once the outcome of the commit carrying it is known.
 type Finish = Box<dyn FnOnce(Result<()>) + Send>;
 
-/// Applies transitions set-based on a connection (see [`super::batch`]).
+/// Applies transitions set-based on a connection (see [`super::batch`]), atomically: on `Err`
+/// nothing of the call remains and the transaction goes on. The flag says whether other writes
+/// share the transaction (else the call may rely on the transaction's rollback).
 pub(crate) type ApplyFn<DB> = for<'c> fn(
     &'c mut <DB as Database>::Connection,
     Millis,
     &'c [Item],
+    bool,
 ) -> BoxFuture<'c, Result<Vec<Result<Applied>>>>;
 
-/// Creates sagas set-based on a connection (see [`super::batch`]).
+/// Creates sagas set-based on a connection (see [`super::batch`]), atomically like
+/// [`ApplyFn`].
 pub(crate) type CreateFn<DB> = for<'c> fn(
     &'c mut <DB as Database>::Connection,
     Millis,
     &'c [NewItem],
+    bool,
 ) -> BoxFuture<'c, Result<()>>;
 
 /// A queued write.
@@ -75,14 +81,19 @@ const MAX_BATCH: usize = 512;
 
 /// How the queue talks to one backend.
 pub(crate) struct Backend<DB: Database> {
-    /// Opens a write transaction (`BEGIN IMMEDIATE` on SQLite: take the write lock up front).
+    /// Opens a write transaction (`BEGIN IMMEDIATE` on SQLite: take the write lock up front);
+    /// with `db_clock`, also returns the database's time in the same round trip.
     pub(crate) begin: &'static str,
-    /// A query for the batch's time on the database clock, or `None` to use the clock.
-    pub(crate) now_sql: Option<&'static str>,
+    /// The batch's time comes from the database clock (`begin` returns it), not the process's.
+    pub(crate) db_clock: bool,
     /// The set-based transition writer.
     pub(crate) apply: ApplyFn<DB>,
     /// The set-based saga creator.
     pub(crate) create: CreateFn<DB>,
+    /// Keep the connection between batches instead of returning it to the pool (which may test
+    /// it on every acquire); it goes back after a failed batch, so a broken one is replaced.
+    /// Only where the pool has connections to spare: SQLite's one writer is shared.
+    pub(crate) keep_connection: bool,
 }
 
 /// A queue of writes committed in groups by one writer task.
@@ -221,6 +232,7 @@ async fn writer<DB: Database>(
     for<'r> i64: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
     usize: sqlx::ColumnIndex<DB::Row>,
 {
+    let mut held: Option<PoolConnection<DB>> = None;
     while let Some(first) = rx.recv().await {
         let mut jobs = vec![first];
         while jobs.len() < MAX_BATCH {
@@ -251,7 +263,21 @@ async fn writer<DB: Database>(
                 }
             }
         }
-        match run_batch(&pool, &backend, &*clock, runs, &items, &news).await {
+        let outcome = match held.take() {
+            Some(conn) => Ok(conn),
+            None => pool.acquire().await.map_err(StoreError::from),
+        };
+        let outcome = match outcome {
+            Ok(mut conn) => {
+                let outcome = run_batch(&mut conn, &backend, &*clock, runs, &items, &news).await;
+                if backend.keep_connection && outcome.is_ok() {
+                    held = Some(conn);
+                }
+                outcome
+            }
+            Err(e) => Err(e),
+        };
+        match outcome {
             Ok((committed, applied, creates)) => {
                 if committed {
                     commits.fetch_add(1, Ordering::Relaxed);
@@ -298,7 +324,7 @@ fn created_record(item: NewItem, now: Millis) -> Saga {
 /// Runs one batch in one transaction: `(committed, result of each transition)`. On `Err`
 /// nothing of the batch was committed.
 async fn run_batch<DB: Database>(
-    pool: &Pool<DB>,
+    conn: &mut DB::Connection,
     backend: &Backend<DB>,
     clock: &dyn Clock,
     runs: Vec<Run<DB>>,
@@ -310,10 +336,25 @@ where
     for<'r> i64: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
     usize: sqlx::ColumnIndex<DB::Row>,
 {
-    let mut conn = pool.acquire().await?;
-    let conn: &mut DB::Connection = &mut conn;
-    exec::<DB>(conn, backend.begin).await?;
-    match run_jobs(conn, backend, clock, runs, items, news).await {
+    let begun = if backend.db_clock {
+        conn.fetch_one(backend.begin)
+            .await
+            .and_then(|row| row.try_get(0))
+            .map_err(StoreError::from)
+    } else {
+        exec::<DB>(conn, backend.begin)
+            .await
+            .map(|()| clock.now_ms())
+    };
+    let now = match begun {
+        Ok(now) => now,
+        Err(e) => {
+            // In case the transaction opened before the failure.
+            let _ = exec::<DB>(conn, "ROLLBACK").await;
+            return Err(e);
+        }
+    };
+    match run_jobs(conn, backend, now, runs, items, news).await {
         Ok((true, applied, creates)) => match exec::<DB>(conn, "COMMIT").await {
             Ok(()) => Ok((true, applied, creates)),
             Err(e) => {
@@ -338,20 +379,14 @@ where
 async fn run_jobs<DB: Database>(
     conn: &mut DB::Connection,
     backend: &Backend<DB>,
-    clock: &dyn Clock,
+    now: Millis,
     runs: Vec<Run<DB>>,
     items: &[Item],
     news: &[NewItem],
 ) -> Result<Outcome>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'r> i64: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
-    usize: sqlx::ColumnIndex<DB::Row>,
 {
-    let now = match backend.now_sql {
-        Some(sql) => conn.fetch_one(sql).await?.try_get(0)?,
-        None => clock.now_ms(),
-    };
     let alone = runs.len() + items.len() + news.len() == 1;
     let mut any_ok = false;
     let creates = create_all(conn, backend, now, news, alone).await?;
@@ -372,43 +407,22 @@ where
     if items.is_empty() {
         return Ok((any_ok, Vec::new(), creates));
     }
-    if alone {
-        // One transition alone: its statement error is its own (the transaction is then rolled
-        // back, nothing else being in it).
-        let applied = match (backend.apply)(conn, now, items).await {
-            Ok(applied) => applied,
-            Err(e) => vec![Err(e)],
-        };
-        any_ok |= applied.iter().any(|r| matches!(r, Ok(Applied::Written)));
-        return Ok((any_ok, applied, creates));
-    }
-    exec::<DB>(conn, "SAVEPOINT transitions").await?;
-    let applied = match (backend.apply)(conn, now, items).await {
-        Ok(applied) => {
-            exec::<DB>(conn, "RELEASE SAVEPOINT transitions").await?;
-            applied
-        }
+    let applied = match (backend.apply)(conn, now, items, !alone).await {
+        Ok(applied) => applied,
+        // Alone: its statement error is its own (the transaction is then rolled back, nothing
+        // else being in it).
+        Err(e) if alone => vec![Err(e)],
         Err(e) => {
             // One transition broke a statement: apply them one by one so it fails alone.
             tracing::debug!(error = %e, "set-based apply failed; applying one by one");
-            exec::<DB>(conn, "ROLLBACK TO SAVEPOINT transitions").await?;
-            exec::<DB>(conn, "RELEASE SAVEPOINT transitions").await?;
             let mut applied = Vec::with_capacity(items.len());
             for item in items {
-                exec::<DB>(conn, "SAVEPOINT transition").await?;
-                match (backend.apply)(conn, now, std::slice::from_ref(item)).await {
-                    Ok(mut one) => {
-                        exec::<DB>(conn, "RELEASE SAVEPOINT transition").await?;
-                        applied.push(
-                            one.pop()
-                                .unwrap_or(Err(StoreError::LeaseLost(item.0.saga_id))),
-                        );
-                    }
-                    Err(e) => {
-                        exec::<DB>(conn, "ROLLBACK TO SAVEPOINT transition").await?;
-                        exec::<DB>(conn, "RELEASE SAVEPOINT transition").await?;
-                        applied.push(Err(e));
-                    }
+                match (backend.apply)(conn, now, std::slice::from_ref(item), true).await {
+                    Ok(mut one) => applied.push(
+                        one.pop()
+                            .unwrap_or(Err(StoreError::LeaseLost(item.0.saga_id))),
+                    ),
+                    Err(e) => applied.push(Err(e)),
                 }
             }
             applied
@@ -435,32 +449,18 @@ where
     }
     if alone {
         // Its error is its own; the transaction is then rolled back.
-        return Ok(vec![(backend.create)(conn, now, news).await.map(|()| now)]);
+        return Ok(vec![(backend.create)(conn, now, news, false)
+            .await
+            .map(|()| now)]);
     }
-    exec::<DB>(conn, "SAVEPOINT creates").await?;
-    match (backend.create)(conn, now, news).await {
-        Ok(()) => {
-            exec::<DB>(conn, "RELEASE SAVEPOINT creates").await?;
-            Ok(news.iter().map(|_| Ok(now)).collect())
-        }
+    match (backend.create)(conn, now, news, true).await {
+        Ok(()) => Ok(news.iter().map(|_| Ok(now)).collect()),
         Err(e) => {
             tracing::debug!(error = %e, "set-based create failed; creating one by one");
-            exec::<DB>(conn, "ROLLBACK TO SAVEPOINT creates").await?;
-            exec::<DB>(conn, "RELEASE SAVEPOINT creates").await?;
             let mut out = Vec::with_capacity(news.len());
             for item in news {
-                exec::<DB>(conn, "SAVEPOINT one").await?;
-                match (backend.create)(conn, now, std::slice::from_ref(item)).await {
-                    Ok(()) => {
-                        exec::<DB>(conn, "RELEASE SAVEPOINT one").await?;
-                        out.push(Ok(now));
-                    }
-                    Err(e) => {
-                        exec::<DB>(conn, "ROLLBACK TO SAVEPOINT one").await?;
-                        exec::<DB>(conn, "RELEASE SAVEPOINT one").await?;
-                        out.push(Err(e));
-                    }
-                }
+                let one = (backend.create)(conn, now, std::slice::from_ref(item), true).await;
+                out.push(one.map(|()| now));
             }
             Ok(out)
         }

@@ -38,7 +38,9 @@ use crate::model::{
 };
 
 const MAX_PAGE: u32 = 1000;
+/// Wakes workers: a saga is due. The batch statements (`batch/postgres.rs`) name it too.
 const CHANNEL: &str = "saga_due";
+/// A saga ended (payload: its id). Also named in `batch/postgres.rs`.
 const DONE_CHANNEL: &str = "saga_done";
 
 /// The PostgreSQL implementation of [`Store`].
@@ -85,10 +87,11 @@ impl PgStore {
             queue: WriteQueue::start(
                 pool.clone(),
                 Backend {
-                    begin: "BEGIN",
-                    now_sql: Some("SELECT saga_now_ms()"),
+                    begin: "BEGIN; SELECT saga_now_ms()",
+                    db_clock: true,
                     apply: batch::postgres::apply_batch_boxed,
                     create: batch::postgres::insert_sagas_boxed,
+                    keep_connection: true,
                 },
                 Arc::new(crate::clock::SystemClock),
             ),
@@ -384,9 +387,8 @@ impl Store for PgStore {
     }
 
     async fn create_saga(&self, new: NewSaga) -> Result<Saga> {
-        let saga = self.queue.create(new, None).await?;
-        self.notify(CHANNEL, "").await;
-        Ok(saga)
+        // The insert notifies `saga_due`, delivered on commit.
+        self.queue.create(new, None).await
     }
 
     async fn create_saga_leased(
@@ -520,17 +522,10 @@ impl Store for PgStore {
     }
 
     async fn apply(&self, lease: &Lease, t: &Transition) -> Result<Applied> {
-        let applied = self.queue.apply(lease.clone(), t.clone()).await?;
-        if applied == Applied::Written {
-            // Announced after the commit, so whoever hears it finds the change.
-            if t.saga.status.is_terminal() {
-                self.notify(DONE_CHANNEL, &lease.saga_id.to_string()).await;
-            } else if t.release && t.saga.next_run_at.is_some() {
-                // Released while still runnable (shutdown, a long backoff): wake other workers.
-                self.notify(CHANNEL, "").await;
-            }
-        }
-        Ok(applied)
+        // The batch statement itself notifies `saga_done` for an ended saga and `saga_due` for
+        // one given back while still runnable (shutdown, a long backoff); PostgreSQL delivers
+        // them when the transaction commits, so whoever hears one finds the change.
+        self.queue.apply(lease.clone(), t.clone()).await
     }
 
     async fn release_lease(&self, lease: &Lease) -> Result<()> {

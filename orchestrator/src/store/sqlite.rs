@@ -179,9 +179,10 @@ impl SqliteStore {
                 writer.clone(),
                 Backend {
                     begin: "BEGIN IMMEDIATE",
-                    now_sql: None,
+                    db_clock: false,
                     apply: batch::sqlite::apply_batch_boxed,
                     create: batch::sqlite::insert_sagas_boxed,
+                    keep_connection: false,
                 },
                 clock.clone(),
             ),

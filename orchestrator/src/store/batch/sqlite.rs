@@ -1,0 +1,237 @@
+//! The batch statements on SQLite: each call is one round of several statements sent together
+//! (one hop to the driver's thread), reading the batch's JSON arrays with `json_each`. SQLite
+//! has no data-modifying CTEs, so each dependent statement re-checks the fence itself, and the
+//! `UPDATE sagas` that may give the lease up runs last.
+//!
+//! Parameters are written `$N`, not `?N`: SQLite numbers `?N` slots by their largest index, and
+//! the driver, binding several statements of one text in turn, reads the gaps of a statement
+//! that uses only `?2` and `?5` as anonymous parameters and stops binding before `?5`. Named
+//! `$N` slots have no gaps.
+
+use std::collections::{HashMap, HashSet};
+
+use sqlx::{Executor, Row, SqliteConnection};
+use uuid::Uuid;
+
+use super::{outcomes, refused_ids, ApplyRows, CreateRows, Item, NewItem};
+use crate::model::Millis;
+use crate::store::group_commit::BoxFuture;
+use crate::store::{Applied, Result};
+
+/// `x` joined to its saga, where the saga still carries the row's lease.
+macro_rules! rows {
+    ($param:literal) => {
+        concat!(
+            "WITH j AS MATERIALIZED (SELECT key, value FROM json_each(",
+            $param,
+            ")) "
+        )
+    };
+}
+
+macro_rules! fenced {
+    ($cols:literal, $param:literal) => {
+        concat!(
+            "(SELECT j.key AS ord, j.value->>'saga_id' AS saga_id, j.value->>'owner' AS owner, \
+             j.value->>'epoch' AS epoch, j.value->>'guard' AS guard, ",
+            $cols,
+            " FROM j) AS x JOIN sagas s ON s.id = x.saga_id AND s.lease_owner = x.owner \
+             AND s.lease_epoch = x.epoch AND NOT (x.guard AND s.cancel_requested)"
+        )
+    };
+}
+
+/// $1 sagas, $2 now, $3 steps, $4 finished attempts, $5 started attempts, $6 events.
+const APPLY: &str = concat!(
+    "SAVEPOINT apply;",
+    rows!("$3"),
+    "UPDATE steps SET \
+     status = COALESCE(x.a_status, steps.status), \
+     attempts = CASE WHEN x.a_status IS NULL THEN steps.attempts ELSE x.a_attempts END, \
+     last_error = CASE WHEN x.a_status IS NULL THEN steps.last_error ELSE x.a_error END, \
+     outcome_unknown = CASE WHEN x.a_status IS NULL THEN steps.outcome_unknown ELSE x.a_unknown END, \
+     started_at = CASE WHEN x.a_status IS NULL THEN steps.started_at ELSE x.a_started END, \
+     ended_at = CASE WHEN x.a_status IS NULL THEN steps.ended_at ELSE x.a_ended END, \
+     output = COALESCE(x.output, steps.output), \
+     comp_status = COALESCE(x.c_status, steps.comp_status), \
+     comp_attempts = CASE WHEN x.c_status IS NULL THEN steps.comp_attempts ELSE x.c_attempts END, \
+     comp_last_error = CASE WHEN x.c_status IS NULL THEN steps.comp_last_error ELSE x.c_error END, \
+     comp_outcome_unknown = CASE WHEN x.c_status IS NULL THEN steps.comp_outcome_unknown ELSE x.c_unknown END, \
+     comp_started_at = CASE WHEN x.c_status IS NULL THEN steps.comp_started_at ELSE x.c_started END, \
+     comp_ended_at = CASE WHEN x.c_status IS NULL THEN steps.comp_ended_at ELSE x.c_ended END \
+     FROM ",
+    fenced!(
+        "j.value->>'idx' AS idx, j.value->>'output' AS output, \
+         j.value->>'$.a.status' AS a_status, j.value->>'$.a.attempts' AS a_attempts, \
+         j.value->>'$.a.error' AS a_error, j.value->>'$.a.unknown' AS a_unknown, \
+         j.value->>'$.a.started' AS a_started, j.value->>'$.a.ended' AS a_ended, \
+         j.value->>'$.c.status' AS c_status, j.value->>'$.c.attempts' AS c_attempts, \
+         j.value->>'$.c.error' AS c_error, j.value->>'$.c.unknown' AS c_unknown, \
+         j.value->>'$.c.started' AS c_started, j.value->>'$.c.ended' AS c_ended",
+        "$3"
+    ),
+    " WHERE steps.saga_id = x.saga_id AND steps.idx = x.idx;",
+    // Finishes first: a transition may close attempt n and start attempt n + 1.
+    rows!("$4"),
+    "UPDATE attempts SET ended_at = $2, outcome = x.outcome, error = x.error FROM ",
+    fenced!(
+        "j.value->>'idx' AS idx, j.value->>'phase' AS phase, j.value->>'attempt' AS attempt, \
+         j.value->>'outcome' AS outcome, j.value->>'error' AS error",
+        "$4"
+    ),
+    " WHERE attempts.saga_id = x.saga_id AND attempts.step_idx = x.idx \
+     AND attempts.phase = x.phase AND attempts.attempt = x.attempt;",
+    rows!("$5"),
+    "INSERT INTO attempts (saga_id, step_idx, phase, attempt, worker, lease_epoch, started_at) \
+     SELECT x.saga_id, x.idx, x.phase, x.attempt, x.owner, x.epoch, $2 FROM ",
+    fenced!(
+        "j.value->>'idx' AS idx, j.value->>'phase' AS phase, j.value->>'attempt' AS attempt",
+        "$5"
+    ),
+    " ORDER BY x.ord;",
+    rows!("$6"),
+    "INSERT INTO events (saga_id, at, type, step, data) \
+     SELECT x.saga_id, $2, x.kind, x.step, x.data FROM ",
+    fenced!(
+        "j.value->>'kind' AS kind, j.value->>'step' AS step, j.value->>'data' AS data",
+        "$6"
+    ),
+    " ORDER BY x.ord;",
+    // The fence itself, last: it may give the lease up.
+    rows!("$1"),
+    "UPDATE sagas SET status = x.status, next_run_at = x.next_run_at, error = x.error, \
+     output = COALESCE(x.output, sagas.output), needs_attention = x.attention, \
+     pivot_reached = x.pivot, updated_at = $2, \
+     lease_owner = CASE WHEN x.rel THEN NULL ELSE sagas.lease_owner END, \
+     lease_expires_at = CASE WHEN x.rel THEN NULL ELSE sagas.lease_expires_at END \
+     FROM (SELECT j.value->>'saga_id' AS id, j.value->>'owner' AS owner, \
+     j.value->>'epoch' AS epoch, j.value->>'guard' AS guard, j.value->>'status' AS status, \
+     j.value->>'next_run_at' AS next_run_at, j.value->>'error' AS error, \
+     j.value->>'output' AS output, j.value->>'attention' AS attention, \
+     j.value->>'pivot' AS pivot, j.value->>'rel' AS rel FROM j) AS x \
+     WHERE sagas.id = x.id AND sagas.lease_owner = x.owner AND sagas.lease_epoch = x.epoch \
+     AND NOT (x.guard AND sagas.cancel_requested) \
+     RETURNING sagas.id AS id;",
+    "RELEASE apply"
+);
+
+/// $1 the refused ids.
+const REFUSED: &str = "SELECT id, lease_owner, lease_epoch, cancel_requested FROM sagas \
+     WHERE id IN (SELECT value FROM json_each($1))";
+
+/// $1 sagas, $2 now, $3 steps.
+const CREATE: &str = concat!(
+    "SAVEPOINT create_sagas;",
+    rows!("$1"),
+    "INSERT INTO sagas (id, name, version, definition_hash, definition_key, status, input, \
+     next_run_at, created_at, updated_at, lease_owner, lease_epoch, lease_expires_at) \
+     SELECT j.value->>'id', j.value->>'name', j.value->>'version', j.value->>'hash', \
+     j.value->>'key', 'QUEUED', j.value->>'input', $2, $2, $2, j.value->>'owner', \
+     j.value->>'epoch', j.value->>'expires' FROM j;",
+    rows!("$3"),
+    "INSERT INTO steps (saga_id, idx, name, kind, status, comp_status) \
+     SELECT j.value->>'saga_id', j.value->>'idx', j.value->>'name', j.value->>'kind', \
+     'PENDING', j.value->>'comp_status' FROM j;",
+    rows!("$1"),
+    "INSERT INTO events (saga_id, at, type, step, data) \
+     SELECT j.value->>'id', $2, 'saga.started', NULL, \
+     json_object('name', j.value->>'name', 'version', j.value->>'version') \
+     FROM j ORDER BY j.key;",
+    "RELEASE create_sagas"
+);
+
+/// Undoes a failed call; the transaction goes on.
+async fn undo(conn: &mut SqliteConnection, savepoint: &str) -> Result<()> {
+    let sql = format!("ROLLBACK TO {savepoint}; RELEASE {savepoint}");
+    conn.execute(sql.as_str()).await?;
+    Ok(())
+}
+
+/// [`apply_batch`] as a plain function pointer for the write queue (always in its own
+/// savepoint: on SQLite that costs nothing measurable, it is part of the same round).
+pub(crate) fn apply_batch_boxed<'c>(
+    conn: &'c mut SqliteConnection,
+    now: Millis,
+    items: &'c [Item],
+    _guarded: bool,
+) -> BoxFuture<'c, Result<Vec<Result<Applied>>>> {
+    Box::pin(apply_batch(conn, now, items))
+}
+
+/// Applies `items` inside the caller's transaction, atomically; one result per item, in order.
+pub(crate) async fn apply_batch(
+    conn: &mut SqliteConnection,
+    now: Millis,
+    items: &[Item],
+) -> Result<Vec<Result<Applied>>> {
+    let rows = ApplyRows::of(items)?;
+    let fenced = sqlx::query(APPLY)
+        .bind(rows.sagas)
+        .bind(now)
+        .bind(rows.steps)
+        .bind(rows.finishes)
+        .bind(rows.starts)
+        .bind(rows.events)
+        .fetch_all(&mut *conn)
+        .await;
+    let fenced = match fenced {
+        Ok(rows) => rows,
+        Err(e) => {
+            undo(conn, "apply").await?;
+            return Err(e.into());
+        }
+    };
+    let mut written = HashSet::with_capacity(fenced.len());
+    for row in fenced {
+        if let Ok(id) = Uuid::parse_str(row.try_get::<&str, _>("id")?) {
+            written.insert(id);
+        }
+    }
+    let mut refused = HashMap::new();
+    if let Some(ids) = refused_ids(items, &written) {
+        for row in sqlx::query(REFUSED).bind(ids).fetch_all(&mut *conn).await? {
+            if let Ok(id) = Uuid::parse_str(row.try_get::<&str, _>("id")?) {
+                refused.insert(
+                    id,
+                    (
+                        row.try_get("lease_owner")?,
+                        row.try_get("lease_epoch")?,
+                        row.try_get("cancel_requested")?,
+                    ),
+                );
+            }
+        }
+    }
+    Ok(outcomes(items, &written, &refused))
+}
+
+/// [`insert_sagas`] as a plain function pointer for the write queue (always in its own
+/// savepoint, as [`apply_batch_boxed`]).
+pub(crate) fn insert_sagas_boxed<'c>(
+    conn: &'c mut SqliteConnection,
+    now: Millis,
+    items: &'c [NewItem],
+    _guarded: bool,
+) -> BoxFuture<'c, Result<()>> {
+    Box::pin(insert_sagas(conn, now, items))
+}
+
+/// Creates sagas, their steps and their `saga.started` events, atomically.
+pub(crate) async fn insert_sagas(
+    conn: &mut SqliteConnection,
+    now: Millis,
+    items: &[NewItem],
+) -> Result<()> {
+    let rows = CreateRows::of(items, now)?;
+    let done = sqlx::query(CREATE)
+        .bind(rows.sagas)
+        .bind(now)
+        .bind(rows.steps)
+        .execute(&mut *conn)
+        .await;
+    if let Err(e) = done {
+        undo(conn, "create_sagas").await?;
+        return Err(e.into());
+    }
+    Ok(())
+}
