@@ -843,6 +843,129 @@ async fn group_commit_fails_only_the_writes_whose_lease_is_lost() {
     );
 }
 
+#[tokio::test]
+async fn a_stale_write_sharing_a_batch_with_the_new_owners_write_fails_alone() {
+    // The driver that lost a saga and the one that took it over may write in the same group
+    // commit: the fence is per lease, not per saga, so nothing of the stale write lands.
+    use orchestrator::store::{
+        Applied, AttemptChange, ClaimRequest, Lease, NewEvent, Phase, SagaUpdate, StepUpdate,
+        Transition,
+    };
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let def = scripted_saga("s", 1, &[S::new("a", Compensatable)], &j);
+    let key = orchestrator::model::definition_key("s", 1, def.hash());
+    let idle = orchestrator::Engine::new(
+        store.clone(),
+        std::sync::Arc::new(registry_of([def])),
+        test_config(),
+    );
+    for _ in 0..20 {
+        idle.start("s", json!({})).await.unwrap();
+    }
+    let claim = |owner: &'static str| {
+        let store = store.clone();
+        let key = key.clone();
+        async move {
+            store
+                .claim(ClaimRequest {
+                    owner,
+                    limit: 100,
+                    lease_ttl_ms: 60_000,
+                    definitions: &[key],
+                })
+                .await
+                .unwrap()
+        }
+    };
+    let stale = claim("old").await;
+    assert_eq!(stale.len(), 20);
+    for c in &stale {
+        store.release_lease(&c.lease).await.unwrap();
+    }
+    let current = claim("new").await;
+    assert_eq!(current.len(), 20);
+    let write = |lease: Lease, kind: &'static str, start_step: bool| {
+        let store = store.clone();
+        async move {
+            let record = orchestrator::model::PhaseRecord {
+                status: StepStatus::Running,
+                attempts: 1,
+                last_error: None,
+                outcome_unknown: true,
+                started_at: Some(0),
+                ended_at: None,
+            };
+            let t = Transition {
+                saga: SagaUpdate {
+                    status: SagaStatus::Running,
+                    next_run_at: Some(0),
+                    error: Some(kind.to_owned()),
+                    output: None,
+                    needs_attention: false,
+                    pivot_reached: false,
+                },
+                steps: if start_step {
+                    vec![StepUpdate {
+                        index: 0,
+                        phase: Phase::Action,
+                        record,
+                        output: None,
+                    }]
+                } else {
+                    vec![]
+                },
+                attempts: if start_step {
+                    vec![AttemptChange::Start {
+                        step_index: 0,
+                        phase: Phase::Action,
+                        attempt: 1,
+                    }]
+                } else {
+                    vec![]
+                },
+                events: vec![NewEvent::saga(kind, json!({}))],
+                unless_cancelled: false,
+                release: false,
+            };
+            store.apply(&lease, &t).await
+        }
+    };
+    let writes = stale.iter().zip(&current).flat_map(|(old, new)| {
+        [
+            write(old.lease.clone(), "test.stale", true),
+            write(new.lease.clone(), "test.current", false),
+        ]
+    });
+    let results = futures_join_all(writes).await;
+    for (i, c) in current.iter().enumerate() {
+        let (old, new) = (&results[2 * i], &results[2 * i + 1]);
+        assert!(
+            matches!(old, Err(orchestrator::StoreError::LeaseLost(_))),
+            "{old:?}"
+        );
+        assert_eq!(new.as_ref().unwrap(), &Applied::Written);
+        let saga = store.get_saga(c.saga.id).await.unwrap().unwrap();
+        assert_eq!(saga.error.as_deref(), Some("test.current"));
+        assert_eq!(
+            saga.steps[0].action.status,
+            StepStatus::Pending,
+            "the stale step write did not land"
+        );
+        assert!(store.attempts(c.saga.id).await.unwrap().is_empty());
+        let kinds: Vec<_> = store
+            .events(c.saga.id)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|e| e.kind)
+            .collect();
+        assert!(kinds.contains(&"test.current".to_owned()), "{kinds:?}");
+        assert!(!kinds.contains(&"test.stale".to_owned()), "{kinds:?}");
+    }
+}
+
 /// Awaits every future concurrently (a small `join_all`).
 async fn futures_join_all<F: std::future::Future + Send + 'static>(
     futs: impl IntoIterator<Item = F>,

@@ -21,14 +21,14 @@
 pub(crate) mod postgres;
 pub(crate) mod sqlite;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde::Serialize;
 use uuid::Uuid;
 
 use super::{Applied, AttemptChange, Lease, NewSaga, Result, StoreError, Transition};
 use crate::model::{definition_key, Millis, PhaseRecord};
-use crate::store::rows::comp_status_for;
+use crate::store::rows::{comp_status_for, corrupt, LogRow};
 use saga_dsl::Phase;
 
 /// One transition to apply, with its lease.
@@ -153,6 +153,8 @@ pub(crate) struct ApplyRows {
     pub(crate) starts: String,
     /// Events, in order.
     pub(crate) events: String,
+    /// The sagas of the batch.
+    pub(crate) ids: Vec<String>,
 }
 
 fn to_json<T: Serialize>(rows: &[T]) -> Result<String> {
@@ -230,6 +232,7 @@ impl ApplyRows {
             finishes: to_json(&finishes)?,
             starts: to_json(&starts)?,
             events: to_json(&events)?,
+            ids: items.iter().map(|(l, _)| l.saga_id.to_string()).collect(),
         })
     }
 }
@@ -342,17 +345,51 @@ impl CreateRows {
     }
 }
 
-/// Each item's result, given the sagas the fence let through and, for the others, what their
-/// row says now: `(lease owner, lease epoch, cancel requested)`.
+/// The leases the fence let through, `(saga, epoch)`, from the rows the fencing `UPDATE`
+/// returned (`id`, `epoch`). By lease, not by saga: a batch may carry a write of a driver that
+/// lost its lease beside one of the driver that took the saga over.
+pub(crate) fn fenced_leases<R: LogRow>(rows: &[R]) -> Result<HashSet<(Uuid, i64)>> {
+    let mut written = HashSet::with_capacity(rows.len());
+    for row in rows {
+        let id: String = row.get("id")?;
+        let id = Uuid::parse_str(&id).map_err(|e| corrupt(&id, e))?;
+        written.insert((id, row.get("epoch")?));
+    }
+    Ok(written)
+}
+
+/// What the rows of the refused sagas say now: `(lease owner, lease epoch, cancel requested)`.
+pub(crate) fn refused_rows<R: LogRow>(rows: &[R]) -> Result<HashMap<Uuid, Refused>> {
+    let mut refused = HashMap::with_capacity(rows.len());
+    for row in rows {
+        let id: String = row.get("id")?;
+        let id = Uuid::parse_str(&id).map_err(|e| corrupt(&id, e))?;
+        refused.insert(
+            id,
+            (
+                row.get("lease_owner")?,
+                row.get("lease_epoch")?,
+                row.get("cancel_requested")?,
+            ),
+        );
+    }
+    Ok(refused)
+}
+
+/// A refused saga's row: `(lease owner, lease epoch, cancel requested)`.
+pub(crate) type Refused = (Option<String>, i64, bool);
+
+/// Each item's result, given the leases the fence let through and, for the others, what their
+/// rows say now.
 pub(crate) fn outcomes(
     items: &[Item],
-    written: &std::collections::HashSet<Uuid>,
-    refused: &HashMap<Uuid, (Option<String>, i64, bool)>,
+    written: &HashSet<(Uuid, i64)>,
+    refused: &HashMap<Uuid, Refused>,
 ) -> Vec<Result<Applied>> {
     items
         .iter()
         .map(|(lease, _)| {
-            if written.contains(&lease.saga_id) {
+            if written.contains(&(lease.saga_id, lease.epoch)) {
                 return Ok(Applied::Written);
             }
             match refused.get(&lease.saga_id) {
@@ -367,15 +404,12 @@ pub(crate) fn outcomes(
         .collect()
 }
 
-/// The ids of the items the fence refused, as a JSON array.
-pub(crate) fn refused_ids(
-    items: &[Item],
-    written: &std::collections::HashSet<Uuid>,
-) -> Option<String> {
+/// The ids of the items the fence refused, as a JSON array, if any.
+pub(crate) fn refused_ids(items: &[Item], written: &HashSet<(Uuid, i64)>) -> Option<String> {
     let ids: Vec<&Uuid> = items
         .iter()
+        .filter(|(lease, _)| !written.contains(&(lease.saga_id, lease.epoch)))
         .map(|(lease, _)| &lease.saga_id)
-        .filter(|id| !written.contains(id))
         .collect();
     (!ids.is_empty()).then(|| serde_json::to_string(&ids).unwrap_or_else(|_| "[]".to_owned()))
 }

@@ -8,12 +8,13 @@
 //! that uses only `?2` and `?5` as anonymous parameters and stops binding before `?5`. Named
 //! `$N` slots have no gaps.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
-use sqlx::{Executor, Row, SqliteConnection};
-use uuid::Uuid;
+use sqlx::{Executor, SqliteConnection};
 
-use super::{outcomes, refused_ids, ApplyRows, CreateRows, Item, NewItem};
+use super::{
+    fenced_leases, outcomes, refused_ids, refused_rows, ApplyRows, CreateRows, Item, NewItem,
+};
 use crate::model::Millis;
 use crate::store::group_commit::BoxFuture;
 use crate::store::{Applied, Result};
@@ -111,7 +112,7 @@ const APPLY: &str = concat!(
      j.value->>'pivot' AS pivot, j.value->>'rel' AS rel FROM j) AS x \
      WHERE sagas.id = x.id AND sagas.lease_owner = x.owner AND sagas.lease_epoch = x.epoch \
      AND NOT (x.guard AND sagas.cancel_requested) \
-     RETURNING sagas.id AS id;",
+     RETURNING sagas.id AS id, sagas.lease_epoch AS epoch;",
     "RELEASE apply"
 );
 
@@ -181,26 +182,10 @@ pub(crate) async fn apply_batch(
             return Err(e.into());
         }
     };
-    let mut written = HashSet::with_capacity(fenced.len());
-    for row in fenced {
-        if let Ok(id) = Uuid::parse_str(row.try_get::<&str, _>("id")?) {
-            written.insert(id);
-        }
-    }
+    let written = fenced_leases(&fenced)?;
     let mut refused = HashMap::new();
     if let Some(ids) = refused_ids(items, &written) {
-        for row in sqlx::query(REFUSED).bind(ids).fetch_all(&mut *conn).await? {
-            if let Ok(id) = Uuid::parse_str(row.try_get::<&str, _>("id")?) {
-                refused.insert(
-                    id,
-                    (
-                        row.try_get("lease_owner")?,
-                        row.try_get("lease_epoch")?,
-                        row.try_get("cancel_requested")?,
-                    ),
-                );
-            }
-        }
+        refused = refused_rows(&sqlx::query(REFUSED).bind(ids).fetch_all(&mut *conn).await?)?;
     }
     Ok(outcomes(items, &written, &refused))
 }
