@@ -128,6 +128,8 @@ pub(crate) struct Inner {
     running: std::sync::atomic::AtomicBool,
     /// In-process waiters for sagas to end (see [`Engine::wait_terminal`]).
     waiters: Mutex<HashMap<Uuid, Vec<tokio::sync::oneshot::Sender<SagaStatus>>>>,
+    /// Set once the task relaying other processes' "saga ended" announcements runs.
+    finished_dispatch: std::sync::OnceLock<()>,
 }
 
 impl Inner {
@@ -191,6 +193,7 @@ impl Engine {
                 direct_rx: Mutex::new(Some(direct_rx)),
                 running: std::sync::atomic::AtomicBool::new(false),
                 waiters: Mutex::new(HashMap::new()),
+                finished_dispatch: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -280,8 +283,9 @@ impl Engine {
     }
 
     /// Waits until the saga reaches a terminal status, for at most `timeout`; returns the status,
-    /// or `None` on timeout. Only sagas driven by this process end the wait early; for others
-    /// it falls back to reading the log every `poll_interval`.
+    /// or `None` on timeout. Sagas driven by this process, and on PostgreSQL by any process (its
+    /// `saga_done` notification), end the wait at once; otherwise the saga's status is read
+    /// again every `poll_interval`.
     pub async fn wait_terminal(
         &self,
         id: Uuid,
@@ -307,7 +311,7 @@ impl Engine {
     ) -> Result<Option<SagaStatus>, StoreError> {
         let deadline = tokio::time::Instant::now() + timeout;
         // Sagas driven by other processes announce their end through the store, if it can.
-        let mut finished = self.inner.store.finished_signal();
+        self.ensure_finished_dispatch();
         loop {
             let (tx, rx) = tokio::sync::oneshot::channel();
             self.inner
@@ -318,38 +322,48 @@ impl Engine {
                 .or_default()
                 .push(tx);
             // Registered first, read second: a saga ending in between still wakes us.
-            match self.inner.store.get_saga(id).await? {
+            match self.inner.store.saga_status(id).await? {
                 None => return Err(StoreError::NotFound(id)),
-                Some(s) if s.status.is_terminal() => return Ok(Some(s.status)),
+                Some(status) if status.is_terminal() => return Ok(Some(status)),
                 Some(_) => {}
             }
             let poll = tokio::time::Instant::now() + self.inner.config.poll_interval;
-            let ended_elsewhere = async {
-                match finished.as_mut() {
-                    Some(rx) => loop {
-                        match rx.recv().await {
-                            Ok(done) if done != id => continue,
-                            // Ours, or we lagged behind and may have missed it: read again.
-                            Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
-                                break
-                            }
-                            Err(tokio::sync::broadcast::error::RecvError::Closed) => {
-                                std::future::pending::<()>().await
-                            }
-                        }
-                    },
-                    None => std::future::pending::<()>().await,
-                }
-            };
             tokio::select! {
                 got = rx => if let Ok(status) = got { return Ok(Some(status)) },
-                _ = ended_elsewhere => {}
                 _ = tokio::time::sleep_until(poll.min(deadline)) => {}
             }
             if tokio::time::Instant::now() >= deadline {
                 return Ok(None);
             }
         }
+    }
+
+    /// Starts, once, the task that hands the store's "saga ended" announcements (sagas driven by
+    /// other processes) to this process's waiters: one listener for all of them, rather than
+    /// every waiter reading every announcement.
+    fn ensure_finished_dispatch(&self) {
+        self.inner.finished_dispatch.get_or_init(|| {
+            let Some(mut ended) = self.inner.store.finished_signal() else {
+                return;
+            };
+            let inner = Arc::downgrade(&self.inner);
+            tokio::spawn(async move {
+                use tokio::sync::broadcast::error::RecvError;
+                loop {
+                    match ended.recv().await {
+                        Ok((id, status)) => match inner.upgrade() {
+                            Some(inner) => inner.notify_terminal(id, status),
+                            None => return,
+                        },
+                        // Missed announcements: their waiters find out at their next poll.
+                        Err(RecvError::Lagged(missed)) => {
+                            tracing::debug!(missed, "saga-ended announcements missed")
+                        }
+                        Err(RecvError::Closed) => return,
+                    }
+                }
+            });
+        });
     }
 
     /// Runs the engine until `shutdown` is cancelled: registers this worker, claims and drives

@@ -25,7 +25,8 @@ pub enum NextCall {
 /// Applies the saga-level consequences of the step records to the saga: starting compensation,
 /// completing, finishing compensation, failing. Returns the events those changes produce.
 ///
-/// `now` is used for `next_run_at`: a non-terminal saga without a pending retry is due now.
+/// `now` is used for `next_run_at`: a non-terminal saga without a pending retry is due now
+/// (or since earlier).
 pub fn settle(saga: &mut Saga, now: Millis) -> Vec<NewEvent> {
     let mut events = Vec::new();
     loop {
@@ -118,7 +119,12 @@ pub fn settle(saga: &mut Saga, now: Millis) -> Vec<NewEvent> {
             .any(|s| s.compensation.status == StepStatus::Retrying),
         _ => false,
     };
-    if !saga.status.is_terminal() && (!waiting || saga.next_run_at.is_none()) {
+    // Due now; a saga already due since earlier keeps that time (it means the same to a claim,
+    // and leaving the column alone lets the database update the row in place).
+    if !saga.status.is_terminal()
+        && (!waiting || saga.next_run_at.is_none())
+        && saga.next_run_at.is_none_or(|at| at > now)
+    {
         saga.next_run_at = Some(now);
     }
     events

@@ -376,6 +376,11 @@ pub trait Store: Send + Sync + 'static {
     /// Reads one saga with its steps.
     async fn get_saga(&self, id: Uuid) -> Result<Option<Saga>>;
 
+    /// Only the status of a saga (one key lookup: what a caller waiting for a result polls).
+    async fn saga_status(&self, id: Uuid) -> Result<Option<SagaStatus>> {
+        Ok(self.get_saga(id).await?.map(|s| s.status))
+    }
+
     /// A page of sagas, newest first.
     async fn list_sagas(&self, filter: &ListFilter) -> Result<SagaPage>;
 
@@ -435,7 +440,7 @@ pub trait Store: Send + Sync + 'static {
     /// A channel announcing sagas that reached a terminal status in any process sharing the
     /// database, so a caller waiting for a result (`Prefer: wait`, the benchmark) need not poll.
     /// `None` when the backend has none (then only sagas ended in this process wake waiters).
-    fn finished_signal(&self) -> Option<tokio::sync::broadcast::Receiver<Uuid>> {
+    fn finished_signal(&self) -> Option<tokio::sync::broadcast::Receiver<(Uuid, SagaStatus)>> {
         None
     }
 

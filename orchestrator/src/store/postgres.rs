@@ -40,7 +40,7 @@ use crate::model::{
 const MAX_PAGE: u32 = 1000;
 /// Wakes workers: a saga is due. The batch statements (`batch/postgres.rs`) name it too.
 const CHANNEL: &str = "saga_due";
-/// A saga ended (payload: its id). Also named in `batch/postgres.rs`.
+/// A saga ended (payload: `ID STATUS`). Also named in `batch/postgres.rs`.
 const DONE_CHANNEL: &str = "saga_done";
 
 /// The PostgreSQL implementation of [`Store`].
@@ -50,7 +50,7 @@ pub struct PgStore {
     /// Engine writes (create, transitions), group-committed.
     queue: WriteQueue<Postgres>,
     due: Arc<Notify>,
-    done: tokio::sync::broadcast::Sender<Uuid>,
+    done: tokio::sync::broadcast::Sender<(Uuid, SagaStatus)>,
     listener: OnceLock<()>,
 }
 
@@ -140,10 +140,14 @@ impl PgStore {
         }
     }
 
-    async fn notify_done(tx: &mut Transaction<'static, Postgres>, id: &str) -> Result<()> {
+    async fn notify_done(
+        tx: &mut Transaction<'static, Postgres>,
+        id: &str,
+        status: SagaStatus,
+    ) -> Result<()> {
         sqlx::query("SELECT pg_notify($1, $2)")
             .bind(DONE_CHANNEL)
-            .bind(id)
+            .bind(format!("{id} {status}"))
             .execute(&mut **tx)
             .await?;
         Ok(())
@@ -246,7 +250,17 @@ async fn insert_event(
     Ok(())
 }
 
-async fn listen_loop(pool: PgPool, due: Arc<Notify>, done: tokio::sync::broadcast::Sender<Uuid>) {
+/// A `saga_done` payload: `ID STATUS`.
+fn parse_done(payload: &str) -> Option<(Uuid, SagaStatus)> {
+    let (id, status) = payload.split_once(' ')?;
+    Some((Uuid::parse_str(id).ok()?, status.parse().ok()?))
+}
+
+async fn listen_loop(
+    pool: PgPool,
+    due: Arc<Notify>,
+    done: tokio::sync::broadcast::Sender<(Uuid, SagaStatus)>,
+) {
     loop {
         match PgListener::connect_with(&pool).await {
             Ok(mut listener) => {
@@ -258,8 +272,8 @@ async fn listen_loop(pool: PgPool, due: Arc<Notify>, done: tokio::sync::broadcas
                         // meanwhile are lost, which the poll covers.
                         match listener.recv().await {
                             Ok(n) if n.channel() == DONE_CHANNEL => {
-                                if let Ok(id) = Uuid::parse_str(n.payload()) {
-                                    let _ = done.send(id);
+                                if let Some(ended) = parse_done(n.payload()) {
+                                    let _ = done.send(ended);
                                 }
                             }
                             Ok(_) => due.notify_one(),
@@ -403,6 +417,15 @@ impl Store for PgStore {
     async fn get_saga(&self, id: Uuid) -> Result<Option<Saga>> {
         let mut conn = self.pool.acquire().await?;
         Self::load_one(&mut conn, id).await
+    }
+
+    async fn saga_status(&self, id: Uuid) -> Result<Option<SagaStatus>> {
+        let status: Option<String> =
+            sqlx::query_scalar("SELECT status FROM sagas WHERE id = $1::uuid")
+                .bind(id.to_string())
+                .fetch_optional(&self.pool)
+                .await?;
+        status.map(|s| parse_enum(&id.to_string(), &s)).transpose()
     }
 
     async fn list_sagas(&self, filter: &ListFilter) -> Result<SagaPage> {
@@ -639,7 +662,7 @@ impl Store for PgStore {
         let data =
             serde_json::json!({"reason": reason, "actor": actor, "previous_status": saga.status});
         insert_event(&mut tx, &id.to_string(), "saga.aborted", None, &data).await?;
-        Self::notify_done(&mut tx, &id.to_string()).await?;
+        Self::notify_done(&mut tx, &id.to_string(), SagaStatus::Aborted).await?;
         self.commit(tx).await?;
         self.reload(id).await
     }
@@ -754,7 +777,7 @@ impl Store for PgStore {
         Some(self.due.clone())
     }
 
-    fn finished_signal(&self) -> Option<tokio::sync::broadcast::Receiver<Uuid>> {
+    fn finished_signal(&self) -> Option<tokio::sync::broadcast::Receiver<(Uuid, SagaStatus)>> {
         let rx = self.done.subscribe();
         self.ensure_listener();
         Some(rx)

@@ -570,6 +570,14 @@ impl Store for SqliteStore {
         Self::load_saga(&self.reader, id).await
     }
 
+    async fn saga_status(&self, id: Uuid) -> Result<Option<SagaStatus>> {
+        let status: Option<String> = sqlx::query_scalar("SELECT status FROM sagas WHERE id = ?")
+            .bind(id.to_string())
+            .fetch_optional(&self.reader)
+            .await?;
+        status.map(|s| parse_enum(&id.to_string(), &s)).transpose()
+    }
+
     async fn list_sagas(&self, filter: &ListFilter) -> Result<SagaPage> {
         let limit = filter.limit.clamp(1, MAX_PAGE);
         let mut q =
