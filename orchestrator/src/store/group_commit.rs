@@ -94,6 +94,9 @@ pub(crate) struct Backend<DB: Database> {
     /// it on every acquire); it goes back after a failed batch, so a broken one is replaced.
     /// Only where the pool has connections to spare: SQLite's one writer is shared.
     pub(crate) keep_connection: bool,
+    /// A statement the writer runs between batches every so many commits, outside any
+    /// transaction (SQLite: a checkpoint by the writer itself, see `sqlite.rs`).
+    pub(crate) checkpoint: Option<(&'static str, u32)>,
 }
 
 /// A queue of writes committed in groups by one writer task.
@@ -233,6 +236,7 @@ async fn writer<DB: Database>(
     usize: sqlx::ColumnIndex<DB::Row>,
 {
     let mut held: Option<PoolConnection<DB>> = None;
+    let mut since_checkpoint = 0;
     while let Some(first) = rx.recv().await {
         let mut jobs = vec![first];
         while jobs.len() < MAX_BATCH {
@@ -263,23 +267,19 @@ async fn writer<DB: Database>(
                 }
             }
         }
-        let outcome = match held.take() {
+        let mut conn = match held.take() {
             Some(conn) => Ok(conn),
             None => pool.acquire().await.map_err(StoreError::from),
         };
-        let outcome = match outcome {
-            Ok(mut conn) => {
-                let outcome = run_batch(&mut conn, &backend, &*clock, runs, &items, &news).await;
-                if backend.keep_connection && outcome.is_ok() {
-                    held = Some(conn);
-                }
-                outcome
-            }
-            Err(e) => Err(e),
+        let outcome = match &mut conn {
+            Ok(conn) => run_batch(conn, &backend, &*clock, runs, &items, &news).await,
+            Err(e) => Err(shared_failure(e)),
         };
+        let ok = outcome.is_ok();
         match outcome {
             Ok((committed, applied, creates)) => {
                 if committed {
+                    since_checkpoint += 1;
                     commits.fetch_add(1, Ordering::Relaxed);
                 }
                 for f in finishes {
@@ -303,6 +303,20 @@ async fn writer<DB: Database>(
                 for reply in created {
                     let _ = reply.send(Err(shared_failure(&e)));
                 }
+            }
+        }
+        if let Ok(mut conn) = conn {
+            // After the replies: the callers do not wait for it.
+            if let Some((sql, every)) = backend.checkpoint {
+                if (since_checkpoint >= every && rx.is_empty()) || since_checkpoint >= 4 * every {
+                    since_checkpoint = 0;
+                    if let Err(e) = exec::<DB>(&mut conn, sql).await {
+                        tracing::debug!(error = %e, "checkpoint after a batch failed");
+                    }
+                }
+            }
+            if backend.keep_connection && ok {
+                held = Some(conn);
             }
         }
     }

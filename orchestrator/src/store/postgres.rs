@@ -92,6 +92,7 @@ impl PgStore {
                     apply: batch::postgres::apply_batch_boxed,
                     create: batch::postgres::insert_sagas_boxed,
                     keep_connection: true,
+                    checkpoint: None,
                 },
                 Arc::new(crate::clock::SystemClock),
             ),

@@ -151,7 +151,10 @@ impl SqliteStore {
             .idle_timeout(None)
             .max_lifetime(None)
             .acquire_timeout(Duration::from_secs(30))
-            .connect_with(opts.clone())
+            // A small page cache for the writer: SQLite sweeps the cache's hash table at the end
+            // of many write transactions, a cost that grows with the cache (measured: 16 MB
+            // cost ~10 % of throughput under group commit). The readers keep the large one.
+            .connect_with(opts.clone().pragma("cache_size", "-2000"))
             .await?;
         let store_path = (!in_memory).then_some(path);
         let reader = if in_memory {
@@ -183,6 +186,12 @@ impl SqliteStore {
                     apply: batch::sqlite::apply_batch_boxed,
                     create: batch::sqlite::insert_sagas_boxed,
                     keep_connection: false,
+                    // The background checkpoints copy most of the WAL, but while commits keep
+                    // coming they never finish it, so the WAL never starts over: it grows without
+                    // bound and every commit appends to new file space. A checkpoint by the
+                    // writer itself, between batches, copies the few frames left; the next
+                    // commit then rewrites the WAL from its start.
+                    checkpoint: Some(("PRAGMA wal_checkpoint(PASSIVE)", 64)),
                 },
                 clock.clone(),
             ),
