@@ -60,6 +60,15 @@ pub(crate) type CreateFn<DB> = for<'c> fn(
     bool,
 ) -> BoxFuture<'c, Result<()>>;
 
+/// Creates sagas and applies transitions in one transaction of its own, in one round trip
+/// (`BEGIN` … `COMMIT` sent together); on `Err` the transaction may still be open.
+pub(crate) type WholeFn<DB> = for<'c> fn(
+    &'c mut <DB as Database>::Connection,
+    Millis,
+    &'c [Item],
+    &'c [NewItem],
+) -> BoxFuture<'c, Result<Vec<Result<Applied>>>>;
+
 /// A queued write.
 enum Job<DB: Database> {
     /// A new saga, created with the others of its batch.
@@ -94,6 +103,9 @@ pub(crate) struct Backend<DB: Database> {
     /// it on every acquire); it goes back after a failed batch, so a broken one is replaced.
     /// Only where the pool has connections to spare: SQLite's one writer is shared.
     pub(crate) keep_connection: bool,
+    /// The one-round path for batches of only creates and transitions, where the backend can
+    /// send a whole transaction at once.
+    pub(crate) whole: Option<WholeFn<DB>>,
     /// A statement the writer runs between batches every so many commits, outside any
     /// transaction (SQLite: a checkpoint by the writer itself, see `sqlite.rs`).
     pub(crate) checkpoint: Option<(&'static str, u32)>,
@@ -350,6 +362,17 @@ where
     for<'r> i64: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
     usize: sqlx::ColumnIndex<DB::Row>,
 {
+    if let (true, Some(whole)) = (runs.is_empty(), backend.whole) {
+        let now = clock.now_ms();
+        match whole(conn, now, items, news).await {
+            Ok(applied) => return Ok((true, applied, news.iter().map(|_| Ok(now)).collect())),
+            Err(e) => {
+                // Nothing of it committed; the long way isolates the write at fault.
+                let _ = exec::<DB>(conn, "ROLLBACK").await;
+                tracing::debug!(error = %e, "one-round batch failed; taking the long way");
+            }
+        }
+    }
     let begun = if backend.db_clock {
         conn.fetch_one(backend.begin)
             .await

@@ -91,6 +91,7 @@ impl PgStore {
                     db_clock: true,
                     apply: batch::postgres::apply_batch_boxed,
                     create: batch::postgres::insert_sagas_boxed,
+                    whole: None,
                     keep_connection: true,
                     checkpoint: None,
                 },

@@ -413,3 +413,40 @@ pub(crate) fn refused_ids(items: &[Item], written: &HashSet<(Uuid, i64)>) -> Opt
         .collect();
     (!ids.is_empty()).then(|| serde_json::to_string(&ids).unwrap_or_else(|_| "[]".to_owned()))
 }
+
+/// The results when the fence is known but not why it refused some writes: those wrote
+/// nothing, so they may simply be tried again.
+pub(crate) fn unexplained(
+    items: &[Item],
+    written: &HashSet<(Uuid, i64)>,
+    e: &StoreError,
+) -> Vec<Result<Applied>> {
+    items
+        .iter()
+        .map(|(lease, _)| {
+            if written.contains(&(lease.saga_id, lease.epoch)) {
+                Ok(Applied::Written)
+            } else {
+                Err(StoreError::CommitFailed {
+                    message: format!("not written, and reading why failed: {e}"),
+                    transient: true,
+                })
+            }
+        })
+        .collect()
+}
+
+/// The results of a committed batch whose fence rows could not be read: nobody can tell what
+/// was written, so nothing may be retried; each driver gives its saga back and it resumes
+/// from the log.
+pub(crate) fn unreadable(items: &[Item], e: &StoreError) -> Vec<Result<Applied>> {
+    items
+        .iter()
+        .map(|_| {
+            Err(StoreError::CommitFailed {
+                message: format!("committed, but its result could not be read: {e}"),
+                transient: false,
+            })
+        })
+        .collect()
+}

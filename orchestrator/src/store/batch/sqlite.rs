@@ -13,11 +13,12 @@ use std::collections::HashMap;
 use sqlx::{Executor, SqliteConnection};
 
 use super::{
-    fenced_leases, outcomes, refused_ids, refused_rows, ApplyRows, CreateRows, Item, NewItem,
+    fenced_leases, outcomes, refused_ids, refused_rows, unexplained, unreadable, ApplyRows,
+    CreateRows, Item, NewItem,
 };
 use crate::model::Millis;
 use crate::store::group_commit::BoxFuture;
-use crate::store::{Applied, Result};
+use crate::store::{Applied, Result, StoreError};
 
 /// `x` joined to its saga, where the saga still carries the row's lease.
 macro_rules! rows {
@@ -42,8 +43,11 @@ macro_rules! fenced {
     };
 }
 
-/// $1 sagas, $2 now, $3 steps, $4 finished attempts, $5 started attempts, $6 events.
-const APPLY: &str = concat!(
+/// The parameters of every batch statement, one numbering for all so that the statements of
+/// creates and transitions can go together: $1 sagas, $2 now, $3 steps, $4 finished attempts,
+/// $5 started attempts, $6 events (transitions); $7 new sagas, $8 their steps.
+macro_rules! apply_sql {
+    () => { concat!(
     "SAVEPOINT apply;",
     rows!("$3"),
     "UPDATE steps SET \
@@ -113,33 +117,72 @@ const APPLY: &str = concat!(
      WHERE sagas.id = x.id AND sagas.lease_owner = x.owner AND sagas.lease_epoch = x.epoch \
      AND NOT (x.guard AND sagas.cancel_requested) \
      RETURNING sagas.id AS id, sagas.lease_epoch AS epoch;",
-    "RELEASE apply"
-);
+    "RELEASE apply;"
+    ) };
+}
 
 /// $1 the refused ids.
 const REFUSED: &str = "SELECT id, lease_owner, lease_epoch, cancel_requested FROM sagas \
      WHERE id IN (SELECT value FROM json_each($1))";
 
-/// $1 sagas, $2 now, $3 steps.
-const CREATE: &str = concat!(
+/// New sagas ($7), their steps ($8) and `saga.started` events, created at $2.
+macro_rules! create_sql {
+    () => { concat!(
     "SAVEPOINT create_sagas;",
-    rows!("$1"),
+    rows!("$7"),
     "INSERT INTO sagas (id, name, version, definition_hash, definition_key, status, input, \
      next_run_at, created_at, updated_at, lease_owner, lease_epoch, lease_expires_at) \
      SELECT j.value->>'id', j.value->>'name', j.value->>'version', j.value->>'hash', \
      j.value->>'key', 'QUEUED', j.value->>'input', $2, $2, $2, j.value->>'owner', \
      j.value->>'epoch', j.value->>'expires' FROM j;",
-    rows!("$3"),
+    rows!("$8"),
     "INSERT INTO steps (saga_id, idx, name, kind, status, comp_status) \
      SELECT j.value->>'saga_id', j.value->>'idx', j.value->>'name', j.value->>'kind', \
      'PENDING', j.value->>'comp_status' FROM j;",
-    rows!("$1"),
+    rows!("$7"),
     "INSERT INTO events (saga_id, at, type, step, data) \
      SELECT j.value->>'id', $2, 'saga.started', NULL, \
      json_object('name', j.value->>'name', 'version', j.value->>'version') \
      FROM j ORDER BY j.key;",
-    "RELEASE create_sagas"
-);
+    "RELEASE create_sagas;"
+    ) };
+}
+
+/// Applies transitions.
+const APPLY: &str = apply_sql!();
+
+/// Creates sagas.
+const CREATE: &str = create_sql!();
+
+/// A whole batch of creates and transitions as one transaction, in one round.
+const WHOLE: &str = concat!("BEGIN IMMEDIATE;", create_sql!(), apply_sql!(), "COMMIT;");
+
+/// The batch statements with their parameters; an empty array for the part not given.
+fn batch_query(
+    sql: &'static str,
+    now: Millis,
+    apply: Option<ApplyRows>,
+    create: Option<CreateRows>,
+) -> sqlx::query::Query<'static, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'static>> {
+    let none = || "[]".to_owned();
+    let (sagas, steps, finishes, starts, events) = match apply {
+        Some(a) => (a.sagas, a.steps, a.finishes, a.starts, a.events),
+        None => (none(), none(), none(), none(), none()),
+    };
+    let (new_sagas, new_steps) = match create {
+        Some(c) => (c.sagas, c.steps),
+        None => (none(), none()),
+    };
+    sqlx::query(sql)
+        .bind(sagas)
+        .bind(now)
+        .bind(steps)
+        .bind(finishes)
+        .bind(starts)
+        .bind(events)
+        .bind(new_sagas)
+        .bind(new_steps)
+}
 
 /// Undoes a failed call; the transaction goes on.
 async fn undo(conn: &mut SqliteConnection, savepoint: &str) -> Result<()> {
@@ -166,13 +209,7 @@ pub(crate) async fn apply_batch(
     items: &[Item],
 ) -> Result<Vec<Result<Applied>>> {
     let rows = ApplyRows::of(items)?;
-    let fenced = sqlx::query(APPLY)
-        .bind(rows.sagas)
-        .bind(now)
-        .bind(rows.steps)
-        .bind(rows.finishes)
-        .bind(rows.starts)
-        .bind(rows.events)
+    let fenced = batch_query(APPLY, now, Some(rows), None)
         .fetch_all(&mut *conn)
         .await;
     let fenced = match fenced {
@@ -182,10 +219,27 @@ pub(crate) async fn apply_batch(
             return Err(e.into());
         }
     };
-    let written = fenced_leases(&fenced)?;
+    results(conn, items, &fenced).await
+}
+
+/// Each item's result from the rows the fence returned (and, for the refused ones, a look at
+/// their rows now: a lease lost stays lost, so this may run after the commit).
+async fn results(
+    conn: &mut SqliteConnection,
+    items: &[Item],
+    fenced: &[sqlx::sqlite::SqliteRow],
+) -> Result<Vec<Result<Applied>>> {
+    let written = fenced_leases(fenced)?;
     let mut refused = HashMap::new();
     if let Some(ids) = refused_ids(items, &written) {
-        refused = refused_rows(&sqlx::query(REFUSED).bind(ids).fetch_all(&mut *conn).await?)?;
+        let rows = sqlx::query(REFUSED).bind(ids).fetch_all(&mut *conn).await;
+        match rows
+            .map_err(StoreError::from)
+            .and_then(|r| refused_rows(&r))
+        {
+            Ok(rows) => refused = rows,
+            Err(e) => return Ok(unexplained(items, &written, &e)),
+        }
     }
     Ok(outcomes(items, &written, &refused))
 }
@@ -208,10 +262,7 @@ pub(crate) async fn insert_sagas(
     items: &[NewItem],
 ) -> Result<()> {
     let rows = CreateRows::of(items, now)?;
-    let done = sqlx::query(CREATE)
-        .bind(rows.sagas)
-        .bind(now)
-        .bind(rows.steps)
+    let done = batch_query(CREATE, now, None, Some(rows))
         .execute(&mut *conn)
         .await;
     if let Err(e) = done {
@@ -219,4 +270,39 @@ pub(crate) async fn insert_sagas(
         return Err(e.into());
     }
     Ok(())
+}
+
+/// [`whole_batch`] as a plain function pointer for the write queue.
+pub(crate) fn whole_batch_boxed<'c>(
+    conn: &'c mut SqliteConnection,
+    now: Millis,
+    items: &'c [Item],
+    news: &'c [NewItem],
+) -> BoxFuture<'c, Result<Vec<Result<Applied>>>> {
+    Box::pin(whole_batch(conn, now, items, news))
+}
+
+/// Creates `news` and applies `items` in one transaction of its own, sent as one round:
+/// `BEGIN`, the statements, `COMMIT`. On `Err` the caller rolls back and takes the long way,
+/// which isolates a write that breaks a statement.
+pub(crate) async fn whole_batch(
+    conn: &mut SqliteConnection,
+    now: Millis,
+    items: &[Item],
+    news: &[NewItem],
+) -> Result<Vec<Result<Applied>>> {
+    let apply = (!items.is_empty())
+        .then(|| ApplyRows::of(items))
+        .transpose()?;
+    let create = (!news.is_empty())
+        .then(|| CreateRows::of(news, now))
+        .transpose()?;
+    let fenced = batch_query(WHOLE, now, apply, create)
+        .fetch_all(&mut *conn)
+        .await?;
+    // Committed: from here on an error must not send the caller the long way (it would write
+    // the batch twice).
+    Ok(results(conn, items, &fenced)
+        .await
+        .unwrap_or_else(|e| unreadable(items, &e)))
 }
