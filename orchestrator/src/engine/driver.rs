@@ -57,7 +57,7 @@ impl CallResult {
 pub(super) async fn drive(
     inner: Arc<Inner>,
     claimed: Claimed,
-    _slot: tokio::sync::OwnedSemaphorePermit,
+    slot: tokio::sync::OwnedSemaphorePermit,
     stop: CancellationToken,
 ) {
     let span = tracing::info_span!(
@@ -87,6 +87,7 @@ pub(super) async fn drive(
             input,
             stop,
             pending: Pending::default(),
+            slot: Some(slot),
         };
         match driver.run().await {
             Ok(()) => {}
@@ -111,6 +112,8 @@ struct Driver {
     input: Arc<Value>,
     stop: CancellationToken,
     pending: Pending,
+    /// This driver's worker slot, given back as soon as the saga needs nothing more from it.
+    slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl Driver {
@@ -127,6 +130,9 @@ impl Driver {
             match plan::next_call(&self.saga, now) {
                 NextCall::Done => {
                     self.write(false, true).await?;
+                    // Free the slot before telling waiters: a caller that starts its next saga
+                    // on hearing of this one finds a slot and drives it at once.
+                    self.slot.take();
                     if self.saga.status.is_terminal() {
                         metrics::counter!("saga_ended_total",
                             "name" => self.saga.name.clone(), "status" => self.saga.status.as_str())

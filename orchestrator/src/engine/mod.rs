@@ -468,8 +468,10 @@ impl Engine {
                     if let Err(e) = res {
                         tracing::error!(error = %e, "saga driver task failed");
                     }
-                    // A slot freed: take more only if sagas were left waiting for one.
-                    look = backlog;
+                    // A slot freed: take more only if sagas were left waiting for one and some
+                    // still are (a read, not a claim: a claim holds every free slot while it
+                    // writes, and a saga started meanwhile would miss the direct path).
+                    look = backlog && self.due_now().await;
                 }
                 _ = tokio::time::sleep(sleep_for) => look = true,
             }
@@ -502,6 +504,15 @@ impl Engine {
         *inner.direct_rx.lock().unwrap_or_else(|p| p.into_inner()) = Some(direct);
         tracing::info!(worker = %cfg.worker_id, "engine stopped; leases released");
         Ok(())
+    }
+
+    /// Whether a saga nobody holds is due now (`true` if that cannot be read).
+    async fn due_now(&self) -> bool {
+        let inner = &self.inner;
+        match inner.store.next_due(&inner.definitions).await {
+            Ok(due) => due.is_some_and(|at| at <= inner.clock.now_ms()),
+            Err(_) => true,
+        }
     }
 
     async fn time_to_next_due(&self) -> Duration {
