@@ -6,11 +6,12 @@ use async_trait::async_trait;
 use sqlx::SqliteConnection;
 use uuid::Uuid;
 
+use super::batch::sqlite::keyed_start;
 use super::idempotency::{
-    judge_row, retention_ms, Callback, IdempotencyKey, IdempotencyStore, IdempotentStart,
-    SavedResponse,
+    judge_row, Callback, IdempotencyKey, IdempotencyStore, IdempotentStart, SavedResponse,
 };
 use super::rows::new_saga_record;
+use super::rows::LogRow;
 use super::sqlite::insert_saga_rows;
 use super::{NewSaga, Result, SqliteStore, Store};
 use crate::model::{Millis, Saga};
@@ -31,7 +32,8 @@ pub(super) async fn insert_callback(
 
 /// An idempotent start on the writer's connection, inside a group-committed transaction: the
 /// primary key of `idempotency_keys` decides which of several identical requests creates the
-/// saga (they are serialised on the one writer connection).
+/// saga (they are serialised on the one writer connection). One round to the driver's thread
+/// (see [`keyed_start`]).
 async fn create_idempotent_on(
     conn: &mut SqliteConnection,
     now: Millis,
@@ -40,48 +42,14 @@ async fn create_idempotent_on(
     callback: Option<&Callback>,
     response: Option<&SavedResponse>,
 ) -> Result<IdempotentStart> {
-    // An expired key that the sweeper has not removed yet is as good as gone.
-    sqlx::query("DELETE FROM idempotency_keys WHERE scope = ?1 AND key = ?2 AND expires_at <= ?3")
-        .bind(&key.scope)
-        .bind(&key.key)
-        .bind(now)
-        .execute(&mut *conn)
-        .await?;
-    let inserted = sqlx::query(
-        "INSERT INTO idempotency_keys (scope, key, fingerprint, saga_id, status_code, \
-         response_body, created_at, expires_at, completed_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, CASE WHEN ?5 IS NULL THEN NULL ELSE ?7 END) \
-         ON CONFLICT (scope, key) DO NOTHING",
-    )
-    .bind(&key.scope)
-    .bind(&key.key)
-    .bind(&key.fingerprint)
-    .bind(new.id.to_string())
-    .bind(response.map(|r| i64::from(r.status_code)))
-    .bind(response.map(|r| r.body.as_str()))
-    .bind(now)
-    .bind(now.saturating_add(retention_ms(key)))
-    .execute(&mut *conn)
-    .await?
-    .rows_affected();
-    if inserted == 1 {
-        insert_saga_rows(&mut *conn, &new, now).await?;
-        if let Some(callback) = callback {
-            insert_callback(&mut *conn, new.id, callback).await?;
-        }
+    let row = keyed_start(conn, now, key, &new, callback, response).await?;
+    let named: String = row.get("saga_id")?;
+    if named == new.id.to_string() {
         return Ok(IdempotentStart::Created(Box::new(new_saga_record(
             new, now,
         ))));
     }
-    // The key exists (and cannot change: we hold the write lock). Read it, write nothing.
-    let row = sqlx::query(
-        "SELECT fingerprint, saga_id, status_code, response_body, created_at, completed_at \
-         FROM idempotency_keys WHERE scope = ?1 AND key = ?2",
-    )
-    .bind(&key.scope)
-    .bind(&key.key)
-    .fetch_one(&mut *conn)
-    .await?;
+    // The key existed (and cannot change: we hold the write lock); nothing was written.
     judge_row(&row, key)
 }
 

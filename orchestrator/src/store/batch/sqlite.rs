@@ -18,7 +18,8 @@ use super::{
 };
 use crate::model::Millis;
 use crate::store::group_commit::BoxFuture;
-use crate::store::{Applied, Result, StoreError};
+use crate::store::idempotency::{retention_ms, Callback, IdempotencyKey, SavedResponse};
+use crate::store::{Applied, NewSaga, Result, StoreError};
 
 /// `x` joined to its saga, where the saga still carries the row's lease.
 macro_rules! rows {
@@ -125,25 +126,26 @@ macro_rules! apply_sql {
 const REFUSED: &str = "SELECT id, lease_owner, lease_epoch, cancel_requested FROM sagas \
      WHERE id IN (SELECT value FROM json_each($1))";
 
-/// New sagas ($7), their steps ($8) and `saga.started` events, created at $2.
+/// New sagas, their steps and `saga.started` events: the parameters holding the sagas, the
+/// steps and the time, and a condition (`WHERE …`, or empty) every row must meet.
 macro_rules! create_sql {
-    () => { concat!(
+    ($sagas:literal, $steps:literal, $now:literal, $only_if:literal) => { concat!(
     "SAVEPOINT create_sagas;",
-    rows!("$7"),
+    rows!($sagas),
     "INSERT INTO sagas (id, name, version, definition_hash, definition_key, status, input, \
      next_run_at, created_at, updated_at, lease_owner, lease_epoch, lease_expires_at) \
      SELECT j.value->>'id', j.value->>'name', j.value->>'version', j.value->>'hash', \
-     j.value->>'key', 'QUEUED', j.value->>'input', $2, $2, $2, j.value->>'owner', \
-     j.value->>'epoch', j.value->>'expires' FROM j;",
-    rows!("$8"),
+     j.value->>'key', 'QUEUED', j.value->>'input', ", $now, ", ", $now, ", ", $now, ", \
+     j.value->>'owner', j.value->>'epoch', j.value->>'expires' FROM j ", $only_if, ";",
+    rows!($steps),
     "INSERT INTO steps (saga_id, idx, name, kind, status, comp_status) \
      SELECT j.value->>'saga_id', j.value->>'idx', j.value->>'name', j.value->>'kind', \
-     'PENDING', j.value->>'comp_status' FROM j;",
-    rows!("$7"),
+     'PENDING', j.value->>'comp_status' FROM j ", $only_if, ";",
+    rows!($sagas),
     "INSERT INTO events (saga_id, at, type, step, data) \
-     SELECT j.value->>'id', $2, 'saga.started', NULL, \
+     SELECT j.value->>'id', ", $now, ", 'saga.started', NULL, \
      json_object('name', j.value->>'name', 'version', j.value->>'version') \
-     FROM j ORDER BY j.key;",
+     FROM j ", $only_if, " ORDER BY j.key;",
     "RELEASE create_sagas;"
     ) };
 }
@@ -152,10 +154,82 @@ macro_rules! create_sql {
 const APPLY: &str = apply_sql!();
 
 /// Creates sagas.
-const CREATE: &str = create_sql!();
+const CREATE: &str = create_sql!("$7", "$8", "$2", "");
 
 /// A whole batch of creates and transitions as one transaction, in one round.
-const WHOLE: &str = concat!("BEGIN IMMEDIATE;", create_sql!(), apply_sql!(), "COMMIT;");
+const WHOLE: &str = concat!(
+    "BEGIN IMMEDIATE;",
+    create_sql!("$7", "$8", "$2", ""),
+    apply_sql!(),
+    "COMMIT;"
+);
+
+/// An idempotent start: $1 scope, $2 key, $3 request fingerprint, $4 the new saga's id, $5 and
+/// $6 the saved answer (or NULL), $7 now, $8 when the key expires, $9 and $10 the saga and its
+/// steps, $11 and $12 a completion callback (or NULL). The saga is written only if the key
+/// now names it, that is, if this request recorded the key; then the key's row is returned.
+const KEYED_START: &str = concat!(
+    "SAVEPOINT keyed;",
+    // An expired key the sweeper has not removed yet is as good as gone.
+    "DELETE FROM idempotency_keys WHERE scope = $1 AND key = $2 AND expires_at <= $7;",
+    "INSERT INTO idempotency_keys (scope, key, fingerprint, saga_id, status_code, \
+     response_body, created_at, expires_at, completed_at) \
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, CASE WHEN $5 IS NULL THEN NULL ELSE $7 END) \
+     ON CONFLICT (scope, key) DO NOTHING;",
+    create_sql!(
+        "$9",
+        "$10",
+        "$7",
+        "WHERE EXISTS (SELECT 1 FROM idempotency_keys k \
+     WHERE k.scope = $1 AND k.key = $2 AND k.saga_id = $4)"
+    ),
+    "INSERT INTO saga_callbacks (saga_id, url, secret) SELECT $4, $11, $12 \
+     WHERE $11 IS NOT NULL AND EXISTS (SELECT 1 FROM idempotency_keys k \
+     WHERE k.scope = $1 AND k.key = $2 AND k.saga_id = $4);",
+    "RELEASE keyed;",
+    "SELECT fingerprint, saga_id, status_code, response_body, created_at, completed_at \
+     FROM idempotency_keys WHERE scope = $1 AND key = $2"
+);
+
+/// Records an idempotency key and, if this request is the first with it, creates its saga
+/// (unleased) and callback, in one round; returns the key's row (naming `new.id` if this
+/// request created the saga). Atomic: on `Err` nothing of it remains.
+pub(crate) async fn keyed_start(
+    conn: &mut SqliteConnection,
+    now: Millis,
+    key: &IdempotencyKey,
+    new: &NewSaga,
+    callback: Option<&Callback>,
+    response: Option<&SavedResponse>,
+) -> Result<sqlx::sqlite::SqliteRow> {
+    let item = NewItem {
+        new: new.clone(),
+        lease: None,
+    };
+    let rows = CreateRows::of(std::slice::from_ref(&item), now)?;
+    let row = sqlx::query(KEYED_START)
+        .bind(&key.scope)
+        .bind(&key.key)
+        .bind(&key.fingerprint)
+        .bind(new.id.to_string())
+        .bind(response.map(|r| i64::from(r.status_code)))
+        .bind(response.map(|r| r.body.clone()))
+        .bind(now)
+        .bind(now.saturating_add(retention_ms(key)))
+        .bind(rows.sagas)
+        .bind(rows.steps)
+        .bind(callback.map(|c| c.url.clone()))
+        .bind(callback.and_then(|c| c.secret.clone()))
+        .fetch_one(&mut *conn)
+        .await;
+    match row {
+        Ok(row) => Ok(row),
+        Err(e) => {
+            undo(conn, "keyed").await?;
+            Err(e.into())
+        }
+    }
+}
 
 /// The batch statements with their parameters; an empty array for the part not given.
 fn batch_query(
