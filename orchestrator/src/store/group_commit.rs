@@ -60,14 +60,15 @@ pub(crate) type CreateFn<DB> = for<'c> fn(
     bool,
 ) -> BoxFuture<'c, Result<()>>;
 
-/// Creates sagas and applies transitions in one transaction of its own, in one round trip
-/// (`BEGIN` … `COMMIT` sent together); on `Err` the transaction may still be open.
+/// Creates sagas and applies transitions in one transaction of its own, in one round trip,
+/// at the given time or (backends on the database clock) its own, which it returns; on `Err`
+/// nothing was committed, though a transaction may still be open.
 pub(crate) type WholeFn<DB> = for<'c> fn(
     &'c mut <DB as Database>::Connection,
     Millis,
     &'c [Item],
     &'c [NewItem],
-) -> BoxFuture<'c, Result<Vec<Result<Applied>>>>;
+) -> BoxFuture<'c, Result<(Vec<Result<Applied>>, Millis)>>;
 
 /// A queued write.
 enum Job<DB: Database> {
@@ -363,9 +364,10 @@ where
     usize: sqlx::ColumnIndex<DB::Row>,
 {
     if let (true, Some(whole)) = (runs.is_empty(), backend.whole) {
-        let now = clock.now_ms();
-        match whole(conn, now, items, news).await {
-            Ok(applied) => return Ok((true, applied, news.iter().map(|_| Ok(now)).collect())),
+        match whole(conn, clock.now_ms(), items, news).await {
+            Ok((applied, now)) => {
+                return Ok((true, applied, news.iter().map(|_| Ok(now)).collect()))
+            }
             Err(e) => {
                 // Nothing of it committed; the long way isolates the write at fault.
                 let _ = exec::<DB>(conn, "ROLLBACK").await;

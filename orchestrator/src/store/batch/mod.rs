@@ -282,7 +282,8 @@ struct NewSagaRow<'a> {
     input: String,
     owner: Option<&'a str>,
     epoch: i64,
-    expires: Option<Millis>,
+    /// Lease length: the lease expires this long after the creation time.
+    ttl: Option<Millis>,
 }
 
 #[derive(Serialize)]
@@ -303,8 +304,8 @@ pub(crate) struct CreateRows {
 }
 
 impl CreateRows {
-    /// Flattens `items`, created at `now`.
-    pub(crate) fn of(items: &[NewItem], now: Millis) -> Result<Self> {
+    /// Flattens `items`.
+    pub(crate) fn of(items: &[NewItem]) -> Result<Self> {
         let sagas: Vec<NewSagaRow> = items
             .iter()
             .map(|item| {
@@ -318,7 +319,7 @@ impl CreateRows {
                     input: n.input.to_string(),
                     owner: item.lease.as_ref().map(|(owner, _)| owner.as_str()),
                     epoch: i64::from(item.lease.is_some()),
-                    expires: item.lease.as_ref().map(|(_, ttl)| now + ttl),
+                    ttl: item.lease.as_ref().map(|(_, ttl)| *ttl),
                 }
             })
             .collect();
@@ -351,7 +352,10 @@ impl CreateRows {
 pub(crate) fn fenced_leases<R: LogRow>(rows: &[R]) -> Result<HashSet<(Uuid, i64)>> {
     let mut written = HashSet::with_capacity(rows.len());
     for row in rows {
-        let id: String = row.get("id")?;
+        // A row without a lease carries something else (the batch time, on PostgreSQL).
+        let Some(id) = row.get::<Option<String>>("id")? else {
+            continue;
+        };
         let id = Uuid::parse_str(&id).map_err(|e| corrupt(&id, e))?;
         written.insert((id, row.get("epoch")?));
     }
@@ -359,7 +363,7 @@ pub(crate) fn fenced_leases<R: LogRow>(rows: &[R]) -> Result<HashSet<(Uuid, i64)
 }
 
 /// What the rows of the refused sagas say now: `(lease owner, lease epoch, cancel requested)`.
-pub(crate) fn refused_rows<R: LogRow>(rows: &[R]) -> Result<HashMap<Uuid, Refused>> {
+fn refused_rows<R: LogRow>(rows: &[R]) -> Result<HashMap<Uuid, Refused>> {
     let mut refused = HashMap::with_capacity(rows.len());
     for row in rows {
         let id: String = row.get("id")?;
@@ -381,7 +385,7 @@ pub(crate) type Refused = (Option<String>, i64, bool);
 
 /// Each item's result, given the leases the fence let through and, for the others, what their
 /// rows say now.
-pub(crate) fn outcomes(
+fn outcomes(
     items: &[Item],
     written: &HashSet<(Uuid, i64)>,
     refused: &HashMap<Uuid, Refused>,
@@ -414,9 +418,29 @@ pub(crate) fn refused_ids(items: &[Item], written: &HashSet<(Uuid, i64)>) -> Opt
     (!ids.is_empty()).then(|| serde_json::to_string(&ids).unwrap_or_else(|_| "[]".to_owned()))
 }
 
+/// Each item's result, from the leases the fence let through and, if some were refused, the
+/// refused sagas' rows read afterwards (a lease lost stays lost, so they may be read after the
+/// commit); if those could not be read, the refused writes come back as retryable.
+pub(crate) fn explain<R: LogRow>(
+    items: &[Item],
+    written: &HashSet<(Uuid, i64)>,
+    refused: Option<std::result::Result<Vec<R>, sqlx::Error>>,
+) -> Vec<Result<Applied>> {
+    let refused = match refused {
+        None => Ok(HashMap::new()),
+        Some(rows) => rows
+            .map_err(StoreError::from)
+            .and_then(|r| refused_rows(&r)),
+    };
+    match refused {
+        Ok(refused) => outcomes(items, written, &refused),
+        Err(e) => unexplained(items, written, &e),
+    }
+}
+
 /// The results when the fence is known but not why it refused some writes: those wrote
 /// nothing, so they may simply be tried again.
-pub(crate) fn unexplained(
+fn unexplained(
     items: &[Item],
     written: &HashSet<(Uuid, i64)>,
     e: &StoreError,

@@ -8,18 +8,15 @@
 //! that uses only `?2` and `?5` as anonymous parameters and stops binding before `?5`. Named
 //! `$N` slots have no gaps.
 
-use std::collections::HashMap;
-
 use sqlx::{Executor, SqliteConnection};
 
 use super::{
-    fenced_leases, outcomes, refused_ids, refused_rows, unexplained, unreadable, ApplyRows,
-    CreateRows, Item, NewItem,
+    explain, fenced_leases, refused_ids, unreadable, ApplyRows, CreateRows, Item, NewItem,
 };
 use crate::model::Millis;
 use crate::store::group_commit::BoxFuture;
 use crate::store::idempotency::{retention_ms, Callback, IdempotencyKey, SavedResponse};
-use crate::store::{Applied, NewSaga, Result, StoreError};
+use crate::store::{Applied, NewSaga, Result};
 
 /// `x` joined to its saga, where the saga still carries the row's lease.
 macro_rules! rows {
@@ -136,7 +133,7 @@ macro_rules! create_sql {
      next_run_at, created_at, updated_at, lease_owner, lease_epoch, lease_expires_at) \
      SELECT j.value->>'id', j.value->>'name', j.value->>'version', j.value->>'hash', \
      j.value->>'key', 'QUEUED', j.value->>'input', ", $now, ", ", $now, ", ", $now, ", \
-     j.value->>'owner', j.value->>'epoch', j.value->>'expires' FROM j ", $only_if, ";",
+     j.value->>'owner', j.value->>'epoch', ", $now, " + (j.value->>'ttl') FROM j ", $only_if, ";",
     rows!($steps),
     "INSERT INTO steps (saga_id, idx, name, kind, status, comp_status) \
      SELECT j.value->>'saga_id', j.value->>'idx', j.value->>'name', j.value->>'kind', \
@@ -206,7 +203,7 @@ pub(crate) async fn keyed_start(
         new: new.clone(),
         lease: None,
     };
-    let rows = CreateRows::of(std::slice::from_ref(&item), now)?;
+    let rows = CreateRows::of(std::slice::from_ref(&item))?;
     let row = sqlx::query(KEYED_START)
         .bind(&key.scope)
         .bind(&key.key)
@@ -296,26 +293,18 @@ pub(crate) async fn apply_batch(
     results(conn, items, &fenced).await
 }
 
-/// Each item's result from the rows the fence returned (and, for the refused ones, a look at
-/// their rows now: a lease lost stays lost, so this may run after the commit).
+/// Each item's result from the rows the fence returned (see [`explain`]).
 async fn results(
     conn: &mut SqliteConnection,
     items: &[Item],
     fenced: &[sqlx::sqlite::SqliteRow],
 ) -> Result<Vec<Result<Applied>>> {
     let written = fenced_leases(fenced)?;
-    let mut refused = HashMap::new();
-    if let Some(ids) = refused_ids(items, &written) {
-        let rows = sqlx::query(REFUSED).bind(ids).fetch_all(&mut *conn).await;
-        match rows
-            .map_err(StoreError::from)
-            .and_then(|r| refused_rows(&r))
-        {
-            Ok(rows) => refused = rows,
-            Err(e) => return Ok(unexplained(items, &written, &e)),
-        }
-    }
-    Ok(outcomes(items, &written, &refused))
+    let refused = match refused_ids(items, &written) {
+        Some(ids) => Some(sqlx::query(REFUSED).bind(ids).fetch_all(&mut *conn).await),
+        None => None,
+    };
+    Ok(explain(items, &written, refused))
 }
 
 /// [`insert_sagas`] as a plain function pointer for the write queue (always in its own
@@ -335,7 +324,7 @@ pub(crate) async fn insert_sagas(
     now: Millis,
     items: &[NewItem],
 ) -> Result<()> {
-    let rows = CreateRows::of(items, now)?;
+    let rows = CreateRows::of(items)?;
     let done = batch_query(CREATE, now, None, Some(rows))
         .execute(&mut *conn)
         .await;
@@ -352,7 +341,7 @@ pub(crate) fn whole_batch_boxed<'c>(
     now: Millis,
     items: &'c [Item],
     news: &'c [NewItem],
-) -> BoxFuture<'c, Result<Vec<Result<Applied>>>> {
+) -> BoxFuture<'c, Result<(Vec<Result<Applied>>, Millis)>> {
     Box::pin(whole_batch(conn, now, items, news))
 }
 
@@ -364,19 +353,20 @@ pub(crate) async fn whole_batch(
     now: Millis,
     items: &[Item],
     news: &[NewItem],
-) -> Result<Vec<Result<Applied>>> {
+) -> Result<(Vec<Result<Applied>>, Millis)> {
     let apply = (!items.is_empty())
         .then(|| ApplyRows::of(items))
         .transpose()?;
     let create = (!news.is_empty())
-        .then(|| CreateRows::of(news, now))
+        .then(|| CreateRows::of(news))
         .transpose()?;
     let fenced = batch_query(WHOLE, now, apply, create)
         .fetch_all(&mut *conn)
         .await?;
     // Committed: from here on an error must not send the caller the long way (it would write
     // the batch twice).
-    Ok(results(conn, items, &fenced)
+    let applied = results(conn, items, &fenced)
         .await
-        .unwrap_or_else(|e| unreadable(items, &e)))
+        .unwrap_or_else(|e| unreadable(items, &e));
+    Ok((applied, now))
 }
