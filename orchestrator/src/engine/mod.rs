@@ -509,10 +509,11 @@ impl Engine {
     /// Whether a saga nobody holds is due now (`true` if that cannot be read).
     async fn due_now(&self) -> bool {
         let inner = &self.inner;
-        match inner.store.next_due(&inner.definitions).await {
-            Ok(due) => due.is_some_and(|at| at <= inner.clock.now_ms()),
-            Err(_) => true,
-        }
+        inner
+            .store
+            .due_now(&inner.definitions)
+            .await
+            .unwrap_or(true)
     }
 
     async fn time_to_next_due(&self) -> Duration {

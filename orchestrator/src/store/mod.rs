@@ -408,6 +408,11 @@ pub trait Store: Send + Sync + 'static {
     /// The earliest due time of an unleased, runnable saga with a known definition.
     async fn next_due(&self, definitions: &[String]) -> Result<Option<Millis>>;
 
+    /// Whether an unleased saga with a known definition is due now. Cheaper than
+    /// [`Store::next_due`] on a large log: it reads only the sagas due by now, not every
+    /// waiting one until a match.
+    async fn due_now(&self, definitions: &[String]) -> Result<bool>;
+
     /// Requests cancellation.
     async fn request_cancel(&self, id: Uuid) -> Result<CancelOutcome>;
 

@@ -612,6 +612,17 @@ impl Store for PgStore {
         Ok(due)
     }
 
+    async fn due_now(&self, definitions: &[String]) -> Result<bool> {
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM sagas \
+             WHERE next_run_at IS NOT NULL AND next_run_at <= saga_now_ms() \
+               AND lease_owner IS NULL AND definition_key = ANY($1))",
+        )
+        .bind(definitions)
+        .fetch_one(&self.pool)
+        .await?)
+    }
+
     async fn request_cancel(&self, id: Uuid) -> Result<CancelOutcome> {
         let mut tx = self.pool.begin().await?;
         let row =

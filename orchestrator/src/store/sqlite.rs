@@ -708,6 +708,19 @@ impl Store for SqliteStore {
         Ok(row.try_get("due")?)
     }
 
+    async fn due_now(&self, definitions: &[String]) -> Result<bool> {
+        let due: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM sagas \
+             WHERE next_run_at IS NOT NULL AND next_run_at <= ?1 AND lease_owner IS NULL \
+               AND definition_key IN (SELECT value FROM json_each(?2)))",
+        )
+        .bind(self.now_ms())
+        .bind(json_list(definitions))
+        .fetch_one(&self.reader)
+        .await?;
+        Ok(due)
+    }
+
     async fn request_cancel(&self, id: Uuid) -> Result<CancelOutcome> {
         let now = self.now_ms();
         let mut tx = self.begin_write().await?;

@@ -9,11 +9,13 @@
 //!   statement, each bound as one parameter and unpacked by the database (`json_each` on
 //!   SQLite, `json_to_recordset` on PostgreSQL);
 //! - the fence: a saga's rows are written only if its lease owner and epoch still match (and, for
-//!   an action start, no cancel is pending); the `UPDATE sagas` that checks it returns the ids of
-//!   the sagas written; for the others one `SELECT` tells a lost lease from a cancel;
+//!   an action start, no cancel is pending); the `UPDATE sagas` that checks it returns the leases
+//!   that passed, `(saga, epoch)`; for the others one `SELECT` tells a lost lease from a cancel;
 //! - a backend's `apply` and `create` are atomic: on `Err` nothing of the call remains and the
 //!   transaction is still usable, so the caller can retry the items one by one and let the bad
-//!   one fail alone.
+//!   one fail alone;
+//! - a backend's `whole_batch` writes a batch of only creates and transitions as a transaction of
+//!   its own in one round trip; if it fails, the caller rolls back and takes the long way.
 //!
 //! The SQL itself is per backend: [`sqlite`] (several statements sent as one) and [`postgres`]
 //! (one statement of data-modifying CTEs).
@@ -381,7 +383,7 @@ fn refused_rows<R: LogRow>(rows: &[R]) -> Result<HashMap<Uuid, Refused>> {
 }
 
 /// A refused saga's row: `(lease owner, lease epoch, cancel requested)`.
-pub(crate) type Refused = (Option<String>, i64, bool);
+type Refused = (Option<String>, i64, bool);
 
 /// Each item's result, given the leases the fence let through and, for the others, what their
 /// rows say now.
