@@ -351,7 +351,7 @@ impl CreateRows {
 /// The leases the fence let through, `(saga, epoch)`, from the rows the fencing `UPDATE`
 /// returned (`id`, `epoch`). By lease, not by saga: a batch may carry a write of a driver that
 /// lost its lease beside one of the driver that took the saga over.
-pub(crate) fn fenced_leases<R: LogRow>(rows: &[R]) -> Result<HashSet<(Uuid, i64)>> {
+fn fenced_leases<R: LogRow>(rows: &[R]) -> Result<HashSet<(Uuid, i64)>> {
     let mut written = HashSet::with_capacity(rows.len());
     for row in rows {
         // A row without a lease carries something else (the batch time, on PostgreSQL).
@@ -411,7 +411,7 @@ fn outcomes(
 }
 
 /// The ids of the items the fence refused, as a JSON array, if any.
-pub(crate) fn refused_ids(items: &[Item], written: &HashSet<(Uuid, i64)>) -> Option<String> {
+fn refused_ids(items: &[Item], written: &HashSet<(Uuid, i64)>) -> Option<String> {
     let ids: Vec<&Uuid> = items
         .iter()
         .filter(|(lease, _)| !written.contains(&(lease.saga_id, lease.epoch)))
@@ -420,10 +420,37 @@ pub(crate) fn refused_ids(items: &[Item], written: &HashSet<(Uuid, i64)>) -> Opt
     (!ids.is_empty()).then(|| serde_json::to_string(&ids).unwrap_or_else(|_| "[]".to_owned()))
 }
 
+/// Each item's result from the rows the fence returned: the refused sagas' rows are read with
+/// `refused_sql` (one parameter: their ids as a JSON array); see [`explain`].
+pub(crate) async fn results<DB: sqlx::Database>(
+    conn: &mut DB::Connection,
+    refused_sql: &'static str,
+    items: &[Item],
+    fenced: &[DB::Row],
+) -> Result<Vec<Result<Applied>>>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    for<'q> <DB as sqlx::Database>::Arguments<'q>: sqlx::IntoArguments<'q, DB>,
+    for<'q> String: sqlx::Encode<'q, DB> + sqlx::Type<DB>,
+    DB::Row: LogRow,
+{
+    let written = fenced_leases(fenced)?;
+    let refused = match refused_ids(items, &written) {
+        Some(ids) => Some(
+            sqlx::query::<DB>(refused_sql)
+                .bind(ids)
+                .fetch_all(&mut *conn)
+                .await,
+        ),
+        None => None,
+    };
+    Ok(explain(items, &written, refused))
+}
+
 /// Each item's result, from the leases the fence let through and, if some were refused, the
 /// refused sagas' rows read afterwards (a lease lost stays lost, so they may be read after the
 /// commit); if those could not be read, the refused writes come back as retryable.
-pub(crate) fn explain<R: LogRow>(
+fn explain<R: LogRow>(
     items: &[Item],
     written: &HashSet<(Uuid, i64)>,
     refused: Option<std::result::Result<Vec<R>, sqlx::Error>>,

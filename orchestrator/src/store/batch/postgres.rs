@@ -6,9 +6,7 @@
 
 use sqlx::{Executor, PgConnection};
 
-use super::{
-    explain, fenced_leases, refused_ids, unreadable, ApplyRows, CreateRows, Item, NewItem,
-};
+use super::{unreadable, ApplyRows, CreateRows, Item, NewItem};
 use crate::model::Millis;
 use crate::store::group_commit::BoxFuture;
 use crate::store::rows::LogRow;
@@ -244,18 +242,13 @@ pub(crate) async fn apply_batch(
     results(conn, items, &fenced).await
 }
 
-/// Each item's result from the rows the fence returned (see [`explain`]).
+/// Each item's result from the rows the fence returned.
 async fn results(
     conn: &mut PgConnection,
     items: &[Item],
     fenced: &[sqlx::postgres::PgRow],
 ) -> Result<Vec<Result<Applied>>> {
-    let written = fenced_leases(fenced)?;
-    let refused = match refused_ids(items, &written) {
-        Some(ids) => Some(sqlx::query(REFUSED).bind(ids).fetch_all(&mut *conn).await),
-        None => None,
-    };
-    Ok(explain(items, &written, refused))
+    super::results::<sqlx::Postgres>(conn, REFUSED, items, fenced).await
 }
 
 /// [`whole_batch`] as a plain function pointer for the write queue.

@@ -10,9 +10,7 @@
 
 use sqlx::{Executor, SqliteConnection};
 
-use super::{
-    explain, fenced_leases, refused_ids, unreadable, ApplyRows, CreateRows, Item, NewItem,
-};
+use super::{unreadable, ApplyRows, CreateRows, Item, NewItem};
 use crate::model::Millis;
 use crate::store::group_commit::BoxFuture;
 use crate::store::idempotency::{retention_ms, Callback, IdempotencyKey, SavedResponse};
@@ -293,18 +291,13 @@ pub(crate) async fn apply_batch(
     results(conn, items, &fenced).await
 }
 
-/// Each item's result from the rows the fence returned (see [`explain`]).
+/// Each item's result from the rows the fence returned.
 async fn results(
     conn: &mut SqliteConnection,
     items: &[Item],
     fenced: &[sqlx::sqlite::SqliteRow],
 ) -> Result<Vec<Result<Applied>>> {
-    let written = fenced_leases(fenced)?;
-    let refused = match refused_ids(items, &written) {
-        Some(ids) => Some(sqlx::query(REFUSED).bind(ids).fetch_all(&mut *conn).await),
-        None => None,
-    };
-    Ok(explain(items, &written, refused))
+    super::results::<sqlx::Sqlite>(conn, REFUSED, items, fenced).await
 }
 
 /// [`insert_sagas`] as a plain function pointer for the write queue (always in its own
