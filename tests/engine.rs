@@ -762,29 +762,11 @@ async fn many_sagas_run_concurrently_and_each_step_runs_once() {
 
 #[tokio::test]
 async fn group_commit_fails_only_the_writes_whose_lease_is_lost() {
-    use orchestrator::store::{Applied, ClaimRequest, SagaUpdate, Transition};
+    use orchestrator::store::{Applied, SagaUpdate, Transition};
     let db = TempDb::new();
     let store = db.store().await;
-    let j = Journal::default();
-    let def = scripted_saga("s", 1, &[S::new("a", Compensatable)], &j);
-    let key = orchestrator::model::definition_key("s", 1, def.hash());
-    let idle = orchestrator::Engine::new(
-        store.clone(),
-        std::sync::Arc::new(registry_of([def])),
-        test_config(),
-    );
-    for _ in 0..60 {
-        idle.start("s", json!({})).await.unwrap();
-    }
-    let claimed = store
-        .claim(ClaimRequest {
-            owner: "w",
-            limit: 100,
-            lease_ttl_ms: 60_000,
-            definitions: &[key],
-        })
-        .await
-        .unwrap();
+    let key = start_unclaimed(&store, 60).await;
+    let claimed = claim_all(&store, "w", &key).await;
     assert_eq!(claimed.len(), 60);
     // An operator takes every third saga over: those leases are gone.
     for c in claimed.iter().step_by(3) {
@@ -848,43 +830,17 @@ async fn a_stale_write_sharing_a_batch_with_the_new_owners_write_fails_alone() {
     // The driver that lost a saga and the one that took it over may write in the same group
     // commit: the fence is per lease, not per saga, so nothing of the stale write lands.
     use orchestrator::store::{
-        Applied, AttemptChange, ClaimRequest, Lease, NewEvent, Phase, SagaUpdate, StepUpdate,
-        Transition,
+        Applied, AttemptChange, Lease, NewEvent, Phase, SagaUpdate, StepUpdate, Transition,
     };
     let db = TempDb::new();
     let store = db.store().await;
-    let j = Journal::default();
-    let def = scripted_saga("s", 1, &[S::new("a", Compensatable)], &j);
-    let key = orchestrator::model::definition_key("s", 1, def.hash());
-    let idle = orchestrator::Engine::new(
-        store.clone(),
-        std::sync::Arc::new(registry_of([def])),
-        test_config(),
-    );
-    for _ in 0..20 {
-        idle.start("s", json!({})).await.unwrap();
-    }
-    let claim = |owner: &'static str| {
-        let store = store.clone();
-        let key = key.clone();
-        async move {
-            store
-                .claim(ClaimRequest {
-                    owner,
-                    limit: 100,
-                    lease_ttl_ms: 60_000,
-                    definitions: &[key],
-                })
-                .await
-                .unwrap()
-        }
-    };
-    let stale = claim("old").await;
+    let key = start_unclaimed(&store, 20).await;
+    let stale = claim_all(&store, "old", &key).await;
     assert_eq!(stale.len(), 20);
     for c in &stale {
         store.release_lease(&c.lease).await.unwrap();
     }
-    let current = claim("new").await;
+    let current = claim_all(&store, "new", &key).await;
     assert_eq!(current.len(), 20);
     let write = |lease: Lease, kind: &'static str, start_step: bool| {
         let store = store.clone();
@@ -964,6 +920,43 @@ async fn a_stale_write_sharing_a_batch_with_the_new_owners_write_fails_alone() {
         assert!(kinds.contains(&"test.current".to_owned()), "{kinds:?}");
         assert!(!kinds.contains(&"test.stale".to_owned()), "{kinds:?}");
     }
+}
+
+/// Starts `n` sagas of a one-step definition without running them (no engine loop); returns
+/// the definition key to claim them with.
+async fn start_unclaimed(
+    store: &std::sync::Arc<dyn orchestrator::store::Store>,
+    n: usize,
+) -> String {
+    let j = Journal::default();
+    let def = scripted_saga("s", 1, &[S::new("a", Compensatable)], &j);
+    let key = orchestrator::model::definition_key("s", 1, def.hash());
+    let idle = orchestrator::Engine::new(
+        store.clone(),
+        std::sync::Arc::new(registry_of([def])),
+        test_config(),
+    );
+    for _ in 0..n {
+        idle.start("s", json!({})).await.unwrap();
+    }
+    key
+}
+
+/// Claims every due saga of `key` for `owner`.
+async fn claim_all(
+    store: &std::sync::Arc<dyn orchestrator::store::Store>,
+    owner: &str,
+    key: &str,
+) -> Vec<orchestrator::store::Claimed> {
+    store
+        .claim(orchestrator::store::ClaimRequest {
+            owner,
+            limit: 100,
+            lease_ttl_ms: 60_000,
+            definitions: &[key.to_owned()],
+        })
+        .await
+        .unwrap()
 }
 
 /// Awaits every future concurrently (a small `join_all`).
