@@ -573,15 +573,23 @@ async fn a_long_backoff_frees_the_worker_and_lives_in_the_log() {
         ..test_config()
     };
     let eng = RunningEngine::start(store.clone(), registry_of([waiting, quick]), config);
+    let wall_ms = || {
+        let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
+        i64::try_from(since.unwrap().as_millis()).unwrap()
+    };
+    let before = wall_ms();
     let w = eng.engine.start("waiting", json!({})).await.unwrap();
     let waiting_row = wait_for(&store, w.id, Duration::from_secs(5), |s| {
         s.steps[0].action.status == StepStatus::Retrying
     })
     .await;
-    let due_in = waiting_row.next_run_at.unwrap() - waiting_row.updated_at;
+    let seen = wall_ms();
+    // The next run time in the log is the failed attempt's time plus the asked-for 1.5 s, and
+    // that attempt ran between the start and the moment the retry was seen.
+    let due = waiting_row.next_run_at.unwrap();
     assert!(
-        (1400..=1600).contains(&due_in),
-        "next run time recorded in the log: {due_in}"
+        (before + 1500..=seen + 1500).contains(&due),
+        "next run time recorded in the log: {due}, attempt between {before} and {seen}"
     );
     assert_eq!(
         waiting_row.lease_owner, None,
