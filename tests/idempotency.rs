@@ -499,3 +499,118 @@ async fn the_client_and_the_server_agree_on_keys() {
     api.stop().await;
     h.engine.stop().await;
 }
+
+/// The record of a new saga of the quick `other` definition, with a fresh id.
+fn new_other(h: &Harness) -> orchestrator::store::NewSaga {
+    let def = h.engine.engine.registry().latest("other").unwrap().clone();
+    orchestrator::store::NewSaga {
+        id: uuid::Uuid::now_v7(),
+        name: def.name().to_owned(),
+        version: def.version(),
+        definition_hash: def.hash().to_owned(),
+        input: json!({}),
+        steps: def
+            .steps()
+            .iter()
+            .map(|s| (s.name().to_owned(), s.kind().into()))
+            .collect(),
+    }
+}
+
+/// Many idempotent starts at once share the writer's transactions (on SQLite they are written
+/// set-based, many per round): each key creates one saga with its callback, a second start
+/// with the same key in the same burst gets the first one's answer, and a start whose saga
+/// cannot be written fails alone, leaving its key unrecorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_burst_of_keyed_starts_creates_one_saga_per_key_and_a_bad_one_fails_alone() {
+    use orchestrator::store::{Callback, IdempotencyKey, IdempotentStart, SavedResponse};
+    let h = Harness::new().await;
+    let existing = h.engine.engine.start("other", json!({})).await.unwrap();
+    let key = |k: &str| IdempotencyKey {
+        scope: "burst".to_owned(),
+        key: k.to_owned(),
+        fingerprint: "same request".to_owned(),
+        retention: Duration::from_secs(60),
+    };
+    let mut starts = Vec::new();
+    for i in 0..40 {
+        // Keys k-0 to k-9 twice each, k-10 to k-29 once; k-25 collides with a saga.
+        let k = key(&format!("k-{}", i % 30));
+        let mut new = new_other(&h);
+        if i == 25 {
+            new.id = existing.id;
+        }
+        let callback = Callback {
+            url: format!("http://127.0.0.1:9/cb/{i}"),
+            secret: None,
+        };
+        let response = SavedResponse {
+            status_code: 202,
+            body: format!("answer {i}"),
+        };
+        let store = h.stores.idempotency.clone();
+        starts.push(tokio::spawn(async move {
+            let id = new.id;
+            let got = store
+                .create_saga_idempotent(&k, new, Some(&callback), Some(&response))
+                .await;
+            (k.key, id, got)
+        }));
+    }
+    let mut created = std::collections::HashMap::new();
+    let mut replays = Vec::new();
+    let mut failed = Vec::new();
+    for s in starts {
+        let (k, id, got) = s.await.unwrap();
+        match got {
+            Ok(IdempotentStart::Created(saga)) => {
+                assert_eq!(saga.id, id);
+                assert!(created.insert(k, id).is_none(), "one creation per key");
+            }
+            Ok(IdempotentStart::Replay { saga_id, response }) => {
+                replays.push((k, saga_id, response))
+            }
+            Ok(other) => panic!("{k}: {other:?}"),
+            Err(e) => failed.push((k, e)),
+        }
+    }
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert_eq!(failed[0].0, "k-25", "only the colliding start failed");
+    assert_eq!(created.len(), 29, "every other key created its saga");
+    assert_eq!(replays.len(), 10);
+    for (k, saga_id, response) in &replays {
+        assert_eq!(
+            created.get(k),
+            Some(saga_id),
+            "{k} answered for its first start"
+        );
+        assert_eq!(response.status_code, 202);
+    }
+    let ids: Vec<uuid::Uuid> = created.values().copied().collect();
+    let callbacks = h.stores.outbox.saga_callbacks(&ids).await.unwrap();
+    assert_eq!(callbacks.len(), 29, "each created saga has its callback");
+    let page = h
+        .stores
+        .log
+        .list_sagas(&ListFilter {
+            name: Some("other".to_owned()),
+            limit: 1000,
+            ..ListFilter::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        page.sagas.len(),
+        30,
+        "29 keyed sagas and the one started before"
+    );
+    // The failed start recorded nothing: its key is still free.
+    let retry = h
+        .stores
+        .idempotency
+        .create_saga_idempotent(&key("k-25"), new_other(&h), None, None)
+        .await
+        .unwrap();
+    assert!(matches!(retry, IdempotentStart::Created(_)), "{retry:?}");
+    h.engine.stop().await;
+}

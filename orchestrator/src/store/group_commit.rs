@@ -6,9 +6,10 @@
 //!
 //! - with nothing else in flight a write is committed alone, at once: batching adds no latency;
 //! - under load one commit (one fsync) carries many sagas' writes;
-//! - engine transitions are applied set-based ([`super::batch`]): a handful of statements per
-//!   batch, each saga's row still fenced by its own lease owner and epoch; other writes (a new
-//!   saga, a claim, a heartbeat) run as closures, each in its own `SAVEPOINT`;
+//! - engine transitions, new sagas and (where the backend has it) idempotent starts are
+//!   written set-based ([`super::batch`]): a handful of statements per batch, each saga's row
+//!   still fenced by its own lease owner and epoch; other writes (a claim, a heartbeat) run as
+//!   closures, each in its own `SAVEPOINT`;
 //! - a write that fails (a lost lease, a constraint) fails alone: its savepoint is rolled back,
 //!   or, if a set-based statement fails, the transitions are applied again one by one;
 //! - no write is reported done before the commit that carries it returned: a caller that got
@@ -24,6 +25,7 @@ use sqlx::{Database, Executor, Pool, Row};
 use tokio::sync::{mpsc, oneshot};
 
 use super::batch::{Item, NewItem};
+use super::idempotency::{IdempotentStart, KeyedItem};
 use super::rows::new_saga_record;
 use super::{Applied, Claimed, Lease, NewSaga, Result, Saga, StoreError, Transition};
 use crate::clock::Clock;
@@ -70,8 +72,22 @@ pub(crate) type WholeFn<DB> = for<'c> fn(
     &'c [NewItem],
 ) -> BoxFuture<'c, Result<(Vec<Result<Applied>>, Millis)>>;
 
+/// Runs idempotent starts set-based on a connection, atomically for each start (its key, saga
+/// and callback are written together or not at all); one result per start, in order. On `Err`
+/// nothing of the call remains.
+pub(crate) type KeyedFn<DB> = for<'c> fn(
+    &'c mut <DB as Database>::Connection,
+    Millis,
+    &'c [KeyedItem],
+) -> BoxFuture<'c, Result<Vec<Result<IdempotentStart>>>>;
+
 /// A queued write.
 enum Job<DB: Database> {
+    /// An idempotent start, run with the others of its batch.
+    Keyed {
+        item: KeyedItem,
+        reply: oneshot::Sender<Result<IdempotentStart>>,
+    },
     /// A new saga, created with the others of its batch.
     Create {
         item: NewItem,
@@ -100,6 +116,9 @@ pub(crate) struct Backend<DB: Database> {
     pub(crate) apply: ApplyFn<DB>,
     /// The set-based saga creator.
     pub(crate) create: CreateFn<DB>,
+    /// The set-based idempotent start, where the backend sends those through the queue (SQLite,
+    /// whose one writer connection would otherwise run them one by one); `None` refuses them.
+    pub(crate) keyed: Option<KeyedFn<DB>>,
     /// Keep the connection between batches instead of returning it to the pool (which may test
     /// it on every acquire); it goes back after a failed batch, so a broken one is replaced.
     /// Only where the pool has connections to spare: SQLite's one writer is shared.
@@ -185,6 +204,15 @@ where
         })
     }
 
+    /// Runs an idempotent start, group-committed with whatever else is queued.
+    pub(crate) async fn keyed(&self, item: KeyedItem) -> Result<IdempotentStart> {
+        let (reply, answer) = oneshot::channel();
+        self.tx
+            .send(Job::Keyed { item, reply })
+            .map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+
     /// Runs `f` inside a group-committed transaction and returns its result once committed.
     pub(crate) async fn run<T, F>(&self, f: F) -> Result<T>
     where
@@ -264,8 +292,14 @@ async fn writer<DB: Database>(
         let mut replies = Vec::new();
         let mut news = Vec::new();
         let mut created = Vec::new();
+        let mut keyed = Vec::new();
+        let mut keyed_replies = Vec::new();
         for job in jobs {
             match job {
+                Job::Keyed { item, reply } => {
+                    keyed.push(item);
+                    keyed_replies.push(reply);
+                }
                 Job::Create { item, reply } => {
                     news.push(item);
                     created.push(reply);
@@ -284,13 +318,24 @@ async fn writer<DB: Database>(
             Some(conn) => Ok(conn),
             None => pool.acquire().await.map_err(StoreError::from),
         };
+        let batch = Batch {
+            runs,
+            items: &items,
+            news: &news,
+            keyed: &keyed,
+        };
         let outcome = match &mut conn {
-            Ok(conn) => run_batch(conn, &backend, &*clock, runs, &items, &news).await,
+            Ok(conn) => run_batch(conn, &backend, &*clock, batch).await,
             Err(e) => Err(shared_failure(e)),
         };
         let ok = outcome.is_ok();
         match outcome {
-            Ok((committed, applied, creates)) => {
+            Ok(Outcome {
+                committed,
+                applied,
+                creates,
+                starts,
+            }) => {
                 if committed {
                     since_checkpoint += 1;
                     commits.fetch_add(1, Ordering::Relaxed);
@@ -304,9 +349,13 @@ async fn writer<DB: Database>(
                 for ((reply, item), result) in created.into_iter().zip(news).zip(creates) {
                     let _ = reply.send(result.map(|now| created_record(item, now)));
                 }
+                for (reply, result) in keyed_replies.into_iter().zip(starts) {
+                    let _ = reply.send(result);
+                }
             }
             Err(e) => {
-                tracing::warn!(error = %e, writes = finishes.len() + replies.len(), "group commit failed");
+                let writes = finishes.len() + replies.len() + created.len() + keyed_replies.len();
+                tracing::warn!(error = %e, writes, "group commit failed");
                 for f in finishes {
                     f(Err(shared_failure(&e)));
                 }
@@ -314,6 +363,9 @@ async fn writer<DB: Database>(
                     let _ = reply.send(Err(shared_failure(&e)));
                 }
                 for reply in created {
+                    let _ = reply.send(Err(shared_failure(&e)));
+                }
+                for reply in keyed_replies {
                     let _ = reply.send(Err(shared_failure(&e)));
                 }
             }
@@ -335,8 +387,25 @@ async fn writer<DB: Database>(
     }
 }
 
-/// `(anything committed, each transition's result, each creation's time or error)`.
-type Outcome = (bool, Vec<Result<Applied>>, Vec<Result<Millis>>);
+/// The writes of one batch, by kind.
+struct Batch<'a, DB: Database> {
+    runs: Vec<Run<DB>>,
+    items: &'a [Item],
+    news: &'a [NewItem],
+    keyed: &'a [KeyedItem],
+}
+
+/// What a batch did.
+struct Outcome {
+    /// Anything committed.
+    committed: bool,
+    /// Each transition's result.
+    applied: Vec<Result<Applied>>,
+    /// Each creation's time, or its error.
+    creates: Vec<Result<Millis>>,
+    /// Each idempotent start's result.
+    starts: Vec<Result<IdempotentStart>>,
+}
 
 /// The record of a saga just created, with the lease it was created under.
 fn created_record(item: NewItem, now: Millis) -> Saga {
@@ -354,19 +423,23 @@ async fn run_batch<DB: Database>(
     conn: &mut DB::Connection,
     backend: &Backend<DB>,
     clock: &dyn Clock,
-    runs: Vec<Run<DB>>,
-    items: &[Item],
-    news: &[NewItem],
+    batch: Batch<'_, DB>,
 ) -> Result<Outcome>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
     for<'r> i64: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
     usize: sqlx::ColumnIndex<DB::Row>,
 {
-    if let (true, Some(whole)) = (runs.is_empty(), backend.whole) {
-        match whole(conn, clock.now_ms(), items, news).await {
+    let simple = batch.runs.is_empty() && batch.keyed.is_empty();
+    if let (true, Some(whole)) = (simple, backend.whole) {
+        match whole(conn, clock.now_ms(), batch.items, batch.news).await {
             Ok((applied, now)) => {
-                return Ok((true, applied, news.iter().map(|_| Ok(now)).collect()))
+                return Ok(Outcome {
+                    committed: true,
+                    applied,
+                    creates: batch.news.iter().map(|_| Ok(now)).collect(),
+                    starts: Vec::new(),
+                })
             }
             Err(e) => {
                 // Nothing of it committed; the long way isolates the write at fault.
@@ -393,18 +466,18 @@ where
             return Err(e);
         }
     };
-    match run_jobs(conn, backend, now, runs, items, news).await {
-        Ok((true, applied, creates)) => match exec::<DB>(conn, "COMMIT").await {
-            Ok(()) => Ok((true, applied, creates)),
+    match run_jobs(conn, backend, now, batch).await {
+        Ok(outcome) if outcome.committed => match exec::<DB>(conn, "COMMIT").await {
+            Ok(()) => Ok(outcome),
             Err(e) => {
                 let _ = exec::<DB>(conn, "ROLLBACK").await;
                 Err(e)
             }
         },
-        Ok((false, applied, creates)) => {
+        Ok(outcome) => {
             // Nothing succeeded: nothing to commit; each write reports its own error.
             exec::<DB>(conn, "ROLLBACK").await?;
-            Ok((false, applied, creates))
+            Ok(outcome)
         }
         Err(e) => {
             let _ = exec::<DB>(conn, "ROLLBACK").await;
@@ -413,23 +486,41 @@ where
     }
 }
 
-/// Runs the closures (each in a savepoint when the batch holds several writes) and the
-/// transitions; `Ok((anything written, transition results))`.
+/// Runs the creates, the idempotent starts, the closures (each in a savepoint when the batch
+/// holds several writes) and the transitions; `committed` in the outcome says whether any of
+/// them wrote something.
 async fn run_jobs<DB: Database>(
     conn: &mut DB::Connection,
     backend: &Backend<DB>,
     now: Millis,
-    runs: Vec<Run<DB>>,
-    items: &[Item],
-    news: &[NewItem],
+    batch: Batch<'_, DB>,
 ) -> Result<Outcome>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
 {
-    let alone = runs.len() + items.len() + news.len() == 1;
+    let Batch {
+        runs,
+        items,
+        news,
+        keyed,
+    } = batch;
+    let alone = runs.len() + items.len() + news.len() + keyed.len() == 1;
     let mut any_ok = false;
     let creates = create_all(conn, backend, now, news, alone).await?;
     any_ok |= creates.iter().any(Result::is_ok);
+    let starts = match (keyed.is_empty(), backend.keyed) {
+        (true, _) => Vec::new(),
+        (false, Some(f)) => f(conn, now, keyed).await?,
+        (false, None) => keyed
+            .iter()
+            .map(|_| {
+                Err(StoreError::Io(
+                    "this store does not queue idempotent starts".to_owned(),
+                ))
+            })
+            .collect(),
+    };
+    any_ok |= starts.iter().any(Result::is_ok);
     for run in runs {
         if !alone {
             exec::<DB>(conn, "SAVEPOINT job").await?;
@@ -444,7 +535,12 @@ where
         }
     }
     if items.is_empty() {
-        return Ok((any_ok, Vec::new(), creates));
+        return Ok(Outcome {
+            committed: any_ok,
+            applied: Vec::new(),
+            creates,
+            starts,
+        });
     }
     let applied = match (backend.apply)(conn, now, items, !alone).await {
         Ok(applied) => applied,
@@ -468,7 +564,12 @@ where
         }
     };
     any_ok |= applied.iter().any(|r| matches!(r, Ok(Applied::Written)));
-    Ok((any_ok, applied, creates))
+    Ok(Outcome {
+        committed: any_ok,
+        applied,
+        creates,
+        starts,
+    })
 }
 
 /// Creates the batch's new sagas set-based; if that fails (an id collision), one by one so the

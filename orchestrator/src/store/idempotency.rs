@@ -59,6 +59,20 @@ pub struct Callback {
     pub secret: Option<String>,
 }
 
+/// One idempotent start as the write queue carries it (see
+/// [`IdempotencyStore::create_saga_idempotent`] for what each part means).
+#[derive(Debug, Clone)]
+pub(crate) struct KeyedItem {
+    /// The key.
+    pub(crate) key: IdempotencyKey,
+    /// The saga to create if the key is new.
+    pub(crate) new: NewSaga,
+    /// Its completion callback.
+    pub(crate) callback: Option<Callback>,
+    /// The answer saved with the key at once, if known.
+    pub(crate) response: Option<SavedResponse>,
+}
+
 /// What [`IdempotencyStore::create_saga_idempotent`] did.
 #[derive(Debug, Clone)]
 pub enum IdempotentStart {

@@ -91,6 +91,7 @@ impl PgStore {
                     db_clock: true,
                     apply: batch::postgres::apply_batch_boxed,
                     create: batch::postgres::insert_sagas_boxed,
+                    keyed: None,
                     whole: Some(batch::postgres::whole_batch_boxed),
                     keep_connection: true,
                     checkpoint: None,

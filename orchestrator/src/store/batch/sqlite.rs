@@ -186,6 +186,31 @@ const KEYED_START: &str = concat!(
      FROM idempotency_keys WHERE scope = $1 AND key = $2"
 );
 
+/// The first round of a batch of idempotent starts: $1 the keys as a JSON array (`scope`,
+/// `key`, `fp` fingerprint, `id` of the saga to create, `code` and `body` of the saved answer or
+/// null, `exp` expiry), $2 now. Opens the savepoint `keyed_set`, drops expired keys, records the
+/// new ones (in batch order, so of two starts with one key the first wins) and returns each
+/// start's key row (`ord`, its index): a start whose row names its own saga recorded the key and
+/// must create the saga, in [`KEYED_WINNERS`].
+pub(crate) const KEYED_SET: &str = concat!(
+    "SAVEPOINT keyed_set;",
+    rows!("$1"),
+    "DELETE FROM idempotency_keys WHERE expires_at <= $2 AND (scope, key) IN      (SELECT j.value->>'scope', j.value->>'key' FROM j);",
+    rows!("$1"),
+    "INSERT INTO idempotency_keys (scope, key, fingerprint, saga_id, status_code,      response_body, created_at, expires_at, completed_at)      SELECT j.value->>'scope', j.value->>'key', j.value->>'fp', j.value->>'id',      j.value->>'code', j.value->>'body', $2, j.value->>'exp',      CASE WHEN j.value->>'code' IS NULL THEN NULL ELSE $2 END      FROM j WHERE true ORDER BY j.key ON CONFLICT (scope, key) DO NOTHING;",
+    rows!("$1"),
+    "SELECT j.key AS ord, k.fingerprint, k.saga_id, k.status_code, k.response_body,      k.created_at, k.completed_at FROM j JOIN idempotency_keys k      ON k.scope = j.value->>'scope' AND k.key = j.value->>'key'"
+);
+
+/// The second round: the sagas of the starts that recorded their key ($1 sagas, $2 steps, as
+/// [`CreateRows`]; $3 now), their callbacks ($4: `id`, `url`, `secret`), and the release of
+/// `keyed_set`.
+pub(crate) const KEYED_WINNERS: &str = concat!(
+    create_sql!("$1", "$2", "$3", ""),
+    "INSERT INTO saga_callbacks (saga_id, url, secret)      SELECT value->>'id', value->>'url', value->>'secret' FROM json_each($4);",
+    "RELEASE keyed_set;"
+);
+
 /// Records an idempotency key and, if this request is the first with it, creates its saga
 /// (unleased) and callback, in one round; returns the key's row (naming `new.id` if this
 /// request created the saga). Atomic: on `Err` nothing of it remains.
@@ -254,7 +279,7 @@ fn batch_query(
 }
 
 /// Undoes a failed call; the transaction goes on.
-async fn undo(conn: &mut SqliteConnection, savepoint: &str) -> Result<()> {
+pub(crate) async fn undo(conn: &mut SqliteConnection, savepoint: &str) -> Result<()> {
     let sql = format!("ROLLBACK TO {savepoint}; RELEASE {savepoint}");
     conn.execute(sql.as_str()).await?;
     Ok(())
