@@ -1,8 +1,10 @@
 //! Group commit: the step-log writes of many in-flight sagas share one database transaction.
 //!
-//! Every write of the engine goes into a queue. One writer task takes the first write, then
+//! Every write of the engine goes into a queue. A writer task takes the first write, then
 //! every write already waiting (up to a batch limit), opens one transaction, runs them, and
-//! commits once. So:
+//! commits once. SQLite has one writer; PostgreSQL several, so that one batch forms while
+//! another commits (a saga has at most one write in flight, and its rows are fenced by its
+//! lease, so concurrent batches never order one saga's writes). So:
 //!
 //! - with nothing else in flight a write is committed alone, at once: batching adds no latency;
 //! - under load one commit (one fsync) carries many sagas' writes;
@@ -129,9 +131,11 @@ pub(crate) struct Backend<DB: Database> {
     /// A statement the writer runs between batches every so many commits, outside any
     /// transaction (SQLite: a checkpoint by the writer itself, see `sqlite.rs`).
     pub(crate) checkpoint: Option<(&'static str, u32)>,
+    /// How many writer tasks take batches from the queue, each with its own connection.
+    pub(crate) writers: usize,
 }
 
-/// A queue of writes committed in groups by one writer task.
+/// A queue of writes committed in groups by the writer tasks.
 pub(crate) struct WriteQueue<DB: Database> {
     tx: mpsc::UnboundedSender<Job<DB>>,
     commits: Arc<AtomicU64>,
@@ -147,11 +151,21 @@ where
     for<'r> i64: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
     usize: sqlx::ColumnIndex<DB::Row>,
 {
-    /// Starts the writer task over `pool`.
+    /// Starts the writer tasks over `pool`.
     pub(crate) fn start(pool: Pool<DB>, backend: Backend<DB>, clock: Arc<dyn Clock>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let commits = Arc::new(AtomicU64::new(0));
-        tokio::spawn(writer(pool, backend, clock, rx, commits.clone()));
+        let rx = Arc::new(tokio::sync::Mutex::new(rx));
+        let backend = Arc::new(backend);
+        for _ in 0..backend.writers.max(1) {
+            tokio::spawn(writer(
+                pool.clone(),
+                backend.clone(),
+                clock.clone(),
+                rx.clone(),
+                commits.clone(),
+            ));
+        }
         Self { tx, commits }
     }
 
@@ -265,11 +279,29 @@ where
     Ok(())
 }
 
+/// Takes the next batch: the first write to come, then every write already waiting, up to
+/// [`MAX_BATCH`]; `None` once the queue is closed. Writers take turns: one waits here while
+/// another runs its batch.
+async fn next_batch<DB: Database>(
+    rx: &tokio::sync::Mutex<mpsc::UnboundedReceiver<Job<DB>>>,
+) -> Option<Vec<Job<DB>>> {
+    let mut rx = rx.lock().await;
+    let first = rx.recv().await?;
+    let mut jobs = vec![first];
+    while jobs.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(job) => jobs.push(job),
+            Err(_) => break,
+        }
+    }
+    Some(jobs)
+}
+
 async fn writer<DB: Database>(
     pool: Pool<DB>,
-    backend: Backend<DB>,
+    backend: Arc<Backend<DB>>,
     clock: Arc<dyn Clock>,
-    mut rx: mpsc::UnboundedReceiver<Job<DB>>,
+    rx: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Job<DB>>>>,
     commits: Arc<AtomicU64>,
 ) where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -278,14 +310,7 @@ async fn writer<DB: Database>(
 {
     let mut held: Option<PoolConnection<DB>> = None;
     let mut since_checkpoint = 0;
-    while let Some(first) = rx.recv().await {
-        let mut jobs = vec![first];
-        while jobs.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(job) => jobs.push(job),
-                Err(_) => break,
-            }
-        }
+    while let Some(jobs) = next_batch(&rx).await {
         let mut runs = Vec::new();
         let mut finishes = Vec::new();
         let mut items = Vec::new();
@@ -373,7 +398,9 @@ async fn writer<DB: Database>(
         if let Ok(mut conn) = conn {
             // After the replies: the callers do not wait for it.
             if let Some((sql, every)) = backend.checkpoint {
-                if (since_checkpoint >= every && rx.is_empty()) || since_checkpoint >= 4 * every {
+                // Idle: nothing waiting (and no other writer taking a batch).
+                let idle = rx.try_lock().is_ok_and(|rx| rx.is_empty());
+                if (since_checkpoint >= every && idle) || since_checkpoint >= 4 * every {
                     since_checkpoint = 0;
                     if let Err(e) = exec::<DB>(&mut conn, sql).await {
                         tracing::debug!(error = %e, "checkpoint after a batch failed");

@@ -186,6 +186,8 @@ impl SqliteStore {
                     apply: batch::sqlite::apply_batch_boxed,
                     create: batch::sqlite::insert_sagas_boxed,
                     keyed: Some(super::idempotency_sqlite::keyed_starts_boxed),
+                    // One writer connection: SQLite serialises writers anyway.
+                    writers: 1,
                     whole: Some(batch::sqlite::whole_batch_boxed),
                     keep_connection: false,
                     // The background checkpoints copy most of the WAL, but while commits keep
