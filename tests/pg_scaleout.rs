@@ -257,3 +257,42 @@ async fn workers_are_visible_and_graceful_shutdown_releases_leases_at_once() {
     let done = b.wait_for(id, LONG, terminal).await;
     assert_eq!(done["status"], "COMPLETED");
 }
+
+/// Two writers of one process (or of two) may lock the same saga rows in opposite orders, say a
+/// heartbeat renewing every lease of a worker while a batch updates several of its sagas: the
+/// server then aborts one transaction with `deadlock_detected`. That is a transient error, like
+/// a serialization failure: the write is retried, not given up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadlock_between_two_writers_is_a_transient_error() {
+    let db = TempDb::postgres();
+    let pool = sqlx::PgPool::connect(&db.url).await.unwrap();
+    sqlx::query("CREATE TABLE probe (id int PRIMARY KEY, v int NOT NULL)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO probe VALUES (1, 0), (2, 0)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut a = pool.begin().await.unwrap();
+    let mut b = pool.begin().await.unwrap();
+    let bump = "UPDATE probe SET v = v + 1 WHERE id = $1";
+    sqlx::query(bump).bind(1).execute(&mut *a).await.unwrap();
+    sqlx::query(bump).bind(2).execute(&mut *b).await.unwrap();
+    // Each now wants the row the other holds.
+    let (ra, rb) = tokio::join!(
+        sqlx::query(bump).bind(2).execute(&mut *a),
+        sqlx::query(bump).bind(1).execute(&mut *b),
+    );
+    let failed: Vec<sqlx::Error> = [ra.err(), rb.err()].into_iter().flatten().collect();
+    assert_eq!(failed.len(), 1, "the server aborts exactly one of the two");
+    let code = failed[0]
+        .as_database_error()
+        .and_then(|d| d.code())
+        .map(|c| c.into_owned());
+    assert_eq!(code.as_deref(), Some("40P01"), "{:?}", failed[0]);
+    let e = orchestrator::StoreError::from(failed.into_iter().next().unwrap());
+    assert!(e.is_transient(), "{e:?}");
+    drop((a, b));
+    pool.close().await;
+}

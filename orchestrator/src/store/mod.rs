@@ -292,9 +292,16 @@ pub enum StoreError {
     Io(String),
 }
 
+/// Database error codes that mean "try again": SQLite's extended codes `SQLITE_BUSY` (5),
+/// `SQLITE_LOCKED` (6) and `SQLITE_BUSY_SNAPSHOT` (517); PostgreSQL's SQLSTATEs
+/// `serialization_failure` (40001) and `deadlock_detected` (40P01), whose transaction the server
+/// rolled back whole.
+const TRANSIENT_CODES: [&str; 5] = ["5", "6", "517", "40001", "40P01"];
+
 impl StoreError {
-    /// Whether the error is the database being away for a moment (connection refused, pool
-    /// timeout, busy), as opposed to a bug or bad data: callers may retry.
+    /// Whether the error is the database being away or contended for a moment (connection
+    /// refused, pool timeout, SQLite busy, a PostgreSQL deadlock or serialization failure), as
+    /// opposed to a bug or bad data: callers may retry.
     pub fn is_transient(&self) -> bool {
         match self {
             Self::CommitFailed { transient, .. } => *transient,
@@ -305,7 +312,7 @@ impl StoreError {
                 ) || e
                     .as_database_error()
                     .and_then(|d| d.code())
-                    .is_some_and(|c| c == "5" || c == "6" || c == "517")
+                    .is_some_and(|c| TRANSIENT_CODES.contains(&c.as_ref()))
             }
             _ => false,
         }
