@@ -9,8 +9,8 @@ use serde::Serialize;
 use sqlx::SqliteConnection;
 use uuid::Uuid;
 
-use super::batch::sqlite::{keyed_start, undo, KEYED_SET, KEYED_WINNERS};
-use super::batch::{CreateRows, NewItem};
+use super::batch::sqlite::{keyed_start, undo_on_err, KEYED_SET, KEYED_WINNERS};
+use super::batch::{to_json, CreateRows, NewItem};
 use super::group_commit::BoxFuture;
 use super::idempotency::{
     judge_row, retention_ms, Callback, IdempotencyKey, IdempotencyStore, IdempotentStart,
@@ -79,10 +79,6 @@ struct CallbackRow<'a> {
     secret: Option<&'a str>,
 }
 
-fn to_json<T: Serialize>(rows: &[T]) -> Result<String> {
-    serde_json::to_string(rows).map_err(|e| StoreError::Io(format!("encoding a batch: {e}")))
-}
-
 /// [`keyed_starts`] as a plain function pointer for the write queue.
 pub(super) fn keyed_starts_boxed<'c>(
     conn: &'c mut SqliteConnection,
@@ -146,23 +142,11 @@ async fn keyed_set(
         .bind(now)
         .fetch_all(&mut *conn)
         .await;
-    let rows = match rows {
-        Ok(rows) => rows,
-        Err(e) => {
-            undo(conn, "keyed_set").await?;
-            return Err(e.into());
-        }
-    };
-    match judge_all(&rows, items, now) {
-        Ok((starts, winners)) => {
-            create_winners(conn, now, items, &winners).await?;
-            Ok(starts)
-        }
-        Err(e) => {
-            undo(conn, "keyed_set").await?;
-            Err(e)
-        }
-    }
+    let rows = undo_on_err(conn, "keyed_set", rows).await?;
+    let judged = judge_all(&rows, items, now);
+    let (starts, winners) = undo_on_err(conn, "keyed_set", judged).await?;
+    create_winners(conn, now, items, &winners).await?;
+    Ok(starts)
 }
 
 /// Each start's answer from its key row (the ones that recorded their key create their saga at
@@ -235,11 +219,7 @@ async fn create_winners(
         .bind(to_json(&callbacks)?)
         .execute(&mut *conn)
         .await;
-    if let Err(e) = done {
-        undo(conn, "keyed_set").await?;
-        return Err(e.into());
-    }
-    Ok(())
+    undo_on_err(conn, "keyed_set", done).await.map(drop)
 }
 
 #[async_trait]

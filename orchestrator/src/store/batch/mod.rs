@@ -159,7 +159,8 @@ pub(crate) struct ApplyRows {
     pub(crate) ids: Vec<String>,
 }
 
-fn to_json<T: Serialize>(rows: &[T]) -> Result<String> {
+/// `rows` as one JSON array, the form every batch statement reads.
+pub(crate) fn to_json<T: Serialize>(rows: &[T]) -> Result<String> {
     serde_json::to_string(rows).map_err(|e| StoreError::Io(format!("encoding a batch: {e}")))
 }
 

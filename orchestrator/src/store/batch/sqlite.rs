@@ -14,7 +14,7 @@ use super::{unreadable, ApplyRows, CreateRows, Item, NewItem};
 use crate::model::Millis;
 use crate::store::group_commit::BoxFuture;
 use crate::store::idempotency::{retention_ms, Callback, IdempotencyKey, SavedResponse};
-use crate::store::{Applied, NewSaga, Result};
+use crate::store::{Applied, NewSaga, Result, StoreError};
 
 /// `x` joined to its saga, where the saga still carries the row's lease.
 macro_rules! rows {
@@ -242,13 +242,7 @@ pub(crate) async fn keyed_start(
         .bind(callback.and_then(|c| c.secret.clone()))
         .fetch_one(&mut *conn)
         .await;
-    match row {
-        Ok(row) => Ok(row),
-        Err(e) => {
-            undo(conn, "keyed").await?;
-            Err(e.into())
-        }
-    }
+    undo_on_err(conn, "keyed", row).await
 }
 
 /// The batch statements with their parameters; an empty array for the part not given.
@@ -278,11 +272,18 @@ fn batch_query(
         .bind(new_steps)
 }
 
-/// Undoes a failed call; the transaction goes on.
-pub(crate) async fn undo(conn: &mut SqliteConnection, savepoint: &str) -> Result<()> {
-    let sql = format!("ROLLBACK TO {savepoint}; RELEASE {savepoint}");
-    conn.execute(sql.as_str()).await?;
-    Ok(())
+/// Passes `result` on; if it is an error, first undoes everything since `savepoint`, so the
+/// transaction goes on without the failed call.
+pub(crate) async fn undo_on_err<T, E: Into<StoreError>>(
+    conn: &mut SqliteConnection,
+    savepoint: &str,
+    result: std::result::Result<T, E>,
+) -> Result<T> {
+    if result.is_err() {
+        let sql = format!("ROLLBACK TO {savepoint}; RELEASE {savepoint}");
+        conn.execute(sql.as_str()).await?;
+    }
+    result.map_err(Into::into)
 }
 
 /// [`apply_batch`] as a plain function pointer for the write queue (always in its own
@@ -306,13 +307,7 @@ pub(crate) async fn apply_batch(
     let fenced = batch_query(APPLY, now, Some(rows), None)
         .fetch_all(&mut *conn)
         .await;
-    let fenced = match fenced {
-        Ok(rows) => rows,
-        Err(e) => {
-            undo(conn, "apply").await?;
-            return Err(e.into());
-        }
-    };
+    let fenced = undo_on_err(conn, "apply", fenced).await?;
     results(conn, items, &fenced).await
 }
 
@@ -346,11 +341,7 @@ pub(crate) async fn insert_sagas(
     let done = batch_query(CREATE, now, None, Some(rows))
         .execute(&mut *conn)
         .await;
-    if let Err(e) = done {
-        undo(conn, "create_sagas").await?;
-        return Err(e.into());
-    }
-    Ok(())
+    undo_on_err(conn, "create_sagas", done).await.map(drop)
 }
 
 /// [`whole_batch`] as a plain function pointer for the write queue.
