@@ -211,12 +211,14 @@ async fn create_winners(
             })
         })
         .collect();
-    let rows = CreateRows::of(&news)?;
+    // Even a failure to encode must undo the keys already recorded.
+    let encoded = CreateRows::of(&news).and_then(|rows| Ok((rows, to_json(&callbacks)?)));
+    let (rows, callbacks) = undo_on_err(conn, "keyed_set", encoded).await?;
     let done = sqlx::query(KEYED_WINNERS)
         .bind(rows.sagas)
         .bind(rows.steps)
         .bind(now)
-        .bind(to_json(&callbacks)?)
+        .bind(callbacks)
         .execute(&mut *conn)
         .await;
     undo_on_err(conn, "keyed_set", done).await.map(drop)
