@@ -502,19 +502,8 @@ async fn the_client_and_the_server_agree_on_keys() {
 
 /// The record of a new saga of the quick `other` definition, with a fresh id.
 fn new_other(h: &Harness) -> orchestrator::store::NewSaga {
-    let def = h.engine.engine.registry().latest("other").unwrap().clone();
-    orchestrator::store::NewSaga {
-        id: uuid::Uuid::now_v7(),
-        name: def.name().to_owned(),
-        version: def.version(),
-        definition_hash: def.hash().to_owned(),
-        input: json!({}),
-        steps: def
-            .steps()
-            .iter()
-            .map(|s| (s.name().to_owned(), s.kind().into()))
-            .collect(),
-    }
+    let def = h.engine.engine.registry().latest("other").unwrap();
+    orchestrator::store::NewSaga::of(def, json!({}))
 }
 
 /// Many idempotent starts at once share the writer's transactions (on SQLite they are written

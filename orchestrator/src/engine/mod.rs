@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::clock::{Clock, SystemClock};
-use crate::model::{definition_key, Saga, SagaStatus, StepKindName};
+use crate::model::{definition_key, Saga, SagaStatus};
 use crate::store::{ClaimRequest, Claimed, NewSaga, Store, StoreError, WorkerInfo};
 
 /// Engine settings.
@@ -227,18 +227,7 @@ impl Engine {
                 name: name.to_owned(),
                 message,
             })?;
-        let new = NewSaga {
-            id: Uuid::now_v7(),
-            name: def.name().to_owned(),
-            version: def.version(),
-            definition_hash: def.hash().to_owned(),
-            input,
-            steps: def
-                .steps()
-                .iter()
-                .map(|s| (s.name().to_owned(), StepKindName::from(s.kind())))
-                .collect(),
-        };
+        let new = NewSaga::of(def, input);
         let inner = &self.inner;
         // With a free worker here, the saga is created already leased to this process and
         // driven at once: no claim, no wait for the run loop.

@@ -22,11 +22,10 @@ use crate::http::idempotency::{fingerprint, StartHeaders, IDEMPOTENT_REPLAYED};
 use crate::http::openapi::ErrorBody;
 use crate::http::prefer::{applied_headers, Wait};
 use crate::http::state::AppState;
-use crate::model::{Event, Saga, SagaPage, SagaStatus, StepKindName};
+use crate::model::{Event, Saga, SagaPage, SagaStatus};
 use crate::store::{
     Callback, CancelOutcome, Delivery, IdempotencyKey, IdempotentStart, NewSaga, SavedResponse,
 };
-use saga_dsl::SagaDefinition;
 
 /// The body of `202` to `POST /v1/sagas/{name}`.
 #[derive(Debug, Serialize, ToSchema)]
@@ -254,7 +253,8 @@ pub(crate) async fn start_saga(
             fingerprint,
             retention: state.config.idempotency_retention,
         };
-        return start_idempotent(state, key, new_saga(&def, input), headers.callback, wait).await;
+        return start_idempotent(state, key, NewSaga::of(&def, input), headers.callback, wait)
+            .await;
     }
     let saga = match &headers.callback {
         None => state.engine.start(&name, input).await?,
@@ -267,7 +267,7 @@ pub(crate) async fn start_saga(
             })?;
             let saga = state
                 .idempotency
-                .create_saga_with_callback(new_saga(&def, input), callback)
+                .create_saga_with_callback(NewSaga::of(&def, input), callback)
                 .await?;
             state.engine.wake();
             count_started(&saga);
@@ -302,23 +302,6 @@ pub(crate) async fn start_saga(
         body,
     )
         .into_response())
-}
-
-/// The record of a new saga of `def` (what `Engine::start` writes, for the starts that must
-/// write more in the same transaction: a key, a callback).
-fn new_saga(def: &SagaDefinition, input: serde_json::Value) -> NewSaga {
-    NewSaga {
-        id: Uuid::now_v7(),
-        name: def.name().to_owned(),
-        version: def.version(),
-        definition_hash: def.hash().to_owned(),
-        input,
-        steps: def
-            .steps()
-            .iter()
-            .map(|s| (s.name().to_owned(), StepKindName::from(s.kind())))
-            .collect(),
-    }
 }
 
 /// Counts a saga started outside `Engine::start` (which counts its own).

@@ -54,6 +54,24 @@ pub struct NewSaga {
     pub steps: Vec<(String, StepKindName)>,
 }
 
+impl NewSaga {
+    /// A new saga of `def` with `input` (not checked here) and a fresh UUIDv7.
+    pub fn of(def: &saga_dsl::SagaDefinition, input: Value) -> Self {
+        Self {
+            id: Uuid::now_v7(),
+            name: def.name().to_owned(),
+            version: def.version(),
+            definition_hash: def.hash().to_owned(),
+            input,
+            steps: def
+                .steps()
+                .iter()
+                .map(|s| (s.name().to_owned(), StepKindName::from(s.kind())))
+                .collect(),
+        }
+    }
+}
+
 /// The right to write to one saga: owner and epoch must both still match in the database.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Lease {
