@@ -289,6 +289,14 @@ pub enum StoreError {
     /// its source, which would print every cause twice in an error chain.)
     #[error("database error: {0}")]
     Database(sqlx::Error),
+    /// A statement run through SQLite's own API (the engine's writes on SQLite) failed.
+    #[error("database error: {message}")]
+    Sqlite {
+        /// SQLite's extended result code, if the library reported one.
+        code: Option<i32>,
+        /// The cause.
+        message: String,
+    },
     /// A migration failed.
     #[error("migration failed: {0}")]
     Migrate(sqlx::migrate::MigrateError),
@@ -323,6 +331,8 @@ impl StoreError {
     pub fn is_transient(&self) -> bool {
         match self {
             Self::CommitFailed { transient, .. } => *transient,
+            // The primary code of SQLITE_BUSY (5) or SQLITE_LOCKED (6), of any extended code.
+            Self::Sqlite { code: Some(c), .. } => matches!(c & 0xff, 5 | 6),
             Self::Database(e) => {
                 matches!(
                     e,

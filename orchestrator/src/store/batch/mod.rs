@@ -17,11 +17,15 @@
 //! - a backend's `whole_batch` writes a batch of only creates and transitions as a transaction of
 //!   its own in one round trip; if it fails, the caller rolls back and takes the long way.
 //!
-//! The SQL itself is per backend: [`sqlite`] (several statements sent as one) and [`postgres`]
-//! (one statement of data-modifying CTEs).
+//! The SQL itself is per backend: [`postgres`] (one statement of data-modifying CTEs) and
+//! [`sqlite`], where creates and transitions are not flattened at all but bound row by row to
+//! statements prepared once per batch, on the writer's own handle ([`sqlite_rows`]): SQLite
+//! runs in-process, so a statement per row costs no round trip, and unpacking JSON cost more
+//! than the rows' own writes.
 
 pub(crate) mod postgres;
 pub(crate) mod sqlite;
+pub(crate) mod sqlite_rows;
 
 use std::collections::{HashMap, HashSet};
 

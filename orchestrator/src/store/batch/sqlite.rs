@@ -1,7 +1,7 @@
-//! The batch statements on SQLite: each call is one round of several statements sent together
-//! (one hop to the driver's thread), reading the batch's JSON arrays with `json_each`. SQLite
-//! has no data-modifying CTEs, so each dependent statement re-checks the fence itself, and the
-//! `UPDATE sagas` that may give the lease up runs last.
+//! The write queue's calls on SQLite. Creates and transitions are written row by row on the
+//! writer's handle ([`sqlite_rows`]); idempotent starts are statements sent together as one
+//! text (one hop to the driver's thread) reading the batch's keys as JSON arrays with
+//! `json_each`.
 //!
 //! Parameters are written `$N`, not `?N`: SQLite numbers `?N` slots by their largest index, and
 //! the driver, binding several statements of one text in turn, reads the gaps of a statement
@@ -10,13 +10,14 @@
 
 use sqlx::{Executor, SqliteConnection};
 
-use super::{unreadable, ApplyRows, CreateRows, Item, NewItem};
+use super::sqlite_rows::{self, from_rusqlite, in_savepoint, on_handle};
+use super::{CreateRows, Item, NewItem};
 use crate::model::Millis;
 use crate::store::group_commit::BoxFuture;
 use crate::store::idempotency::{retention_ms, Callback, IdempotencyKey, SavedResponse};
 use crate::store::{Applied, NewSaga, Result, StoreError};
 
-/// `x` joined to its saga, where the saga still carries the row's lease.
+/// The batch's rows, materialised once from the JSON array in `$param` (`key`, `value`).
 macro_rules! rows {
     ($param:literal) => {
         concat!(
@@ -26,100 +27,6 @@ macro_rules! rows {
         )
     };
 }
-
-macro_rules! fenced {
-    ($cols:literal, $param:literal) => {
-        concat!(
-            "(SELECT j.key AS ord, j.value->>'saga_id' AS saga_id, j.value->>'owner' AS owner, \
-             j.value->>'epoch' AS epoch, j.value->>'guard' AS guard, ",
-            $cols,
-            " FROM j) AS x JOIN sagas s ON s.id = x.saga_id AND s.lease_owner = x.owner \
-             AND s.lease_epoch = x.epoch AND NOT (x.guard AND s.cancel_requested)"
-        )
-    };
-}
-
-/// The parameters of every batch statement, one numbering for all so that the statements of
-/// creates and transitions can go together: $1 sagas, $2 now, $3 steps, $4 finished attempts,
-/// $5 started attempts, $6 events (transitions); $7 new sagas, $8 their steps.
-macro_rules! apply_sql {
-    () => { concat!(
-    "SAVEPOINT apply;",
-    rows!("$3"),
-    "UPDATE steps SET \
-     status = COALESCE(x.a_status, steps.status), \
-     attempts = CASE WHEN x.a_status IS NULL THEN steps.attempts ELSE x.a_attempts END, \
-     last_error = CASE WHEN x.a_status IS NULL THEN steps.last_error ELSE x.a_error END, \
-     outcome_unknown = CASE WHEN x.a_status IS NULL THEN steps.outcome_unknown ELSE x.a_unknown END, \
-     started_at = CASE WHEN x.a_status IS NULL THEN steps.started_at ELSE x.a_started END, \
-     ended_at = CASE WHEN x.a_status IS NULL THEN steps.ended_at ELSE x.a_ended END, \
-     output = COALESCE(x.output, steps.output), \
-     comp_status = COALESCE(x.c_status, steps.comp_status), \
-     comp_attempts = CASE WHEN x.c_status IS NULL THEN steps.comp_attempts ELSE x.c_attempts END, \
-     comp_last_error = CASE WHEN x.c_status IS NULL THEN steps.comp_last_error ELSE x.c_error END, \
-     comp_outcome_unknown = CASE WHEN x.c_status IS NULL THEN steps.comp_outcome_unknown ELSE x.c_unknown END, \
-     comp_started_at = CASE WHEN x.c_status IS NULL THEN steps.comp_started_at ELSE x.c_started END, \
-     comp_ended_at = CASE WHEN x.c_status IS NULL THEN steps.comp_ended_at ELSE x.c_ended END \
-     FROM ",
-    fenced!(
-        "j.value->>'idx' AS idx, j.value->>'output' AS output, \
-         j.value->>'$.a.status' AS a_status, j.value->>'$.a.attempts' AS a_attempts, \
-         j.value->>'$.a.error' AS a_error, j.value->>'$.a.unknown' AS a_unknown, \
-         j.value->>'$.a.started' AS a_started, j.value->>'$.a.ended' AS a_ended, \
-         j.value->>'$.c.status' AS c_status, j.value->>'$.c.attempts' AS c_attempts, \
-         j.value->>'$.c.error' AS c_error, j.value->>'$.c.unknown' AS c_unknown, \
-         j.value->>'$.c.started' AS c_started, j.value->>'$.c.ended' AS c_ended",
-        "$3"
-    ),
-    " WHERE steps.saga_id = x.saga_id AND steps.idx = x.idx;",
-    // Finishes first: a transition may close attempt n and start attempt n + 1.
-    rows!("$4"),
-    "UPDATE attempts SET ended_at = $2, outcome = x.outcome, error = x.error FROM ",
-    fenced!(
-        "j.value->>'idx' AS idx, j.value->>'phase' AS phase, j.value->>'attempt' AS attempt, \
-         j.value->>'outcome' AS outcome, j.value->>'error' AS error",
-        "$4"
-    ),
-    " WHERE attempts.saga_id = x.saga_id AND attempts.step_idx = x.idx \
-     AND attempts.phase = x.phase AND attempts.attempt = x.attempt;",
-    rows!("$5"),
-    "INSERT INTO attempts (saga_id, step_idx, phase, attempt, worker, lease_epoch, started_at) \
-     SELECT x.saga_id, x.idx, x.phase, x.attempt, x.owner, x.epoch, $2 FROM ",
-    fenced!(
-        "j.value->>'idx' AS idx, j.value->>'phase' AS phase, j.value->>'attempt' AS attempt",
-        "$5"
-    ),
-    " ORDER BY x.ord;",
-    rows!("$6"),
-    "INSERT INTO events (saga_id, at, type, step, data) \
-     SELECT x.saga_id, $2, x.kind, x.step, x.data FROM ",
-    fenced!(
-        "j.value->>'kind' AS kind, j.value->>'step' AS step, j.value->>'data' AS data",
-        "$6"
-    ),
-    " ORDER BY x.ord;",
-    // The fence itself, last: it may give the lease up.
-    rows!("$1"),
-    "UPDATE sagas SET status = x.status, next_run_at = x.next_run_at, error = x.error, \
-     output = COALESCE(x.output, sagas.output), needs_attention = x.attention, \
-     pivot_reached = x.pivot, updated_at = $2, \
-     lease_owner = CASE WHEN x.rel THEN NULL ELSE sagas.lease_owner END, \
-     lease_expires_at = CASE WHEN x.rel THEN NULL ELSE sagas.lease_expires_at END \
-     FROM (SELECT j.value->>'saga_id' AS id, j.value->>'owner' AS owner, \
-     j.value->>'epoch' AS epoch, j.value->>'guard' AS guard, j.value->>'status' AS status, \
-     j.value->>'next_run_at' AS next_run_at, j.value->>'error' AS error, \
-     j.value->>'output' AS output, j.value->>'attention' AS attention, \
-     j.value->>'pivot' AS pivot, j.value->>'rel' AS rel FROM j) AS x \
-     WHERE sagas.id = x.id AND sagas.lease_owner = x.owner AND sagas.lease_epoch = x.epoch \
-     AND NOT (x.guard AND sagas.cancel_requested) \
-     RETURNING sagas.id AS id, sagas.lease_epoch AS epoch;",
-    "RELEASE apply;"
-    ) };
-}
-
-/// $1 the refused ids.
-const REFUSED: &str = "SELECT id, lease_owner, lease_epoch, cancel_requested FROM sagas \
-     WHERE id IN (SELECT value FROM json_each($1))";
 
 /// New sagas, their steps and `saga.started` events: the parameters holding the sagas, the
 /// steps and the time, and a condition (`WHERE …`, or empty) every row must meet.
@@ -144,20 +51,6 @@ macro_rules! create_sql {
     "RELEASE create_sagas;"
     ) };
 }
-
-/// Applies transitions.
-const APPLY: &str = apply_sql!();
-
-/// Creates sagas.
-const CREATE: &str = create_sql!("$7", "$8", "$2", "");
-
-/// A whole batch of creates and transitions as one transaction, in one round.
-const WHOLE: &str = concat!(
-    "BEGIN IMMEDIATE;",
-    create_sql!("$7", "$8", "$2", ""),
-    apply_sql!(),
-    "COMMIT;"
-);
 
 /// An idempotent start: $1 scope, $2 key, $3 request fingerprint, $4 the new saga's id, $5 and
 /// $6 the saved answer (or NULL), $7 now, $8 when the key expires, $9 and $10 the saga and its
@@ -245,33 +138,6 @@ pub(crate) async fn keyed_start(
     undo_on_err(conn, "keyed", row).await
 }
 
-/// The batch statements with their parameters; an empty array for the part not given.
-fn batch_query(
-    sql: &'static str,
-    now: Millis,
-    apply: Option<ApplyRows>,
-    create: Option<CreateRows>,
-) -> sqlx::query::Query<'static, sqlx::Sqlite, sqlx::sqlite::SqliteArguments<'static>> {
-    let none = || "[]".to_owned();
-    let (sagas, steps, finishes, starts, events) = match apply {
-        Some(a) => (a.sagas, a.steps, a.finishes, a.starts, a.events),
-        None => (none(), none(), none(), none(), none()),
-    };
-    let (new_sagas, new_steps) = match create {
-        Some(c) => (c.sagas, c.steps),
-        None => (none(), none()),
-    };
-    sqlx::query(sql)
-        .bind(sagas)
-        .bind(now)
-        .bind(steps)
-        .bind(finishes)
-        .bind(starts)
-        .bind(events)
-        .bind(new_sagas)
-        .bind(new_steps)
-}
-
 /// Passes `result` on; if it is an error, first undoes everything since `savepoint`, so the
 /// transaction goes on without the failed call.
 pub(crate) async fn undo_on_err<T, E: Into<StoreError>>(
@@ -287,7 +153,7 @@ pub(crate) async fn undo_on_err<T, E: Into<StoreError>>(
 }
 
 /// [`apply_batch`] as a plain function pointer for the write queue (always in its own
-/// savepoint: on SQLite that costs nothing measurable, it is part of the same round).
+/// savepoint: on SQLite that costs nothing measurable).
 pub(crate) fn apply_batch_boxed<'c>(
     conn: &'c mut SqliteConnection,
     now: Millis,
@@ -303,21 +169,10 @@ pub(crate) async fn apply_batch(
     now: Millis,
     items: &[Item],
 ) -> Result<Vec<Result<Applied>>> {
-    let rows = ApplyRows::of(items)?;
-    let fenced = batch_query(APPLY, now, Some(rows), None)
-        .fetch_all(&mut *conn)
-        .await;
-    let fenced = undo_on_err(conn, "apply", fenced).await?;
-    results(conn, items, &fenced).await
-}
-
-/// Each item's result from the rows the fence returned.
-async fn results(
-    conn: &mut SqliteConnection,
-    items: &[Item],
-    fenced: &[sqlx::sqlite::SqliteRow],
-) -> Result<Vec<Result<Applied>>> {
-    super::results::<sqlx::Sqlite>(conn, REFUSED, items, fenced).await
+    on_handle(conn, |db| {
+        in_savepoint(db, "apply", |db| sqlite_rows::apply(db, now, items))
+    })
+    .await
 }
 
 /// [`insert_sagas`] as a plain function pointer for the write queue (always in its own
@@ -337,11 +192,10 @@ pub(crate) async fn insert_sagas(
     now: Millis,
     items: &[NewItem],
 ) -> Result<()> {
-    let rows = CreateRows::of(items)?;
-    let done = batch_query(CREATE, now, None, Some(rows))
-        .execute(&mut *conn)
-        .await;
-    undo_on_err(conn, "create_sagas", done).await.map(drop)
+    on_handle(conn, |db| {
+        in_savepoint(db, "create_sagas", |db| sqlite_rows::create(db, now, items))
+    })
+    .await
 }
 
 /// [`whole_batch`] as a plain function pointer for the write queue.
@@ -354,28 +208,21 @@ pub(crate) fn whole_batch_boxed<'c>(
     Box::pin(whole_batch(conn, now, items, news))
 }
 
-/// Creates `news` and applies `items` in one transaction of its own, sent as one round:
-/// `BEGIN`, the statements, `COMMIT`. On `Err` the caller rolls back and takes the long way,
-/// which isolates a write that breaks a statement.
+/// Creates `news` and applies `items` in one transaction of its own, in one borrowing of the
+/// handle: `BEGIN`, the rows, `COMMIT`. On `Err` nothing was committed; the caller rolls back
+/// and takes the long way, which isolates a write that breaks a statement.
 pub(crate) async fn whole_batch(
     conn: &mut SqliteConnection,
     now: Millis,
     items: &[Item],
     news: &[NewItem],
 ) -> Result<(Vec<Result<Applied>>, Millis)> {
-    let apply = (!items.is_empty())
-        .then(|| ApplyRows::of(items))
-        .transpose()?;
-    let create = (!news.is_empty())
-        .then(|| CreateRows::of(news))
-        .transpose()?;
-    let fenced = batch_query(WHOLE, now, apply, create)
-        .fetch_all(&mut *conn)
-        .await?;
-    // Committed: from here on an error must not send the caller the long way (it would write
-    // the batch twice).
-    let applied = results(conn, items, &fenced)
-        .await
-        .unwrap_or_else(|e| unreadable(items, &e));
-    Ok((applied, now))
+    on_handle(conn, |db| {
+        db.execute_batch("BEGIN IMMEDIATE").map_err(from_rusqlite)?;
+        sqlite_rows::create(db, now, news)?;
+        let applied = sqlite_rows::apply(db, now, items)?;
+        db.execute_batch("COMMIT").map_err(from_rusqlite)?;
+        Ok((applied, now))
+    })
+    .await
 }

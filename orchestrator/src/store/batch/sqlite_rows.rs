@@ -1,0 +1,350 @@
+//! Creates and transitions on SQLite, written row by row through SQLite's own API on the
+//! writer's connection.
+//!
+//! The driver (sqlx) runs every statement on a thread of its own. A batch sent to it as one
+//! text costs one hop there, but its rows must then travel as JSON arrays that SQLite unpacks
+//! field by field: measured at a quarter of the writer thread's time, the thread that limits
+//! throughput. Here the batch's task borrows the connection's handle instead
+//! ([`SqliteConnection::lock_handle`]: the driver's thread waits meanwhile) and binds each
+//! row's values to a small statement prepared once per batch. Each transition's fence is the
+//! first statement of its rows, so its result is known without reading anything back.
+
+use rusqlite::{params, Connection, OptionalExtension};
+use sqlx::SqliteConnection;
+use tokio::runtime::{Handle, RuntimeFlavor};
+use uuid::Uuid;
+
+use super::{Item, NewItem};
+use crate::model::{definition_key, Millis};
+use crate::store::rows::comp_status_for;
+use crate::store::{Applied, AttemptChange, Result, StoreError};
+use saga_dsl::Phase;
+
+/// The fence and the saga's new state: written only while the saga carries the lease (and,
+/// for an action start, no cancel is pending); gives the lease up if asked.
+const FENCE: &str = "UPDATE sagas SET status = ?1, next_run_at = ?2, error = ?3, \
+     output = COALESCE(?4, output), needs_attention = ?5, pivot_reached = ?6, updated_at = ?7, \
+     lease_owner = CASE WHEN ?8 THEN NULL ELSE lease_owner END, \
+     lease_expires_at = CASE WHEN ?8 THEN NULL ELSE lease_expires_at END \
+     WHERE id = ?9 AND lease_owner = ?10 AND lease_epoch = ?11 AND NOT (?12 AND cancel_requested)";
+
+/// What a refused saga's row says now.
+const REFUSED: &str = "SELECT lease_owner, lease_epoch, cancel_requested FROM sagas WHERE id = ?1";
+
+const ACTION: &str = "UPDATE steps SET status = ?1, attempts = ?2, last_error = ?3, \
+     outcome_unknown = ?4, started_at = ?5, ended_at = ?6, output = COALESCE(?7, output) \
+     WHERE saga_id = ?8 AND idx = ?9";
+
+const COMPENSATION: &str = "UPDATE steps SET comp_status = ?1, comp_attempts = ?2, \
+     comp_last_error = ?3, comp_outcome_unknown = ?4, comp_started_at = ?5, comp_ended_at = ?6 \
+     WHERE saga_id = ?7 AND idx = ?8";
+
+const ATTEMPT_ENDED: &str = "UPDATE attempts SET ended_at = ?1, outcome = ?2, error = ?3 \
+     WHERE saga_id = ?4 AND step_idx = ?5 AND phase = ?6 AND attempt = ?7";
+
+const ATTEMPT_STARTED: &str = "INSERT INTO attempts \
+     (saga_id, step_idx, phase, attempt, worker, lease_epoch, started_at) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
+
+const EVENT: &str =
+    "INSERT INTO events (saga_id, at, type, step, data) VALUES (?1, ?2, ?3, ?4, ?5)";
+
+const NEW_SAGA: &str = "INSERT INTO sagas (id, name, version, definition_hash, definition_key, \
+     status, input, next_run_at, created_at, updated_at, lease_owner, lease_epoch, \
+     lease_expires_at) VALUES (?1, ?2, ?3, ?4, ?5, 'QUEUED', ?6, ?7, ?7, ?7, ?8, ?9, ?10)";
+
+const NEW_STEP: &str = "INSERT INTO steps (saga_id, idx, name, kind, status, comp_status) \
+     VALUES (?1, ?2, ?3, ?4, 'PENDING', ?5)";
+
+/// Runs `f` on the SQLite handle of `conn`, on this thread. On a multi-threaded runtime the
+/// thread first hands its other tasks to another worker (`block_in_place`): `f` may wait for
+/// the disk.
+#[allow(unsafe_code)]
+pub(crate) async fn on_handle<T>(
+    conn: &mut SqliteConnection,
+    f: impl FnOnce(&Connection) -> Result<T>,
+) -> Result<T> {
+    let mut locked = conn.lock_handle().await?;
+    let raw = locked.as_raw_handle();
+    let run = move || {
+        // SAFETY: `locked` keeps the driver's thread off the handle until it is dropped, after
+        // `db`; a connection made `from_handle` does not own the handle: dropping it finalizes
+        // the statements it prepared and leaves the connection open.
+        let db = unsafe { Connection::from_handle(raw.as_ptr()) }.map_err(from_rusqlite)?;
+        f(&db)
+    };
+    let out = if Handle::current().runtime_flavor() == RuntimeFlavor::MultiThread {
+        tokio::task::block_in_place(run)
+    } else {
+        run()
+    };
+    drop(locked);
+    out
+}
+
+/// `f` inside the savepoint `name`: on `Err` everything it wrote is undone and the enclosing
+/// transaction goes on without it.
+pub(crate) fn in_savepoint<T>(
+    db: &Connection,
+    name: &str,
+    f: impl FnOnce(&Connection) -> Result<T>,
+) -> Result<T> {
+    db.execute_batch(&format!("SAVEPOINT {name}"))
+        .map_err(from_rusqlite)?;
+    match f(db) {
+        Ok(out) => {
+            db.execute_batch(&format!("RELEASE {name}"))
+                .map_err(from_rusqlite)?;
+            Ok(out)
+        }
+        Err(e) => {
+            db.execute_batch(&format!("ROLLBACK TO {name}; RELEASE {name}"))
+                .map_err(from_rusqlite)?;
+            Err(e)
+        }
+    }
+}
+
+/// Creates sagas, their steps and their `saga.started` events. Not atomic by itself: run it in
+/// a transaction or a savepoint.
+pub(crate) fn create(db: &Connection, now: Millis, items: &[NewItem]) -> Result<()> {
+    let mut saga = db.prepare_cached(NEW_SAGA).map_err(from_rusqlite)?;
+    let mut step = db.prepare_cached(NEW_STEP).map_err(from_rusqlite)?;
+    let mut event = db.prepare_cached(EVENT).map_err(from_rusqlite)?;
+    for item in items {
+        let n = &item.new;
+        let mut buf = Uuid::encode_buffer();
+        let id: &str = n.id.hyphenated().encode_lower(&mut buf);
+        let (owner, expires) = match &item.lease {
+            Some((owner, ttl)) => (Some(owner.as_str()), Some(now.saturating_add(*ttl))),
+            None => (None, None),
+        };
+        saga.execute(params![
+            id,
+            n.name,
+            n.version,
+            n.definition_hash,
+            definition_key(&n.name, n.version, &n.definition_hash),
+            n.input.to_string(),
+            now,
+            owner,
+            i64::from(item.lease.is_some()),
+            expires,
+        ])
+        .map_err(from_rusqlite)?;
+        for (idx, (name, kind)) in n.steps.iter().enumerate() {
+            step.execute(params![
+                id,
+                idx,
+                name,
+                kind.as_str(),
+                comp_status_for(*kind).as_str(),
+            ])
+            .map_err(from_rusqlite)?;
+        }
+        let data = serde_json::json!({ "name": n.name, "version": n.version });
+        event
+            .execute(params![
+                id,
+                now,
+                "saga.started",
+                None::<&str>,
+                data.to_string()
+            ])
+            .map_err(from_rusqlite)?;
+    }
+    Ok(())
+}
+
+/// Applies transitions, each only if its fence passes; one result per item, in order. Not
+/// atomic by itself: run it in a transaction or a savepoint; on `Err` (a statement failed) the
+/// caller undoes the whole call.
+pub(crate) fn apply(db: &Connection, now: Millis, items: &[Item]) -> Result<Vec<Result<Applied>>> {
+    items.iter().map(|item| apply_one(db, now, item)).collect()
+}
+
+/// One transition: the fence, then (if it passed) the step, attempt and event rows.
+fn apply_one(db: &Connection, now: Millis, (lease, t): &Item) -> Result<Result<Applied>> {
+    let mut buf = Uuid::encode_buffer();
+    let id: &str = lease.saga_id.hyphenated().encode_lower(&mut buf);
+    let s = &t.saga;
+    let fenced = db
+        .prepare_cached(FENCE)
+        .and_then(|mut st| {
+            st.execute(params![
+                s.status.as_str(),
+                s.next_run_at,
+                s.error,
+                s.output.as_ref().map(ToString::to_string),
+                s.needs_attention,
+                s.pivot_reached,
+                now,
+                t.release,
+                id,
+                lease.owner,
+                lease.epoch,
+                t.unless_cancelled,
+            ])
+        })
+        .map_err(from_rusqlite)?;
+    if fenced == 0 {
+        return refused(db, id, lease);
+    }
+    for u in &t.steps {
+        let r = &u.record;
+        let written = match u.phase {
+            Phase::Action => db.prepare_cached(ACTION).and_then(|mut st| {
+                st.execute(params![
+                    r.status.as_str(),
+                    r.attempts,
+                    r.last_error,
+                    r.outcome_unknown,
+                    r.started_at,
+                    r.ended_at,
+                    u.output.as_ref().map(ToString::to_string),
+                    id,
+                    u.index,
+                ])
+            }),
+            Phase::Compensation => db.prepare_cached(COMPENSATION).and_then(|mut st| {
+                st.execute(params![
+                    r.status.as_str(),
+                    r.attempts,
+                    r.last_error,
+                    r.outcome_unknown,
+                    r.started_at,
+                    r.ended_at,
+                    id,
+                    u.index,
+                ])
+            }),
+        };
+        written.map_err(from_rusqlite)?;
+    }
+    // Ends first: a transition may close attempt n and start attempt n + 1.
+    for change in &t.attempts {
+        if let AttemptChange::Finish {
+            step_index,
+            phase,
+            attempt,
+            outcome,
+            error,
+        } = change
+        {
+            db.prepare_cached(ATTEMPT_ENDED)
+                .and_then(|mut st| {
+                    st.execute(params![
+                        now,
+                        outcome,
+                        error,
+                        id,
+                        step_index,
+                        phase.as_str(),
+                        attempt
+                    ])
+                })
+                .map_err(from_rusqlite)?;
+        }
+    }
+    for change in &t.attempts {
+        if let AttemptChange::Start {
+            step_index,
+            phase,
+            attempt,
+        } = change
+        {
+            db.prepare_cached(ATTEMPT_STARTED)
+                .and_then(|mut st| {
+                    st.execute(params![
+                        id,
+                        step_index,
+                        phase.as_str(),
+                        attempt,
+                        lease.owner,
+                        lease.epoch,
+                        now
+                    ])
+                })
+                .map_err(from_rusqlite)?;
+        }
+    }
+    for e in &t.events {
+        db.prepare_cached(EVENT)
+            .and_then(|mut st| st.execute(params![id, now, e.kind, e.step, e.data.to_string()]))
+            .map_err(from_rusqlite)?;
+    }
+    Ok(Ok(Applied::Written))
+}
+
+/// Why the fence refused a write: a cancel met by an action start under a lease still held,
+/// or else the lease is gone.
+fn refused(db: &Connection, id: &str, lease: &super::super::Lease) -> Result<Result<Applied>> {
+    let row: Option<(Option<String>, i64, bool)> = db
+        .prepare_cached(REFUSED)
+        .and_then(|mut st| {
+            st.query_row(params![id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                .optional()
+        })
+        .map_err(from_rusqlite)?;
+    Ok(match row {
+        Some((Some(owner), epoch, true)) if owner == lease.owner && epoch == lease.epoch => {
+            Ok(Applied::CancelRequested)
+        }
+        _ => Err(StoreError::LeaseLost(lease.saga_id)),
+    })
+}
+
+/// A failed SQLite call as a store error, keeping its extended result code (busy and locked
+/// are transient).
+pub(crate) fn from_rusqlite(e: rusqlite::Error) -> StoreError {
+    let code = match &e {
+        rusqlite::Error::SqliteFailure(f, _) => Some(f.extended_code),
+        _ => None,
+    };
+    StoreError::Sqlite {
+        code,
+        message: e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn busy_and_locked_are_transient_whatever_the_extended_code_and_a_constraint_is_not() {
+        let err = |code| StoreError::Sqlite {
+            code: Some(code),
+            message: String::new(),
+        };
+        // SQLITE_BUSY, SQLITE_BUSY_SNAPSHOT, SQLITE_BUSY_TIMEOUT, SQLITE_LOCKED.
+        for code in [5, 517, 773, 6] {
+            assert!(err(code).is_transient(), "{code}");
+        }
+        // SQLITE_CONSTRAINT_PRIMARYKEY, SQLITE_IOERR, SQLITE_READONLY.
+        for code in [1555, 10, 8] {
+            assert!(!err(code).is_transient(), "{code}");
+        }
+    }
+
+    #[test]
+    fn a_failed_call_keeps_sqlites_extended_code() {
+        let db = Connection::open_in_memory().unwrap();
+        db.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY); INSERT INTO t VALUES (1)")
+            .unwrap();
+        let e = db
+            .execute("INSERT INTO t VALUES (1)", [])
+            .map_err(from_rusqlite)
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                StoreError::Sqlite {
+                    code: Some(1555),
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+    }
+}
