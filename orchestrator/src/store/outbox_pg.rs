@@ -168,7 +168,7 @@ impl OutboxStore for PgStore {
              JOIN sagas s ON s.id = e.saga_id \
              LEFT JOIN saga_callbacks c ON c.saga_id = d.saga_id \
              WHERE d.delivered_at IS NULL AND d.failed_at IS NULL \
-               AND d.next_attempt_at <= saga_now_ms() \
+               AND d.next_attempt_at <= (SELECT saga_now_ms()) \
                AND NOT EXISTS (SELECT 1 FROM webhook_deliveries p \
                    WHERE p.saga_id = d.saga_id AND p.target = d.target AND p.event_id < d.event_id \
                      AND p.delivered_at IS NULL AND p.failed_at IS NULL) \

@@ -494,12 +494,14 @@ impl Store for PgStore {
         }
         let mut tx = self.pool.begin().await?;
         // The candidate set is materialised and locked first (SKIP LOCKED: other workers
-        // claiming at the same moment get other sagas), then updated.
+        // claiming at the same moment get other sagas), then updated. The time is read once
+        // (`(SELECT saga_now_ms())`), so that it bounds the walk of the due-time index instead
+        // of filtering every saga waiting on a later timer.
         let rows = sqlx::query(
             "WITH candidates AS MATERIALIZED ( \
                  SELECT id FROM sagas \
-                 WHERE next_run_at IS NOT NULL AND next_run_at <= saga_now_ms() \
-                   AND (lease_owner IS NULL OR lease_expires_at < saga_now_ms()) \
+                 WHERE next_run_at IS NOT NULL AND next_run_at <= (SELECT saga_now_ms()) \
+                   AND (lease_owner IS NULL OR lease_expires_at < (SELECT saga_now_ms())) \
                    AND definition_key = ANY($3) \
                  ORDER BY next_run_at LIMIT $4 \
                  FOR UPDATE SKIP LOCKED) \
@@ -621,9 +623,13 @@ impl Store for PgStore {
 
     async fn due_now(&self, definitions: &[String]) -> Result<bool> {
         Ok(sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM sagas \
-             WHERE next_run_at IS NOT NULL AND next_run_at <= saga_now_ms() \
-               AND lease_owner IS NULL AND definition_key = ANY($1))",
+            // The earliest unleased due time, compared with now: a walk of the due-time
+            // index that stops at the first unleased saga, however many wait on later timers
+            // (a filter `next_run_at <= saga_now_ms()` is no index condition: the function is
+            // volatile).
+            "SELECT COALESCE((SELECT next_run_at <= saga_now_ms() FROM sagas \
+             WHERE next_run_at IS NOT NULL AND lease_owner IS NULL AND definition_key = ANY($1) \
+             ORDER BY next_run_at LIMIT 1), FALSE)",
         )
         .bind(definitions)
         .fetch_one(&self.pool)
