@@ -157,31 +157,58 @@ pub(super) fn retention_ms(key: &IdempotencyKey) -> i64 {
     i64::try_from(key.retention.as_millis()).unwrap_or(i64::MAX / 4)
 }
 
+/// A key's stored row, as read back.
+pub(super) struct StoredKey {
+    /// The fingerprint of the request that recorded it.
+    pub(super) fingerprint: String,
+    /// The saga it names, as text.
+    pub(super) saga_id: String,
+    /// The saved answer's status, once complete.
+    pub(super) status_code: Option<i64>,
+    /// The saved answer's body, once complete.
+    pub(super) response_body: Option<String>,
+    /// When the key was recorded.
+    pub(super) created_at: Millis,
+    /// When its answer was saved.
+    pub(super) completed_at: Option<Millis>,
+}
+
+impl StoredKey {
+    /// Judges a request with `key` against this row.
+    pub(super) fn judge(self, key: &IdempotencyKey) -> Result<IdempotentStart> {
+        let saga_id =
+            Uuid::parse_str(&self.saga_id).map_err(|e| super::rows::corrupt(&self.saga_id, e))?;
+        let completed = match (self.completed_at, self.status_code, self.response_body) {
+            (Some(_), Some(code), Some(body)) => Some(SavedResponse {
+                status_code: u16::try_from(code)
+                    .map_err(|e| super::rows::corrupt(&self.saga_id, e))?,
+                body,
+            }),
+            _ => None,
+        };
+        Ok(judge(
+            &key.fingerprint,
+            &self.fingerprint,
+            saga_id,
+            completed,
+            self.created_at,
+        ))
+    }
+}
+
 /// Judges a request against the row its key already has (columns `fingerprint`, `saga_id` as
 /// text, `status_code` as a 64-bit integer, `response_body`, `created_at`, `completed_at`).
 pub(super) fn judge_row<R: super::rows::LogRow>(
     row: &R,
     key: &IdempotencyKey,
 ) -> Result<IdempotentStart> {
-    let saga_text: String = row.get("saga_id")?;
-    let saga_id = Uuid::parse_str(&saga_text).map_err(|e| super::rows::corrupt(&saga_text, e))?;
-    let completed_at: Option<Millis> = row.get("completed_at")?;
-    let status_code: Option<i64> = row.get("status_code")?;
-    let body: Option<String> = row.get("response_body")?;
-    let completed = match (completed_at, status_code, body) {
-        (Some(_), Some(code), Some(body)) => Some(SavedResponse {
-            status_code: u16::try_from(code).map_err(|e| super::rows::corrupt(&saga_text, e))?,
-            body,
-        }),
-        _ => None,
-    };
-    let fingerprint: String = row.get("fingerprint")?;
-    let created_at: Millis = row.get("created_at")?;
-    Ok(judge(
-        &key.fingerprint,
-        &fingerprint,
-        saga_id,
-        completed,
-        created_at,
-    ))
+    StoredKey {
+        fingerprint: row.get("fingerprint")?,
+        saga_id: row.get("saga_id")?,
+        status_code: row.get("status_code")?,
+        response_body: row.get("response_body")?,
+        created_at: row.get("created_at")?,
+        completed_at: row.get("completed_at")?,
+    }
+    .judge(key)
 }

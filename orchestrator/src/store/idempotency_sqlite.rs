@@ -1,83 +1,35 @@
-//! [`IdempotencyStore`] on SQLite: every write is one `BEGIN IMMEDIATE` transaction on the
-//! store's single writer connection, so concurrent starts with one key are serialised and the
-//! primary key of `idempotency_keys` decides which one creates the saga.
-
-use std::collections::HashMap;
+//! [`IdempotencyStore`] on SQLite: every write goes through the store's write queue, on its
+//! single writer connection, so concurrent starts with one key are serialised and the primary
+//! key of `idempotency_keys` decides which one creates the saga.
 
 use async_trait::async_trait;
-use serde::Serialize;
+use rusqlite::{params, Connection, OptionalExtension};
 use sqlx::SqliteConnection;
-use uuid::Uuid;
 
-use super::batch::sqlite::{keyed_start, undo_on_err, KEYED_SET, KEYED_WINNERS};
-use super::batch::{to_json, CreateRows, NewItem};
+use super::batch::sqlite_rows::{
+    create_callback, create_saga, from_rusqlite, in_savepoint, on_handle,
+};
 use super::group_commit::BoxFuture;
 use super::idempotency::{
-    judge_row, retention_ms, Callback, IdempotencyKey, IdempotencyStore, IdempotentStart,
-    KeyedItem, SavedResponse,
+    retention_ms, Callback, IdempotencyKey, IdempotencyStore, IdempotentStart, KeyedItem,
+    SavedResponse, StoredKey,
 };
 use super::rows::new_saga_record;
-use super::rows::LogRow;
-use super::sqlite::insert_saga_rows;
-use super::{NewSaga, Result, SqliteStore, Store, StoreError};
+use super::{NewSaga, Result, SqliteStore};
 use crate::model::{Millis, Saga};
 
-pub(super) async fn insert_callback(
-    conn: &mut SqliteConnection,
-    saga_id: Uuid,
-    callback: &Callback,
-) -> Result<()> {
-    sqlx::query("INSERT INTO saga_callbacks (saga_id, url, secret) VALUES (?1, ?2, ?3)")
-        .bind(saga_id.to_string())
-        .bind(&callback.url)
-        .bind(&callback.secret)
-        .execute(conn)
-        .await?;
-    Ok(())
-}
+/// An expired key the sweeper has not removed yet is as good as gone.
+const DROP_EXPIRED: &str =
+    "DELETE FROM idempotency_keys WHERE scope = ?1 AND key = ?2 AND expires_at <= ?3";
 
-/// An idempotent start on the writer's connection, inside a group-committed transaction: the
-/// primary key of `idempotency_keys` decides which of several identical requests creates the
-/// saga (they are serialised on the one writer connection). One round to the driver's thread
-/// (see [`keyed_start`]).
-async fn create_idempotent_on(
-    conn: &mut SqliteConnection,
-    now: Millis,
-    key: &IdempotencyKey,
-    new: NewSaga,
-    callback: Option<&Callback>,
-    response: Option<&SavedResponse>,
-) -> Result<IdempotentStart> {
-    let row = keyed_start(conn, now, key, &new, callback, response).await?;
-    let named: String = row.get("saga_id")?;
-    if named == new.id.to_string() {
-        return Ok(IdempotentStart::Created(Box::new(new_saga_record(
-            new, now,
-        ))));
-    }
-    // The key existed (and cannot change: we hold the write lock); nothing was written.
-    judge_row(&row, key)
-}
+/// Records a key unless it exists; a change count of one says this request recorded it.
+const RECORD: &str = "INSERT INTO idempotency_keys (scope, key, fingerprint, saga_id, \
+     status_code, response_body, created_at, expires_at, completed_at) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, CASE WHEN ?5 IS NULL THEN NULL ELSE ?7 END) \
+     ON CONFLICT (scope, key) DO NOTHING";
 
-/// A start's key as [`KEYED_SET`] reads it.
-#[derive(Serialize)]
-struct KeyRow<'a> {
-    scope: &'a str,
-    key: &'a str,
-    fp: &'a str,
-    id: &'a Uuid,
-    code: Option<u16>,
-    body: Option<&'a str>,
-    exp: Millis,
-}
-
-/// A winner's callback as [`KEYED_WINNERS`] reads it.
-#[derive(Serialize)]
-struct CallbackRow<'a> {
-    id: &'a Uuid,
-    url: &'a str,
-    secret: Option<&'a str>,
-}
+const STORED: &str = "SELECT fingerprint, saga_id, status_code, response_body, created_at, \
+     completed_at FROM idempotency_keys WHERE scope = ?1 AND key = ?2";
 
 /// [`keyed_starts`] as a plain function pointer for the write queue.
 pub(super) fn keyed_starts_boxed<'c>(
@@ -88,140 +40,80 @@ pub(super) fn keyed_starts_boxed<'c>(
     Box::pin(keyed_starts(conn, now, items))
 }
 
-/// Runs a batch of idempotent starts inside the writer's transaction: set-based in two rounds
-/// whatever their number; if that fails (a saga id collision), one by one, so that the start
-/// at fault fails alone. Each start's key, saga and callback are written together or not at all.
+/// Runs a batch of idempotent starts inside the writer's transaction, in batch order (of two
+/// starts with one key the first wins), each in a savepoint of its own: its key, saga and
+/// callback are written together or not at all, and a start that fails (a saga id collision)
+/// fails alone.
 async fn keyed_starts(
     conn: &mut SqliteConnection,
     now: Millis,
     items: &[KeyedItem],
 ) -> Result<Vec<Result<IdempotentStart>>> {
-    match keyed_set(conn, now, items).await {
-        Ok(starts) => Ok(starts),
-        Err(e) => {
-            tracing::debug!(error = %e, "set-based idempotent starts failed; one by one");
-            let mut starts = Vec::with_capacity(items.len());
-            for item in items {
-                let one = create_idempotent_on(
-                    conn,
-                    now,
-                    &item.key,
-                    item.new.clone(),
-                    item.callback.as_ref(),
-                    item.response.as_ref(),
-                )
-                .await;
-                starts.push(one);
-            }
-            Ok(starts)
-        }
-    }
+    on_handle(conn, |db| {
+        Ok(items
+            .iter()
+            .map(|item| in_savepoint(db, "keyed", |db| keyed_start(db, now, item)))
+            .collect())
+    })
+    .await
 }
 
-/// The set-based starts: record the keys and read each start's key row ([`KEYED_SET`]), then
-/// create the sagas of the starts that recorded theirs ([`KEYED_WINNERS`]). Atomic.
-async fn keyed_set(
-    conn: &mut SqliteConnection,
-    now: Millis,
-    items: &[KeyedItem],
-) -> Result<Vec<Result<IdempotentStart>>> {
-    let keys: Vec<KeyRow> = items
-        .iter()
-        .map(|i| KeyRow {
-            scope: &i.key.scope,
-            key: &i.key.key,
-            fp: &i.key.fingerprint,
-            id: &i.new.id,
-            code: i.response.as_ref().map(|r| r.status_code),
-            body: i.response.as_ref().map(|r| r.body.as_str()),
-            exp: now.saturating_add(retention_ms(&i.key)),
-        })
-        .collect();
-    let rows = sqlx::query(KEYED_SET)
-        .bind(to_json(&keys)?)
-        .bind(now)
-        .fetch_all(&mut *conn)
-        .await;
-    let rows = undo_on_err(conn, "keyed_set", rows).await?;
-    let judged = judge_all(&rows, items, now);
-    let (starts, winners) = undo_on_err(conn, "keyed_set", judged).await?;
-    create_winners(conn, now, items, &winners).await?;
-    Ok(starts)
-}
-
-/// Each start's answer from its key row (the ones that recorded their key create their saga at
-/// `now`), and the indexes of those.
-fn judge_all(
-    rows: &[sqlx::sqlite::SqliteRow],
-    items: &[KeyedItem],
-    now: Millis,
-) -> Result<(Vec<Result<IdempotentStart>>, Vec<usize>)> {
-    let mut by_ord = HashMap::with_capacity(rows.len());
-    for row in rows {
-        let ord: i64 = row.get("ord")?;
-        by_ord.insert(ord, row);
-    }
-    let mut starts = Vec::with_capacity(items.len());
-    let mut winners = Vec::new();
-    for (i, item) in items.iter().enumerate() {
-        let row = i64::try_from(i).ok().and_then(|ord| by_ord.get(&ord));
-        let Some(row) = row else {
-            return Err(StoreError::Io(format!(
-                "the key {:?} was not recorded",
-                item.key.key
-            )));
-        };
-        let named: String = row.get("saga_id")?;
-        if named == item.new.id.to_string() {
-            winners.push(i);
-            starts.push(Ok(IdempotentStart::Created(Box::new(new_saga_record(
-                item.new.clone(),
+/// One idempotent start: records the key if it is new and then creates the saga (unleased) and
+/// its callback; else judges the request against the key's row. Not atomic by itself.
+fn keyed_start(db: &Connection, now: Millis, item: &KeyedItem) -> Result<IdempotentStart> {
+    let (key, response) = (&item.key, item.response.as_ref());
+    db.prepare_cached(DROP_EXPIRED)
+        .and_then(|mut st| st.execute(params![key.scope, key.key, now]))
+        .map_err(from_rusqlite)?;
+    let recorded = db
+        .prepare_cached(RECORD)
+        .and_then(|mut st| {
+            st.execute(params![
+                key.scope,
+                key.key,
+                key.fingerprint,
+                item.new.id.to_string(),
+                response.map(|r| r.status_code),
+                response.map(|r| r.body.as_str()),
                 now,
-            )))));
-        } else {
-            starts.push(judge_row(*row, &item.key));
+                now.saturating_add(retention_ms(key)),
+            ])
+        })
+        .map_err(from_rusqlite)?;
+    if recorded == 1 {
+        create_saga(db, now, &item.new, None)?;
+        if let Some(callback) = &item.callback {
+            create_callback(db, &item.new.id, callback)?;
         }
+        return Ok(IdempotentStart::Created(Box::new(new_saga_record(
+            item.new.clone(),
+            now,
+        ))));
     }
-    Ok((starts, winners))
-}
-
-/// Creates the sagas and callbacks of the starts at `winners` and releases `keyed_set`; on
-/// `Err` everything since the savepoint is undone.
-async fn create_winners(
-    conn: &mut SqliteConnection,
-    now: Millis,
-    items: &[KeyedItem],
-    winners: &[usize],
-) -> Result<()> {
-    let news: Vec<NewItem> = winners
-        .iter()
-        .map(|&i| NewItem {
-            new: items[i].new.clone(),
-            lease: None,
-        })
-        .collect();
-    let callbacks: Vec<CallbackRow> = winners
-        .iter()
-        .filter_map(|&i| {
-            let cb = items[i].callback.as_ref()?;
-            Some(CallbackRow {
-                id: &items[i].new.id,
-                url: &cb.url,
-                secret: cb.secret.as_deref(),
+    // The key existed (and cannot change: we hold the write lock); nothing was written.
+    let stored = db
+        .prepare_cached(STORED)
+        .and_then(|mut st| {
+            st.query_row(params![key.scope, key.key], |r| {
+                Ok(StoredKey {
+                    fingerprint: r.get(0)?,
+                    saga_id: r.get(1)?,
+                    status_code: r.get(2)?,
+                    response_body: r.get(3)?,
+                    created_at: r.get(4)?,
+                    completed_at: r.get(5)?,
+                })
             })
+            .optional()
         })
-        .collect();
-    // Even a failure to encode must undo the keys already recorded.
-    let encoded = CreateRows::of(&news).and_then(|rows| Ok((rows, to_json(&callbacks)?)));
-    let (rows, callbacks) = undo_on_err(conn, "keyed_set", encoded).await?;
-    let done = sqlx::query(KEYED_WINNERS)
-        .bind(rows.sagas)
-        .bind(rows.steps)
-        .bind(now)
-        .bind(callbacks)
-        .execute(&mut *conn)
-        .await;
-    undo_on_err(conn, "keyed_set", done).await.map(drop)
+        .map_err(from_rusqlite)?;
+    match stored {
+        Some(stored) => stored.judge(key),
+        None => Err(super::StoreError::Io(format!(
+            "the key {:?} was neither recorded nor found",
+            key.key
+        ))),
+    }
 }
 
 #[async_trait]
@@ -244,12 +136,19 @@ impl IdempotencyStore for SqliteStore {
     }
 
     async fn create_saga_with_callback(&self, new: NewSaga, callback: &Callback) -> Result<Saga> {
-        let now = Store::now(self).await?;
-        let mut tx = self.writer_pool().begin_with("BEGIN IMMEDIATE").await?;
-        insert_saga_rows(&mut tx, &new, now).await?;
-        insert_callback(&mut tx, new.id, callback).await?;
-        tx.commit().await?;
-        Ok(new_saga_record(new, now))
+        let callback = callback.clone();
+        self.queue()
+            .run(move |conn, now| {
+                Box::pin(async move {
+                    on_handle(conn, |db| {
+                        create_saga(db, now, &new, None)?;
+                        create_callback(db, &new.id, &callback)
+                    })
+                    .await?;
+                    Ok(new_saga_record(new, now))
+                })
+            })
+            .await
     }
 
     async fn complete_idempotent(

@@ -232,10 +232,20 @@ impl PgStore {
     }
 
     async fn reload(&self, id: Uuid) -> Result<Saga> {
-        let mut conn = self.pool.acquire().await?;
-        Self::load_one(&mut conn, id)
-            .await?
-            .ok_or(StoreError::NotFound(id))
+        self.read_one(id).await?.ok_or(StoreError::NotFound(id))
+    }
+
+    /// Reads a saga and its steps from one snapshot: under READ COMMITTED two statements could
+    /// straddle a commit and pair the saga of one write with the steps of the next.
+    async fn read_one(&self, id: Uuid) -> Result<Option<Saga>> {
+        let mut tx = self
+            .pool
+            .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .await?;
+        let conn: &mut sqlx::PgConnection = &mut tx;
+        let saga = Self::load_one(conn, id).await?;
+        tx.commit().await?;
+        Ok(saga)
     }
 }
 
@@ -424,8 +434,7 @@ impl Store for PgStore {
     }
 
     async fn get_saga(&self, id: Uuid) -> Result<Option<Saga>> {
-        let mut conn = self.pool.acquire().await?;
-        Self::load_one(&mut conn, id).await
+        self.read_one(id).await
     }
 
     async fn saga_status(&self, id: Uuid) -> Result<Option<SagaStatus>> {

@@ -26,8 +26,8 @@ use uuid::Uuid;
 use super::batch;
 use super::group_commit::{Backend, WriteQueue};
 use super::rows::{
-    attempt_from_row, comp_status_for, corrupt, event_from_row, page_from_rows, parse_enum,
-    saga_from_row, step_from_row, worker_from_row,
+    attempt_from_row, corrupt, event_from_row, page_from_rows, parse_enum, saga_from_row,
+    step_from_row, worker_from_row,
 };
 use super::rules::{cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan};
 use super::{
@@ -35,9 +35,7 @@ use super::{
     Transition, WorkerInfo,
 };
 use crate::clock::{Clock, SystemClock};
-use crate::model::{
-    definition_key, Attempt, Event, ListFilter, Millis, Saga, SagaPage, SagaStatus,
-};
+use crate::model::{Attempt, Event, ListFilter, Millis, Saga, SagaPage, SagaStatus};
 
 /// How hard SQLite works to keep a commit on power loss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -225,26 +223,21 @@ impl SqliteStore {
         Ok(())
     }
 
-    async fn load_saga<'e, E>(executor: E, id: Uuid) -> Result<Option<Saga>>
-    where
-        E: sqlx::Executor<'e, Database = Sqlite> + Copy,
-    {
-        let row = sqlx::query(SELECT_SAGA)
-            .bind(id.to_string())
-            .fetch_optional(executor)
-            .await?;
-        let Some(row) = row else { return Ok(None) };
-        let steps = sqlx::query(SELECT_STEPS)
-            .bind(id.to_string())
-            .fetch_all(executor)
-            .await?;
-        let steps = steps
-            .iter()
-            .map(step_from_row)
-            .collect::<Result<Vec<_>>>()?;
-        Ok(Some(saga_from_row(&row, steps)?))
+    /// Reads a saga and its steps from one snapshot (in a read transaction of its own: two
+    /// separate reads could straddle a commit and pair the saga of one write with the steps
+    /// of the next).
+    async fn load_saga(pool: &SqlitePool, id: Uuid) -> Result<Option<Saga>> {
+        let mut tx = pool.begin().await?;
+        let saga = match Self::require_saga(&mut tx, id).await {
+            Ok(saga) => Some(saga),
+            Err(StoreError::NotFound(_)) => None,
+            Err(e) => return Err(e),
+        };
+        tx.commit().await?;
+        Ok(saga)
     }
 
+    /// Reads a saga and its steps on `conn`, whose transaction gives them one snapshot.
     async fn require_saga(conn: &mut sqlx::SqliteConnection, id: Uuid) -> Result<Saga> {
         let row = sqlx::query(SELECT_SAGA)
             .bind(id.to_string())
@@ -346,46 +339,6 @@ async fn insert_event(
         .execute(conn)
         .await?;
     Ok(())
-}
-
-/// Writes a new saga (status `QUEUED`, due at `now`), its steps and its `saga.started` event on
-/// `conn`, inside the caller's transaction. Shared by plain starts and idempotent starts, which
-/// record their key in the same transaction.
-pub(crate) async fn insert_saga_rows(
-    conn: &mut sqlx::SqliteConnection,
-    new: &NewSaga,
-    now: Millis,
-) -> Result<()> {
-    let id = new.id.to_string();
-    let key = definition_key(&new.name, new.version, &new.definition_hash);
-    sqlx::query(
-        "INSERT INTO sagas (id, name, version, definition_hash, definition_key, status, input, \
-         next_run_at, created_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, 'QUEUED', ?6, ?7, ?7, ?7)",
-    )
-    .bind(&id)
-    .bind(&new.name)
-    .bind(i64::from(new.version))
-    .bind(&new.definition_hash)
-    .bind(&key)
-    .bind(new.input.to_string())
-    .bind(now)
-    .execute(&mut *conn)
-    .await?;
-    for (idx, (name, kind)) in new.steps.iter().enumerate() {
-        sqlx::query(
-            "INSERT INTO steps (saga_id, idx, name, kind, status, comp_status) \
-             VALUES (?1, ?2, ?3, ?4, 'PENDING', ?5)",
-        )
-        .bind(&id)
-        .bind(idx as i64)
-        .bind(name)
-        .bind(kind.as_str())
-        .bind(comp_status_for(*kind).as_str())
-        .execute(&mut *conn)
-        .await?;
-    }
-    let data = serde_json::json!({"name": new.name, "version": new.version});
-    insert_event(conn, &id, now, "saga.started", None, &data).await
 }
 
 /// Claims due sagas for `owner` on the writer's connection.

@@ -16,8 +16,9 @@ use uuid::Uuid;
 
 use super::{Item, NewItem};
 use crate::model::{definition_key, Millis};
+use crate::store::idempotency::Callback;
 use crate::store::rows::comp_status_for;
-use crate::store::{Applied, AttemptChange, Result, StoreError};
+use crate::store::{Applied, AttemptChange, NewSaga, Result, StoreError};
 use saga_dsl::Phase;
 
 /// The fence and the saga's new state: written only while the saga carries the lease (and,
@@ -52,6 +53,8 @@ const EVENT: &str =
 const NEW_SAGA: &str = "INSERT INTO sagas (id, name, version, definition_hash, definition_key, \
      status, input, next_run_at, created_at, updated_at, lease_owner, lease_epoch, \
      lease_expires_at) VALUES (?1, ?2, ?3, ?4, ?5, 'QUEUED', ?6, ?7, ?7, ?7, ?8, ?9, ?10)";
+
+const NEW_CALLBACK: &str = "INSERT INTO saga_callbacks (saga_id, url, secret) VALUES (?1, ?2, ?3)";
 
 const NEW_STEP: &str = "INSERT INTO steps (saga_id, idx, name, kind, status, comp_status) \
      VALUES (?1, ?2, ?3, ?4, 'PENDING', ?5)";
@@ -108,51 +111,73 @@ pub(crate) fn in_savepoint<T>(
 /// Creates sagas, their steps and their `saga.started` events. Not atomic by itself: run it in
 /// a transaction or a savepoint.
 pub(crate) fn create(db: &Connection, now: Millis, items: &[NewItem]) -> Result<()> {
-    let mut saga = db.prepare_cached(NEW_SAGA).map_err(from_rusqlite)?;
-    let mut step = db.prepare_cached(NEW_STEP).map_err(from_rusqlite)?;
-    let mut event = db.prepare_cached(EVENT).map_err(from_rusqlite)?;
     for item in items {
-        let n = &item.new;
-        let mut buf = Uuid::encode_buffer();
-        let id: &str = n.id.hyphenated().encode_lower(&mut buf);
-        let (owner, expires) = match &item.lease {
-            Some((owner, ttl)) => (Some(owner.as_str()), Some(now.saturating_add(*ttl))),
-            None => (None, None),
-        };
-        saga.execute(params![
+        create_saga(db, now, &item.new, item.lease.as_ref())?;
+    }
+    Ok(())
+}
+
+/// Creates one saga, its steps and its `saga.started` event, leased to `lease`'s owner for its
+/// ttl if given.
+pub(crate) fn create_saga(
+    db: &Connection,
+    now: Millis,
+    n: &NewSaga,
+    lease: Option<&(String, i64)>,
+) -> Result<()> {
+    let mut buf = Uuid::encode_buffer();
+    let id: &str = n.id.hyphenated().encode_lower(&mut buf);
+    let (owner, expires) = match lease {
+        Some((owner, ttl)) => (Some(owner.as_str()), Some(now.saturating_add(*ttl))),
+        None => (None, None),
+    };
+    db.prepare_cached(NEW_SAGA)
+        .and_then(|mut st| {
+            st.execute(params![
+                id,
+                n.name,
+                n.version,
+                n.definition_hash,
+                definition_key(&n.name, n.version, &n.definition_hash),
+                n.input.to_string(),
+                now,
+                owner,
+                i64::from(lease.is_some()),
+                expires,
+            ])
+        })
+        .map_err(from_rusqlite)?;
+    let mut step = db.prepare_cached(NEW_STEP).map_err(from_rusqlite)?;
+    for (idx, (name, kind)) in n.steps.iter().enumerate() {
+        step.execute(params![
             id,
-            n.name,
-            n.version,
-            n.definition_hash,
-            definition_key(&n.name, n.version, &n.definition_hash),
-            n.input.to_string(),
-            now,
-            owner,
-            i64::from(item.lease.is_some()),
-            expires,
+            idx,
+            name,
+            kind.as_str(),
+            comp_status_for(*kind).as_str(),
         ])
         .map_err(from_rusqlite)?;
-        for (idx, (name, kind)) in n.steps.iter().enumerate() {
-            step.execute(params![
-                id,
-                idx,
-                name,
-                kind.as_str(),
-                comp_status_for(*kind).as_str(),
-            ])
-            .map_err(from_rusqlite)?;
-        }
-        let data = serde_json::json!({ "name": n.name, "version": n.version });
-        event
-            .execute(params![
+    }
+    let data = serde_json::json!({ "name": n.name, "version": n.version });
+    db.prepare_cached(EVENT)
+        .and_then(|mut st| {
+            st.execute(params![
                 id,
                 now,
                 "saga.started",
                 None::<&str>,
                 data.to_string()
             ])
-            .map_err(from_rusqlite)?;
-    }
+        })
+        .map_err(from_rusqlite)?;
+    Ok(())
+}
+
+/// Records a completion callback for a saga.
+pub(crate) fn create_callback(db: &Connection, saga: &Uuid, callback: &Callback) -> Result<()> {
+    db.prepare_cached(NEW_CALLBACK)
+        .and_then(|mut st| st.execute(params![saga.to_string(), callback.url, callback.secret]))
+        .map_err(from_rusqlite)?;
     Ok(())
 }
 
