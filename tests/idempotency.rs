@@ -8,13 +8,14 @@
 use std::time::Duration;
 
 use orchestrator::http::{router_with_shutdown, serve, HttpConfig};
-use orchestrator::model::ListFilter;
+use orchestrator::model::{ListFilter, SagaStatus};
 use orchestrator::store::Stores;
 use reqwest::StatusCode;
 use saga_dsl::StepKind::{Compensatable, Pivot};
 use saga_dsl::{SagaDefinition, Step, StepContext, StepError};
 use saga_suite::{
-    registry_of, scripted_saga, test_config, Journal, RunningEngine, ScriptedStep as S, TempDb,
+    registry_of, scripted_saga, test_config, wait_terminal, Journal, RunningEngine,
+    ScriptedStep as S, TempDb,
 };
 use serde_json::{json, Value};
 use tokio::task::JoinHandle;
@@ -506,8 +507,8 @@ fn new_other(h: &Harness) -> orchestrator::store::NewSaga {
     orchestrator::store::NewSaga::of(def, json!({}))
 }
 
-/// Many idempotent starts at once share the writer's transactions (on SQLite they are written
-/// set-based, many per round): each key creates one saga with its callback, a second start
+/// Many idempotent starts at once share the writer's transactions (on SQLite, many per
+/// transaction): each key creates one saga with its callback, a second start
 /// with the same key in the same burst gets the first one's answer, and a start whose saga
 /// cannot be written fails alone, leaving its key unrecorded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -541,7 +542,7 @@ async fn a_burst_of_keyed_starts_creates_one_saga_per_key_and_a_bad_one_fails_al
         starts.push(tokio::spawn(async move {
             let id = new.id;
             let got = store
-                .create_saga_idempotent(&k, new, Some(&callback), Some(&response))
+                .create_saga_idempotent(&k, new, Some(&callback), Some(&response), None)
                 .await;
             (k.key, id, got)
         }));
@@ -597,9 +598,76 @@ async fn a_burst_of_keyed_starts_creates_one_saga_per_key_and_a_bad_one_fails_al
     let retry = h
         .stores
         .idempotency
-        .create_saga_idempotent(&key("k-25"), new_other(&h), None, None)
+        .create_saga_idempotent(&key("k-25"), new_other(&h), None, None, None)
         .await
         .unwrap();
     assert!(matches!(retry, IdempotentStart::Created(_)), "{retry:?}");
+    h.engine.stop().await;
+}
+
+/// A start whose process has a free worker creates its saga already leased to that worker
+/// (epoch 1) and drives it at once: nobody claims it, so its epoch never moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyed_start_with_a_free_worker_is_created_leased_and_driven_without_a_claim() {
+    use orchestrator::store::{IdempotencyKey, IdempotentStart};
+    let h = Harness::new().await;
+    let engine = &h.engine.engine;
+    let key = IdempotencyKey {
+        scope: "direct".to_owned(),
+        key: "d-1".to_owned(),
+        fingerprint: "request".to_owned(),
+        retention: Duration::from_secs(60),
+    };
+    // The run loop accepts work once it has started.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let slot = loop {
+        if let Some(slot) = engine.reserve_slot() {
+            break slot;
+        }
+        assert!(std::time::Instant::now() < deadline, "the engine never ran");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let (owner, _) = slot.lease();
+    let owner = owner.to_owned();
+    let got = h
+        .stores
+        .idempotency
+        .create_saga_idempotent(&key, new_other(&h), None, None, Some(slot.lease()))
+        .await
+        .unwrap();
+    let IdempotentStart::Created(saga) = got else {
+        panic!("a new key creates its saga: {got:?}")
+    };
+    assert_eq!(saga.lease_owner.as_deref(), Some(owner.as_str()));
+    assert_eq!(saga.lease_epoch, 1);
+    // In the log as returned: leased, so the claim loop leaves it alone.
+    let row = h.stores.log.get_saga(saga.id).await.unwrap().unwrap();
+    assert_eq!(row.lease_owner.as_deref(), Some(owner.as_str()));
+    assert_eq!(row.lease_epoch, 1);
+    engine.drive_started(*saga.clone(), slot);
+    let done = wait_terminal(&h.stores.log, saga.id).await;
+    assert_eq!(done.status, SagaStatus::Completed);
+    assert_eq!(done.lease_epoch, 1, "never claimed: {done:?}");
+    let attempts = h.stores.log.attempts(saga.id).await.unwrap();
+    assert!(!attempts.is_empty());
+    assert!(
+        attempts
+            .iter()
+            .all(|a| a.lease_epoch == 1 && a.worker == owner),
+        "{attempts:?}"
+    );
+    // A key already recorded creates nothing, and the slot offered with it is simply dropped.
+    let again = engine.reserve_slot().expect("a free worker");
+    let replay = h
+        .stores
+        .idempotency
+        .create_saga_idempotent(&key, new_other(&h), None, None, Some(again.lease()))
+        .await
+        .unwrap();
+    assert!(
+        matches!(replay, IdempotentStart::InProgress { saga_id, .. } if saga_id == saga.id),
+        "{replay:?}"
+    );
+    drop(again);
     h.engine.stop().await;
 }

@@ -26,6 +26,6 @@ pub mod model;
 pub mod store;
 pub mod webhooks;
 
-pub use engine::{Engine, EngineConfig, StartError};
+pub use engine::{Engine, EngineConfig, StartError, StartSlot};
 pub use model::{Saga, SagaStatus, StepStatus};
 pub use store::{Store, StoreError};

@@ -26,7 +26,7 @@ use uuid::Uuid;
 
 use crate::clock::{Clock, SystemClock};
 use crate::model::{definition_key, Saga, SagaStatus};
-use crate::store::{ClaimRequest, Claimed, NewSaga, Store, StoreError, WorkerInfo};
+use crate::store::{ClaimRequest, Claimed, Lease, NewSaga, Store, StoreError, WorkerInfo};
 
 /// Engine settings.
 #[derive(Debug, Clone)]
@@ -106,6 +106,22 @@ pub enum EngineError {
     /// The store failed at start or shutdown.
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// A worker slot of this process taken for a saga about to be created: see
+/// [`Engine::reserve_slot`].
+#[derive(Debug)]
+pub struct StartSlot {
+    permit: tokio::sync::OwnedSemaphorePermit,
+    owner: String,
+    ttl_ms: i64,
+}
+
+impl StartSlot {
+    /// The lease to create the saga with: `(owner, ttl in ms)`.
+    pub fn lease(&self) -> (&str, i64) {
+        (&self.owner, self.ttl_ms)
+    }
 }
 
 /// A saga started and leased in this process, with the worker slot it occupies.
@@ -231,27 +247,14 @@ impl Engine {
         let inner = &self.inner;
         // With a free worker here, the saga is created already leased to this process and
         // driven at once: no claim, no wait for the run loop.
-        let slot = inner
-            .running
-            .load(std::sync::atomic::Ordering::Acquire)
-            .then(|| inner.slots.clone().try_acquire_owned().ok())
-            .flatten();
-        let saga = match slot {
-            Some(permit) => {
+        let saga = match self.reserve_slot() {
+            Some(slot) => {
                 let claimed = inner
                     .store
-                    .create_saga_leased(
-                        new,
-                        &inner.config.worker_id,
-                        inner.config.lease_ttl.as_millis() as i64,
-                    )
+                    .create_saga_leased(new, &slot.owner, slot.ttl_ms)
                     .await?;
                 let saga = claimed.saga.clone();
-                if inner.direct.send((claimed, permit)).is_err() {
-                    // The run loop has stopped: the saga stays leased to this worker until
-                    // deregistration (or, after a crash, a restart) frees it.
-                    tracing::warn!(saga.id = %saga.id, "engine stopped; saga left for the next start");
-                }
+                self.hand_over(claimed, slot);
                 saga
             }
             None => {
@@ -263,6 +266,49 @@ impl Engine {
         tracing::debug!(saga.id = %saga.id, saga.name = name, "saga started");
         metrics::counter!("saga_started_total", "name" => saga.name.clone()).increment(1);
         Ok(saga)
+    }
+
+    /// Takes a free worker slot of this process for a saga about to be created by another
+    /// store call than [`Engine::start`] (an idempotent start, a start with a callback), if
+    /// the engine runs and has one: create the saga leased with [`StartSlot::lease`], then
+    /// give it to [`Engine::drive_started`]. Dropping the slot unused frees it.
+    pub fn reserve_slot(&self) -> Option<StartSlot> {
+        let inner = &self.inner;
+        let permit = inner
+            .running
+            .load(std::sync::atomic::Ordering::Acquire)
+            .then(|| inner.slots.clone().try_acquire_owned().ok())
+            .flatten()?;
+        Some(StartSlot {
+            permit,
+            owner: inner.config.worker_id.clone(),
+            ttl_ms: i64::try_from(inner.config.lease_ttl.as_millis()).unwrap_or(i64::MAX / 4),
+        })
+    }
+
+    /// Drives `saga`, created leased with `slot`'s lease (epoch 1), in the slot; a saga created
+    /// without it is left to the claim loop instead (and the engine woken).
+    pub fn drive_started(&self, saga: Saga, slot: StartSlot) {
+        if saga.lease_owner.as_deref() != Some(slot.owner.as_str()) || saga.lease_epoch != 1 {
+            self.wake();
+            return;
+        }
+        let lease = Lease {
+            saga_id: saga.id,
+            owner: slot.owner.clone(),
+            epoch: 1,
+        };
+        self.hand_over(Claimed { lease, saga }, slot);
+    }
+
+    /// Gives a saga leased in `slot` to the run loop's drivers.
+    fn hand_over(&self, claimed: Claimed, slot: StartSlot) {
+        let id = claimed.saga.id;
+        if self.inner.direct.send((claimed, slot.permit)).is_err() {
+            // The run loop has stopped: the saga stays leased to this worker until
+            // deregistration (or, after a crash, a restart) frees it.
+            tracing::warn!(saga.id = %id, "engine stopped; saga left for the next start");
+        }
     }
 
     /// Tells the engine that a saga became due outside [`Engine::start`] (an idempotent start

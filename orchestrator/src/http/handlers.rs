@@ -15,7 +15,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use crate::engine::StartError;
+use crate::engine::{StartError, StartSlot};
 use crate::http::error::{quote, ApiError};
 use crate::http::extract::{JsonBody, ListQuery, SagaId, SagaName};
 use crate::http::idempotency::{fingerprint, StartHeaders, IDEMPOTENT_REPLAYED};
@@ -265,11 +265,20 @@ pub(crate) async fn start_saga(
                     message,
                 })
             })?;
+            // Driven here at once if a worker is free, as `Engine::start` does.
+            let slot = state.engine.reserve_slot();
             let saga = state
                 .idempotency
-                .create_saga_with_callback(NewSaga::of(&def, input), callback)
+                .create_saga_with_callback(
+                    NewSaga::of(&def, input),
+                    callback,
+                    slot.as_ref().map(StartSlot::lease),
+                )
                 .await?;
-            state.engine.wake();
+            match slot {
+                Some(slot) => state.engine.drive_started(saga.clone(), slot),
+                None => state.engine.wake(),
+            }
             count_started(&saga);
             saga
         }
@@ -369,13 +378,26 @@ async fn start_idempotent(
         status_code: StatusCode::ACCEPTED.as_u16(),
         body: to_body(&started),
     });
+    // A worker slot of this process, if one is free: the saga is then created leased to it
+    // and driven at once, without waiting for a claim. Freed unused unless this request
+    // creates the saga.
+    let slot = state.engine.reserve_slot();
     let outcome = state
         .idempotency
-        .create_saga_idempotent(&key, new, callback.as_ref(), plain.as_ref())
+        .create_saga_idempotent(
+            &key,
+            new,
+            callback.as_ref(),
+            plain.as_ref(),
+            slot.as_ref().map(StartSlot::lease),
+        )
         .await?;
     match outcome {
         IdempotentStart::Created(saga) => {
-            state.engine.wake();
+            match slot {
+                Some(slot) => state.engine.drive_started((*saga).clone(), slot),
+                None => state.engine.wake(),
+            }
             count_started(&saga);
             let location = location(saga.id);
             let (Some(wait), None) = (wait, &plain) else {

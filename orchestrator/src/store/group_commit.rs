@@ -436,12 +436,7 @@ struct Outcome {
 
 /// The record of a saga just created, with the lease it was created under.
 fn created_record(item: NewItem, now: Millis) -> Saga {
-    let mut saga = new_saga_record(item.new, now);
-    if let Some((owner, _)) = item.lease {
-        saga.lease_owner = Some(owner);
-        saga.lease_epoch = 1;
-    }
-    saga
+    new_saga_record(item.new, now, item.lease.map(|(owner, _)| owner))
 }
 
 /// Runs one batch in one transaction: `(committed, result of each transition)`. On `Err`

@@ -71,6 +71,8 @@ pub(crate) struct KeyedItem {
     pub(crate) callback: Option<Callback>,
     /// The answer saved with the key at once, if known.
     pub(crate) response: Option<SavedResponse>,
+    /// `(owner, ttl in ms)`: create the saga leased to that worker.
+    pub(crate) lease: Option<(String, i64)>,
 }
 
 /// What [`IdempotencyStore::create_saga_idempotent`] did.
@@ -109,16 +111,26 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     /// [`complete_idempotent`](Self::complete_idempotent). An expired key counts as new.
     ///
     /// Any number of concurrent calls with the same key create exactly one saga.
+    ///
+    /// With `lease` (`(owner, ttl in ms)`), a saga created here is created already leased to
+    /// that worker (epoch 1), which drives it at once without a claim.
     async fn create_saga_idempotent(
         &self,
         key: &IdempotencyKey,
         new: NewSaga,
         callback: Option<&Callback>,
         response: Option<&SavedResponse>,
+        lease: Option<(&str, i64)>,
     ) -> Result<IdempotentStart>;
 
-    /// Creates a saga with a callback, in one transaction (a start without a key).
-    async fn create_saga_with_callback(&self, new: NewSaga, callback: &Callback) -> Result<Saga>;
+    /// Creates a saga with a callback, in one transaction (a start without a key); leased as
+    /// in [`IdempotencyStore::create_saga_idempotent`].
+    async fn create_saga_with_callback(
+        &self,
+        new: NewSaga,
+        callback: &Callback,
+        lease: Option<(&str, i64)>,
+    ) -> Result<Saga>;
 
     /// Saves the final answer of an in-progress key (a no-op if it is already complete).
     async fn complete_idempotent(

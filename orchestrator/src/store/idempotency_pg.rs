@@ -54,6 +54,7 @@ impl IdempotencyStore for PgStore {
         new: NewSaga,
         callback: Option<&Callback>,
         response: Option<&SavedResponse>,
+        lease: Option<(&str, i64)>,
     ) -> Result<IdempotentStart> {
         for _ in 0..MAX_ROUNDS {
             let mut tx = self.pool().begin().await?;
@@ -82,14 +83,18 @@ impl IdempotencyStore for PgStore {
             .fetch_optional(&mut *tx)
             .await?;
             if inserted.is_some() {
-                let now = insert_saga_rows(&mut tx, &new).await?;
+                let now = insert_saga_rows(&mut tx, &new, lease).await?;
                 if let Some(callback) = callback {
                     insert_callback(&mut tx, new.id, callback).await?;
                 }
-                notify_due(&mut tx).await?;
+                if lease.is_none() {
+                    notify_due(&mut tx).await?;
+                }
                 tx.commit().await?;
                 return Ok(IdempotentStart::Created(Box::new(new_saga_record(
-                    new, now,
+                    new,
+                    now,
+                    lease.map(|(owner, _)| owner.to_owned()),
                 ))));
             }
             tx.rollback().await?;
@@ -111,13 +116,24 @@ impl IdempotencyStore for PgStore {
         )))
     }
 
-    async fn create_saga_with_callback(&self, new: NewSaga, callback: &Callback) -> Result<Saga> {
+    async fn create_saga_with_callback(
+        &self,
+        new: NewSaga,
+        callback: &Callback,
+        lease: Option<(&str, i64)>,
+    ) -> Result<Saga> {
         let mut tx = self.pool().begin().await?;
-        let now = insert_saga_rows(&mut tx, &new).await?;
+        let now = insert_saga_rows(&mut tx, &new, lease).await?;
         insert_callback(&mut tx, new.id, callback).await?;
-        notify_due(&mut tx).await?;
+        if lease.is_none() {
+            notify_due(&mut tx).await?;
+        }
         tx.commit().await?;
-        Ok(new_saga_record(new, now))
+        Ok(new_saga_record(
+            new,
+            now,
+            lease.map(|(owner, _)| owner.to_owned()),
+        ))
     }
 
     async fn complete_idempotent(

@@ -81,13 +81,14 @@ fn keyed_start(db: &Connection, now: Millis, item: &KeyedItem) -> Result<Idempot
         })
         .map_err(from_rusqlite)?;
     if recorded == 1 {
-        create_saga(db, now, &item.new, None)?;
+        create_saga(db, now, &item.new, item.lease.as_ref())?;
         if let Some(callback) = &item.callback {
             create_callback(db, &item.new.id, callback)?;
         }
         return Ok(IdempotentStart::Created(Box::new(new_saga_record(
             item.new.clone(),
             now,
+            item.lease.as_ref().map(|(owner, _)| owner.clone()),
         ))));
     }
     // The key existed (and cannot change: we hold the write lock); nothing was written.
@@ -124,6 +125,7 @@ impl IdempotencyStore for SqliteStore {
         new: NewSaga,
         callback: Option<&Callback>,
         response: Option<&SavedResponse>,
+        lease: Option<(&str, i64)>,
     ) -> Result<IdempotentStart> {
         self.queue()
             .keyed(KeyedItem {
@@ -131,21 +133,28 @@ impl IdempotencyStore for SqliteStore {
                 new,
                 callback: callback.cloned(),
                 response: response.cloned(),
+                lease: lease.map(|(owner, ttl)| (owner.to_owned(), ttl)),
             })
             .await
     }
 
-    async fn create_saga_with_callback(&self, new: NewSaga, callback: &Callback) -> Result<Saga> {
+    async fn create_saga_with_callback(
+        &self,
+        new: NewSaga,
+        callback: &Callback,
+        lease: Option<(&str, i64)>,
+    ) -> Result<Saga> {
         let callback = callback.clone();
+        let lease = lease.map(|(owner, ttl)| (owner.to_owned(), ttl));
         self.queue()
             .run(move |conn, now| {
                 Box::pin(async move {
                     on_handle(conn, |db| {
-                        create_saga(db, now, &new, None)?;
+                        create_saga(db, now, &new, lease.as_ref())?;
                         create_callback(db, &new.id, &callback)
                     })
                     .await?;
-                    Ok(new_saga_record(new, now))
+                    Ok(new_saga_record(new, now, lease.map(|(owner, _)| owner)))
                 })
             })
             .await

@@ -313,18 +313,22 @@ async fn listen_loop(
 }
 
 /// Writes a new saga (status `QUEUED`, due now on the database clock), its steps and its
-/// `saga.started` event inside the caller's transaction; returns the creation time. Shared by
-/// plain starts and idempotent starts, which record their key in the same transaction.
+/// `saga.started` event inside the caller's transaction, leased to `lease`'s owner (`(owner,
+/// ttl in ms)`) if given; returns the creation time. Shared by the starts that record more in
+/// the same transaction (a key, a callback).
 pub(crate) async fn insert_saga_rows(
     tx: &mut Transaction<'static, Postgres>,
     new: &NewSaga,
+    lease: Option<(&str, i64)>,
 ) -> Result<Millis> {
     let id = new.id.to_string();
     let key = definition_key(&new.name, new.version, &new.definition_hash);
     let now: i64 = sqlx::query_scalar(
-        "INSERT INTO sagas (id, name, version, definition_hash, definition_key, status, input, \
-         next_run_at, created_at, updated_at) \
-         VALUES ($1::uuid, $2, $3, $4, $5, 'QUEUED', $6::jsonb, saga_now_ms(), saga_now_ms(), saga_now_ms()) \
+        "WITH t AS (SELECT saga_now_ms() AS now) \
+         INSERT INTO sagas (id, name, version, definition_hash, definition_key, status, input, \
+         next_run_at, created_at, updated_at, lease_owner, lease_epoch, lease_expires_at) \
+         SELECT $1::uuid, $2, $3, $4, $5, 'QUEUED', $6::jsonb, now, now, now, $7, \
+         CASE WHEN $7::text IS NULL THEN 0 ELSE 1 END, now + $8 FROM t \
          RETURNING created_at",
     )
     .bind(&id)
@@ -333,6 +337,8 @@ pub(crate) async fn insert_saga_rows(
     .bind(&new.definition_hash)
     .bind(&key)
     .bind(new.input.to_string())
+    .bind(lease.map(|(owner, _)| owner))
+    .bind(lease.map(|(_, ttl)| ttl))
     .fetch_one(&mut **tx)
     .await?;
     let names: Vec<&str> = new.steps.iter().map(|(n, _)| n.as_str()).collect();

@@ -172,7 +172,7 @@ pub(super) fn comp_status_for(kind: StepKindName) -> StepStatus {
 }
 
 /// The record of a saga just created, as `create_saga` returns it.
-pub(super) fn new_saga_record(new: NewSaga, now: Millis) -> Saga {
+pub(super) fn new_saga_record(new: NewSaga, now: Millis, owner: Option<String>) -> Saga {
     let steps = new
         .steps
         .iter()
@@ -200,8 +200,8 @@ pub(super) fn new_saga_record(new: NewSaga, now: Millis) -> Saga {
         output: None,
         error: None,
         next_run_at: Some(now),
-        lease_owner: None,
-        lease_epoch: 0,
+        lease_epoch: i64::from(owner.is_some()),
+        lease_owner: owner,
         created_at: now,
         updated_at: now,
         steps,
