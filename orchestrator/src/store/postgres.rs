@@ -43,10 +43,11 @@ const CHANNEL: &str = "saga_due";
 /// A saga ended (payload: `ID STATUS`). Also named in `batch/postgres.rs`.
 const DONE_CHANNEL: &str = "saga_done";
 
-/// Writer connections of the group commit: while one batch waits for its commit, the next one
-/// forms and runs on the other. Two measured ~20 % more sagas/s than one at 64 in flight on two
-/// cores; three, no more than two and a longer tail (BENCHMARKS.md).
-const WRITERS: usize = 2;
+/// Writer connections of the group commit. With two, one batch forms and runs while the other
+/// waits for its commit: 10-20 % more sagas/s at 64 in flight on two cores, but at 16 in
+/// flight no more than one, with half-size batches (1.5 commits per saga instead of 0.9) and
+/// a longer tail at both (BENCHMARKS.md). One it is: fewer commits for the same work.
+const WRITERS: usize = 1;
 
 /// The PostgreSQL implementation of [`Store`].
 pub struct PgStore {
