@@ -171,7 +171,8 @@ pub(super) fn comp_status_for(kind: StepKindName) -> StepStatus {
     }
 }
 
-/// The record of a saga just created, as `create_saga` returns it.
+/// The record of a saga just created, as `create_saga` returns it; leased to `owner` (epoch 1)
+/// if given.
 pub(super) fn new_saga_record(new: NewSaga, now: Millis, owner: Option<String>) -> Saga {
     let steps = new
         .steps

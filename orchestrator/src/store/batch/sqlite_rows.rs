@@ -18,7 +18,7 @@ use super::{Item, NewItem};
 use crate::model::{definition_key, Millis};
 use crate::store::idempotency::Callback;
 use crate::store::rows::comp_status_for;
-use crate::store::{Applied, AttemptChange, NewSaga, Result, StoreError};
+use crate::store::{Applied, AttemptChange, Lease, NewSaga, Result, StoreError};
 use saga_dsl::Phase;
 
 /// The fence and the saga's new state: written only while the saga carries the lease (and,
@@ -303,7 +303,7 @@ fn apply_one(db: &Connection, now: Millis, (lease, t): &Item) -> Result<Result<A
 
 /// Why the fence refused a write: a cancel met by an action start under a lease still held,
 /// or else the lease is gone.
-fn refused(db: &Connection, id: &str, lease: &super::super::Lease) -> Result<Result<Applied>> {
+fn refused(db: &Connection, id: &str, lease: &Lease) -> Result<Result<Applied>> {
     let row: Option<(Option<String>, i64, bool)> = db
         .prepare_cached(REFUSED)
         .and_then(|mut st| {
