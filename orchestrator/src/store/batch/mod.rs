@@ -388,7 +388,7 @@ fn refused_rows<R: LogRow>(rows: &[R]) -> Result<HashMap<Uuid, Refused>> {
 }
 
 /// A refused saga's row: `(lease owner, lease epoch, cancel requested)`.
-type Refused = (Option<String>, i64, bool);
+pub(crate) type Refused = (Option<String>, i64, bool);
 
 /// Each item's result, given the leases the fence let through and, for the others, what their
 /// rows say now.
@@ -403,16 +403,20 @@ fn outcomes(
             if written.contains(&(lease.saga_id, lease.epoch)) {
                 return Ok(Applied::Written);
             }
-            match refused.get(&lease.saga_id) {
-                Some((Some(owner), epoch, true))
-                    if *owner == lease.owner && *epoch == lease.epoch =>
-                {
-                    Ok(Applied::CancelRequested)
-                }
-                _ => Err(StoreError::LeaseLost(lease.saga_id)),
-            }
+            refusal(lease, refused.get(&lease.saga_id))
         })
         .collect()
+}
+
+/// Why the fence refused a write under `lease`, from what its saga's row says now: a cancel
+/// met by an action start under a lease still held, or else the lease is gone.
+pub(crate) fn refusal(lease: &Lease, row: Option<&Refused>) -> Result<Applied> {
+    match row {
+        Some((Some(owner), epoch, true)) if *owner == lease.owner && *epoch == lease.epoch => {
+            Ok(Applied::CancelRequested)
+        }
+        _ => Err(StoreError::LeaseLost(lease.saga_id)),
+    }
 }
 
 /// The ids of the items the fence refused, as a JSON array, if any.

@@ -14,7 +14,7 @@ use sqlx::SqliteConnection;
 use tokio::runtime::{Handle, RuntimeFlavor};
 use uuid::Uuid;
 
-use super::{Item, NewItem};
+use super::{refusal, Item, NewItem, Refused};
 use crate::model::{definition_key, Millis};
 use crate::store::idempotency::Callback;
 use crate::store::rows::comp_status_for;
@@ -301,22 +301,16 @@ fn apply_one(db: &Connection, now: Millis, (lease, t): &Item) -> Result<Result<A
     Ok(Ok(Applied::Written))
 }
 
-/// Why the fence refused a write: a cancel met by an action start under a lease still held,
-/// or else the lease is gone.
+/// Why the fence refused a write, read from the saga's row now ([`refusal`]).
 fn refused(db: &Connection, id: &str, lease: &Lease) -> Result<Result<Applied>> {
-    let row: Option<(Option<String>, i64, bool)> = db
+    let row: Option<Refused> = db
         .prepare_cached(REFUSED)
         .and_then(|mut st| {
             st.query_row(params![id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
                 .optional()
         })
         .map_err(from_rusqlite)?;
-    Ok(match row {
-        Some((Some(owner), epoch, true)) if owner == lease.owner && epoch == lease.epoch => {
-            Ok(Applied::CancelRequested)
-        }
-        _ => Err(StoreError::LeaseLost(lease.saga_id)),
-    })
+    Ok(refusal(lease, row.as_ref()))
 }
 
 /// A failed SQLite call as a store error, keeping its extended result code (busy and locked
