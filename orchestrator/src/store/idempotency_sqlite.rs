@@ -7,7 +7,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use sqlx::SqliteConnection;
 
 use super::batch::sqlite_rows::{
-    create_callback, create_saga, from_rusqlite, in_savepoint, on_handle,
+    create_callback, create_saga, exec, from_rusqlite, in_savepoint, on_handle,
 };
 use super::group_commit::BoxFuture;
 use super::idempotency::{
@@ -62,24 +62,21 @@ async fn keyed_starts(
 /// its callback; else judges the request against the key's row. Not atomic by itself.
 fn keyed_start(db: &Connection, now: Millis, item: &KeyedItem) -> Result<IdempotentStart> {
     let (key, response) = (&item.key, item.response.as_ref());
-    db.prepare_cached(DROP_EXPIRED)
-        .and_then(|mut st| st.execute(params![key.scope, key.key, now]))
-        .map_err(from_rusqlite)?;
-    let recorded = db
-        .prepare_cached(RECORD)
-        .and_then(|mut st| {
-            st.execute(params![
-                key.scope,
-                key.key,
-                key.fingerprint,
-                item.new.id.to_string(),
-                response.map(|r| r.status_code),
-                response.map(|r| r.body.as_str()),
-                now,
-                now.saturating_add(retention_ms(key)),
-            ])
-        })
-        .map_err(from_rusqlite)?;
+    exec(db, DROP_EXPIRED, params![key.scope, key.key, now])?;
+    let recorded = exec(
+        db,
+        RECORD,
+        params![
+            key.scope,
+            key.key,
+            key.fingerprint,
+            item.new.id.to_string(),
+            response.map(|r| r.status_code),
+            response.map(|r| r.body.as_str()),
+            now,
+            now.saturating_add(retention_ms(key)),
+        ],
+    )?;
     if recorded == 1 {
         create_saga(db, now, &item.new, item.lease.as_ref())?;
         if let Some(callback) = &item.callback {

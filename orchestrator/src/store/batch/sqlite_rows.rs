@@ -85,6 +85,13 @@ pub(crate) async fn on_handle<T>(
     out
 }
 
+/// Runs `sql`, prepared once per borrowing of the handle, with `params`; the rows it changed.
+pub(crate) fn exec<P: rusqlite::Params>(db: &Connection, sql: &str, params: P) -> Result<usize> {
+    db.prepare_cached(sql)
+        .and_then(|mut st| st.execute(params))
+        .map_err(from_rusqlite)
+}
+
 /// `f` inside the savepoint `name`: on `Err` everything it wrote is undone and the enclosing
 /// transaction goes on without it.
 pub(crate) fn in_savepoint<T>(
@@ -131,22 +138,22 @@ pub(crate) fn create_saga(
         Some((owner, ttl)) => (Some(owner.as_str()), Some(now.saturating_add(*ttl))),
         None => (None, None),
     };
-    db.prepare_cached(NEW_SAGA)
-        .and_then(|mut st| {
-            st.execute(params![
-                id,
-                n.name,
-                n.version,
-                n.definition_hash,
-                definition_key(&n.name, n.version, &n.definition_hash),
-                n.input.to_string(),
-                now,
-                owner,
-                i64::from(lease.is_some()),
-                expires,
-            ])
-        })
-        .map_err(from_rusqlite)?;
+    exec(
+        db,
+        NEW_SAGA,
+        params![
+            id,
+            n.name,
+            n.version,
+            n.definition_hash,
+            definition_key(&n.name, n.version, &n.definition_hash),
+            n.input.to_string(),
+            now,
+            owner,
+            i64::from(lease.is_some()),
+            expires,
+        ],
+    )?;
     let mut step = db.prepare_cached(NEW_STEP).map_err(from_rusqlite)?;
     for (idx, (name, kind)) in n.steps.iter().enumerate() {
         step.execute(params![
@@ -159,25 +166,21 @@ pub(crate) fn create_saga(
         .map_err(from_rusqlite)?;
     }
     let data = serde_json::json!({ "name": n.name, "version": n.version });
-    db.prepare_cached(EVENT)
-        .and_then(|mut st| {
-            st.execute(params![
-                id,
-                now,
-                "saga.started",
-                None::<&str>,
-                data.to_string()
-            ])
-        })
-        .map_err(from_rusqlite)?;
+    exec(
+        db,
+        EVENT,
+        params![id, now, "saga.started", None::<&str>, data.to_string()],
+    )?;
     Ok(())
 }
 
 /// Records a completion callback for a saga.
 pub(crate) fn create_callback(db: &Connection, saga: &Uuid, callback: &Callback) -> Result<()> {
-    db.prepare_cached(NEW_CALLBACK)
-        .and_then(|mut st| st.execute(params![saga.to_string(), callback.url, callback.secret]))
-        .map_err(from_rusqlite)?;
+    exec(
+        db,
+        NEW_CALLBACK,
+        params![saga.to_string(), callback.url, callback.secret],
+    )?;
     Ok(())
 }
 
@@ -193,33 +196,34 @@ fn apply_one(db: &Connection, now: Millis, (lease, t): &Item) -> Result<Result<A
     let mut buf = Uuid::encode_buffer();
     let id: &str = lease.saga_id.hyphenated().encode_lower(&mut buf);
     let s = &t.saga;
-    let fenced = db
-        .prepare_cached(FENCE)
-        .and_then(|mut st| {
-            st.execute(params![
-                s.status.as_str(),
-                s.next_run_at,
-                s.error,
-                s.output.as_ref().map(ToString::to_string),
-                s.needs_attention,
-                s.pivot_reached,
-                now,
-                t.release,
-                id,
-                lease.owner,
-                lease.epoch,
-                t.unless_cancelled,
-            ])
-        })
-        .map_err(from_rusqlite)?;
+    let fenced = exec(
+        db,
+        FENCE,
+        params![
+            s.status.as_str(),
+            s.next_run_at,
+            s.error,
+            s.output.as_ref().map(ToString::to_string),
+            s.needs_attention,
+            s.pivot_reached,
+            now,
+            t.release,
+            id,
+            lease.owner,
+            lease.epoch,
+            t.unless_cancelled,
+        ],
+    )?;
     if fenced == 0 {
         return refused(db, id, lease);
     }
     for u in &t.steps {
         let r = &u.record;
         let written = match u.phase {
-            Phase::Action => db.prepare_cached(ACTION).and_then(|mut st| {
-                st.execute(params![
+            Phase::Action => exec(
+                db,
+                ACTION,
+                params![
                     r.status.as_str(),
                     r.attempts,
                     r.last_error,
@@ -229,10 +233,12 @@ fn apply_one(db: &Connection, now: Millis, (lease, t): &Item) -> Result<Result<A
                     u.output.as_ref().map(ToString::to_string),
                     id,
                     u.index,
-                ])
-            }),
-            Phase::Compensation => db.prepare_cached(COMPENSATION).and_then(|mut st| {
-                st.execute(params![
+                ],
+            ),
+            Phase::Compensation => exec(
+                db,
+                COMPENSATION,
+                params![
                     r.status.as_str(),
                     r.attempts,
                     r.last_error,
@@ -241,10 +247,10 @@ fn apply_one(db: &Connection, now: Millis, (lease, t): &Item) -> Result<Result<A
                     r.ended_at,
                     id,
                     u.index,
-                ])
-            }),
+                ],
+            ),
         };
-        written.map_err(from_rusqlite)?;
+        written?;
     }
     // Ends first: a transition may close attempt n and start attempt n + 1.
     for change in &t.attempts {
@@ -256,19 +262,11 @@ fn apply_one(db: &Connection, now: Millis, (lease, t): &Item) -> Result<Result<A
             error,
         } = change
         {
-            db.prepare_cached(ATTEMPT_ENDED)
-                .and_then(|mut st| {
-                    st.execute(params![
-                        now,
-                        outcome,
-                        error,
-                        id,
-                        step_index,
-                        phase.as_str(),
-                        attempt
-                    ])
-                })
-                .map_err(from_rusqlite)?;
+            exec(
+                db,
+                ATTEMPT_ENDED,
+                params![now, outcome, error, id, step_index, phase.as_str(), attempt],
+            )?;
         }
     }
     for change in &t.attempts {
@@ -278,25 +276,27 @@ fn apply_one(db: &Connection, now: Millis, (lease, t): &Item) -> Result<Result<A
             attempt,
         } = change
         {
-            db.prepare_cached(ATTEMPT_STARTED)
-                .and_then(|mut st| {
-                    st.execute(params![
-                        id,
-                        step_index,
-                        phase.as_str(),
-                        attempt,
-                        lease.owner,
-                        lease.epoch,
-                        now
-                    ])
-                })
-                .map_err(from_rusqlite)?;
+            exec(
+                db,
+                ATTEMPT_STARTED,
+                params![
+                    id,
+                    step_index,
+                    phase.as_str(),
+                    attempt,
+                    lease.owner,
+                    lease.epoch,
+                    now
+                ],
+            )?;
         }
     }
     for e in &t.events {
-        db.prepare_cached(EVENT)
-            .and_then(|mut st| st.execute(params![id, now, e.kind, e.step, e.data.to_string()]))
-            .map_err(from_rusqlite)?;
+        exec(
+            db,
+            EVENT,
+            params![id, now, e.kind, e.step, e.data.to_string()],
+        )?;
     }
     Ok(Ok(Applied::Written))
 }
