@@ -644,7 +644,7 @@ async fn a_keyed_start_with_a_free_worker_is_created_leased_and_driven_without_a
     let row = h.stores.log.get_saga(saga.id).await.unwrap().unwrap();
     assert_eq!(row.lease_owner.as_deref(), Some(owner.as_str()));
     assert_eq!(row.lease_epoch, 1);
-    engine.drive_started(*saga.clone(), slot);
+    engine.drive_started(*saga.clone(), Some(slot));
     let done = wait_terminal(&h.stores.log, saga.id).await;
     assert_eq!(done.status, SagaStatus::Completed);
     assert_eq!(done.lease_epoch, 1, "never claimed: {done:?}");

@@ -287,12 +287,14 @@ impl Engine {
     }
 
     /// Drives `saga`, created leased with `slot`'s lease (epoch 1), in the slot; a saga created
-    /// without it is left to the claim loop instead (and the engine woken).
-    pub fn drive_started(&self, saga: Saga, slot: StartSlot) {
-        if saga.lease_owner.as_deref() != Some(slot.owner.as_str()) || saga.lease_epoch != 1 {
+    /// without a slot, or not under its lease, is left to the claim loop (and the engine woken).
+    pub fn drive_started(&self, saga: Saga, slot: Option<StartSlot>) {
+        let Some(slot) = slot.filter(|slot| {
+            saga.lease_owner.as_deref() == Some(slot.owner.as_str()) && saga.lease_epoch == 1
+        }) else {
             self.wake();
             return;
-        }
+        };
         let lease = Lease {
             saga_id: saga.id,
             owner: slot.owner.clone(),

@@ -275,10 +275,7 @@ pub(crate) async fn start_saga(
                     slot.as_ref().map(StartSlot::lease),
                 )
                 .await?;
-            match slot {
-                Some(slot) => state.engine.drive_started(saga.clone(), slot),
-                None => state.engine.wake(),
-            }
+            state.engine.drive_started(saga.clone(), slot);
             count_started(&saga);
             saga
         }
@@ -394,10 +391,7 @@ async fn start_idempotent(
         .await?;
     match outcome {
         IdempotentStart::Created(saga) => {
-            match slot {
-                Some(slot) => state.engine.drive_started((*saga).clone(), slot),
-                None => state.engine.wake(),
-            }
+            state.engine.drive_started((*saga).clone(), slot);
             count_started(&saga);
             let location = location(saga.id);
             let (Some(wait), None) = (wait, &plain) else {
