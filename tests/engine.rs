@@ -1013,3 +1013,50 @@ async fn more_sagas_than_workers_all_run_when_slots_free_up() {
     );
     eng.stop().await;
 }
+
+#[tokio::test]
+async fn a_caller_waiting_on_a_saga_parked_on_a_timer_hears_its_end() {
+    use saga_dsl::{SagaDefinition, Step, StepContext, StepError};
+    // The first attempt asks to be retried later than the driver holds a lease for, so the
+    // driver gives the saga back with a timer and stops. The engine must take it up again when
+    // the timer is due (not at its next poll, 30 s away), and the caller waiting on it here
+    // must hear the end.
+    let calls = Journal::default();
+    let j = calls.clone();
+    let flaky = move |ctx: StepContext| {
+        let j = j.clone();
+        async move {
+            j.push(ctx.step_name(), "action", ctx.idempotency_key());
+            if ctx.attempt() == 1 {
+                return Err(StepError::retry_after(
+                    Duration::from_millis(300),
+                    "come back later",
+                ));
+            }
+            Ok(json!("done"))
+        }
+    };
+    let def = SagaDefinition::builder("later", 1)
+        .step(Step::retriable("flaky", flaky))
+        .build()
+        .unwrap();
+    let db = TempDb::new();
+    let store = db.store().await;
+    let config = orchestrator::EngineConfig {
+        poll_interval: Duration::from_secs(30),
+        hold_backoff_below: Duration::from_millis(20),
+        ..test_config()
+    };
+    let eng = RunningEngine::start(store.clone(), registry_of([def]), config);
+    let saga = eng.engine.start("later", json!({})).await.unwrap();
+    let status = eng
+        .engine
+        .wait_terminal(saga.id, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(status, Some(SagaStatus::Completed));
+    assert_eq!(calls.names(), ["flaky:action", "flaky:action"]);
+    let attempts = store.attempts(saga.id).await.unwrap();
+    assert_eq!(attempts[0].outcome.as_deref(), Some("retryable"));
+    eng.stop().await;
+}

@@ -67,6 +67,9 @@ pub(super) async fn drive(
         lease.epoch = claimed.lease.epoch
     );
     async move {
+        // Until this returns (or panics), callers waiting for the saga here are told by it.
+        let _driving = super::waiters::Driving::new(&inner.waiters, claimed.saga.id);
+        let inner = inner.clone();
         let saga = &claimed.saga;
         let Some(def) = inner
             .registry
@@ -151,8 +154,10 @@ impl Driver {
                         }
                     }
                     // A long wait: give the saga back; whichever worker is free when it is due
-                    // picks it up again.
+                    // picks it up again. The run loop is told, so it times its next look by
+                    // this saga's timer rather than by its poll interval.
                     self.write(false, true).await?;
+                    self.inner.wake.notify_one();
                     return Ok(());
                 }
                 NextCall::Call(index, phase) => {
