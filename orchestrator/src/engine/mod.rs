@@ -12,8 +12,8 @@
 
 mod driver;
 pub mod plan;
+mod waiters;
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -142,8 +142,9 @@ pub(crate) struct Inner {
     direct_rx: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Direct>>>,
     /// Whether `run` is accepting work.
     running: std::sync::atomic::AtomicBool,
-    /// In-process waiters for sagas to end (see [`Engine::wait_terminal`]).
-    waiters: Mutex<HashMap<Uuid, Vec<tokio::sync::oneshot::Sender<SagaStatus>>>>,
+    /// In-process waiters for sagas to end (see [`Engine::wait_terminal`]), and the sagas
+    /// this process drives.
+    pub(crate) waiters: waiters::Waiters,
     /// Set once the task relaying other processes' "saga ended" announcements runs.
     finished_dispatch: std::sync::OnceLock<()>,
 }
@@ -151,14 +152,7 @@ pub(crate) struct Inner {
 impl Inner {
     /// Tells in-process waiters that a saga reached a terminal status.
     pub(crate) fn notify_terminal(&self, id: Uuid, status: SagaStatus) {
-        let waiters = self
-            .waiters
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&id);
-        for w in waiters.into_iter().flatten() {
-            let _ = w.send(status);
-        }
+        self.waiters.ended(id, status);
     }
 }
 
@@ -208,7 +202,7 @@ impl Engine {
                 direct: direct_tx,
                 direct_rx: Mutex::new(Some(direct_rx)),
                 running: std::sync::atomic::AtomicBool::new(false),
-                waiters: Mutex::new(HashMap::new()),
+                waiters: waiters::Waiters::default(),
                 finished_dispatch: std::sync::OnceLock::new(),
             }),
         }
@@ -306,7 +300,10 @@ impl Engine {
     /// Gives a saga leased in `slot` to the run loop's drivers.
     fn hand_over(&self, claimed: Claimed, slot: StartSlot) {
         let id = claimed.saga.id;
+        // Marked before the driver starts: a caller waiting for it from now on is told.
+        self.inner.waiters.driving(id);
         if self.inner.direct.send((claimed, slot.permit)).is_err() {
+            self.inner.waiters.released(id);
             // The run loop has stopped: the saga stays leased to this worker until
             // deregistration (or, after a crash, a restart) frees it.
             tracing::warn!(saga.id = %id, "engine stopped; saga left for the next start");
@@ -331,13 +328,7 @@ impl Engine {
         let result = self.wait_terminal_inner(id, timeout).await;
         // Drop the waiters this call left behind (their receivers are gone), so a saga that
         // ends in another process, or never, leaves nothing in the map.
-        let mut waiters = self.inner.waiters.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(list) = waiters.get_mut(&id) {
-            list.retain(|tx| !tx.is_closed());
-            if list.is_empty() {
-                waiters.remove(&id);
-            }
-        }
+        self.inner.waiters.prune(id);
         result
     }
 
@@ -349,25 +340,26 @@ impl Engine {
         let deadline = tokio::time::Instant::now() + timeout;
         // Sagas driven by other processes announce their end through the store, if it can.
         self.ensure_finished_dispatch();
+        // A saga driven here needs no read: its driver tells the waiters when it ends, or
+        // wakes them to read if it stops short of an end. The timer's wake-ups always read.
+        let mut timer_fired = false;
         loop {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            self.inner
-                .waiters
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .entry(id)
-                .or_default()
-                .push(tx);
+            let (rx, driven_here) = self.inner.waiters.register(id);
             // Registered first, read second: a saga ending in between still wakes us.
-            match self.inner.store.saga_status(id).await? {
-                None => return Err(StoreError::NotFound(id)),
-                Some(status) if status.is_terminal() => return Ok(Some(status)),
-                Some(_) => {}
+            if !driven_here || timer_fired {
+                match self.inner.store.saga_status(id).await? {
+                    None => return Err(StoreError::NotFound(id)),
+                    Some(status) if status.is_terminal() => return Ok(Some(status)),
+                    Some(_) => {}
+                }
             }
             let poll = tokio::time::Instant::now() + self.inner.config.poll_interval;
             tokio::select! {
-                got = rx => if let Ok(status) = got { return Ok(Some(status)) },
-                _ = tokio::time::sleep_until(poll.min(deadline)) => {}
+                got = rx => match got {
+                    Ok(status) => return Ok(Some(status)),
+                    Err(_) => timer_fired = false,
+                },
+                _ = tokio::time::sleep_until(poll.min(deadline)) => timer_fired = true,
             }
             if tokio::time::Instant::now() >= deadline {
                 return Ok(None);
@@ -509,6 +501,8 @@ impl Engine {
                     // still are (a read, not a claim: a claim holds every free slot while it
                     // writes, and a saga started meanwhile would miss the direct path).
                     look = backlog && self.due_now().await;
+                    // Nothing due: nothing is waiting for a slot until the next wake-up says so.
+                    backlog = look;
                 }
                 _ = tokio::time::sleep(sleep_for) => look = true,
             }
