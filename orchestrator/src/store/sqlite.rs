@@ -149,6 +149,9 @@ impl SqliteStore {
             .idle_timeout(None)
             .max_lifetime(None)
             .acquire_timeout(Duration::from_secs(30))
+            // A connection to a local file does not go stale: the test would cost a round trip
+            // to the connection's thread on every batch.
+            .test_before_acquire(false)
             // A small page cache for the writer: SQLite sweeps the cache's hash table at the end
             // of many write transactions, a cost that grows with the cache (measured: 16 MB
             // cost ~10 % of throughput under group commit). The readers keep the large one.
@@ -162,6 +165,7 @@ impl SqliteStore {
             SqlitePoolOptions::new()
                 .max_connections(4)
                 .acquire_timeout(Duration::from_secs(30))
+                .test_before_acquire(false)
                 .connect_with(opts.clone().read_only(true))
                 .await?
         };
