@@ -1060,3 +1060,60 @@ async fn a_caller_waiting_on_a_saga_parked_on_a_timer_hears_its_end() {
     assert_eq!(attempts[0].outcome.as_deref(), Some("retryable"));
     eng.stop().await;
 }
+
+#[tokio::test]
+async fn a_saga_parked_on_a_timer_is_taken_up_while_other_sagas_keep_ending() {
+    // The run loop's next look is a deadline: sagas ending one after another (each wakes the
+    // loop) must not keep putting off the look that takes up a saga whose timer came due.
+    use saga_dsl::{SagaDefinition, Step, StepContext, StepError};
+    let later = SagaDefinition::builder("later", 1)
+        .step(Step::retriable("flaky", |ctx: StepContext| async move {
+            if ctx.attempt() == 1 {
+                return Err(StepError::retry_after(
+                    Duration::from_millis(300),
+                    "come back later",
+                ));
+            }
+            Ok(json!("done"))
+        }))
+        .build()
+        .unwrap();
+    let quick = SagaDefinition::builder("quick", 1)
+        .step(Step::retriable("noop", |_ctx: StepContext| async move {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+            Ok::<_, StepError>(json!(null))
+        }))
+        .build()
+        .unwrap();
+    let db = TempDb::new();
+    let store = db.store().await;
+    let config = orchestrator::EngineConfig {
+        poll_interval: Duration::from_secs(30),
+        hold_backoff_below: Duration::from_millis(20),
+        ..test_config()
+    };
+    let eng = RunningEngine::start(store.clone(), registry_of([later, quick]), config);
+    let saga = eng.engine.start("later", json!({})).await.unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let churn = {
+        let (engine, stop) = (eng.engine.clone(), stop.clone());
+        tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                let s = engine.start("quick", json!({})).await.unwrap();
+                engine
+                    .wait_terminal(s.id, Duration::from_secs(10))
+                    .await
+                    .unwrap();
+            }
+        })
+    };
+    let status = eng
+        .engine
+        .wait_terminal(saga.id, Duration::from_secs(10))
+        .await
+        .unwrap();
+    stop.cancel();
+    churn.await.unwrap();
+    assert_eq!(status, Some(SagaStatus::Completed));
+    eng.stop().await;
+}

@@ -124,6 +124,17 @@ impl StartSlot {
     }
 }
 
+/// Whether due sagas wait for a free worker slot, as far as the run loop knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backlog {
+    /// None known.
+    None,
+    /// The last claim filled every free slot: more are likely due.
+    Seen,
+    /// A wake-up found no free slot to claim with: some may be due.
+    Suspected,
+}
+
 /// A saga started and leased in this process, with the worker slot it occupies.
 type Direct = (Claimed, tokio::sync::OwnedSemaphorePermit);
 
@@ -426,7 +437,8 @@ impl Engine {
         // Whether due sagas may be waiting: at start, when woken, after a poll interval, and
         // when the last claim was cut short by a lack of free slots.
         let mut look = true;
-        let mut backlog = false;
+        let mut backlog = Backlog::None;
+        let mut look_at = tokio::time::Instant::now();
         while !shutdown.is_cancelled() {
             // Take the slots before claiming: a saga claimed must have a worker to drive it
             // (a direct start may take a slot at any moment).
@@ -449,7 +461,11 @@ impl Engine {
                     .await
                 {
                     Ok(list) => {
-                        backlog = list.len() == free;
+                        backlog = if list.len() == free {
+                            Backlog::Seen
+                        } else {
+                            Backlog::None
+                        };
                         for (c, permit) in list.into_iter().zip(permits.drain(..)) {
                             drivers.spawn(driver::drive(
                                 self.inner.clone(),
@@ -464,7 +480,7 @@ impl Engine {
                     }
                 }
             } else if look {
-                backlog = true;
+                backlog = Backlog::Suspected;
             }
             // Slots not needed by this claim go back.
             drop(permits);
@@ -480,11 +496,17 @@ impl Engine {
                     Err(e) => tracing::warn!(error = %e, "checking for blocked sagas failed"),
                 }
             }
-            let sleep_for = if backlog || !look {
-                cfg.poll_interval
-            } else {
-                self.time_to_next_due().await
-            };
+            if look {
+                // The next look without a wake-up: at the poll interval, or sooner if a saga's
+                // timer is due sooner. A deadline, not a sleep restarted on every turn of the
+                // loop: drivers ending one after another must not put it off.
+                let wait = if backlog == Backlog::None {
+                    self.time_to_next_due().await
+                } else {
+                    cfg.poll_interval
+                };
+                look_at = tokio::time::Instant::now() + wait;
+            }
             look = false;
             tokio::select! {
                 _ = shutdown.cancelled() => {}
@@ -497,14 +519,22 @@ impl Engine {
                     if let Err(e) = res {
                         tracing::error!(error = %e, "saga driver task failed");
                     }
-                    // A slot freed: take more only if sagas were left waiting for one and some
-                    // still are (a read, not a claim: a claim holds every free slot while it
-                    // writes, and a saga started meanwhile would miss the direct path).
-                    look = backlog && self.due_now().await;
-                    // Nothing due: nothing is waiting for a slot until the next wake-up says so.
-                    backlog = look;
+                    // A slot freed: take more if sagas were left waiting for one. A claim that
+                    // filled every slot says more are likely due; a wake-up that found no free
+                    // slot says nothing, so look first (a read, not a claim: a claim holds
+                    // every free slot while it writes, and a saga started meanwhile would miss
+                    // the direct path).
+                    look = match backlog {
+                        Backlog::None => false,
+                        Backlog::Seen => true,
+                        Backlog::Suspected => self.due_now().await,
+                    };
+                    if !look {
+                        // Nothing due: nothing waits for a slot until a wake-up says so.
+                        backlog = Backlog::None;
+                    }
                 }
-                _ = tokio::time::sleep(sleep_for) => look = true,
+                _ = tokio::time::sleep_until(look_at) => look = true,
             }
         }
         inner
