@@ -1014,15 +1014,12 @@ async fn more_sagas_than_workers_all_run_when_slots_free_up() {
     eng.stop().await;
 }
 
-#[tokio::test]
-async fn a_caller_waiting_on_a_saga_parked_on_a_timer_hears_its_end() {
+/// A one-step saga `later` whose first attempt asks to be retried in 300 ms (each attempt
+/// recorded in `journal`), and engine settings under which that gives the saga back with a
+/// timer: the driver holds a lease only for waits under 20 ms, and the engine polls every 30 s.
+fn parked_on_a_timer(journal: &Journal) -> (saga_dsl::SagaDefinition, orchestrator::EngineConfig) {
     use saga_dsl::{SagaDefinition, Step, StepContext, StepError};
-    // The first attempt asks to be retried later than the driver holds a lease for, so the
-    // driver gives the saga back with a timer and stops. The engine must take it up again when
-    // the timer is due (not at its next poll, 30 s away), and the caller waiting on it here
-    // must hear the end.
-    let calls = Journal::default();
-    let j = calls.clone();
+    let j = journal.clone();
     let flaky = move |ctx: StepContext| {
         let j = j.clone();
         async move {
@@ -1040,13 +1037,23 @@ async fn a_caller_waiting_on_a_saga_parked_on_a_timer_hears_its_end() {
         .step(Step::retriable("flaky", flaky))
         .build()
         .unwrap();
-    let db = TempDb::new();
-    let store = db.store().await;
     let config = orchestrator::EngineConfig {
         poll_interval: Duration::from_secs(30),
         hold_backoff_below: Duration::from_millis(20),
         ..test_config()
     };
+    (def, config)
+}
+
+#[tokio::test]
+async fn a_caller_waiting_on_a_saga_parked_on_a_timer_hears_its_end() {
+    // The driver gives the saga back with a timer and stops. The engine must take it up again
+    // when the timer is due (not at its next poll, 30 s away), and the caller waiting on it
+    // here must hear the end.
+    let calls = Journal::default();
+    let (def, config) = parked_on_a_timer(&calls);
+    let db = TempDb::new();
+    let store = db.store().await;
     let eng = RunningEngine::start(store.clone(), registry_of([def]), config);
     let saga = eng.engine.start("later", json!({})).await.unwrap();
     let status = eng
@@ -1066,18 +1073,8 @@ async fn a_saga_parked_on_a_timer_is_taken_up_while_other_sagas_keep_ending() {
     // The run loop's next look is a deadline: sagas ending one after another (each wakes the
     // loop) must not keep putting off the look that takes up a saga whose timer came due.
     use saga_dsl::{SagaDefinition, Step, StepContext, StepError};
-    let later = SagaDefinition::builder("later", 1)
-        .step(Step::retriable("flaky", |ctx: StepContext| async move {
-            if ctx.attempt() == 1 {
-                return Err(StepError::retry_after(
-                    Duration::from_millis(300),
-                    "come back later",
-                ));
-            }
-            Ok(json!("done"))
-        }))
-        .build()
-        .unwrap();
+    let calls = Journal::default();
+    let (later, config) = parked_on_a_timer(&calls);
     let quick = SagaDefinition::builder("quick", 1)
         .step(Step::retriable("noop", |_ctx: StepContext| async move {
             tokio::time::sleep(Duration::from_millis(2)).await;
@@ -1087,11 +1084,6 @@ async fn a_saga_parked_on_a_timer_is_taken_up_while_other_sagas_keep_ending() {
         .unwrap();
     let db = TempDb::new();
     let store = db.store().await;
-    let config = orchestrator::EngineConfig {
-        poll_interval: Duration::from_secs(30),
-        hold_backoff_below: Duration::from_millis(20),
-        ..test_config()
-    };
     let eng = RunningEngine::start(store.clone(), registry_of([later, quick]), config);
     let saga = eng.engine.start("later", json!({})).await.unwrap();
     let stop = tokio_util::sync::CancellationToken::new();
