@@ -605,6 +605,23 @@ async fn a_burst_of_keyed_starts_creates_one_saga_per_key_and_a_bad_one_fails_al
     h.engine.stop().await;
 }
 
+/// A free worker slot of `engine`. The run loop accepts work once it has started, and holds
+/// every free slot for the length of each claim it makes (a saga it claims must have a worker),
+/// so a slot may be missing for a moment even when no saga runs.
+async fn free_slot(engine: &orchestrator::engine::Engine) -> orchestrator::engine::StartSlot {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(slot) = engine.reserve_slot() {
+            return slot;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no worker slot came free within 5 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// A start whose process has a free worker creates its saga already leased to that worker
 /// (epoch 1) and drives it at once: nobody claims it, so its epoch never moves.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -618,15 +635,7 @@ async fn a_keyed_start_with_a_free_worker_is_created_leased_and_driven_without_a
         fingerprint: "request".to_owned(),
         retention: Duration::from_secs(60),
     };
-    // The run loop accepts work once it has started.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    let slot = loop {
-        if let Some(slot) = engine.reserve_slot() {
-            break slot;
-        }
-        assert!(std::time::Instant::now() < deadline, "the engine never ran");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    let slot = free_slot(engine).await;
     let (owner, _) = slot.lease();
     let owner = owner.to_owned();
     let got = h
@@ -657,7 +666,7 @@ async fn a_keyed_start_with_a_free_worker_is_created_leased_and_driven_without_a
         "{attempts:?}"
     );
     // A key already recorded creates nothing, and the slot offered with it is simply dropped.
-    let again = engine.reserve_slot().expect("a free worker");
+    let again = free_slot(engine).await;
     let replay = h
         .stores
         .idempotency
