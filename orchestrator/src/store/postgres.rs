@@ -18,7 +18,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
-use sqlx::{Postgres, QueryBuilder, Row, Transaction};
+use sqlx::{Executor, Postgres, QueryBuilder, Row, Transaction};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
@@ -48,6 +48,30 @@ const DONE_CHANNEL: &str = "saga_done";
 /// flight no more than one, with half-size batches (1.5 commits per saga instead of 0.9) and
 /// a longer tail at both (BENCHMARKS.md). One it is: fewer commits for the same work.
 const WRITERS: usize = 1;
+
+/// The writer connections' own pool, apart from the readers'.
+///
+/// The batch statements are prepared once per connection and then run with a generic plan,
+/// costed when the plan was first cached — often while the log was still small, when a
+/// sequential scan of `sagas` looks cheaper than its primary key. Such a plan stays cached
+/// while the table grows, until the next `ANALYZE` replaces it; meanwhile every batch scans
+/// the whole table. Every statement the writers run finds its rows by key, so their sessions
+/// rule sequential scans out (`enable_seqscan = off` only makes them the last resort; a
+/// statement with no index to use still runs). Readers keep the planner's defaults.
+fn writer_pool(opts: PgConnectOptions) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(WRITERS as u32)
+        .min_connections(0)
+        .acquire_timeout(Duration::from_secs(5))
+        .test_before_acquire(true)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                conn.execute("SET enable_seqscan = off").await?;
+                Ok(())
+            })
+        })
+        .connect_lazy_with(opts)
+}
 
 /// The PostgreSQL implementation of [`Store`].
 pub struct PgStore {
@@ -87,11 +111,11 @@ impl PgStore {
             .acquire_timeout(Duration::from_secs(5))
             // A connection that died with a server restart is noticed before use.
             .test_before_acquire(true)
-            .connect_with(opts)
+            .connect_with(opts.clone())
             .await?;
         let store = Self {
             queue: WriteQueue::start(
-                pool.clone(),
+                writer_pool(opts),
                 Backend {
                     begin: "BEGIN; SELECT saga_now_ms()",
                     db_clock: true,
