@@ -31,7 +31,9 @@ use crate::store::{ClaimRequest, Claimed, Lease, NewSaga, Store, StoreError, Wor
 /// Engine settings.
 #[derive(Debug, Clone)]
 pub struct EngineConfig {
-    /// How many sagas this process drives at once.
+    /// How many sagas this process drives at once. As many more started in this process may
+    /// wait for a free worker here, already leased to it (so nobody claims them meanwhile);
+    /// a start beyond both is left to the claim of whichever process is free first.
     pub workers: usize,
     /// How long a lease lasts without a heartbeat; another process takes a saga over after it.
     pub lease_ttl: Duration,
@@ -112,9 +114,19 @@ pub enum EngineError {
 /// [`Engine::reserve_slot`].
 #[derive(Debug)]
 pub struct StartSlot {
-    permit: tokio::sync::OwnedSemaphorePermit,
+    permit: SlotPermit,
     owner: String,
     ttl_ms: i64,
+}
+
+/// What a start holds: a worker slot, or a place in the line for the next one.
+#[derive(Debug)]
+enum SlotPermit {
+    /// A free worker: the saga is driven at once.
+    Worker(tokio::sync::OwnedSemaphorePermit),
+    /// Every worker is busy: the saga waits, leased, for the next to free (ahead of claims,
+    /// which take only slots nobody waits for).
+    Queued(tokio::sync::OwnedSemaphorePermit),
 }
 
 impl StartSlot {
@@ -135,8 +147,8 @@ enum Backlog {
     Suspected,
 }
 
-/// A saga started and leased in this process, with the worker slot it occupies.
-type Direct = (Claimed, tokio::sync::OwnedSemaphorePermit);
+/// A saga started and leased in this process, with the worker slot it occupies or waits for.
+type Direct = (Claimed, SlotPermit);
 
 pub(crate) struct Inner {
     pub(crate) store: Arc<dyn Store>,
@@ -148,6 +160,8 @@ pub(crate) struct Inner {
     /// One permit per worker slot: held by every driver, whether its saga was claimed or
     /// started here directly.
     slots: Arc<tokio::sync::Semaphore>,
+    /// One permit per place in the line of sagas started here while every worker was busy.
+    queued: Arc<tokio::sync::Semaphore>,
     /// Sagas started in this process and already leased to it, handed to the run loop.
     direct: tokio::sync::mpsc::UnboundedSender<Direct>,
     direct_rx: Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<Direct>>>,
@@ -210,6 +224,7 @@ impl Engine {
                 definitions,
                 wake: Notify::new(),
                 slots: Arc::new(tokio::sync::Semaphore::new(workers)),
+                queued: Arc::new(tokio::sync::Semaphore::new(workers)),
                 direct: direct_tx,
                 direct_rx: Mutex::new(Some(direct_rx)),
                 running: std::sync::atomic::AtomicBool::new(false),
@@ -273,17 +288,23 @@ impl Engine {
         Ok(saga)
     }
 
-    /// Takes a free worker slot of this process for a saga about to be created by another
-    /// store call than [`Engine::start`] (an idempotent start, a start with a callback), if
-    /// the engine runs and has one: create the saga leased with [`StartSlot::lease`], then
-    /// give it to [`Engine::drive_started`]. Dropping the slot unused frees it.
+    /// Takes a worker slot of this process for a saga about to be created by another store
+    /// call than [`Engine::start`] (an idempotent start, a start with a callback), if the
+    /// engine runs and has one free, or a place in the line for the next (see
+    /// [`EngineConfig::workers`]): create the saga leased with [`StartSlot::lease`], then give
+    /// it to [`Engine::drive_started`]. Dropping the slot unused frees it.
     pub fn reserve_slot(&self) -> Option<StartSlot> {
         let inner = &self.inner;
-        let permit = inner
-            .running
-            .load(std::sync::atomic::Ordering::Acquire)
-            .then(|| inner.slots.clone().try_acquire_owned().ok())
-            .flatten()?;
+        if !inner.running.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        let permit = match inner.slots.clone().try_acquire_owned() {
+            Ok(permit) => SlotPermit::Worker(permit),
+            // Busy: wait in line here rather than leave the saga to a claim (a write and a
+            // read more, and under steady load a start that misses makes the next one miss:
+            // each slot that frees goes to the claimed saga, and its lane's next start misses).
+            Err(_) => SlotPermit::Queued(inner.queued.clone().try_acquire_owned().ok()?),
+        };
         Some(StartSlot {
             permit,
             owner: inner.config.worker_id.clone(),
@@ -513,7 +534,7 @@ impl Engine {
                 _ = inner.wake.notified() => look = true,
                 _ = async { match &due_signal { Some(s) => s.notified().await, None => std::future::pending().await } } => look = true,
                 Some((c, permit)) = direct.recv() => {
-                    drivers.spawn(driver::drive(self.inner.clone(), c, permit, shutdown.child_token()));
+                    drivers.spawn(drive_when_free(self.inner.clone(), c, permit, shutdown.child_token()));
                 }
                 Some(res) = drivers.join_next(), if !drivers.is_empty() => {
                     if let Err(e) = res {
@@ -542,7 +563,7 @@ impl Engine {
             .store(false, std::sync::atomic::Ordering::Release);
         // Sagas started directly while we were stopping: drive them like the others.
         while let Ok((c, permit)) = direct.try_recv() {
-            drivers.spawn(driver::drive(
+            drivers.spawn(drive_when_free(
                 self.inner.clone(),
                 c,
                 permit,
@@ -598,6 +619,29 @@ impl Engine {
             }
         }
     }
+}
+
+/// Drives a saga started here: at once in its worker slot, or, if it holds a place in line,
+/// once a slot frees (the semaphore hands freed slots to those waiting in the order they
+/// asked, before any claim can take one). Its lease is kept meanwhile by the heartbeat.
+async fn drive_when_free(
+    inner: Arc<Inner>,
+    claimed: Claimed,
+    permit: SlotPermit,
+    stop: CancellationToken,
+) {
+    let slot = match permit {
+        SlotPermit::Worker(slot) => slot,
+        SlotPermit::Queued(place) => match inner.slots.clone().acquire_owned().await {
+            Ok(slot) => {
+                drop(place);
+                slot
+            }
+            // The semaphore is never closed.
+            Err(_) => return,
+        },
+    };
+    driver::drive(inner, claimed, slot, stop).await;
 }
 
 async fn heartbeat_loop(inner: Arc<Inner>, stop: CancellationToken) {
