@@ -133,6 +133,27 @@ pub(crate) struct Backend<DB: Database> {
     pub(crate) checkpoint: Option<(&'static str, u32)>,
     /// How many writer tasks take batches from the queue, each with its own connection.
     pub(crate) writers: usize,
+    /// A writer starts a batch while another runs one only once at least this many writes
+    /// wait: a second transaction beside the first pays off when the first writer cannot keep
+    /// up, and otherwise only splits the batch in two (twice the commits for the same work).
+    pub(crate) parallel_from: usize,
+}
+
+/// How many writers are running a batch, and a signal when one finishes.
+#[derive(Default)]
+struct Turns {
+    busy: std::sync::atomic::AtomicUsize,
+    finished: tokio::sync::Notify,
+}
+
+/// Marks a writer busy with a batch until dropped.
+struct Busy<'a>(&'a Turns);
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.busy.fetch_sub(1, Ordering::AcqRel);
+        self.0.finished.notify_one();
+    }
 }
 
 /// A queue of writes committed in groups by the writer tasks.
@@ -157,12 +178,16 @@ where
         let commits = Arc::new(AtomicU64::new(0));
         let rx = Arc::new(tokio::sync::Mutex::new(rx));
         let backend = Arc::new(backend);
+        let turns = Arc::new(Turns::default());
         for _ in 0..backend.writers.max(1) {
             tokio::spawn(writer(
                 pool.clone(),
                 backend.clone(),
                 clock.clone(),
-                rx.clone(),
+                Queue {
+                    rx: rx.clone(),
+                    turns: turns.clone(),
+                },
                 commits.clone(),
             ));
         }
@@ -279,29 +304,56 @@ where
     Ok(())
 }
 
+/// The queue as the writers share it.
+struct Queue<DB: Database> {
+    rx: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Job<DB>>>>,
+    turns: Arc<Turns>,
+}
+
 /// Takes the next batch: the first write to come, then every write already waiting, up to
 /// [`MAX_BATCH`]; `None` once the queue is closed. Writers take turns: one waits here while
-/// another runs its batch.
-async fn next_batch<DB: Database>(
-    rx: &tokio::sync::Mutex<mpsc::UnboundedReceiver<Job<DB>>>,
-) -> Option<Vec<Job<DB>>> {
-    let mut rx = rx.lock().await;
+/// another runs its batch, and starts its own beside it only once `parallel_from` writes
+/// wait (else when the other finishes). The batch's writer is busy until the guard drops.
+async fn next_batch<'q, DB: Database>(
+    queue: &'q Queue<DB>,
+    parallel_from: usize,
+) -> Option<(Vec<Job<DB>>, Busy<'q>)> {
+    let turns = &*queue.turns;
+    let mut rx = queue.rx.lock().await;
     let first = rx.recv().await?;
     let mut jobs = vec![first];
-    while jobs.len() < MAX_BATCH {
-        match rx.try_recv() {
-            Ok(job) => jobs.push(job),
-            Err(_) => break,
+    loop {
+        while jobs.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(job) => jobs.push(job),
+                Err(_) => break,
+            }
+        }
+        // Registered before the check, so a writer finishing in between still wakes us.
+        let finished = turns.finished.notified();
+        if turns.busy.load(Ordering::Acquire) == 0
+            || jobs.len() >= parallel_from
+            || jobs.len() >= MAX_BATCH
+        {
+            break;
+        }
+        tokio::select! {
+            _ = finished => {}
+            job = rx.recv() => match job {
+                Some(job) => jobs.push(job),
+                None => break,
+            },
         }
     }
-    Some(jobs)
+    turns.busy.fetch_add(1, Ordering::AcqRel);
+    Some((jobs, Busy(turns)))
 }
 
 async fn writer<DB: Database>(
     pool: Pool<DB>,
     backend: Arc<Backend<DB>>,
     clock: Arc<dyn Clock>,
-    rx: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Job<DB>>>>,
+    queue: Queue<DB>,
     commits: Arc<AtomicU64>,
 ) where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
@@ -310,7 +362,7 @@ async fn writer<DB: Database>(
 {
     let mut held: Option<PoolConnection<DB>> = None;
     let mut since_checkpoint = 0;
-    while let Some(jobs) = next_batch(&rx).await {
+    while let Some((jobs, busy)) = next_batch(&queue, backend.parallel_from).await {
         let mut runs = Vec::new();
         let mut finishes = Vec::new();
         let mut items = Vec::new();
@@ -395,11 +447,13 @@ async fn writer<DB: Database>(
                 }
             }
         }
+        // Answered: another writer may start a batch of any size.
+        drop(busy);
         if let Ok(mut conn) = conn {
             // After the replies: the callers do not wait for it.
             if let Some((sql, every)) = backend.checkpoint {
                 // Idle: nothing waiting (and no other writer taking a batch).
-                let idle = rx.try_lock().is_ok_and(|rx| rx.is_empty());
+                let idle = queue.rx.try_lock().is_ok_and(|rx| rx.is_empty());
                 if (since_checkpoint >= every && idle) || since_checkpoint >= 4 * every {
                     since_checkpoint = 0;
                     if let Err(e) = exec::<DB>(&mut conn, sql).await {
@@ -626,5 +680,80 @@ where
             }
             Ok(out)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A write that does nothing, for the queue's bookkeeping alone.
+    fn job() -> Job<sqlx::Sqlite> {
+        Job::Closure {
+            run: Box::new(|_, _| Box::pin(async { true })),
+            finish: Box::new(|_| {}),
+        }
+    }
+
+    fn queue() -> (
+        mpsc::UnboundedSender<Job<sqlx::Sqlite>>,
+        Queue<sqlx::Sqlite>,
+    ) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let queue = Queue {
+            rx: Arc::new(tokio::sync::Mutex::new(rx)),
+            turns: Arc::new(Turns::default()),
+        };
+        (tx, queue)
+    }
+
+    #[tokio::test]
+    async fn an_idle_queue_hands_over_whatever_waits() {
+        let (tx, queue) = queue();
+        for _ in 0..3 {
+            tx.send(job()).ok().unwrap();
+        }
+        let (jobs, _busy) = next_batch(&queue, 32).await.unwrap();
+        assert_eq!(jobs.len(), 3);
+        assert_eq!(queue.turns.busy.load(Ordering::Acquire), 1);
+    }
+
+    #[tokio::test]
+    async fn a_second_writer_waits_for_the_first_unless_enough_writes_wait() {
+        let (tx, queue) = queue();
+        tx.send(job()).ok().unwrap();
+        let (_, first) = next_batch(&queue, 4).await.unwrap();
+        // While the first writer runs its batch, a small batch does not start beside it...
+        for _ in 0..2 {
+            tx.send(job()).ok().unwrap();
+        }
+        let second = next_batch(&queue, 4);
+        tokio::pin!(second);
+        let early = tokio::time::timeout(std::time::Duration::from_millis(50), &mut second).await;
+        assert!(early.is_err(), "a batch of 2 started beside a busy writer");
+        // ...but one of `parallel_from` writes does.
+        for _ in 0..2 {
+            tx.send(job()).ok().unwrap();
+        }
+        let (jobs, _second) = second.await.unwrap();
+        assert_eq!(jobs.len(), 4);
+        assert_eq!(queue.turns.busy.load(Ordering::Acquire), 2);
+        drop(first);
+    }
+
+    #[tokio::test]
+    async fn a_waiting_writer_takes_its_small_batch_once_the_other_finishes() {
+        let (tx, queue) = queue();
+        tx.send(job()).ok().unwrap();
+        let (_, first) = next_batch(&queue, 32).await.unwrap();
+        tx.send(job()).ok().unwrap();
+        let second = next_batch(&queue, 32);
+        tokio::pin!(second);
+        let early = tokio::time::timeout(std::time::Duration::from_millis(50), &mut second).await;
+        assert!(early.is_err());
+        drop(first);
+        let (jobs, _second) = second.await.unwrap();
+        assert_eq!(jobs.len(), 1);
+        assert_eq!(queue.turns.busy.load(Ordering::Acquire), 1);
     }
 }

@@ -43,11 +43,16 @@ const CHANNEL: &str = "saga_due";
 /// A saga ended (payload: `ID STATUS`). Also named in `batch/postgres.rs`.
 const DONE_CHANNEL: &str = "saga_done";
 
-/// Writer connections of the group commit. With two, one batch forms and runs while the other
-/// waits for its commit: 10-20 % more sagas/s at 64 in flight on two cores, but at 16 in
-/// flight no more than one, with half-size batches (1.5 commits per saga instead of 0.9) and
-/// a longer tail at both (BENCHMARKS.md). One it is: fewer commits for the same work.
-const WRITERS: usize = 1;
+/// Writer connections of the group commit. Under load the writer's backend is the limit (one
+/// process, one core), so a second one, committing beside it, adds a core's worth of work; at
+/// moderate load it would only halve the batches (BENCHMARKS.md), so it starts a batch beside
+/// the other only once [`PARALLEL_FROM`] writes wait.
+const WRITERS: usize = 2;
+
+/// See [`WRITERS`]. A saga has one write in flight at a time, so with up to 32 sagas in
+/// flight the second writer only takes turns (at 16 in flight: 0.5 commits per saga, against
+/// 0.97 for two writers that never wait for each other).
+const PARALLEL_FROM: usize = 32;
 
 /// The writer connections' own pool, apart from the readers'.
 ///
@@ -126,6 +131,7 @@ impl PgStore {
                     keep_connection: true,
                     checkpoint: None,
                     writers: WRITERS,
+                    parallel_from: PARALLEL_FROM,
                 },
                 Arc::new(crate::clock::SystemClock),
             ),

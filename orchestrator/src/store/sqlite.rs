@@ -190,6 +190,8 @@ impl SqliteStore {
                     keyed: Some(super::idempotency_sqlite::keyed_starts_boxed),
                     // One writer connection: SQLite serialises writers anyway.
                     writers: 1,
+                    // (With one writer there is nobody to commit beside.)
+                    parallel_from: usize::MAX,
                     whole: Some(batch::sqlite::whole_batch_boxed),
                     keep_connection: false,
                     // The background checkpoints copy most of the WAL, but while commits keep
