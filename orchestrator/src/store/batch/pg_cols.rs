@@ -265,7 +265,10 @@ impl<'a> ApplyCols<'a> {
                         step_index,
                         phase,
                         attempt,
-                    } => (&mut c.starts, step_index, phase, attempt),
+                    } => {
+                        c.starts.owner.push(&lease.owner);
+                        (&mut c.starts, step_index, phase, attempt)
+                    }
                     AttemptChange::Finish {
                         step_index,
                         phase,
@@ -279,7 +282,6 @@ impl<'a> ApplyCols<'a> {
                     }
                 };
                 table.saga_id.push(lease.saga_id);
-                table.owner.push(&lease.owner);
                 table.epoch.push(lease.epoch);
                 table.idx.push(i64::from(*idx));
                 table.phase.push(phase.as_str());
