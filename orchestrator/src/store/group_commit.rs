@@ -329,7 +329,8 @@ async fn next_batch<'q, DB: Database>(
                 Err(_) => break,
             }
         }
-        // Registered before the check, so a writer finishing in between still wakes us.
+        // A writer finishing between this check and the wait below still wakes us: with
+        // nobody waiting yet, `notify_one` keeps its permit for the next wait.
         let finished = turns.finished.notified();
         if turns.busy.load(Ordering::Acquire) == 0
             || jobs.len() >= parallel_from
