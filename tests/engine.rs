@@ -1014,6 +1014,74 @@ async fn more_sagas_than_workers_all_run_when_slots_free_up() {
     eng.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_with_every_worker_busy_waits_leased_and_is_never_claimed() {
+    // The one worker is held by a saga whose step waits for a signal; a second saga started
+    // meanwhile is created leased to this process (epoch 1) and runs once the worker frees,
+    // without a claim (a claim would bump its epoch).
+    use saga_dsl::{SagaDefinition, Step, StepContext, StepError};
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let held = gate.clone();
+    let hold = move |_ctx: StepContext| {
+        let held = held.clone();
+        async move {
+            let _ = held
+                .acquire()
+                .await
+                .map_err(|e| StepError::permanent(e.to_string()))?;
+            Ok(json!("released"))
+        }
+    };
+    let noop = |_ctx: StepContext| async { Ok::<_, StepError>(json!("ok")) };
+    let holding = SagaDefinition::builder("holding", 1)
+        .step(Step::retriable("hold", hold))
+        .build()
+        .unwrap();
+    let quick = SagaDefinition::builder("quick", 1)
+        .step(Step::retriable("q", noop))
+        .build()
+        .unwrap();
+    let db = TempDb::new();
+    let store = db.store().await;
+    let config = orchestrator::EngineConfig {
+        workers: 1,
+        ..test_config()
+    };
+    let eng = RunningEngine::start(store.clone(), registry_of([holding, quick]), config);
+    // The run loop accepts direct starts once it runs.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while eng.engine.reserve_slot().is_none() {
+        assert!(std::time::Instant::now() < deadline, "the engine never ran");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let first = eng.engine.start("holding", json!({})).await.unwrap();
+    assert_eq!(first.lease_epoch, 1, "driven directly: {first:?}");
+    wait_for(&store, first.id, Duration::from_secs(5), |s| {
+        s.steps[0].action.status == StepStatus::Running
+    })
+    .await;
+    let second = eng.engine.start("quick", json!({})).await.unwrap();
+    assert_eq!(
+        second.lease_owner, first.lease_owner,
+        "leased here while waiting"
+    );
+    assert_eq!(second.lease_epoch, 1);
+    // It waits: the only worker is busy.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let waiting = store.get_saga(second.id).await.unwrap().unwrap();
+    assert_eq!(waiting.steps[0].action.attempts, 0, "{waiting:?}");
+    assert_eq!(waiting.lease_epoch, 1);
+    gate.add_permits(1);
+    let done = wait_terminal(&store, second.id).await;
+    assert_eq!(done.status, SagaStatus::Completed);
+    assert_eq!(done.lease_epoch, 1, "never claimed: {done:?}");
+    assert_eq!(
+        wait_terminal(&store, first.id).await.status,
+        SagaStatus::Completed
+    );
+    eng.stop().await;
+}
+
 /// A one-step saga `later` whose first attempt asks to be retried in 300 ms (each attempt
 /// recorded in `journal`), and engine settings under which that gives the saga back with a
 /// timer: the driver holds a lease only for waits under 20 ms, and the engine polls every 30 s.
