@@ -568,11 +568,7 @@ async fn a_long_backoff_frees_the_worker_and_lives_in_the_log() {
         .unwrap();
     let db = TempDb::new();
     let store = db.store().await;
-    let config = orchestrator::EngineConfig {
-        workers: 1,
-        ..test_config()
-    };
-    let eng = RunningEngine::start(store.clone(), registry_of([waiting, quick]), config);
+    let eng = one_worker(&store, [waiting, quick]);
     let wall_ms = || {
         let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH);
         i64::try_from(since.unwrap().as_millis()).unwrap()
@@ -1014,6 +1010,18 @@ async fn more_sagas_than_workers_all_run_when_slots_free_up() {
     eng.stop().await;
 }
 
+/// An engine with a single worker over `store`, running `defs`.
+fn one_worker(
+    store: &std::sync::Arc<dyn orchestrator::Store>,
+    defs: impl IntoIterator<Item = saga_dsl::SagaDefinition>,
+) -> RunningEngine {
+    let config = orchestrator::EngineConfig {
+        workers: 1,
+        ..test_config()
+    };
+    RunningEngine::start(store.clone(), registry_of(defs), config)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_start_with_every_worker_busy_waits_leased_and_is_never_claimed() {
     // The one worker is held by a saga whose step waits for a signal; a second saga started
@@ -1043,11 +1051,7 @@ async fn a_start_with_every_worker_busy_waits_leased_and_is_never_claimed() {
         .unwrap();
     let db = TempDb::new();
     let store = db.store().await;
-    let config = orchestrator::EngineConfig {
-        workers: 1,
-        ..test_config()
-    };
-    let eng = RunningEngine::start(store.clone(), registry_of([holding, quick]), config);
+    let eng = one_worker(&store, [holding, quick]);
     // The run loop accepts direct starts once it runs.
     let deadline = std::time::Instant::now() + Duration::from_secs(5);
     while eng.engine.reserve_slot().is_none() {

@@ -305,18 +305,22 @@ impl<'a> ApplyCols<'a> {
     /// any update of it carried one.
     fn push_steps(&mut self, items: &'a [Item]) {
         struct Row<'a> {
+            saga_id: Uuid,
+            epoch: i64,
+            idx: u32,
             a: Option<&'a PhaseRecord>,
             c: Option<&'a PhaseRecord>,
             output: Option<String>,
         }
-        let mut keys: Vec<(Uuid, i64, u32)> = Vec::new();
         let mut rows: Vec<Row<'a>> = Vec::new();
         let mut at: HashMap<(Uuid, u32), usize> = HashMap::new();
         for (lease, t) in items {
             for u in &t.steps {
                 let i = *at.entry((lease.saga_id, u.index)).or_insert_with(|| {
-                    keys.push((lease.saga_id, lease.epoch, u.index));
                     rows.push(Row {
+                        saga_id: lease.saga_id,
+                        epoch: lease.epoch,
+                        idx: u.index,
                         a: None,
                         c: None,
                         output: None,
@@ -336,10 +340,10 @@ impl<'a> ApplyCols<'a> {
             }
         }
         let s = &mut self.steps;
-        for ((saga_id, epoch, idx), row) in keys.into_iter().zip(rows) {
-            s.saga_id.push(saga_id);
-            s.epoch.push(epoch);
-            s.idx.push(i64::from(idx));
+        for row in rows {
+            s.saga_id.push(row.saga_id);
+            s.epoch.push(row.epoch);
+            s.idx.push(i64::from(row.idx));
             s.a.push(row.a);
             s.output.push(row.output);
             s.c.push(row.c);
