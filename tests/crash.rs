@@ -94,6 +94,33 @@ async fn killed_during_an_action() {
 }
 
 #[tokio::test]
+async fn killed_during_the_first_action_whose_write_ahead_came_with_the_start() {
+    // The server has a free worker, so the start's own commit recorded the first action as
+    // running: killed during that call, the restarted engine finds the attempt interrupted and
+    // makes the same call again with the same key.
+    let db = TempDb::new();
+    let dir = db.dir.path().to_owned();
+    let dir = dir.as_path();
+    let server = Server::spawn(&db.url, dir, &[], &[]).await;
+    let id = server
+        .start("place_order", order("o-first", json!({"delay_ms": 1500})))
+        .await;
+    server
+        .wait_for(id, LONG, |s| {
+            step(s, "reserve_stock")["status"] == "RUNNING"
+        })
+        .await;
+    server.kill9();
+    let saga = restart_and_finish(&db, id, "COMPLETED").await;
+    assert_eq!(
+        step(&saga, "reserve_stock")["attempts"],
+        2,
+        "the interrupted attempt counts"
+    );
+    assert_completed_once(&ledger(dir, "o-first").await);
+}
+
+#[tokio::test]
 async fn crash_between_an_action_returning_and_its_result_being_logged() {
     let db = TempDb::new();
     let dir = db.dir.path().to_owned();

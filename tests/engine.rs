@@ -30,8 +30,10 @@ async fn happy_path_runs_every_action_once_in_order() {
         &j,
     );
     let eng = RunningEngine::start(store.clone(), registry_of([def]), test_config());
+    eng.ready().await;
     let saga = eng.engine.start("s", json!({"x": 1})).await.unwrap();
-    assert_eq!(saga.status, SagaStatus::Queued);
+    // A free worker took it at once: its first action was written ahead with it.
+    assert_eq!(saga.status, SagaStatus::Running);
     let done = wait_terminal(&store, saga.id).await;
     assert_eq!(done.status, SagaStatus::Completed);
     assert_eq!(j.names(), ["a:action", "b:action", "c:action"]);
@@ -1052,14 +1054,10 @@ async fn a_start_with_every_worker_busy_waits_leased_and_is_never_claimed() {
     let db = TempDb::new();
     let store = db.store().await;
     let eng = one_worker(&store, [holding, quick]);
-    // The run loop accepts direct starts once it runs.
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    while eng.engine.reserve_slot().is_none() {
-        assert!(std::time::Instant::now() < deadline, "the engine never ran");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eng.ready().await;
     let first = eng.engine.start("holding", json!({})).await.unwrap();
     assert_eq!(first.lease_epoch, 1, "driven directly: {first:?}");
+    assert_eq!(first.status, SagaStatus::Running, "{first:?}");
     wait_for(&store, first.id, Duration::from_secs(5), |s| {
         s.steps[0].action.status == StepStatus::Running
     })
@@ -1070,10 +1068,13 @@ async fn a_start_with_every_worker_busy_waits_leased_and_is_never_claimed() {
         "leased here while waiting"
     );
     assert_eq!(second.lease_epoch, 1);
+    // Not written ahead: its first call waits for a worker, and may wait long.
+    assert_eq!(second.status, SagaStatus::Queued, "{second:?}");
     // It waits: the only worker is busy.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let waiting = store.get_saga(second.id).await.unwrap().unwrap();
     assert_eq!(waiting.steps[0].action.attempts, 0, "{waiting:?}");
+    assert_eq!(waiting.status, SagaStatus::Queued, "{waiting:?}");
     assert_eq!(waiting.lease_epoch, 1);
     gate.add_permits(1);
     let done = wait_terminal(&store, second.id).await;
@@ -1083,6 +1084,110 @@ async fn a_start_with_every_worker_busy_waits_leased_and_is_never_claimed() {
         wait_terminal(&store, first.id).await.status,
         SagaStatus::Completed
     );
+    eng.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_with_a_free_worker_writes_its_first_action_ahead_in_the_same_commit() {
+    // The create's commit already says the first action is about to run (saga RUNNING, step 0
+    // attempt 1 started under the new lease, in the attempt log): the call that follows needs
+    // no commit of its own, and a crash right after it is an interrupted attempt, as after any
+    // write-ahead.
+    use saga_dsl::{SagaDefinition, Step, StepContext, StepError};
+    use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let held = gate.clone();
+    let calls = std::sync::Arc::new(AtomicU32::new(0));
+    let counted = calls.clone();
+    let hold = move |_ctx: StepContext| {
+        let (held, counted) = (held.clone(), counted.clone());
+        async move {
+            counted.fetch_add(1, SeqCst);
+            let _ = held
+                .acquire()
+                .await
+                .map_err(|e| StepError::permanent(e.to_string()))?;
+            Ok(json!("released"))
+        }
+    };
+    let def = SagaDefinition::builder("held", 1)
+        .step(Step::pivot("hold", hold))
+        .build()
+        .unwrap();
+    let db = TempDb::new();
+    let store = db.store().await;
+    // No poll and no heartbeat within the test, so that every commit counted is the saga's.
+    let config = orchestrator::EngineConfig {
+        workers: 1,
+        poll_interval: Duration::from_secs(3600),
+        lease_ttl: Duration::from_secs(600),
+        ..test_config()
+    };
+    let eng = RunningEngine::start(store.clone(), registry_of([def]), config);
+    eng.ready().await;
+    // The run loop's first look (a claim, the blocked check) commits too: let it end.
+    let mut before = store.commits();
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = store.commits();
+        if now == before {
+            break;
+        }
+        before = now;
+    }
+    let saga = eng.engine.start("held", json!({})).await.unwrap();
+    assert_eq!(store.commits() - before, 1, "one commit for the create");
+    assert_eq!(saga.status, SagaStatus::Running, "{saga:?}");
+    assert!(saga.pivot_reached, "the first step is the pivot: {saga:?}");
+    // What the log says while the call runs, before anything else is written.
+    wait_for(&store, saga.id, Duration::from_secs(5), |_| {
+        calls.load(SeqCst) == 1
+    })
+    .await;
+    assert_eq!(store.commits() - before, 1, "the call itself wrote nothing");
+    let running = store.get_saga(saga.id).await.unwrap().unwrap();
+    assert_eq!(running.status, SagaStatus::Running);
+    assert!(running.pivot_reached);
+    assert_eq!(running.lease_epoch, 1);
+    let action = &running.steps[0].action;
+    assert_eq!(
+        (action.status, action.attempts, action.outcome_unknown),
+        (StepStatus::Running, 1, true),
+        "{running:?}"
+    );
+    assert!(action.started_at.is_some());
+    let attempts = store.attempts(saga.id).await.unwrap();
+    assert_eq!(attempts.len(), 1, "{attempts:?}");
+    assert_eq!(
+        (
+            attempts[0].attempt,
+            attempts[0].lease_epoch,
+            attempts[0].ended_at
+        ),
+        (1, 1, None)
+    );
+    assert_eq!(
+        Some(attempts[0].worker.as_str()),
+        running.lease_owner.as_deref()
+    );
+    // A cancel now is refused: the pivot has started.
+    assert_eq!(
+        store.request_cancel(saga.id).await.unwrap(),
+        orchestrator::store::CancelOutcome::PastPivot
+    );
+    let before = store.commits();
+    gate.add_permits(1);
+    let done = wait_terminal(&store, saga.id).await;
+    assert_eq!(done.status, SagaStatus::Completed);
+    assert_eq!(
+        store.commits() - before,
+        1,
+        "the result, with the end, is the saga's only other commit"
+    );
+    assert_eq!(calls.load(SeqCst), 1);
+    let attempts = store.attempts(saga.id).await.unwrap();
+    assert_eq!(attempts.len(), 1, "{attempts:?}");
+    assert_eq!(attempts[0].outcome.as_deref(), Some("succeeded"));
     eng.stop().await;
 }
 

@@ -1127,7 +1127,11 @@ async fn saga_start_goes_through_the_http_api() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("started: QUEUED (place_order)"), "{stdout}");
+    // The engine runs (the start above completed), so a worker takes the saga at once.
+    assert!(
+        stdout.contains("started: RUNNING (place_order)"),
+        "{stdout}"
+    );
     assert!(stdout.contains("idempotency key cli-key-1"), "{stdout}");
 
     // The application binary has the same command.
@@ -1153,7 +1157,7 @@ async fn saga_start_goes_through_the_http_api() {
         String::from_utf8_lossy(&out.stderr)
     );
     let started: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(started["status"], "QUEUED");
+    assert_eq!(started["status"], "RUNNING");
     assert!(started["idempotency_key"].is_string());
 
     // Refusals are one line on stderr and exit 1.

@@ -181,6 +181,20 @@ impl RunningEngine {
         }
     }
 
+    /// Waits until the run loop accepts direct starts with a free worker (a start made earlier
+    /// is created `QUEUED`, unleased, and left to a claim).
+    pub async fn ready(&self) {
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while !self
+            .engine
+            .reserve_slot()
+            .is_some_and(|slot| slot.runs_at_once())
+        {
+            assert!(std::time::Instant::now() < deadline, "the engine never ran");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     pub async fn stop(self) {
         self.shutdown.cancel();
         self.task.await.unwrap();

@@ -53,12 +53,15 @@ impl CallResult {
     }
 }
 
-/// Drives `claimed` until it no longer needs this worker; logs why it stopped.
+/// Drives `claimed` until it no longer needs this worker; logs why it stopped. With `ahead`,
+/// the saga comes fresh from a create that also wrote its first action ahead: that call is
+/// made first, before anything else is written.
 pub(super) async fn drive(
     inner: Arc<Inner>,
     claimed: Claimed,
     slot: tokio::sync::OwnedSemaphorePermit,
     stop: CancellationToken,
+    ahead: bool,
 ) {
     let span = tracing::info_span!(
         "saga",
@@ -92,7 +95,7 @@ pub(super) async fn drive(
             pending: Pending::default(),
             slot: Some(slot),
         };
-        match driver.run().await {
+        match driver.run(ahead).await {
             Ok(()) => {}
             Err(StoreError::LeaseLost(_)) => tracing::warn!(
                 "lease lost (another worker or an operator took the saga over); stopped driving it"
@@ -124,8 +127,14 @@ impl Driver {
         self.inner.clock.now_ms()
     }
 
-    async fn run(&mut self) -> Result<(), StoreError> {
-        self.recover_interrupted();
+    async fn run(&mut self, ahead: bool) -> Result<(), StoreError> {
+        if ahead {
+            // The create recorded this call's write-ahead: its step is running, not interrupted.
+            let attempt = self.saga.steps[0].action.attempts;
+            self.call_and_record(0, Phase::Action, attempt).await;
+        } else {
+            self.recover_interrupted();
+        }
         loop {
             let now = self.now();
             let events = plan::settle(&mut self.saga, now);
@@ -178,19 +187,25 @@ impl Driver {
                         self.saga.cancel_requested = true;
                         continue;
                     }
-                    let step_name = self.def.steps()[index].name().to_owned();
-                    crash_if_armed(before_point(phase), &step_name);
-                    let started = std::time::Instant::now();
-                    let result = self.call(index, phase, attempt).await;
-                    metrics::histogram!("saga_step_duration_seconds",
-                        "name" => self.saga.name.clone(), "step" => step_name.clone(),
-                        "phase" => phase.as_str(), "outcome" => result.outcome())
-                    .record(started.elapsed().as_secs_f64());
-                    crash_if_armed(after_point(phase), &step_name);
-                    self.record(index, phase, attempt, result);
+                    self.call_and_record(index, phase, attempt).await;
                 }
             }
         }
+    }
+
+    /// Makes a call whose write-ahead is committed and keeps its result in memory, to be
+    /// written with whatever comes next.
+    async fn call_and_record(&mut self, index: usize, phase: Phase, attempt: u32) {
+        let step_name = self.def.steps()[index].name().to_owned();
+        crash_if_armed(before_point(phase), &step_name);
+        let started = std::time::Instant::now();
+        let result = self.call(index, phase, attempt).await;
+        metrics::histogram!("saga_step_duration_seconds",
+            "name" => self.saga.name.clone(), "step" => step_name.clone(),
+            "phase" => phase.as_str(), "outcome" => result.outcome())
+        .record(started.elapsed().as_secs_f64());
+        crash_if_armed(after_point(phase), &step_name);
+        self.record(index, phase, attempt, result);
     }
 
     /// A phase left `RUNNING` by a previous owner was interrupted: its outcome is unknown. Close

@@ -134,6 +134,13 @@ impl StartSlot {
     pub fn lease(&self) -> (&str, i64) {
         (&self.owner, self.ttl_ms)
     }
+
+    /// Whether the saga is driven the moment it is created (a free worker, not a place in
+    /// line): its create may then record its first action's write-ahead too
+    /// ([`NewSaga::first_attempt`]), and the saga starts `RUNNING`.
+    pub fn runs_at_once(&self) -> bool {
+        matches!(self.permit, SlotPermit::Worker(_))
+    }
 }
 
 /// Whether due sagas wait for a free worker slot, as far as the run loop knows.
@@ -149,6 +156,12 @@ enum Backlog {
 
 /// A saga started and leased in this process, with the worker slot it occupies or waits for.
 type Direct = (Claimed, SlotPermit);
+
+/// Whether a saga fresh from its create had its first action written ahead by it: such a saga
+/// is created `RUNNING`, any other `QUEUED`.
+fn written_ahead(created: &Saga) -> bool {
+    created.status == SagaStatus::Running
+}
 
 pub(crate) struct Inner {
     pub(crate) store: Arc<dyn Store>,
@@ -249,9 +262,11 @@ impl Engine {
         &self.inner.config
     }
 
-    /// Starts a saga on the latest registered version of `name`: checks the input, records the
-    /// saga (status `QUEUED`, due now) and wakes the engine. The saga runs once [`Engine::run`]
-    /// (in this or another process sharing the database) picks it up.
+    /// Starts a saga on the latest registered version of `name`: checks the input and records
+    /// the saga. With a free worker here, the saga is created leased to it, `RUNNING`, its
+    /// first action written ahead in the same commit, and driven at once. Otherwise it is
+    /// created `QUEUED`, due now, and runs once a worker of this process frees or
+    /// [`Engine::run`] (in this or another process sharing the database) claims it.
     pub async fn start(&self, name: &str, input: Value) -> Result<Saga, StartError> {
         let def = self
             .inner
@@ -263,12 +278,14 @@ impl Engine {
                 name: name.to_owned(),
                 message,
             })?;
-        let new = NewSaga::of(def, input);
+        let mut new = NewSaga::of(def, input);
         let inner = &self.inner;
         // With a free worker here, the saga is created already leased to this process and
-        // driven at once: no claim, no wait for the run loop.
+        // driven at once: no claim, no wait for the run loop, and no commit of its own for the
+        // first write-ahead.
         let saga = match self.reserve_slot() {
             Some(slot) => {
+                new.first_attempt = slot.runs_at_once();
                 let claimed = inner
                     .store
                     .create_saga_leased(new, &slot.owner, slot.ttl_ms)
@@ -413,7 +430,7 @@ impl Engine {
                 loop {
                     match ended.recv().await {
                         Ok((id, status)) => match inner.upgrade() {
-                            Some(inner) => inner.notify_terminal(id, status),
+                            Some(inner) => inner.waiters.announced(id, status),
                             None => return,
                         },
                         // Missed announcements: their waiters find out at their next poll.
@@ -461,15 +478,15 @@ impl Engine {
         let mut backlog = Backlog::None;
         let mut look_at = tokio::time::Instant::now();
         while !shutdown.is_cancelled() {
-            // Take the slots before claiming: a saga claimed must have a worker to drive it
-            // (a direct start may take a slot at any moment).
-            let mut permits = Vec::new();
-            if look {
-                while let Ok(p) = inner.slots.clone().try_acquire_owned() {
-                    permits.push(p);
-                }
-            }
-            let free = permits.len();
+            // Claim as many as there are free slots. The slots are not held while the claim
+            // runs: a start made meanwhile takes a free one as usual (and writes its first
+            // action ahead), and a claimed saga that finds its slot gone waits, leased, for
+            // the next one to free.
+            let free = if look {
+                inner.slots.available_permits()
+            } else {
+                0
+            };
             if look && free > 0 {
                 match inner
                     .store
@@ -487,11 +504,10 @@ impl Engine {
                         } else {
                             Backlog::None
                         };
-                        for (c, permit) in list.into_iter().zip(permits.drain(..)) {
-                            drivers.spawn(driver::drive(
+                        for c in list {
+                            drivers.spawn(drive_claimed(
                                 self.inner.clone(),
                                 c,
-                                permit,
                                 shutdown.child_token(),
                             ));
                         }
@@ -503,8 +519,6 @@ impl Engine {
             } else if look {
                 backlog = Backlog::Suspected;
             }
-            // Slots not needed by this claim go back.
-            drop(permits);
             if last_blocked_check.is_none_or(|t| t.elapsed() >= cfg.poll_interval) {
                 last_blocked_check = Some(tokio::time::Instant::now());
                 match inner.store.mark_blocked(&inner.definitions).await {
@@ -542,9 +556,8 @@ impl Engine {
                     }
                     // A slot freed: take more if sagas were left waiting for one. A claim that
                     // filled every slot says more are likely due; a wake-up that found no free
-                    // slot says nothing, so look first (a read, not a claim: a claim holds
-                    // every free slot while it writes, and a saga started meanwhile would miss
-                    // the direct path).
+                    // slot says nothing, so look first (a read, cheaper than a claim that
+                    // finds nothing).
                     look = match backlog {
                         Backlog::None => false,
                         Backlog::Seen => true,
@@ -621,6 +634,16 @@ impl Engine {
     }
 }
 
+/// Drives a claimed saga in the next free worker slot: at once, unless a start took the slot
+/// while the claim ran (the semaphore hands freed slots out in the order they were asked for).
+async fn drive_claimed(inner: Arc<Inner>, claimed: Claimed, stop: CancellationToken) {
+    // The semaphore is never closed.
+    let Ok(slot) = inner.slots.clone().acquire_owned().await else {
+        return;
+    };
+    driver::drive(inner, claimed, slot, stop, false).await;
+}
+
 /// Drives a saga started here: at once in its worker slot, or, if it holds a place in line,
 /// once a slot frees (the semaphore hands freed slots to those waiting in the order they
 /// asked, before any claim can take one). Its lease is kept meanwhile by the heartbeat.
@@ -630,6 +653,8 @@ async fn drive_when_free(
     permit: SlotPermit,
     stop: CancellationToken,
 ) {
+    // Only a saga created while a worker was free has its first action written ahead.
+    let ahead = written_ahead(&claimed.saga);
     let slot = match permit {
         SlotPermit::Worker(slot) => slot,
         SlotPermit::Queued(place) => match inner.slots.clone().acquire_owned().await {
@@ -641,7 +666,7 @@ async fn drive_when_free(
             Err(_) => return,
         },
     };
-    driver::drive(inner, claimed, slot, stop).await;
+    driver::drive(inner, claimed, slot, stop, ahead).await;
 }
 
 async fn heartbeat_loop(inner: Arc<Inner>, stop: CancellationToken) {

@@ -66,6 +66,17 @@ impl Waiters {
         }
     }
 
+    /// The store announced that `id` reached `status` (it may have ended in another process):
+    /// tells its waiters, unless a driver of this process holds it. That driver tells them
+    /// itself once it has its commit's answer and has freed its worker slot, which the
+    /// announcement may overtake: a caller that starts its next saga on hearing of this one
+    /// then finds the slot free. (A driver that stops short of telling wakes them anyway.)
+    pub(crate) fn announced(&self, id: Uuid, status: SagaStatus) {
+        if !self.lock().driven.contains(&id) {
+            self.ended(id, status);
+        }
+    }
+
     /// No driver of this process holds `id` any more: its waiters are woken (their channel
     /// closes) to read the log and wait on.
     pub(crate) fn released(&self, id: Uuid) {
@@ -94,5 +105,30 @@ impl<'a> Driving<'a> {
 impl Drop for Driving<'_> {
     fn drop(&mut self) {
         self.waiters.released(self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_announcement_is_left_to_the_driver_of_a_saga_driven_here() {
+        let waiters = Waiters::default();
+        let (here, other) = (Uuid::now_v7(), Uuid::now_v7());
+        waiters.driving(here);
+        let (mut rx_here, driven) = waiters.register(here);
+        assert!(driven);
+        let (mut rx_other, driven) = waiters.register(other);
+        assert!(!driven);
+        waiters.announced(here, SagaStatus::Completed);
+        waiters.announced(other, SagaStatus::Compensated);
+        assert!(
+            rx_here.try_recv().is_err(),
+            "the driver tells, not the store"
+        );
+        assert_eq!(rx_other.try_recv().unwrap(), SagaStatus::Compensated);
+        waiters.ended(here, SagaStatus::Completed);
+        assert_eq!(rx_here.try_recv().unwrap(), SagaStatus::Completed);
     }
 }

@@ -34,7 +34,8 @@ pub(crate) struct Started {
     id: Uuid,
     /// Its definition name.
     name: String,
-    /// `QUEUED` until a worker picks it up.
+    /// `RUNNING` when a worker of this process took it at once, else `QUEUED` until one picks
+    /// it up.
     status: SagaStatus,
 }
 
@@ -145,7 +146,9 @@ async fn wait_for_end(state: &AppState, id: Uuid, wait: Duration) -> Option<Saga
 
 /// `POST /v1/sagas/{name}`: starts a saga of the latest registered version of `name` with the
 /// body as its input, and answers `202 Accepted` with `Location: /v1/sagas/{id}` and
-/// `{"id", "name", "status": "QUEUED"}` once the saga is durably recorded.
+/// `{"id", "name", "status"}` once the saga is durably recorded: `RUNNING` when a worker of
+/// this process took it at once (its first action written ahead in the same commit), else
+/// `QUEUED`.
 ///
 /// The checks run in the order a client would fix them: unknown definition `404` (whatever the
 /// body), then the headers (`400` for a malformed `Idempotency-Key` or `Saga-Callback-Url`, or
@@ -267,13 +270,11 @@ pub(crate) async fn start_saga(
             })?;
             // Driven here at once if a worker is free, as `Engine::start` does.
             let slot = state.engine.reserve_slot();
+            let mut new = NewSaga::of(&def, input);
+            new.first_attempt = slot.as_ref().is_some_and(StartSlot::runs_at_once);
             let saga = state
                 .idempotency
-                .create_saga_with_callback(
-                    NewSaga::of(&def, input),
-                    callback,
-                    slot.as_ref().map(StartSlot::lease),
-                )
+                .create_saga_with_callback(new, callback, slot.as_ref().map(StartSlot::lease))
                 .await?;
             state.engine.drive_started(saga.clone(), slot);
             count_started(&saga);
@@ -361,24 +362,29 @@ async fn final_answer(state: &AppState, started: Started, wait: Duration) -> (St
 async fn start_idempotent(
     state: AppState,
     key: IdempotencyKey,
-    new: NewSaga,
+    mut new: NewSaga,
     callback: Option<Callback>,
     wait: Option<Duration>,
 ) -> Result<Response, ApiError> {
+    // A worker slot of this process, if one is free: the saga is then created leased to it
+    // (`RUNNING`, its first action written ahead) and driven at once, without waiting for a
+    // claim. Freed unused unless this request creates the saga.
+    let slot = state.engine.reserve_slot();
+    new.first_attempt = slot.as_ref().is_some_and(StartSlot::runs_at_once);
     let started = Started {
         id: new.id,
         name: new.name.clone(),
-        status: SagaStatus::Queued,
+        status: if new.first_attempt {
+            SagaStatus::Running
+        } else {
+            SagaStatus::Queued
+        },
     };
     // A plain start knows its answer before writing: it is saved with the key, at once.
     let plain = wait.is_none().then(|| SavedResponse {
         status_code: StatusCode::ACCEPTED.as_u16(),
         body: to_body(&started),
     });
-    // A worker slot of this process, if one is free: the saga is then created leased to it
-    // and driven at once, without waiting for a claim. Freed unused unless this request
-    // creates the saga.
-    let slot = state.engine.reserve_slot();
     let outcome = state
         .idempotency
         .create_saga_idempotent(

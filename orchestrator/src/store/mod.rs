@@ -52,6 +52,11 @@ pub struct NewSaga {
     pub input: Value,
     /// The steps: name and kind, in order.
     pub steps: Vec<(String, StepKindName)>,
+    /// Whether the create also records the write-ahead of the first action (saga `RUNNING`,
+    /// step 0's action `RUNNING` with attempt 1 started under the new lease), saving the
+    /// commit the driver would make for it. Only for a saga created leased to a worker that
+    /// makes that call at once; a saga created without a lease ignores it and starts `QUEUED`.
+    pub first_attempt: bool,
 }
 
 impl NewSaga {
@@ -68,7 +73,21 @@ impl NewSaga {
                 .iter()
                 .map(|s| (s.name().to_owned(), StepKindName::from(s.kind())))
                 .collect(),
+            first_attempt: false,
         }
+    }
+
+    /// Whether its create records the first action's write-ahead, created leased or not.
+    pub(crate) fn starts_first_action(&self, leased: bool) -> bool {
+        self.first_attempt && leased && !self.steps.is_empty()
+    }
+
+    /// Whether starting its first action passes the point of no return (the first step is
+    /// not compensatable).
+    pub(crate) fn first_is_point_of_no_return(&self) -> bool {
+        self.steps
+            .first()
+            .is_some_and(|(_, kind)| *kind != StepKindName::Compensatable)
     }
 }
 
@@ -400,7 +419,8 @@ pub trait Store: Send + Sync + 'static {
     async fn create_saga(&self, new: NewSaga) -> Result<Saga>;
 
     /// Creates a saga already leased to `owner` (epoch 1), so the process that starts it can
-    /// drive it at once without a claim; otherwise as [`Store::create_saga`].
+    /// drive it at once without a claim; otherwise as [`Store::create_saga`], except that with
+    /// [`NewSaga::first_attempt`] it is created `RUNNING`, its first action written ahead.
     async fn create_saga_leased(
         &self,
         new: NewSaga,

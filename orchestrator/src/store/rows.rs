@@ -172,9 +172,11 @@ pub(super) fn comp_status_for(kind: StepKindName) -> StepStatus {
 }
 
 /// The record of a saga just created, as `create_saga` returns it; leased to `owner` (epoch 1)
-/// if given.
+/// if given, its first action written ahead if [`NewSaga::first_attempt`] asks for it.
 pub(super) fn new_saga_record(new: NewSaga, now: Millis, owner: Option<String>) -> Saga {
-    let steps = new
+    let ahead = new.starts_first_action(owner.is_some());
+    let pivot_reached = ahead && new.first_is_point_of_no_return();
+    let mut steps: Vec<StepRecord> = new
         .steps
         .iter()
         .enumerate()
@@ -187,16 +189,23 @@ pub(super) fn new_saga_record(new: NewSaga, now: Millis, owner: Option<String>) 
             compensation: PhaseRecord::with_status(comp_status_for(*kind)),
         })
         .collect();
+    if ahead {
+        steps[0].action = first_attempt(now);
+    }
     Saga {
         id: new.id,
         name: new.name,
         version: new.version,
         definition_hash: new.definition_hash,
-        status: SagaStatus::Queued,
+        status: if ahead {
+            SagaStatus::Running
+        } else {
+            SagaStatus::Queued
+        },
         needs_attention: false,
         blocked: false,
         cancel_requested: false,
-        pivot_reached: false,
+        pivot_reached,
         input: new.input,
         output: None,
         error: None,
@@ -206,6 +215,19 @@ pub(super) fn new_saga_record(new: NewSaga, now: Millis, owner: Option<String>) 
         created_at: now,
         updated_at: now,
         steps,
+    }
+}
+
+/// The first action's phase as its create writes it ahead: attempt 1 running since `now`, its
+/// outcome unknown until the driver records it.
+pub(super) fn first_attempt(now: Millis) -> PhaseRecord {
+    PhaseRecord {
+        status: StepStatus::Running,
+        attempts: 1,
+        last_error: None,
+        outcome_unknown: true,
+        started_at: Some(now),
+        ended_at: None,
     }
 }
 

@@ -103,6 +103,8 @@ pub(crate) const NEW_SAGAS: Cols = &[
     ("owner", "text"),
     ("epoch", "bigint"),
     ("ttl", "bigint"),
+    ("ahead", "boolean"),
+    ("pivot", "boolean"),
 ];
 
 /// The steps of the new sagas.
@@ -112,6 +114,7 @@ pub(crate) const NEW_STEPS: Cols = &[
     ("name", "text"),
     ("kind", "text"),
     ("comp_status", "text"),
+    ("ahead", "boolean"),
 ];
 
 /// Numbers a statement's parameters in the order they are bound.
@@ -408,11 +411,14 @@ pub(crate) struct CreateCols<'a> {
     owner: Vec<Option<&'a str>>,
     epoch: Vec<i64>,
     ttl: Vec<Option<Millis>>,
+    ahead: Vec<bool>,
+    pivot: Vec<bool>,
     step_saga: Vec<Uuid>,
     step_idx: Vec<i64>,
     step_name: Vec<&'a str>,
     step_kind: Vec<&'static str>,
     step_comp: Vec<&'static str>,
+    step_ahead: Vec<bool>,
 }
 
 impl<'a> CreateCols<'a> {
@@ -432,12 +438,16 @@ impl<'a> CreateCols<'a> {
                 .push(item.lease.as_ref().map(|(owner, _)| owner.as_str()));
             c.epoch.push(i64::from(item.lease.is_some()));
             c.ttl.push(item.lease.as_ref().map(|(_, ttl)| *ttl));
+            let ahead = n.starts_first_action(item.lease.is_some());
+            c.ahead.push(ahead);
+            c.pivot.push(ahead && n.first_is_point_of_no_return());
             for (idx, (name, kind)) in n.steps.iter().enumerate() {
                 c.step_saga.push(n.id);
                 c.step_idx.push(i64::try_from(idx).unwrap_or(i64::MAX));
                 c.step_name.push(name);
                 c.step_kind.push(kind.as_str());
                 c.step_comp.push(comp_status_for(*kind).as_str());
+                c.step_ahead.push(ahead && idx == 0);
             }
         }
         c
@@ -454,11 +464,14 @@ impl<'a> CreateCols<'a> {
             .bind(&self.owner)
             .bind(&self.epoch)
             .bind(&self.ttl)
+            .bind(&self.ahead)
+            .bind(&self.pivot)
             .bind(&self.step_saga)
             .bind(&self.step_idx)
             .bind(&self.step_name)
             .bind(&self.step_kind)
             .bind(&self.step_comp)
+            .bind(&self.step_ahead)
     }
 }
 

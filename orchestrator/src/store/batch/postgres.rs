@@ -118,18 +118,26 @@ const FENCED_ROWS: &str = "SELECT f.id::text AS id, f.epoch, \
      WHEN f.due THEN pg_notify('saga_due', '')::text END AS notified FROM fenced f";
 
 /// The CTEs creating new sagas (`n`) with their steps and `saga.started` events at `now`
-/// (an expression), over the next parameters in the order [`CreateCols::bind`] binds them.
+/// (an expression), over the next parameters in the order [`CreateCols::bind`] binds them;
+/// a saga created `ahead` has its first action written ahead (running, attempt 1 started).
 fn create_ctes(p: &mut Params, now: &str) -> String {
     let (sagas, _) = p.unnest(NEW_SAGAS, "x", true);
     let (steps, _) = p.unnest(NEW_STEPS, "x", false);
     format!(
         "n AS (SELECT * FROM {sagas}), \
          cs AS (INSERT INTO sagas (id, name, version, definition_hash, definition_key, status, \
-         input, next_run_at, created_at, updated_at, lease_owner, lease_epoch, lease_expires_at) \
-         SELECT id, name, version, hash, key, 'QUEUED', input::jsonb, {now}, {now}, {now}, \
-         owner, epoch, {now} + ttl FROM n), \
-         cst AS (INSERT INTO steps (saga_id, idx, name, kind, status, comp_status) \
-         SELECT saga_id, idx, name, kind, 'PENDING', comp_status FROM {steps}), \
+         input, next_run_at, created_at, updated_at, lease_owner, lease_epoch, lease_expires_at, \
+         pivot_reached) \
+         SELECT id, name, version, hash, key, \
+         CASE WHEN ahead THEN 'RUNNING' ELSE 'QUEUED' END, input::jsonb, {now}, {now}, {now}, \
+         owner, epoch, {now} + ttl, pivot FROM n), \
+         cst AS (INSERT INTO steps (saga_id, idx, name, kind, status, comp_status, attempts, \
+         outcome_unknown, started_at) \
+         SELECT saga_id, idx, name, kind, CASE WHEN ahead THEN 'RUNNING' ELSE 'PENDING' END, \
+         comp_status, CASE WHEN ahead THEN 1 ELSE 0 END, ahead, \
+         CASE WHEN ahead THEN {now} END FROM {steps}), \
+         cat AS (INSERT INTO attempts (saga_id, step_idx, phase, attempt, worker, lease_epoch, \
+         started_at) SELECT id, 0, 'action', 1, owner, epoch, {now} FROM n WHERE ahead), \
          cev AS (INSERT INTO events (saga_id, at, type, step, data) \
          SELECT id, {now}, 'saga.started', NULL, \
          jsonb_build_object('name', name, 'version', version) FROM n ORDER BY ord)"

@@ -15,9 +15,9 @@ use tokio::runtime::{Handle, RuntimeFlavor};
 use uuid::Uuid;
 
 use super::{refusal, Item, NewItem, Refused};
-use crate::model::{definition_key, Millis};
+use crate::model::{definition_key, Millis, PhaseRecord, SagaStatus};
 use crate::store::idempotency::Callback;
-use crate::store::rows::comp_status_for;
+use crate::store::rows::{comp_status_for, first_attempt};
 use crate::store::{Applied, AttemptChange, Lease, NewSaga, Result, StoreError};
 use saga_dsl::Phase;
 
@@ -52,12 +52,13 @@ const EVENT: &str =
 
 const NEW_SAGA: &str = "INSERT INTO sagas (id, name, version, definition_hash, definition_key, \
      status, input, next_run_at, created_at, updated_at, lease_owner, lease_epoch, \
-     lease_expires_at) VALUES (?1, ?2, ?3, ?4, ?5, 'QUEUED', ?6, ?7, ?7, ?7, ?8, ?9, ?10)";
+     lease_expires_at, pivot_reached) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?11, ?6, ?7, ?7, ?7, ?8, ?9, ?10, ?12)";
 
 const NEW_CALLBACK: &str = "INSERT INTO saga_callbacks (saga_id, url, secret) VALUES (?1, ?2, ?3)";
 
-const NEW_STEP: &str = "INSERT INTO steps (saga_id, idx, name, kind, status, comp_status) \
-     VALUES (?1, ?2, ?3, ?4, 'PENDING', ?5)";
+const NEW_STEP: &str = "INSERT INTO steps (saga_id, idx, name, kind, status, comp_status, \
+     attempts, outcome_unknown, started_at) VALUES (?1, ?2, ?3, ?4, ?6, ?5, ?7, ?8, ?9)";
 
 /// Runs `f` on the SQLite handle of `conn`, on this thread. On a multi-threaded runtime the
 /// thread first hands its other tasks to another worker (`block_in_place`): `f` may wait for
@@ -125,7 +126,7 @@ pub(crate) fn create(db: &Connection, now: Millis, items: &[NewItem]) -> Result<
 }
 
 /// Creates one saga, its steps and its `saga.started` event, leased to `lease`'s owner for its
-/// ttl if given.
+/// ttl if given, with its first action written ahead if [`NewSaga::first_attempt`] asks.
 pub(crate) fn create_saga(
     db: &Connection,
     now: Millis,
@@ -137,6 +138,12 @@ pub(crate) fn create_saga(
     let (owner, expires) = match lease {
         Some((owner, ttl)) => (Some(owner.as_str()), Some(now.saturating_add(*ttl))),
         None => (None, None),
+    };
+    let ahead = n.starts_first_action(lease.is_some());
+    let status = if ahead {
+        SagaStatus::Running
+    } else {
+        SagaStatus::Queued
     };
     exec(
         db,
@@ -152,18 +159,33 @@ pub(crate) fn create_saga(
             owner,
             i64::from(lease.is_some()),
             expires,
+            status.as_str(),
+            ahead && n.first_is_point_of_no_return(),
         ],
     )?;
     let mut step = db.prepare_cached(NEW_STEP).map_err(from_rusqlite)?;
+    let (first, pending) = (first_attempt(now), PhaseRecord::pending());
     for (idx, (name, kind)) in n.steps.iter().enumerate() {
+        let action = if ahead && idx == 0 { &first } else { &pending };
         step.execute(params![
             id,
             idx,
             name,
             kind.as_str(),
             comp_status_for(*kind).as_str(),
+            action.status.as_str(),
+            action.attempts,
+            action.outcome_unknown,
+            action.started_at,
         ])
         .map_err(from_rusqlite)?;
+    }
+    if let (true, Some(owner)) = (ahead, owner) {
+        exec(
+            db,
+            ATTEMPT_STARTED,
+            params![id, 0, Phase::Action.as_str(), 1, owner, 1, now],
+        )?;
     }
     let data = serde_json::json!({ "name": n.name, "version": n.version });
     exec(
