@@ -16,11 +16,11 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use orchestrator::http::{router_with_shutdown, serve, HttpConfig};
 use orchestrator::store::{DeliveryState, Stores};
-use orchestrator::webhooks::{verify_signature, Relay, WebhookConfig};
+use orchestrator::webhooks::{verify_signature, Relay, WebhookConfig, RELAY_NAME};
 use saga_dsl::StepKind::{Compensatable, Pivot};
 use saga_suite::{
-    registry_of, scripted_saga, test_config, Journal, RunningEngine, ScriptedStep as S, Server,
-    TempDb,
+    registry_of, scripted_saga, test_config, wait_terminal, Journal, RunningEngine,
+    ScriptedStep as S, Server, TempDb,
 };
 use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
@@ -443,4 +443,81 @@ async fn a_relay_killed_between_send_and_record_sends_the_same_event_again() {
     let saga = server.saga(id).await;
     assert_eq!(saga["status"], "COMPLETED");
     server.kill9();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_with_nothing_to_send_records_its_cursor_once_idle_not_per_batch() {
+    use orchestrator::store::{Callback, NewSaga};
+    let db = TempDb::new();
+    let stores = db.stores().await;
+    let journal = Journal::default();
+    let def = scripted_saga("s", 1, &[S::new("a", Pivot)], &journal);
+    let engine = RunningEngine::start(
+        stores.log.clone(),
+        registry_of([def.clone()]),
+        test_config(),
+    );
+    engine.ready().await;
+    for _ in 0..3 {
+        let saga = engine.engine.start("s", json!({})).await.unwrap();
+        wait_terminal(&stores.log, saga.id).await;
+    }
+    let outbox = stores.outbox.clone();
+    let all = outbox.outbox_after(Default::default(), 1000).await.unwrap();
+    let last = all.last().unwrap().position;
+    assert!(all.len() > 4, "{all:?}");
+    // No subscribers, no callbacks: batches of 4 events are read past without a write.
+    let relay = Relay::new(
+        outbox.clone(),
+        WebhookConfig {
+            batch: 4,
+            ..WebhookConfig::default()
+        },
+    )
+    .unwrap();
+    let mut read = 0;
+    loop {
+        let n = relay.relay_once().await.unwrap();
+        if n == 0 {
+            break;
+        }
+        read += n;
+        assert_eq!(
+            outbox.relay_cursor(RELAY_NAME).await.unwrap(),
+            Default::default(),
+            "nothing recorded while batches without deliveries go by"
+        );
+    }
+    assert_eq!(read, all.len());
+    // Idle: how far it read is recorded.
+    assert_eq!(outbox.relay_cursor(RELAY_NAME).await.unwrap(), last);
+
+    // A saga with a callback: its events are enqueued, and the cursor moves with them.
+    let saga = stores
+        .idempotency
+        .create_saga_with_callback(
+            NewSaga::of(&def, json!({})),
+            &Callback {
+                url: "http://127.0.0.1:9/hook".to_owned(),
+                secret: None,
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    engine.engine.wake();
+    wait_terminal(&stores.log, saga.id).await;
+    let events = stores.log.events(saga.id).await.unwrap();
+    while relay.relay_once().await.unwrap() > 0 {}
+    let deliveries = outbox.deliveries(saga.id).await.unwrap();
+    assert_eq!(deliveries.len(), events.len(), "{deliveries:?}");
+    let now_last = outbox
+        .outbox_after(Default::default(), 1000)
+        .await
+        .unwrap()
+        .last()
+        .unwrap()
+        .position;
+    assert_eq!(outbox.relay_cursor(RELAY_NAME).await.unwrap(), now_last);
+    engine.stop().await;
 }

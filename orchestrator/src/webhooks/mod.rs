@@ -45,7 +45,8 @@ use uuid::Uuid;
 
 use crate::model::rfc3339;
 use crate::store::outbox::{
-    ClaimedDelivery, DeliveryOutcome, NewDelivery, OutboxEvent, OutboxStore, TargetKind,
+    ClaimedDelivery, DeliveryOutcome, NewDelivery, OutboxEvent, OutboxPosition, OutboxStore,
+    TargetKind,
 };
 use crate::store::StoreError;
 pub use signature::{
@@ -225,12 +226,28 @@ impl<'a> WebhookPayload<'a> {
     }
 }
 
+/// How long the relay may read past its durable cursor over events that have no target
+/// before it records how far it got (see [`Relay::relay_once`]).
+const SKIP_PERSIST_EVERY: Duration = Duration::from_secs(1);
+
+/// Events read past the durable cursor that needed no delivery, not yet recorded.
+#[derive(Debug, Clone, Copy)]
+struct Skipped {
+    /// The durable cursor they were read after.
+    durable: OutboxPosition,
+    /// How far they go.
+    read_to: OutboxPosition,
+    /// When the first of them was read.
+    since: tokio::time::Instant,
+}
+
 /// The outbox relay and webhook sender of one process. Cheap to clone.
 #[derive(Clone)]
 pub struct Relay {
     outbox: Arc<dyn OutboxStore>,
     config: Arc<WebhookConfig>,
     client: reqwest::Client,
+    skipped: Arc<std::sync::Mutex<Option<Skipped>>>,
 }
 
 impl std::fmt::Debug for Relay {
@@ -260,6 +277,7 @@ impl Relay {
             outbox,
             config: Arc::new(config),
             client,
+            skipped: Arc::default(),
         })
     }
 
@@ -305,10 +323,24 @@ impl Relay {
 
     /// Reads the events after the cursor and enqueues their deliveries; returns how many
     /// events were read.
+    ///
+    /// Events that need no delivery (no subscribers, and sagas without a callback: the common
+    /// case of a server without webhooks) are read past without a write: the cursor is
+    /// recorded with the next batch that has deliveries, once the relay is idle, or at least
+    /// every second. Until then a restarted relay reads those events again and finds, again,
+    /// nothing to send; a relay of another process that moves the cursor first makes this one
+    /// start over from it.
     pub async fn relay_once(&self) -> Result<usize, WebhookError> {
-        let from = self.outbox.relay_cursor(RELAY_NAME).await?;
+        let durable = self.outbox.relay_cursor(RELAY_NAME).await?;
+        let skipped = (*self.skipped.lock().unwrap_or_else(|p| p.into_inner()))
+            .filter(|s| s.durable == durable);
+        let from = skipped.map_or(durable, |s| s.read_to);
         let events = self.outbox.outbox_after(from, self.config.batch).await?;
         let Some(last) = events.last() else {
+            // Idle: record how far the skipped events go.
+            if skipped.is_some() {
+                self.advance(durable, from, &[]).await?;
+            }
             return Ok(0);
         };
         let to = last.position;
@@ -338,15 +370,39 @@ impl Relay {
                 });
             }
         }
-        if !self
-            .outbox
-            .advance_relay(RELAY_NAME, from, to, &deliveries)
-            .await?
-        {
+        if deliveries.is_empty() {
+            let since = skipped.map_or_else(tokio::time::Instant::now, |s| s.since);
+            if since.elapsed() < SKIP_PERSIST_EVERY {
+                *self.skipped.lock().unwrap_or_else(|p| p.into_inner()) = Some(Skipped {
+                    durable,
+                    read_to: to,
+                    since,
+                });
+                return Ok(events.len());
+            }
+        }
+        if !self.advance(durable, to, &deliveries).await? {
             // Another relay moved the cursor first and enqueued this batch itself.
             return Ok(0);
         }
         Ok(events.len())
+    }
+
+    /// Moves the durable cursor from `durable` to `to` with `deliveries`, compare-and-set;
+    /// whatever was skipped past it is then either recorded or, if another relay moved the
+    /// cursor first, to be read again from where that one left it.
+    async fn advance(
+        &self,
+        durable: OutboxPosition,
+        to: OutboxPosition,
+        deliveries: &[NewDelivery],
+    ) -> Result<bool, WebhookError> {
+        let moved = self
+            .outbox
+            .advance_relay(RELAY_NAME, durable, to, deliveries)
+            .await;
+        *self.skipped.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        Ok(moved?)
     }
 
     /// Claims due deliveries, sends them concurrently and records each answer; returns how
