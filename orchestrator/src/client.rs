@@ -120,7 +120,7 @@ pub struct StartedSaga {
     pub id: Uuid,
     /// The definition name.
     pub name: String,
-    /// Its status when the server answered (`QUEUED`, usually).
+    /// Its status when the server answered: `RUNNING` if a worker took it at once, else `QUEUED`.
     pub status: SagaStatus,
     /// The key sent with every attempt of this start; pass it again to retry the same logical
     /// start later.
