@@ -16,9 +16,6 @@ use super::rows::new_saga_record;
 use super::{NewSaga, PgStore, Result, StoreError};
 use crate::model::{Millis, Saga};
 
-/// The channel the engines listen on for new due sagas (see the PostgreSQL store).
-const DUE_CHANNEL: &str = "saga_due";
-
 /// How often a start retries when the key it conflicted with vanished before it could read it
 /// (expired and deleted in between): each retry either inserts or finds a live row.
 const MAX_ROUNDS: usize = 3;
@@ -32,15 +29,6 @@ async fn insert_callback(
         .bind(saga_id.to_string())
         .bind(&callback.url)
         .bind(&callback.secret)
-        .execute(&mut **tx)
-        .await?;
-    Ok(())
-}
-
-/// Wakes idle engines of every process: a saga is due.
-async fn notify_due(tx: &mut Transaction<'static, Postgres>) -> Result<()> {
-    sqlx::query("SELECT pg_notify($1, '')")
-        .bind(DUE_CHANNEL)
         .execute(&mut **tx)
         .await?;
     Ok(())
@@ -87,9 +75,6 @@ impl IdempotencyStore for PgStore {
                 if let Some(callback) = callback {
                     insert_callback(&mut tx, new.id, callback).await?;
                 }
-                if lease.is_none() {
-                    notify_due(&mut tx).await?;
-                }
                 tx.commit().await?;
                 return Ok(IdempotentStart::Created(Box::new(new_saga_record(
                     new,
@@ -125,9 +110,6 @@ impl IdempotencyStore for PgStore {
         let mut tx = self.pool().begin().await?;
         let now = insert_saga_rows(&mut tx, &new, lease).await?;
         insert_callback(&mut tx, new.id, callback).await?;
-        if lease.is_none() {
-            notify_due(&mut tx).await?;
-        }
         tx.commit().await?;
         Ok(new_saga_record(
             new,

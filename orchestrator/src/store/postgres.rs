@@ -25,17 +25,15 @@ use uuid::Uuid;
 use super::batch;
 use super::group_commit::{Backend, WriteQueue};
 use super::rows::{
-    attempt_from_row, comp_status_for, corrupt, event_from_row, page_from_rows, parse_enum,
-    saga_from_row, step_from_row, worker_from_row,
+    attempt_from_row, corrupt, event_from_row, page_from_rows, parse_enum, saga_from_row,
+    step_from_row, worker_from_row,
 };
 use super::rules::{cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan};
 use super::{
     Applied, CancelOutcome, ClaimRequest, Claimed, Lease, NewSaga, Result, Store, StoreError,
     Transition, WorkerInfo,
 };
-use crate::model::{
-    definition_key, Attempt, Event, ListFilter, Millis, Saga, SagaPage, SagaStatus, StepRecord,
-};
+use crate::model::{Attempt, Event, ListFilter, Millis, Saga, SagaPage, SagaStatus, StepRecord};
 
 const MAX_PAGE: u32 = 1000;
 /// Wakes workers: a saga is due. The batch statements (`batch/postgres.rs`) name it too.
@@ -343,70 +341,21 @@ async fn listen_loop(
     }
 }
 
-/// Writes a new saga (status `QUEUED`, due now on the database clock), its steps and its
-/// `saga.started` event inside the caller's transaction, leased to `lease`'s owner (`(owner,
-/// ttl in ms)`) if given, with its first action written ahead if [`NewSaga::first_attempt`]
-/// asks; returns the creation time. Shared by the starts that record more in the same
-/// transaction (a key, a callback).
+/// Writes a new saga (due now on the database clock), its steps and its `saga.started` event
+/// inside the caller's transaction, with the statement of a batch of creates
+/// ([`batch::postgres::insert_saga`]): leased to `lease`'s owner (`(owner, ttl in ms)`) if
+/// given, with its first action written ahead if [`NewSaga::first_attempt`] asks, and waking
+/// the workers on commit if unleased. Returns the creation time. Shared by the starts that
+/// record more in the same transaction (a key, a callback).
 pub(crate) async fn insert_saga_rows(
     tx: &mut Transaction<'static, Postgres>,
     new: &NewSaga,
     lease: Option<(&str, i64)>,
 ) -> Result<Millis> {
-    let id = new.id.to_string();
-    let key = definition_key(&new.name, new.version, &new.definition_hash);
-    let ahead = new.starts_first_action(lease.is_some());
-    let now: i64 = sqlx::query_scalar(
-        "WITH t AS (SELECT saga_now_ms() AS now) \
-         INSERT INTO sagas (id, name, version, definition_hash, definition_key, status, input, \
-         next_run_at, created_at, updated_at, lease_owner, lease_epoch, lease_expires_at, \
-         pivot_reached) \
-         SELECT $1::uuid, $2, $3, $4, $5, $9, $6::jsonb, now, now, now, $7, \
-         CASE WHEN $7::text IS NULL THEN 0 ELSE 1 END, now + $8, $10 FROM t \
-         RETURNING created_at",
-    )
-    .bind(&id)
-    .bind(&new.name)
-    .bind(i64::from(new.version))
-    .bind(&new.definition_hash)
-    .bind(&key)
-    .bind(new.input.to_string())
-    .bind(lease.map(|(owner, _)| owner))
-    .bind(lease.map(|(_, ttl)| ttl))
-    .bind(if ahead { "RUNNING" } else { "QUEUED" })
-    .bind(ahead && new.first_is_point_of_no_return())
-    .fetch_one(&mut **tx)
-    .await?;
-    let names: Vec<&str> = new.steps.iter().map(|(n, _)| n.as_str()).collect();
-    let kinds: Vec<&str> = new.steps.iter().map(|(_, k)| k.as_str()).collect();
-    let comps: Vec<&str> = new
-        .steps
-        .iter()
-        .map(|(_, k)| comp_status_for(*k).as_str())
-        .collect();
-    // The first action written ahead: its step running, attempt 1 in the attempt log.
-    sqlx::query(
-        "WITH st AS (INSERT INTO steps (saga_id, idx, name, kind, status, comp_status, \
-         attempts, outcome_unknown, started_at) \
-         SELECT $1::uuid, t.ord - 1, t.name, t.kind, \
-         CASE WHEN f.ahead THEN 'RUNNING' ELSE 'PENDING' END, t.comp, \
-         CASE WHEN f.ahead THEN 1 ELSE 0 END, f.ahead, CASE WHEN f.ahead THEN $6 END \
-         FROM UNNEST($2::text[], $3::text[], $4::text[]) WITH ORDINALITY AS t(name, kind, comp, ord) \
-         CROSS JOIN LATERAL (SELECT $5::bool AND t.ord = 1 AS ahead) AS f) \
-         INSERT INTO attempts (saga_id, step_idx, phase, attempt, worker, lease_epoch, started_at) \
-         SELECT $1::uuid, 0, 'action', 1, $7, 1, $6 WHERE $5::bool",
-    )
-    .bind(&id)
-    .bind(&names)
-    .bind(&kinds)
-    .bind(&comps)
-    .bind(ahead)
-    .bind(now)
-    .bind(lease.map(|(owner, _)| owner))
-    .execute(&mut **tx)
-    .await?;
-    let data = serde_json::json!({"name": new.name, "version": new.version});
-    insert_event(tx, &id, "saga.started", None, &data).await?;
+    let now: i64 = sqlx::query_scalar("SELECT saga_now_ms()")
+        .fetch_one(&mut **tx)
+        .await?;
+    batch::postgres::insert_saga(tx, now, new, lease).await?;
     Ok(now)
 }
 

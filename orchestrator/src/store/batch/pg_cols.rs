@@ -16,7 +16,7 @@ use uuid::Uuid;
 use super::{Item, NewItem};
 use crate::model::{definition_key, Millis, PhaseRecord};
 use crate::store::rows::comp_status_for;
-use crate::store::AttemptChange;
+use crate::store::{AttemptChange, NewSaga};
 use saga_dsl::Phase;
 
 /// A statement being bound.
@@ -424,9 +424,21 @@ pub(crate) struct CreateCols<'a> {
 impl<'a> CreateCols<'a> {
     /// Flattens `items`.
     pub(crate) fn of(items: &'a [NewItem]) -> Self {
+        Self::of_sagas(items.iter().map(|item| {
+            let lease = item
+                .lease
+                .as_ref()
+                .map(|(owner, ttl)| (owner.as_str(), *ttl));
+            (&item.new, lease)
+        }))
+    }
+
+    /// Flattens sagas, each with the lease it is created under (`(owner, ttl in ms)`), if any.
+    pub(crate) fn of_sagas(
+        sagas: impl IntoIterator<Item = (&'a NewSaga, Option<(&'a str, i64)>)>,
+    ) -> Self {
         let mut c = Self::default();
-        for item in items {
-            let n = &item.new;
+        for (n, lease) in sagas {
             c.id.push(n.id);
             c.name.push(&n.name);
             c.version.push(i64::from(n.version));
@@ -434,11 +446,10 @@ impl<'a> CreateCols<'a> {
             c.key
                 .push(definition_key(&n.name, n.version, &n.definition_hash));
             c.input.push(n.input.to_string());
-            c.owner
-                .push(item.lease.as_ref().map(|(owner, _)| owner.as_str()));
-            c.epoch.push(i64::from(item.lease.is_some()));
-            c.ttl.push(item.lease.as_ref().map(|(_, ttl)| *ttl));
-            let ahead = n.starts_first_action(item.lease.is_some());
+            c.owner.push(lease.map(|(owner, _)| owner));
+            c.epoch.push(i64::from(lease.is_some()));
+            c.ttl.push(lease.map(|(_, ttl)| ttl));
+            let ahead = n.starts_first_action(lease.is_some());
             c.ahead.push(ahead);
             c.pivot.push(ahead && n.first_is_point_of_no_return());
             for (idx, (name, kind)) in n.steps.iter().enumerate() {

@@ -18,7 +18,7 @@ use super::{unreadable, Item, NewItem};
 use crate::model::Millis;
 use crate::store::group_commit::BoxFuture;
 use crate::store::rows::LogRow;
-use crate::store::{Applied, Result, StoreError};
+use crate::store::{Applied, NewSaga, Result, StoreError};
 
 /// The row sources of a batch of transitions, over the next parameters.
 struct ApplySources {
@@ -282,6 +282,23 @@ pub(crate) async fn whole_batch(
         .await
         .unwrap_or_else(|e| unreadable(items, &e));
     Ok((applied, now))
+}
+
+/// Creates one saga, its steps and its `saga.started` event at `now`, leased to `lease`'s
+/// owner (`(owner, ttl in ms)`) if given, inside the caller's transaction: the statement of
+/// [`insert_sagas`], for the starts that record more in the same transaction. An unleased
+/// saga wakes the workers on commit.
+pub(crate) async fn insert_saga(
+    conn: &mut PgConnection,
+    now: Millis,
+    new: &NewSaga,
+    lease: Option<(&str, i64)>,
+) -> Result<()> {
+    CreateCols::of_sagas([(new, lease)])
+        .bind(sqlx::query(&CREATE).bind(now))
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
 }
 
 /// [`insert_sagas`] as a plain function pointer for the write queue.
