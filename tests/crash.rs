@@ -69,28 +69,33 @@ fn assert_net_zero(l: &LedgerEntry) {
     assert_eq!((l.rider_assigned, l.rider_unassigned), (0, 0), "{l:?}");
 }
 
-#[tokio::test]
-async fn killed_during_an_action() {
+/// Starts a `place_order` saga whose every call takes 1.5 s, kills the server with `kill -9`
+/// while `step`'s action runs, restarts it and checks that the saga completed, that action's
+/// interrupted attempt counted, and every effect happened once.
+async fn kill_during_the_action_of(step_name: &str, order_id: &str) {
     let db = TempDb::new();
     let dir = db.dir.path().to_owned();
     let dir = dir.as_path();
     let server = Server::spawn(&db.url, dir, &[], &[]).await;
     let id = server
-        .start("place_order", order("o-action", json!({"delay_ms": 1500})))
+        .start("place_order", order(order_id, json!({"delay_ms": 1500})))
         .await;
     server
-        .wait_for(id, LONG, |s| {
-            step(s, "charge_payment")["status"] == "RUNNING"
-        })
+        .wait_for(id, LONG, |s| step(s, step_name)["status"] == "RUNNING")
         .await;
     server.kill9();
     let saga = restart_and_finish(&db, id, "COMPLETED").await;
     assert_eq!(
-        step(&saga, "charge_payment")["attempts"],
+        step(&saga, step_name)["attempts"],
         2,
         "the interrupted attempt counts"
     );
-    assert_completed_once(&ledger(dir, "o-action").await);
+    assert_completed_once(&ledger(dir, order_id).await);
+}
+
+#[tokio::test]
+async fn killed_during_an_action() {
+    kill_during_the_action_of("charge_payment", "o-action").await;
 }
 
 #[tokio::test]
@@ -98,26 +103,7 @@ async fn killed_during_the_first_action_whose_write_ahead_came_with_the_start() 
     // The server has a free worker, so the start's own commit recorded the first action as
     // running: killed during that call, the restarted engine finds the attempt interrupted and
     // makes the same call again with the same key.
-    let db = TempDb::new();
-    let dir = db.dir.path().to_owned();
-    let dir = dir.as_path();
-    let server = Server::spawn(&db.url, dir, &[], &[]).await;
-    let id = server
-        .start("place_order", order("o-first", json!({"delay_ms": 1500})))
-        .await;
-    server
-        .wait_for(id, LONG, |s| {
-            step(s, "reserve_stock")["status"] == "RUNNING"
-        })
-        .await;
-    server.kill9();
-    let saga = restart_and_finish(&db, id, "COMPLETED").await;
-    assert_eq!(
-        step(&saga, "reserve_stock")["attempts"],
-        2,
-        "the interrupted attempt counts"
-    );
-    assert_completed_once(&ledger(dir, "o-first").await);
+    kill_during_the_action_of("reserve_stock", "o-first").await;
 }
 
 #[tokio::test]

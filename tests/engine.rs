@@ -1012,6 +1012,31 @@ async fn more_sagas_than_workers_all_run_when_slots_free_up() {
     eng.stop().await;
 }
 
+/// An action that counts its calls and then waits, each call, for a permit added to the gate
+/// before it succeeds: `(gate, calls, action)`.
+fn held_until_released() -> (
+    std::sync::Arc<tokio::sync::Semaphore>,
+    std::sync::Arc<std::sync::atomic::AtomicU32>,
+    impl saga_dsl::Action,
+) {
+    use saga_dsl::{StepContext, StepError};
+    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
+    let calls = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
+    let (held, counted) = (gate.clone(), calls.clone());
+    let action = move |_ctx: StepContext| {
+        let (held, counted) = (held.clone(), counted.clone());
+        async move {
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let _ = held
+                .acquire()
+                .await
+                .map_err(|e| StepError::permanent(e.to_string()))?;
+            Ok(json!("released"))
+        }
+    };
+    (gate, calls, action)
+}
+
 /// An engine with a single worker over `store`, running `defs`.
 fn one_worker(
     store: &std::sync::Arc<dyn orchestrator::Store>,
@@ -1030,18 +1055,7 @@ async fn a_start_with_every_worker_busy_waits_leased_and_is_never_claimed() {
     // meanwhile is created leased to this process (epoch 1) and runs once the worker frees,
     // without a claim (a claim would bump its epoch).
     use saga_dsl::{SagaDefinition, Step, StepContext, StepError};
-    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
-    let held = gate.clone();
-    let hold = move |_ctx: StepContext| {
-        let held = held.clone();
-        async move {
-            let _ = held
-                .acquire()
-                .await
-                .map_err(|e| StepError::permanent(e.to_string()))?;
-            Ok(json!("released"))
-        }
-    };
+    let (gate, _, hold) = held_until_released();
     let noop = |_ctx: StepContext| async { Ok::<_, StepError>(json!("ok")) };
     let holding = SagaDefinition::builder("holding", 1)
         .step(Step::retriable("hold", hold))
@@ -1093,23 +1107,9 @@ async fn a_start_with_a_free_worker_writes_its_first_action_ahead_in_the_same_co
     // attempt 1 started under the new lease, in the attempt log): the call that follows needs
     // no commit of its own, and a crash right after it is an interrupted attempt, as after any
     // write-ahead.
-    use saga_dsl::{SagaDefinition, Step, StepContext, StepError};
-    use std::sync::atomic::{AtomicU32, Ordering::SeqCst};
-    let gate = std::sync::Arc::new(tokio::sync::Semaphore::new(0));
-    let held = gate.clone();
-    let calls = std::sync::Arc::new(AtomicU32::new(0));
-    let counted = calls.clone();
-    let hold = move |_ctx: StepContext| {
-        let (held, counted) = (held.clone(), counted.clone());
-        async move {
-            counted.fetch_add(1, SeqCst);
-            let _ = held
-                .acquire()
-                .await
-                .map_err(|e| StepError::permanent(e.to_string()))?;
-            Ok(json!("released"))
-        }
-    };
+    use saga_dsl::{SagaDefinition, Step};
+    use std::sync::atomic::Ordering::SeqCst;
+    let (gate, calls, hold) = held_until_released();
     let def = SagaDefinition::builder("held", 1)
         .step(Step::pivot("hold", hold))
         .build()
