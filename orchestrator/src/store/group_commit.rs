@@ -48,8 +48,9 @@ type Finish = Box<dyn FnOnce(Result<()>) + Send>;
 /// Applies transitions set-based on a connection (see [`super::batch`]), atomically: on `Err`
 /// nothing of the call remains and the transaction goes on. The flag says whether other writes
 /// share the transaction (else the call may rely on the transaction's rollback).
-pub(crate) type ApplyFn<DB> = for<'c> fn(
+pub(crate) type ApplyFn<DB, C> = for<'c> fn(
     &'c mut <DB as Database>::Connection,
+    &'c mut C,
     Millis,
     &'c [Item],
     bool,
@@ -57,8 +58,9 @@ pub(crate) type ApplyFn<DB> = for<'c> fn(
 
 /// Creates sagas set-based on a connection (see [`super::batch`]), atomically like
 /// [`ApplyFn`].
-pub(crate) type CreateFn<DB> = for<'c> fn(
+pub(crate) type CreateFn<DB, C> = for<'c> fn(
     &'c mut <DB as Database>::Connection,
+    &'c mut C,
     Millis,
     &'c [NewItem],
     bool,
@@ -67,21 +69,37 @@ pub(crate) type CreateFn<DB> = for<'c> fn(
 /// Creates sagas and applies transitions in one transaction of its own, in one round trip,
 /// at the given time or (backends on the database clock) its own, which it returns; on `Err`
 /// nothing was committed, though a transaction may still be open.
-pub(crate) type WholeFn<DB> = for<'c> fn(
-    &'c mut <DB as Database>::Connection,
-    Millis,
-    &'c [Item],
-    &'c [NewItem],
-) -> BoxFuture<'c, Result<(Vec<Result<Applied>>, Millis)>>;
+pub(crate) type WholeFn<DB, C> =
+    for<'c> fn(
+        &'c mut <DB as Database>::Connection,
+        &'c mut C,
+        Millis,
+        &'c [Item],
+        &'c [NewItem],
+    ) -> BoxFuture<'c, Result<(Vec<Result<Applied>>, Millis)>>;
 
 /// Runs idempotent starts set-based on a connection, atomically for each start (its key, saga
 /// and callback are written together or not at all); one result per start, in order. On `Err`
 /// nothing of the call remains.
-pub(crate) type KeyedFn<DB> = for<'c> fn(
+pub(crate) type KeyedFn<DB, C> = for<'c> fn(
     &'c mut <DB as Database>::Connection,
+    &'c mut C,
     Millis,
     &'c [KeyedItem],
 ) -> BoxFuture<'c, Result<Vec<Result<IdempotentStart>>>>;
+
+/// What a writer keeps from one batch to the next for its connection: the SQLite store's
+/// prepared statements ([`super::batch::sqlite_rows::Statements`]); nothing on PostgreSQL,
+/// whose driver caches its own. The writer functions of [`Backend`] get it beside the
+/// connection.
+pub(crate) trait WriterCache<DB: Database>: Send + 'static {
+    /// An empty cache for a writer that takes its connections from `pool`.
+    fn new(pool: &Pool<DB>) -> Self;
+}
+
+impl<DB: Database> WriterCache<DB> for () {
+    fn new(_: &Pool<DB>) -> Self {}
+}
 
 /// A queued write.
 enum Job<DB: Database> {
@@ -107,27 +125,27 @@ enum Job<DB: Database> {
 /// The most writes one transaction carries.
 const MAX_BATCH: usize = 512;
 
-/// How the queue talks to one backend.
-pub(crate) struct Backend<DB: Database> {
+/// How the queue talks to one backend, whose writers keep a `C` between batches.
+pub(crate) struct Backend<DB: Database, C = ()> {
     /// Opens a write transaction (`BEGIN IMMEDIATE` on SQLite: take the write lock up front);
     /// with `db_clock`, also returns the database's time in the same round trip.
     pub(crate) begin: &'static str,
     /// The batch's time comes from the database clock (`begin` returns it), not the process's.
     pub(crate) db_clock: bool,
     /// The set-based transition writer.
-    pub(crate) apply: ApplyFn<DB>,
+    pub(crate) apply: ApplyFn<DB, C>,
     /// The set-based saga creator.
-    pub(crate) create: CreateFn<DB>,
+    pub(crate) create: CreateFn<DB, C>,
     /// The set-based idempotent start, where the backend sends those through the queue (SQLite,
     /// whose one writer connection would otherwise run them one by one); `None` refuses them.
-    pub(crate) keyed: Option<KeyedFn<DB>>,
+    pub(crate) keyed: Option<KeyedFn<DB, C>>,
     /// Keep the connection between batches instead of returning it to the pool (which may test
     /// it on every acquire); it goes back after a failed batch, so a broken one is replaced.
     /// Only where the pool has connections to spare: SQLite's one writer is shared.
     pub(crate) keep_connection: bool,
     /// The one-round path for batches of only creates and transitions, where the backend can
     /// send a whole transaction at once.
-    pub(crate) whole: Option<WholeFn<DB>>,
+    pub(crate) whole: Option<WholeFn<DB, C>>,
     /// A statement the writer runs between batches every so many commits, outside any
     /// transaction (SQLite: a checkpoint by the writer itself, see `sqlite.rs`).
     pub(crate) checkpoint: Option<(&'static str, u32)>,
@@ -173,7 +191,11 @@ where
     usize: sqlx::ColumnIndex<DB::Row>,
 {
     /// Starts the writer tasks over `pool`.
-    pub(crate) fn start(pool: Pool<DB>, backend: Backend<DB>, clock: Arc<dyn Clock>) -> Self {
+    pub(crate) fn start<C: WriterCache<DB>>(
+        pool: Pool<DB>,
+        backend: Backend<DB, C>,
+        clock: Arc<dyn Clock>,
+    ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let commits = Arc::new(AtomicU64::new(0));
         let rx = Arc::new(tokio::sync::Mutex::new(rx));
@@ -350,9 +372,9 @@ async fn next_batch<'q, DB: Database>(
     Some((jobs, Busy(turns)))
 }
 
-async fn writer<DB: Database>(
+async fn writer<DB: Database, C: WriterCache<DB>>(
     pool: Pool<DB>,
-    backend: Arc<Backend<DB>>,
+    backend: Arc<Backend<DB, C>>,
     clock: Arc<dyn Clock>,
     queue: Queue<DB>,
     commits: Arc<AtomicU64>,
@@ -362,6 +384,7 @@ async fn writer<DB: Database>(
     usize: sqlx::ColumnIndex<DB::Row>,
 {
     let mut held: Option<PoolConnection<DB>> = None;
+    let mut cache = C::new(&pool);
     let mut since_checkpoint = 0;
     while let Some((jobs, busy)) = next_batch(&queue, backend.parallel_from).await {
         let mut runs = Vec::new();
@@ -403,7 +426,7 @@ async fn writer<DB: Database>(
             keyed: &keyed,
         };
         let outcome = match &mut conn {
-            Ok(conn) => run_batch(conn, &backend, &*clock, batch).await,
+            Ok(conn) => run_batch(conn, &mut cache, &backend, &*clock, batch).await,
             Err(e) => Err(shared_failure(e)),
         };
         let ok = outcome.is_ok();
@@ -496,9 +519,10 @@ fn created_record(item: NewItem, now: Millis) -> Saga {
 
 /// Runs one batch in one transaction: `(committed, result of each transition)`. On `Err`
 /// nothing of the batch was committed.
-async fn run_batch<DB: Database>(
+async fn run_batch<DB: Database, C>(
     conn: &mut DB::Connection,
-    backend: &Backend<DB>,
+    cache: &mut C,
+    backend: &Backend<DB, C>,
     clock: &dyn Clock,
     batch: Batch<'_, DB>,
 ) -> Result<Outcome>
@@ -509,7 +533,7 @@ where
 {
     let simple = batch.runs.is_empty() && batch.keyed.is_empty();
     if let (true, Some(whole)) = (simple, backend.whole) {
-        match whole(conn, clock.now_ms(), batch.items, batch.news).await {
+        match whole(conn, cache, clock.now_ms(), batch.items, batch.news).await {
             Ok((applied, now)) => {
                 return Ok(Outcome {
                     committed: true,
@@ -543,7 +567,7 @@ where
             return Err(e);
         }
     };
-    match run_jobs(conn, backend, now, batch).await {
+    match run_jobs(conn, cache, backend, now, batch).await {
         Ok(outcome) if outcome.committed => match exec::<DB>(conn, "COMMIT").await {
             Ok(()) => Ok(outcome),
             Err(e) => {
@@ -566,9 +590,10 @@ where
 /// Runs the creates, the idempotent starts, the closures (each in a savepoint when the batch
 /// holds several writes) and the transitions; `committed` in the outcome says whether any of
 /// them wrote something.
-async fn run_jobs<DB: Database>(
+async fn run_jobs<DB: Database, C>(
     conn: &mut DB::Connection,
-    backend: &Backend<DB>,
+    cache: &mut C,
+    backend: &Backend<DB, C>,
     now: Millis,
     batch: Batch<'_, DB>,
 ) -> Result<Outcome>
@@ -583,11 +608,11 @@ where
     } = batch;
     let alone = runs.len() + items.len() + news.len() + keyed.len() == 1;
     let mut any_ok = false;
-    let creates = create_all(conn, backend, now, news, alone).await?;
+    let creates = create_all(conn, cache, backend, now, news, alone).await?;
     any_ok |= creates.iter().any(Result::is_ok);
     let starts = match (keyed.is_empty(), backend.keyed) {
         (true, _) => Vec::new(),
-        (false, Some(f)) => f(conn, now, keyed).await?,
+        (false, Some(f)) => f(conn, cache, now, keyed).await?,
         (false, None) => keyed
             .iter()
             .map(|_| {
@@ -619,7 +644,7 @@ where
             starts,
         });
     }
-    let applied = match (backend.apply)(conn, now, items, !alone).await {
+    let applied = match (backend.apply)(conn, cache, now, items, !alone).await {
         Ok(applied) => applied,
         // Alone: its statement error is its own (the transaction is then rolled back, nothing
         // else being in it).
@@ -629,7 +654,7 @@ where
             tracing::debug!(error = %e, "set-based apply failed; applying one by one");
             let mut applied = Vec::with_capacity(items.len());
             for item in items {
-                match (backend.apply)(conn, now, std::slice::from_ref(item), true).await {
+                match (backend.apply)(conn, cache, now, std::slice::from_ref(item), true).await {
                     Ok(mut one) => applied.push(
                         one.pop()
                             .unwrap_or(Err(StoreError::LeaseLost(item.0.saga_id))),
@@ -651,9 +676,10 @@ where
 
 /// Creates the batch's new sagas set-based; if that fails (an id collision), one by one so the
 /// bad one fails alone. Each result is the creation time.
-async fn create_all<DB: Database>(
+async fn create_all<DB: Database, C>(
     conn: &mut DB::Connection,
-    backend: &Backend<DB>,
+    cache: &mut C,
+    backend: &Backend<DB, C>,
     now: Millis,
     news: &[NewItem],
     alone: bool,
@@ -666,17 +692,18 @@ where
     }
     if alone {
         // Its error is its own; the transaction is then rolled back.
-        return Ok(vec![(backend.create)(conn, now, news, false)
+        return Ok(vec![(backend.create)(conn, cache, now, news, false)
             .await
             .map(|()| now)]);
     }
-    match (backend.create)(conn, now, news, true).await {
+    match (backend.create)(conn, cache, now, news, true).await {
         Ok(()) => Ok(news.iter().map(|_| Ok(now)).collect()),
         Err(e) => {
             tracing::debug!(error = %e, "set-based create failed; creating one by one");
             let mut out = Vec::with_capacity(news.len());
             for item in news {
-                let one = (backend.create)(conn, now, std::slice::from_ref(item), true).await;
+                let one =
+                    (backend.create)(conn, cache, now, std::slice::from_ref(item), true).await;
                 out.push(one.map(|()| now));
             }
             Ok(out)

@@ -6,9 +6,10 @@ use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension};
 use sqlx::SqliteConnection;
 
-use super::batch::sqlite_rows::{
-    create_callback, create_saga, exec, from_rusqlite, in_savepoint, on_handle,
+use super::batch::sqlite_handle::{
+    exec, from_rusqlite, in_savepoint, on_handle, with_statements, Statements,
 };
+use super::batch::sqlite_rows::{create_callback, create_saga};
 use super::group_commit::BoxFuture;
 use super::idempotency::{
     retention_ms, Callback, IdempotencyKey, IdempotencyStore, IdempotentStart, KeyedItem,
@@ -34,10 +35,11 @@ const STORED: &str = "SELECT fingerprint, saga_id, status_code, response_body, c
 /// [`keyed_starts`] as a plain function pointer for the write queue.
 pub(super) fn keyed_starts_boxed<'c>(
     conn: &'c mut SqliteConnection,
+    statements: &'c mut Statements,
     now: Millis,
     items: &'c [KeyedItem],
 ) -> BoxFuture<'c, Result<Vec<Result<IdempotentStart>>>> {
-    Box::pin(keyed_starts(conn, now, items))
+    Box::pin(keyed_starts(conn, statements, now, items))
 }
 
 /// Runs a batch of idempotent starts inside the writer's transaction, in batch order (of two
@@ -46,10 +48,11 @@ pub(super) fn keyed_starts_boxed<'c>(
 /// fails alone.
 async fn keyed_starts(
     conn: &mut SqliteConnection,
+    statements: &mut Statements,
     now: Millis,
     items: &[KeyedItem],
 ) -> Result<Vec<Result<IdempotentStart>>> {
-    on_handle(conn, |db| {
+    with_statements(conn, statements, |db| {
         Ok(items
             .iter()
             .map(|item| in_savepoint(db, "keyed", |db| keyed_start(db, now, item)))

@@ -152,6 +152,7 @@ impl SqliteStore {
             // A connection to a local file does not go stale: the test would cost a round trip
             // to the connection's thread on every batch.
             .test_before_acquire(false)
+            .after_connect(|conn, _| Box::pin(batch::sqlite_handle::widen_lookaside(conn)))
             // A small page cache for the writer: SQLite sweeps the cache's hash table at the end
             // of many write transactions, a cost that grows with the cache (measured: 16 MB
             // cost ~10 % of throughput under group commit). The readers keep the large one.

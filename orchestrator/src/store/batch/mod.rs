@@ -18,13 +18,15 @@
 //!
 //! The SQL itself is per backend: [`postgres`] (one statement of data-modifying CTEs) and
 //! [`sqlite`], where creates and transitions are not flattened at all but bound row by row to
-//! statements prepared once per batch, on the writer's own handle ([`sqlite_rows`]): SQLite
+//! statements prepared once and kept on the writer's own handle ([`sqlite_rows`],
+//! [`sqlite_handle`]): SQLite
 //! runs in-process, so a statement per row costs no round trip, and unpacking a flattened
 //! batch cost more than the rows' own writes.
 
 pub(crate) mod pg_cols;
 pub(crate) mod postgres;
 pub(crate) mod sqlite;
+pub(crate) mod sqlite_handle;
 pub(crate) mod sqlite_rows;
 
 use std::collections::{HashMap, HashSet};

@@ -208,6 +208,7 @@ async fn close<T>(conn: &mut PgConnection, guarded: bool, result: Result<T>) -> 
 /// [`apply_batch`] as a plain function pointer for the write queue.
 pub(crate) fn apply_batch_boxed<'c>(
     conn: &'c mut PgConnection,
+    _: &'c mut (),
     now: Millis,
     items: &'c [Item],
     guarded: bool,
@@ -245,6 +246,7 @@ async fn results(
 /// [`whole_batch`] as a plain function pointer for the write queue.
 pub(crate) fn whole_batch_boxed<'c>(
     conn: &'c mut PgConnection,
+    _: &'c mut (),
     _now: Millis,
     items: &'c [Item],
     news: &'c [NewItem],
@@ -304,6 +306,7 @@ pub(crate) async fn insert_saga(
 /// [`insert_sagas`] as a plain function pointer for the write queue.
 pub(crate) fn insert_sagas_boxed<'c>(
     conn: &'c mut PgConnection,
+    _: &'c mut (),
     now: Millis,
     items: &'c [NewItem],
     guarded: bool,

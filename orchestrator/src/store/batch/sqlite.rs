@@ -1,9 +1,10 @@
 //! The write queue's calls on SQLite: creates and transitions, written row by row on the
-//! writer's handle ([`sqlite_rows`]), atomically.
+//! writer's handle ([`sqlite_rows`]) with its kept statements, atomically.
 
 use sqlx::SqliteConnection;
 
-use super::sqlite_rows::{self, from_rusqlite, in_savepoint, on_handle};
+use super::sqlite_handle::{exec, in_savepoint, with_statements, Statements};
+use super::sqlite_rows;
 use super::{Item, NewItem};
 use crate::model::Millis;
 use crate::store::group_commit::BoxFuture;
@@ -13,20 +14,22 @@ use crate::store::{Applied, Result};
 /// savepoint: on SQLite that costs nothing measurable).
 pub(crate) fn apply_batch_boxed<'c>(
     conn: &'c mut SqliteConnection,
+    statements: &'c mut Statements,
     now: Millis,
     items: &'c [Item],
     _guarded: bool,
 ) -> BoxFuture<'c, Result<Vec<Result<Applied>>>> {
-    Box::pin(apply_batch(conn, now, items))
+    Box::pin(apply_batch(conn, statements, now, items))
 }
 
 /// Applies `items` inside the caller's transaction, atomically; one result per item, in order.
 pub(crate) async fn apply_batch(
     conn: &mut SqliteConnection,
+    statements: &mut Statements,
     now: Millis,
     items: &[Item],
 ) -> Result<Vec<Result<Applied>>> {
-    on_handle(conn, |db| {
+    with_statements(conn, statements, |db| {
         in_savepoint(db, "apply", |db| sqlite_rows::apply(db, now, items))
     })
     .await
@@ -36,20 +39,22 @@ pub(crate) async fn apply_batch(
 /// savepoint, as [`apply_batch_boxed`]).
 pub(crate) fn insert_sagas_boxed<'c>(
     conn: &'c mut SqliteConnection,
+    statements: &'c mut Statements,
     now: Millis,
     items: &'c [NewItem],
     _guarded: bool,
 ) -> BoxFuture<'c, Result<()>> {
-    Box::pin(insert_sagas(conn, now, items))
+    Box::pin(insert_sagas(conn, statements, now, items))
 }
 
 /// Creates sagas, their steps and their `saga.started` events, atomically.
 pub(crate) async fn insert_sagas(
     conn: &mut SqliteConnection,
+    statements: &mut Statements,
     now: Millis,
     items: &[NewItem],
 ) -> Result<()> {
-    on_handle(conn, |db| {
+    with_statements(conn, statements, |db| {
         in_savepoint(db, "create_sagas", |db| sqlite_rows::create(db, now, items))
     })
     .await
@@ -58,11 +63,12 @@ pub(crate) async fn insert_sagas(
 /// [`whole_batch`] as a plain function pointer for the write queue.
 pub(crate) fn whole_batch_boxed<'c>(
     conn: &'c mut SqliteConnection,
+    statements: &'c mut Statements,
     now: Millis,
     items: &'c [Item],
     news: &'c [NewItem],
 ) -> BoxFuture<'c, Result<(Vec<Result<Applied>>, Millis)>> {
-    Box::pin(whole_batch(conn, now, items, news))
+    Box::pin(whole_batch(conn, statements, now, items, news))
 }
 
 /// Creates `news` and applies `items` in one transaction of its own, in one borrowing of the
@@ -70,15 +76,16 @@ pub(crate) fn whole_batch_boxed<'c>(
 /// and takes the long way, which isolates a write that breaks a statement.
 pub(crate) async fn whole_batch(
     conn: &mut SqliteConnection,
+    statements: &mut Statements,
     now: Millis,
     items: &[Item],
     news: &[NewItem],
 ) -> Result<(Vec<Result<Applied>>, Millis)> {
-    on_handle(conn, |db| {
-        db.execute_batch("BEGIN IMMEDIATE").map_err(from_rusqlite)?;
+    with_statements(conn, statements, |db| {
+        exec(db, "BEGIN IMMEDIATE", [])?;
         sqlite_rows::create(db, now, news)?;
         let applied = sqlite_rows::apply(db, now, items)?;
-        db.execute_batch("COMMIT").map_err(from_rusqlite)?;
+        exec(db, "COMMIT", [])?;
         Ok((applied, now))
     })
     .await

@@ -5,20 +5,19 @@
 //! text costs one hop there, but its rows must then travel as JSON arrays that SQLite unpacks
 //! field by field: measured at a quarter of the writer thread's time, the thread that limits
 //! throughput. Here the batch's task borrows the connection's handle instead
-//! ([`SqliteConnection::lock_handle`]: the driver's thread waits meanwhile) and binds each
-//! row's values to a small statement prepared once per batch. Each transition's fence is the
-//! first statement of its rows, so its result is known without reading anything back.
+//! ([`super::sqlite_handle`]: the driver's thread waits meanwhile) and binds each row's values
+//! to a small statement, prepared once on the writer's handle and kept. Each transition's fence
+//! is the first statement of its rows, so its result is known without reading anything back.
 
 use rusqlite::{params, Connection, OptionalExtension};
-use sqlx::SqliteConnection;
-use tokio::runtime::{Handle, RuntimeFlavor};
 use uuid::Uuid;
 
+use super::sqlite_handle::{exec, from_rusqlite};
 use super::{refusal, Item, NewItem, Refused};
 use crate::model::{definition_key, Millis, PhaseRecord, SagaStatus};
 use crate::store::idempotency::Callback;
 use crate::store::rows::{comp_status_for, first_attempt};
-use crate::store::{Applied, AttemptChange, Lease, NewSaga, Result, StoreError};
+use crate::store::{Applied, AttemptChange, Lease, NewSaga, Result};
 use saga_dsl::Phase;
 
 /// The fence and the saga's new state: written only while the saga carries the lease (and,
@@ -59,62 +58,6 @@ const NEW_CALLBACK: &str = "INSERT INTO saga_callbacks (saga_id, url, secret) VA
 
 const NEW_STEP: &str = "INSERT INTO steps (saga_id, idx, name, kind, status, comp_status, \
      attempts, outcome_unknown, started_at) VALUES (?1, ?2, ?3, ?4, ?6, ?5, ?7, ?8, ?9)";
-
-/// Runs `f` on the SQLite handle of `conn`, on this thread. On a multi-threaded runtime the
-/// thread first hands its other tasks to another worker (`block_in_place`): `f` may wait for
-/// the disk.
-#[allow(unsafe_code)]
-pub(crate) async fn on_handle<T>(
-    conn: &mut SqliteConnection,
-    f: impl FnOnce(&Connection) -> Result<T>,
-) -> Result<T> {
-    let mut locked = conn.lock_handle().await?;
-    let raw = locked.as_raw_handle();
-    let run = move || {
-        // SAFETY: `locked` keeps the driver's thread off the handle until it is dropped, after
-        // `db`; a connection made `from_handle` does not own the handle: dropping it finalizes
-        // the statements it prepared and leaves the connection open.
-        let db = unsafe { Connection::from_handle(raw.as_ptr()) }.map_err(from_rusqlite)?;
-        f(&db)
-    };
-    let out = if Handle::current().runtime_flavor() == RuntimeFlavor::MultiThread {
-        tokio::task::block_in_place(run)
-    } else {
-        run()
-    };
-    drop(locked);
-    out
-}
-
-/// Runs `sql`, prepared once per borrowing of the handle, with `params`; the rows it changed.
-pub(crate) fn exec<P: rusqlite::Params>(db: &Connection, sql: &str, params: P) -> Result<usize> {
-    db.prepare_cached(sql)
-        .and_then(|mut st| st.execute(params))
-        .map_err(from_rusqlite)
-}
-
-/// `f` inside the savepoint `name`: on `Err` everything it wrote is undone and the enclosing
-/// transaction goes on without it.
-pub(crate) fn in_savepoint<T>(
-    db: &Connection,
-    name: &str,
-    f: impl FnOnce(&Connection) -> Result<T>,
-) -> Result<T> {
-    db.execute_batch(&format!("SAVEPOINT {name}"))
-        .map_err(from_rusqlite)?;
-    match f(db) {
-        Ok(out) => {
-            db.execute_batch(&format!("RELEASE {name}"))
-                .map_err(from_rusqlite)?;
-            Ok(out)
-        }
-        Err(e) => {
-            db.execute_batch(&format!("ROLLBACK TO {name}; RELEASE {name}"))
-                .map_err(from_rusqlite)?;
-            Err(e)
-        }
-    }
-}
 
 /// Creates sagas, their steps and their `saga.started` events. Not atomic by itself: run it in
 /// a transaction or a savepoint.
@@ -333,59 +276,4 @@ fn refused(db: &Connection, id: &str, lease: &Lease) -> Result<Result<Applied>> 
         })
         .map_err(from_rusqlite)?;
     Ok(refusal(lease, row.as_ref()))
-}
-
-/// A failed SQLite call as a store error, keeping its extended result code (busy and locked
-/// are transient).
-pub(crate) fn from_rusqlite(e: rusqlite::Error) -> StoreError {
-    let code = match &e {
-        rusqlite::Error::SqliteFailure(f, _) => Some(f.extended_code),
-        _ => None,
-    };
-    StoreError::Sqlite {
-        code,
-        message: e.to_string(),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn busy_and_locked_are_transient_whatever_the_extended_code_and_a_constraint_is_not() {
-        let err = |code| StoreError::Sqlite {
-            code: Some(code),
-            message: String::new(),
-        };
-        // SQLITE_BUSY, SQLITE_BUSY_SNAPSHOT, SQLITE_BUSY_TIMEOUT, SQLITE_LOCKED.
-        for code in [5, 517, 773, 6] {
-            assert!(err(code).is_transient(), "{code}");
-        }
-        // SQLITE_CONSTRAINT_PRIMARYKEY, SQLITE_IOERR, SQLITE_READONLY.
-        for code in [1555, 10, 8] {
-            assert!(!err(code).is_transient(), "{code}");
-        }
-    }
-
-    #[test]
-    fn a_failed_call_keeps_sqlites_extended_code() {
-        let db = Connection::open_in_memory().unwrap();
-        db.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY); INSERT INTO t VALUES (1)")
-            .unwrap();
-        let e = db
-            .execute("INSERT INTO t VALUES (1)", [])
-            .map_err(from_rusqlite)
-            .unwrap_err();
-        assert!(
-            matches!(
-                e,
-                StoreError::Sqlite {
-                    code: Some(1555),
-                    ..
-                }
-            ),
-            "{e:?}"
-        );
-    }
 }
