@@ -28,6 +28,14 @@ const FENCE: &str = "UPDATE sagas SET status = ?1, next_run_at = ?2, error = ?3,
      lease_expires_at = CASE WHEN ?8 THEN NULL ELSE lease_expires_at END \
      WHERE id = ?9 AND lease_owner = ?10 AND lease_epoch = ?11 AND NOT (?12 AND cancel_requested)";
 
+/// The fence of a transition that leaves the saga row's indexed columns as they are (a result
+/// and the next write-ahead while the saga runs): its `SET` names no indexed column, so SQLite
+/// rewrites none of the row's index entries, and it matches only if the row already holds the
+/// transition's status, due time and flag. Where it does not match, [`FENCE`] follows.
+const FENCE_IN_PLACE: &str = "UPDATE sagas SET error = ?1, pivot_reached = ?2, updated_at = ?3 \
+     WHERE id = ?4 AND lease_owner = ?5 AND lease_epoch = ?6 AND NOT (?7 AND cancel_requested) \
+     AND status = ?8 AND next_run_at IS ?9 AND needs_attention = ?10";
+
 /// What a refused saga's row says now.
 const REFUSED: &str = "SELECT lease_owner, lease_epoch, cancel_requested FROM sagas WHERE id = ?1";
 
@@ -161,24 +169,47 @@ fn apply_one(db: &Connection, now: Millis, (lease, t): &Item) -> Result<Result<A
     let mut buf = Uuid::encode_buffer();
     let id: &str = lease.saga_id.hyphenated().encode_lower(&mut buf);
     let s = &t.saga;
-    let fenced = exec(
-        db,
-        FENCE,
-        params![
-            s.status.as_str(),
-            s.next_run_at,
-            s.error,
-            s.output.as_ref().map(ToString::to_string),
-            s.needs_attention,
-            s.pivot_reached,
-            now,
-            t.release,
-            id,
-            lease.owner,
-            lease.epoch,
-            t.unless_cancelled,
-        ],
-    )?;
+    // A completion's output and a lease given up are changes of their own: no in-place try.
+    let in_place = !t.release
+        && s.output.is_none()
+        && exec(
+            db,
+            FENCE_IN_PLACE,
+            params![
+                s.error,
+                s.pivot_reached,
+                now,
+                id,
+                lease.owner,
+                lease.epoch,
+                t.unless_cancelled,
+                s.status.as_str(),
+                s.next_run_at,
+                s.needs_attention,
+            ],
+        )? == 1;
+    let fenced = if in_place {
+        1
+    } else {
+        exec(
+            db,
+            FENCE,
+            params![
+                s.status.as_str(),
+                s.next_run_at,
+                s.error,
+                s.output.as_ref().map(ToString::to_string),
+                s.needs_attention,
+                s.pivot_reached,
+                now,
+                t.release,
+                id,
+                lease.owner,
+                lease.epoch,
+                t.unless_cancelled,
+            ],
+        )?
+    };
     if fenced == 0 {
         return refused(db, id, lease);
     }
