@@ -89,7 +89,7 @@ pub(crate) type KeyedFn<DB, C> = for<'c> fn(
 ) -> BoxFuture<'c, Result<Vec<Result<IdempotentStart>>>>;
 
 /// What a writer keeps from one batch to the next for its connection: the SQLite store's
-/// prepared statements ([`super::batch::sqlite_rows::Statements`]); nothing on PostgreSQL,
+/// prepared statements ([`super::batch::sqlite_handle::Statements`]); nothing on PostgreSQL,
 /// whose driver caches its own. The writer functions of [`Backend`] get it beside the
 /// connection.
 pub(crate) trait WriterCache<DB: Database>: Send + 'static {
