@@ -374,11 +374,7 @@ async fn start_idempotent(
     let started = Started {
         id: new.id,
         name: new.name.clone(),
-        status: if new.first_attempt {
-            SagaStatus::Running
-        } else {
-            SagaStatus::Queued
-        },
+        status: new.initial_status(slot.is_some()),
     };
     // A plain start knows its answer before writing: it is saved with the key, at once.
     let plain = wait.is_none().then(|| SavedResponse {

@@ -82,6 +82,16 @@ impl NewSaga {
         self.first_attempt && leased && !self.steps.is_empty()
     }
 
+    /// The status it is created with, leased or not: `RUNNING` if the create records its first
+    /// action's write-ahead ([`Self::starts_first_action`]), else `QUEUED`.
+    pub(crate) fn initial_status(&self, leased: bool) -> SagaStatus {
+        if self.starts_first_action(leased) {
+            SagaStatus::Running
+        } else {
+            SagaStatus::Queued
+        }
+    }
+
     /// Whether starting its first action passes the point of no return (the first step is
     /// not compensatable).
     pub(crate) fn first_is_point_of_no_return(&self) -> bool {

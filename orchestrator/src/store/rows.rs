@@ -11,8 +11,8 @@ use super::NewSaga;
 use super::{Result, StoreError};
 use crate::model::SagaPage;
 use crate::model::{
-    Attempt, Event, Millis, PhaseRecord, Saga, SagaStatus, SagaSummary, StepKindName, StepRecord,
-    StepStatus, Worker,
+    Attempt, Event, Millis, PhaseRecord, Saga, SagaSummary, StepKindName, StepRecord, StepStatus,
+    Worker,
 };
 
 /// A column value a log row can yield.
@@ -175,6 +175,7 @@ pub(super) fn comp_status_for(kind: StepKindName) -> StepStatus {
 /// if given, its first action written ahead if [`NewSaga::first_attempt`] asks for it.
 pub(super) fn new_saga_record(new: NewSaga, now: Millis, owner: Option<String>) -> Saga {
     let ahead = new.starts_first_action(owner.is_some());
+    let status = new.initial_status(owner.is_some());
     let pivot_reached = ahead && new.first_is_point_of_no_return();
     let mut steps: Vec<StepRecord> = new
         .steps
@@ -197,11 +198,7 @@ pub(super) fn new_saga_record(new: NewSaga, now: Millis, owner: Option<String>) 
         name: new.name,
         version: new.version,
         definition_hash: new.definition_hash,
-        status: if ahead {
-            SagaStatus::Running
-        } else {
-            SagaStatus::Queued
-        },
+        status,
         needs_attention: false,
         blocked: false,
         cancel_requested: false,

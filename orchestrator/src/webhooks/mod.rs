@@ -332,8 +332,7 @@ impl Relay {
     /// start over from it.
     pub async fn relay_once(&self) -> Result<usize, WebhookError> {
         let durable = self.outbox.relay_cursor(RELAY_NAME).await?;
-        let skipped = (*self.skipped.lock().unwrap_or_else(|p| p.into_inner()))
-            .filter(|s| s.durable == durable);
+        let skipped = (*self.skipped()).filter(|s| s.durable == durable);
         let from = skipped.map_or(durable, |s| s.read_to);
         let events = self.outbox.outbox_after(from, self.config.batch).await?;
         let Some(last) = events.last() else {
@@ -373,7 +372,7 @@ impl Relay {
         if deliveries.is_empty() {
             let since = skipped.map_or_else(tokio::time::Instant::now, |s| s.since);
             if since.elapsed() < SKIP_PERSIST_EVERY {
-                *self.skipped.lock().unwrap_or_else(|p| p.into_inner()) = Some(Skipped {
+                *self.skipped() = Some(Skipped {
                     durable,
                     read_to: to,
                     since,
@@ -386,6 +385,12 @@ impl Relay {
             return Ok(0);
         }
         Ok(events.len())
+    }
+
+    /// The events read past the durable cursor and not yet recorded (a panic elsewhere while
+    /// the lock was held leaves a value that is still whole).
+    fn skipped(&self) -> std::sync::MutexGuard<'_, Option<Skipped>> {
+        self.skipped.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Moves the durable cursor from `durable` to `to` with `deliveries`, compare-and-set;
@@ -401,7 +406,7 @@ impl Relay {
             .outbox
             .advance_relay(RELAY_NAME, durable, to, deliveries)
             .await;
-        *self.skipped.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        *self.skipped() = None;
         Ok(moved?)
     }
 

@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use super::sqlite_handle::{exec, from_rusqlite};
 use super::{refusal, Item, NewItem, Refused};
-use crate::model::{definition_key, Millis, PhaseRecord, SagaStatus};
+use crate::model::{definition_key, Millis, PhaseRecord};
 use crate::store::idempotency::Callback;
 use crate::store::rows::{comp_status_for, first_attempt};
 use crate::store::{Applied, AttemptChange, Lease, NewSaga, Result};
@@ -91,11 +91,7 @@ pub(crate) fn create_saga(
         None => (None, None),
     };
     let ahead = n.starts_first_action(lease.is_some());
-    let status = if ahead {
-        SagaStatus::Running
-    } else {
-        SagaStatus::Queued
-    };
+    let status = n.initial_status(lease.is_some());
     exec(
         db,
         NEW_SAGA,
