@@ -426,7 +426,8 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
     // Every status the router answers is documented for its operation, and every documented
     // status but the server-side ones (500, 503) is answered by some request here.
     let done = api.run_saga("s").await["id"].as_str().unwrap().to_owned();
-    let slow = api.start_saga("slow", json!({})).await;
+    // Still running when its cancel is probed, however long the probes before it take.
+    let running = api.start_saga("stuck", json!({})).await;
     let unknown = uuid::Uuid::now_v7().to_string();
     let big = json!({"pad": "x".repeat(8192)});
     // A start that waits holds its idempotency key in progress: a retry meanwhile is 409.
@@ -602,7 +603,7 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
         (
             "POST",
             "/v1/sagas/{saga}/cancel",
-            api.req(Method::POST, &format!("/v1/sagas/{slow}/cancel")),
+            api.req(Method::POST, &format!("/v1/sagas/{running}/cancel")),
             "202",
         ),
         (
