@@ -859,3 +859,6 @@ impl Store for SqliteStore {
         Ok(self.now_ms())
     }
 }
+
+#[cfg(test)]
+mod upgrade_tests;
