@@ -13,11 +13,11 @@
 #     npm, cargo: needs root and the package registries; re-run when the setup inputs change or
 #     with FORCE_SETUP=1);
 #  2. builds our release binary;
-#  3. for every scenario x repeat, runs each selected peer (the same commands and sizes as the
-#     harness' run_all.sh) and our `example-sagas bench` on SQLite (a fresh file with the default,
+#  3. for every repeat, runs each selected peer (the same commands and sizes as the harness'
+#     run_all.sh) and our `example-sagas bench` on SQLite (a fresh file with the default,
 #     durable settings) and on PostgreSQL (the peers' Postgres, a fresh database per run) at
-#     every concurrency; systems are interleaved within a repeat so that machine drift spreads
-#     over all of them;
+#     every concurrency, each scenario in turn; systems are interleaved within a repeat so that
+#     machine drift spreads over all of them, and a system's scenarios run back to back;
 #  4. appends one JSON line per run to OUT (default bench-results/<timestamp>.jsonl; the peers'
 #     lines as their harness writes them, ours as `bench --json` prints them, a {"meta": ...}
 #     first line, and a {"failed": true, ...} line for every run that failed or timed out);
@@ -272,11 +272,14 @@ run_ours() {  # run_ours <sqlite|postgres> <scenario> <c>
 }
 
 t_start=$(date +%s)
-for sc in $SCENARIOS; do
-    for r in $(seq 1 "$REPEATS"); do
-        log "--- $sc, repeat $r/$REPEATS"
-        for sys in $(for o in $OURS; do echo "ours-$o"; done) $PEERS; do
-            for c in $CONCURRENCY; do
+# A system's scenarios run back to back at each concurrency, so that its compensate ÷ happy
+# ratio compares runs minutes apart rather than the two halves of the whole run (this
+# machine's speed drifts over tens of minutes by more than the ratio's margin).
+for r in $(seq 1 "$REPEATS"); do
+    log "--- repeat $r/$REPEATS"
+    for sys in $(for o in $OURS; do echo "ours-$o"; done) $PEERS; do
+        for c in $CONCURRENCY; do
+            for sc in $SCENARIOS; do
                 case $sys in
                 ours-*) run_ours "${sys#ours-}" "$sc" "$c" ;;
                 *) run_peer "$sys" "$sc" "$c" ;;

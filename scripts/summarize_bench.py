@@ -116,6 +116,20 @@ def ratio(a: Optional[float], b: Optional[float]) -> str:
     return f"{r:.2f}×" if r < 10 else f"{r:.1f}×" if r < 100 else f"{r:.0f}×"
 
 
+def compensate_vs_happy(ok: Dict[Tuple[str, str, int], List[dict]], systems: List[str],
+                        concs: List[int]) -> Dict[Tuple[str, int], Tuple[float, float, float]]:
+    """(system, C) -> (median, min, max) of compensate ÷ happy over the runs paired in order."""
+    out = {}
+    for system in systems:
+        for c in concs:
+            happy, comp = ok.get((system, "happy", c), []), ok.get((system, "compensate", c), [])
+            ratios = [b["sagas_per_s"] / a["sagas_per_s"] for a, b in zip(happy, comp)
+                      if a["sagas_per_s"]]
+            if ratios:
+                out[(system, c)] = (statistics.median(ratios), min(ratios), max(ratios))
+    return out
+
+
 def report(rows: List[dict], metas: List[dict], inputs: List[str]) -> str:
     ok: Dict[Tuple[str, str, int], List[dict]] = defaultdict(list)
     failed: Dict[Tuple[str, str, int], List[dict]] = defaultdict(list)
@@ -182,6 +196,23 @@ def report(rows: List[dict], metas: List[dict], inputs: List[str]) -> str:
                         continue
                     cells = [ratio(mo, med(ok.get((p, sc, c), []), "sagas_per_s")) for p in peers]
                     out.append(f"| {sc} | {c} | {o} ({fmt(mo)}/s) | " + " | ".join(cells) + " |")
+
+    pairs = compensate_vs_happy(ok, systems, concs)
+    if pairs:
+        out.append("")
+        out.append("Compensate ÷ happy, each system against itself: the median of the ratios of the "
+                   "k-th compensate run to the k-th happy run at the same C (in the order they ran; "
+                   "compare-peers.sh runs them back to back), and the spread of those ratios:")
+        out.append("")
+        out.append("| system | " + " | ".join(f"C={c}" for c in concs) + " |")
+        out.append("|---|" + "---:|" * len(concs))
+        for system in systems:
+            cells = [pairs.get((system, c)) for c in concs]
+            if not any(cells):
+                continue
+            out.append(f"| {system} | " + " | ".join(
+                "-" if cell is None else f"{cell[0]:.0%} ({cell[1]:.0%}–{cell[2]:.0%})"
+                for cell in cells) + " |")
 
     fails = [r for r in rows if r["failed"]]
     if fails:
