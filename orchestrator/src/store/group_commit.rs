@@ -66,17 +66,22 @@ pub(crate) type CreateFn<DB, C> = for<'c> fn(
     bool,
 ) -> BoxFuture<'c, Result<()>>;
 
-/// Creates sagas and applies transitions in one transaction of its own, in one round trip,
-/// at the given time or (backends on the database clock) its own, which it returns; on `Err`
+/// Creates sagas, runs idempotent starts (only a backend that queues them, see
+/// [`Backend::keyed`], is given any) and applies transitions in one transaction of its own, in
+/// one round trip, at the given time or (backends on the database clock) its own; on `Err`
 /// nothing was committed, though a transaction may still be open.
-pub(crate) type WholeFn<DB, C> =
-    for<'c> fn(
-        &'c mut <DB as Database>::Connection,
-        &'c mut C,
-        Millis,
-        &'c [Item],
-        &'c [NewItem],
-    ) -> BoxFuture<'c, Result<(Vec<Result<Applied>>, Millis)>>;
+pub(crate) type WholeFn<DB, C> = for<'c> fn(
+    &'c mut <DB as Database>::Connection,
+    &'c mut C,
+    Millis,
+    &'c [Item],
+    &'c [NewItem],
+    &'c [KeyedItem],
+) -> BoxFuture<'c, Result<Whole>>;
+
+/// What a one-round batch ([`WholeFn`]) did: each transition's result, each idempotent
+/// start's result, and the batch's time.
+pub(crate) type Whole = (Vec<Result<Applied>>, Vec<Result<IdempotentStart>>, Millis);
 
 /// Runs idempotent starts set-based on a connection, atomically for each start (its key, saga
 /// and callback are written together or not at all); one result per start, in order. On `Err`
@@ -143,8 +148,9 @@ pub(crate) struct Backend<DB: Database, C = ()> {
     /// it on every acquire); it goes back after a failed batch, so a broken one is replaced.
     /// Only where the pool has connections to spare: SQLite's one writer is shared.
     pub(crate) keep_connection: bool,
-    /// The one-round path for batches of only creates and transitions, where the backend can
-    /// send a whole transaction at once.
+    /// The one-round path for batches without closures (creates, transitions and, where the
+    /// backend queues them, idempotent starts), where the backend can send a whole transaction
+    /// at once.
     pub(crate) whole: Option<WholeFn<DB, C>>,
     /// A statement the writer runs between batches every so many commits, outside any
     /// transaction (SQLite: a checkpoint by the writer itself, see `sqlite.rs`).
@@ -531,15 +537,16 @@ where
     for<'r> i64: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
     usize: sqlx::ColumnIndex<DB::Row>,
 {
-    let simple = batch.runs.is_empty() && batch.keyed.is_empty();
-    if let (true, Some(whole)) = (simple, backend.whole) {
-        match whole(conn, cache, clock.now_ms(), batch.items, batch.news).await {
-            Ok((applied, now)) => {
+    let one_round = batch.runs.is_empty() && (batch.keyed.is_empty() || backend.keyed.is_some());
+    if let (true, Some(whole)) = (one_round, backend.whole) {
+        let now = clock.now_ms();
+        match whole(conn, cache, now, batch.items, batch.news, batch.keyed).await {
+            Ok((applied, starts, now)) => {
                 return Ok(Outcome {
                     committed: true,
                     applied,
                     creates: batch.news.iter().map(|_| Ok(now)).collect(),
-                    starts: Vec::new(),
+                    starts,
                 })
             }
             Err(e) => {

@@ -52,13 +52,20 @@ async fn keyed_starts(
     now: Millis,
     items: &[KeyedItem],
 ) -> Result<Vec<Result<IdempotentStart>>> {
-    with_statements(conn, statements, |db| {
-        Ok(items
-            .iter()
-            .map(|item| in_savepoint(db, "keyed", |db| keyed_start(db, now, item)))
-            .collect())
-    })
-    .await
+    with_statements(conn, statements, |db| Ok(keyed_rows(db, now, items))).await
+}
+
+/// The rows of idempotent starts, in batch order, each in a savepoint of its own (see
+/// [`keyed_starts`]); inside the caller's transaction.
+pub(crate) fn keyed_rows(
+    db: &Connection,
+    now: Millis,
+    items: &[KeyedItem],
+) -> Vec<Result<IdempotentStart>> {
+    items
+        .iter()
+        .map(|item| in_savepoint(db, "keyed", |db| keyed_start(db, now, item)))
+        .collect()
 }
 
 /// One idempotent start: records the key if it is new and then creates the saga (unleased) and

@@ -16,7 +16,8 @@ use super::pg_cols::{
 };
 use super::{unreadable, Item, NewItem};
 use crate::model::Millis;
-use crate::store::group_commit::BoxFuture;
+use crate::store::group_commit::{BoxFuture, Whole};
+use crate::store::idempotency::KeyedItem;
 use crate::store::rows::LogRow;
 use crate::store::{Applied, NewSaga, Result, StoreError};
 
@@ -244,14 +245,20 @@ async fn results(
 }
 
 /// [`whole_batch`] as a plain function pointer for the write queue.
+/// PostgreSQL does not queue idempotent starts (its backend has no `keyed`), so it is given
+/// none.
 pub(crate) fn whole_batch_boxed<'c>(
     conn: &'c mut PgConnection,
     _: &'c mut (),
     _now: Millis,
     items: &'c [Item],
     news: &'c [NewItem],
-) -> BoxFuture<'c, Result<(Vec<Result<Applied>>, Millis)>> {
-    Box::pin(whole_batch(conn, items, news))
+    _keyed: &'c [KeyedItem],
+) -> BoxFuture<'c, Result<Whole>> {
+    Box::pin(async move {
+        let (applied, now) = whole_batch(conn, items, news).await?;
+        Ok((applied, Vec::new(), now))
+    })
 }
 
 /// Creates `news` and applies `items` as one statement outside any transaction block: its own

@@ -7,7 +7,9 @@ use super::sqlite_handle::{exec, in_savepoint, with_statements, Statements};
 use super::sqlite_rows;
 use super::{Item, NewItem};
 use crate::model::Millis;
-use crate::store::group_commit::BoxFuture;
+use crate::store::group_commit::{BoxFuture, Whole};
+use crate::store::idempotency::KeyedItem;
+use crate::store::idempotency_sqlite::keyed_rows;
 use crate::store::{Applied, Result};
 
 /// [`apply_batch`] as a plain function pointer for the write queue (always in its own
@@ -67,26 +69,31 @@ pub(crate) fn whole_batch_boxed<'c>(
     now: Millis,
     items: &'c [Item],
     news: &'c [NewItem],
-) -> BoxFuture<'c, Result<(Vec<Result<Applied>>, Millis)>> {
-    Box::pin(whole_batch(conn, statements, now, items, news))
+    keyed: &'c [KeyedItem],
+) -> BoxFuture<'c, Result<Whole>> {
+    Box::pin(whole_batch(conn, statements, now, items, news, keyed))
 }
 
-/// Creates `news` and applies `items` in one transaction of its own, in one borrowing of the
-/// handle: `BEGIN`, the rows, `COMMIT`. On `Err` nothing was committed; the caller rolls back
-/// and takes the long way, which isolates a write that breaks a statement.
+/// Creates `news`, runs the idempotent starts `keyed` (each in a savepoint, so that one that
+/// fails fails alone, as on the long way) and applies `items` in one transaction of its own, in
+/// one borrowing of the handle: `BEGIN`, the rows, `COMMIT`. On `Err` nothing was committed;
+/// the caller rolls back and takes the long way, which isolates a write that breaks a
+/// statement.
 pub(crate) async fn whole_batch(
     conn: &mut SqliteConnection,
     statements: &mut Statements,
     now: Millis,
     items: &[Item],
     news: &[NewItem],
-) -> Result<(Vec<Result<Applied>>, Millis)> {
+    keyed: &[KeyedItem],
+) -> Result<Whole> {
     with_statements(conn, statements, |db| {
         exec(db, "BEGIN IMMEDIATE", [])?;
         sqlite_rows::create(db, now, news)?;
+        let starts = keyed_rows(db, now, keyed);
         let applied = sqlite_rows::apply(db, now, items)?;
         exec(db, "COMMIT", [])?;
-        Ok((applied, now))
+        Ok((applied, starts, now))
     })
     .await
 }
