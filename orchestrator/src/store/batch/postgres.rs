@@ -245,6 +245,7 @@ async fn results(
 }
 
 /// [`whole_batch`] as a plain function pointer for the write queue.
+///
 /// PostgreSQL does not queue idempotent starts (its backend has no `keyed`), so it is given
 /// none.
 pub(crate) fn whole_batch_boxed<'c>(
