@@ -539,8 +539,16 @@ where
 {
     let one_round = batch.runs.is_empty() && (batch.keyed.is_empty() || backend.keyed.is_some());
     if let (true, Some(whole)) = (one_round, backend.whole) {
-        let now = clock.now_ms();
-        match whole(conn, cache, now, batch.items, batch.news, batch.keyed).await {
+        match whole(
+            conn,
+            cache,
+            clock.now_ms(),
+            batch.items,
+            batch.news,
+            batch.keyed,
+        )
+        .await
+        {
             Ok((applied, starts, now)) => {
                 return Ok(Outcome {
                     committed: true,

@@ -254,8 +254,12 @@ pub(crate) fn whole_batch_boxed<'c>(
     _now: Millis,
     items: &'c [Item],
     news: &'c [NewItem],
-    _keyed: &'c [KeyedItem],
+    keyed: &'c [KeyedItem],
 ) -> BoxFuture<'c, Result<Whole>> {
+    debug_assert!(
+        keyed.is_empty(),
+        "PostgreSQL's write queue carries no keyed starts"
+    );
     Box::pin(async move {
         let (applied, now) = whole_batch(conn, items, news).await?;
         Ok((applied, Vec::new(), now))
