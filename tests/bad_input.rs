@@ -30,8 +30,8 @@ async fn a_corrupt_row_is_parked_and_flagged_while_other_sagas_run() {
         std::sync::Arc::new(registry.clone()),
         test_config(),
     );
-    let bad = idle.start("s", json!({})).await.unwrap();
-    let good = idle.start("s", json!({})).await.unwrap();
+    let bad = idle.start_saga("s", json!({})).await.unwrap();
+    let good = idle.start_saga("s", json!({})).await.unwrap();
 
     // Someone edits the log by hand and writes a status no version knows.
     db.execute(&format!(
@@ -120,7 +120,7 @@ async fn a_database_that_cannot_be_written_is_a_one_line_error_and_loses_nothing
         )])),
         test_config(),
     );
-    let saga = idle.start("s", json!({"keep": "me"})).await.unwrap();
+    let saga = idle.start_saga("s", json!({"keep": "me"})).await.unwrap();
     drop(idle);
     for f in std::fs::read_dir(dir.path()).unwrap() {
         std::fs::set_permissions(f.unwrap().path(), std::fs::Permissions::from_mode(0o644))
@@ -174,7 +174,7 @@ async fn a_value_the_database_cannot_hold_is_refused_cleanly() {
         test_config(),
     );
     let input = json!({"note": "before\u{0}after"});
-    match engine.start("s", input.clone()).await {
+    match engine.start_saga("s", input.clone()).await {
         // SQLite stores it and gives it back unchanged.
         Ok(saga) => {
             let back = store.get_saga(saga.id).await.unwrap().unwrap();

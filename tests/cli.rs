@@ -93,11 +93,25 @@ impl Fixture {
         let engine = RunningEngine::start(store.clone(), registry_of(defs), test_config());
         let mut completed = Vec::new();
         for n in 0..2 {
-            let s = engine.engine.start("order", json!({"n": n})).await.unwrap();
+            let s = engine
+                .engine
+                .start_saga("order", json!({"n": n}))
+                .await
+                .unwrap();
             completed.push(wait_terminal(&store, s.id).await.id);
         }
-        let compensated = engine.engine.start("refund", json!({})).await.unwrap().id;
-        let failed = engine.engine.start("late", json!({})).await.unwrap().id;
+        let compensated = engine
+            .engine
+            .start_saga("refund", json!({}))
+            .await
+            .unwrap()
+            .id;
+        let failed = engine
+            .engine
+            .start_saga("late", json!({}))
+            .await
+            .unwrap()
+            .id;
         assert_eq!(
             wait_terminal(&store, compensated).await.status,
             SagaStatus::Compensated
@@ -303,7 +317,13 @@ async fn cancel_is_refused_on_finished_sagas_and_after_the_pivot() {
     assert!(err.to_string().contains("COMPLETED"), "{err}");
 
     // A saga retrying forward after its pivot cannot be cancelled, only aborted.
-    let id = f.engine.engine.start("stuck", json!({})).await.unwrap().id;
+    let id = f
+        .engine
+        .engine
+        .start_saga("stuck", json!({}))
+        .await
+        .unwrap()
+        .id;
     wait_for(s, id, Duration::from_secs(10), |x| {
         x.steps[2].action.attempts >= 2
     })
@@ -340,7 +360,13 @@ async fn cancel_accepts_a_saga_before_its_pivot() {
     );
     let f = Fixture::with_extra(vec![slow]).await;
     let s = &f.store;
-    let id = f.engine.engine.start("slow", json!({})).await.unwrap().id;
+    let id = f
+        .engine
+        .engine
+        .start_saga("slow", json!({}))
+        .await
+        .unwrap()
+        .id;
     let out = saga(s, &["cancel", &id.to_string()]).await.unwrap();
     assert!(out.contains("cancel requested"), "{out}");
     let done = wait_terminal(s, id).await;
@@ -435,7 +461,13 @@ async fn mark_compensated_checks_the_step_and_ends_a_stuck_compensation() {
     assert!(matches!(err, CliError::Conflict(_)), "{err:?}");
     assert!(err.to_string().contains("COMPENSATING"), "{err}");
 
-    let id = f.engine.engine.start("stuck", json!({})).await.unwrap().id;
+    let id = f
+        .engine
+        .engine
+        .start_saga("stuck", json!({}))
+        .await
+        .unwrap()
+        .id;
     let flagged = wait_for(s, id, Duration::from_secs(10), |x| x.needs_attention).await;
     assert_eq!(flagged.status, SagaStatus::Compensating);
     let listed = saga_json(s, &["list", "--needs-attention", "--json"]).await;

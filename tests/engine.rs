@@ -31,7 +31,7 @@ async fn happy_path_runs_every_action_once_in_order() {
     );
     let eng = RunningEngine::start(store.clone(), registry_of([def]), test_config());
     eng.ready().await;
-    let saga = eng.engine.start("s", json!({"x": 1})).await.unwrap();
+    let saga = eng.engine.start_saga("s", json!({"x": 1})).await.unwrap();
     // A free worker took it at once: its first action was written ahead with it.
     assert_eq!(saga.status, SagaStatus::Running);
     let done = wait_terminal(&store, saga.id).await;
@@ -73,7 +73,7 @@ async fn run_one(steps: Vec<S>) -> (orchestrator::Saga, Journal, Vec<String>) {
     let j = Journal::default();
     let def = scripted_saga("s", 1, &steps, &j);
     let eng = RunningEngine::start(store.clone(), registry_of([def]), test_config());
-    let saga = eng.engine.start("s", json!({})).await.unwrap();
+    let saga = eng.engine.start_saga("s", json!({})).await.unwrap();
     let done = wait_terminal(&store, saga.id).await;
     let events = store
         .events(saga.id)
@@ -184,7 +184,7 @@ async fn every_attempt_is_kept_in_the_attempt_log() {
     let j = Journal::default();
     let def = scripted_saga("s", 1, &three(&[Retryable, Hang], &[], &[]), &j);
     let eng = RunningEngine::start(store.clone(), registry_of([def]), test_config());
-    let saga = eng.engine.start("s", json!({})).await.unwrap();
+    let saga = eng.engine.start_saga("s", json!({})).await.unwrap();
     wait_terminal(&store, saga.id).await;
     let attempts = store.attempts(saga.id).await.unwrap();
     let a: Vec<_> = attempts
@@ -287,7 +287,7 @@ async fn data_flows_from_earlier_steps_and_to_compensations() {
     let eng = RunningEngine::start(store.clone(), registry_of([def]), test_config());
     let saga = eng
         .engine
-        .start("flow", json!({"amount": 42}))
+        .start_saga("flow", json!({"amount": 42}))
         .await
         .unwrap();
     let done = wait_terminal(&store, saga.id).await;
@@ -312,7 +312,7 @@ async fn compensations_never_give_up_and_flag_needs_attention() {
     ];
     let def = scripted_saga("s", 1, &steps, &j);
     let eng = RunningEngine::start(store.clone(), registry_of([def]), test_config());
-    let saga = eng.engine.start("s", json!({})).await.unwrap();
+    let saga = eng.engine.start_saga("s", json!({})).await.unwrap();
     // test_config flags after 3 attempts; the saga stays COMPENSATING and keeps retrying.
     let flagged = wait_for(&store, saga.id, Duration::from_secs(10), |s| {
         s.needs_attention && s.steps[0].compensation.attempts >= 5
@@ -437,7 +437,7 @@ async fn cancel_finishes_the_step_in_flight_then_compensates() {
         registry_of([slow_saga("s", Compensatable, 400, &j)]),
         test_config(),
     );
-    let saga = eng.engine.start("s", json!({})).await.unwrap();
+    let saga = eng.engine.start_saga("s", json!({})).await.unwrap();
     wait_for(&store, saga.id, Duration::from_secs(5), |s| {
         s.steps[1].action.status == StepStatus::Running
     })
@@ -473,7 +473,7 @@ async fn cancel_before_any_step_runs_nothing() {
         std::sync::Arc::new(registry.clone()),
         test_config(),
     );
-    let saga = idle.start("s", json!({})).await.unwrap();
+    let saga = idle.start_saga("s", json!({})).await.unwrap();
     store.request_cancel(saga.id).await.unwrap();
     let eng = RunningEngine::start(store.clone(), registry, test_config());
     let done = wait_terminal(&store, saga.id).await;
@@ -493,7 +493,7 @@ async fn cancel_after_the_pivot_started_is_refused() {
         registry_of([slow_saga("s", Pivot, 300, &j)]),
         test_config(),
     );
-    let saga = eng.engine.start("s", json!({})).await.unwrap();
+    let saga = eng.engine.start_saga("s", json!({})).await.unwrap();
     wait_for(&store, saga.id, Duration::from_secs(5), |s| {
         s.steps[1].action.status == StepStatus::Running
     })
@@ -519,7 +519,7 @@ async fn a_saga_without_its_exact_definition_is_blocked_not_skipped() {
         std::sync::Arc::new(registry_of([v1])),
         test_config(),
     );
-    let saga = creator.start("s", json!({})).await.unwrap();
+    let saga = creator.start_saga("s", json!({})).await.unwrap();
 
     // Same name and version, different step list: a different hash.
     let changed = scripted_saga(
@@ -576,7 +576,7 @@ async fn a_long_backoff_frees_the_worker_and_lives_in_the_log() {
         i64::try_from(since.unwrap().as_millis()).unwrap()
     };
     let before = wall_ms();
-    let w = eng.engine.start("waiting", json!({})).await.unwrap();
+    let w = eng.engine.start_saga("waiting", json!({})).await.unwrap();
     let waiting_row = wait_for(&store, w.id, Duration::from_secs(5), |s| {
         s.steps[0].action.status == StepStatus::Retrying
     })
@@ -594,7 +594,7 @@ async fn a_long_backoff_frees_the_worker_and_lives_in_the_log() {
         "a long backoff releases the saga"
     );
     // With a single worker, another saga runs to completion during the backoff.
-    let q = eng.engine.start("quick", json!({})).await.unwrap();
+    let q = eng.engine.start_saga("quick", json!({})).await.unwrap();
     let q_done = wait_terminal(&store, q.id).await;
     let w_now = store.get_saga(w.id).await.unwrap().unwrap();
     assert_eq!(
@@ -620,7 +620,7 @@ async fn a_restart_does_not_reset_the_retry_budget() {
     ];
     let registry = registry_of([scripted_saga("s", 1, &steps, &j)]);
     let eng = RunningEngine::start(store.clone(), registry.clone(), test_config());
-    let saga = eng.engine.start("s", json!({})).await.unwrap();
+    let saga = eng.engine.start_saga("s", json!({})).await.unwrap();
     wait_for(&store, saga.id, Duration::from_secs(5), |s| {
         s.steps[1].action.attempts >= 2
     })
@@ -652,7 +652,7 @@ async fn an_interrupted_attempt_is_made_again_with_the_same_key() {
         std::sync::Arc::new(registry.clone()),
         test_config(),
     );
-    let saga = idle.start("s", json!({})).await.unwrap();
+    let saga = idle.start_saga("s", json!({})).await.unwrap();
 
     // A process claims the saga, writes ahead attempt 1 of step a, and dies before calling it.
     let claimed = store
@@ -745,7 +745,7 @@ async fn many_sagas_run_concurrently_and_each_step_runs_once() {
     let eng = RunningEngine::start(store.clone(), registry_of([def]), test_config());
     let mut ids = Vec::new();
     for _ in 0..150 {
-        ids.push(eng.engine.start("s", json!({})).await.unwrap().id);
+        ids.push(eng.engine.start_saga("s", json!({})).await.unwrap().id);
     }
     for id in &ids {
         assert_eq!(
@@ -943,7 +943,7 @@ async fn start_unclaimed(
         test_config(),
     );
     for _ in 0..n {
-        idle.start("s", json!({})).await.unwrap();
+        idle.start_saga("s", json!({})).await.unwrap();
     }
     key
 }
@@ -997,7 +997,7 @@ async fn more_sagas_than_workers_all_run_when_slots_free_up() {
     let starts = (0..40).map(|_| {
         let engine = eng.engine.clone();
         async move {
-            let saga = engine.start("s", json!({})).await.unwrap();
+            let saga = engine.start_saga("s", json!({})).await.unwrap();
             engine
                 .wait_terminal(saga.id, Duration::from_secs(20))
                 .await
@@ -1069,14 +1069,14 @@ async fn a_start_with_every_worker_busy_waits_leased_and_is_never_claimed() {
     let store = db.store().await;
     let eng = one_worker(&store, [holding, quick]);
     eng.ready().await;
-    let first = eng.engine.start("holding", json!({})).await.unwrap();
+    let first = eng.engine.start_saga("holding", json!({})).await.unwrap();
     assert_eq!(first.lease_epoch, 1, "driven directly: {first:?}");
     assert_eq!(first.status, SagaStatus::Running, "{first:?}");
     wait_for(&store, first.id, Duration::from_secs(5), |s| {
         s.steps[0].action.status == StepStatus::Running
     })
     .await;
-    let second = eng.engine.start("quick", json!({})).await.unwrap();
+    let second = eng.engine.start_saga("quick", json!({})).await.unwrap();
     assert_eq!(
         second.lease_owner, first.lease_owner,
         "leased here while waiting"
@@ -1135,7 +1135,7 @@ async fn a_start_with_a_free_worker_writes_its_first_action_ahead_in_the_same_co
         }
         before = now;
     }
-    let saga = eng.engine.start("held", json!({})).await.unwrap();
+    let saga = eng.engine.start_saga("held", json!({})).await.unwrap();
     assert_eq!(store.commits() - before, 1, "one commit for the create");
     assert_eq!(saga.status, SagaStatus::Running, "{saga:?}");
     assert!(saga.pivot_reached, "the first step is the pivot: {saga:?}");
@@ -1232,7 +1232,7 @@ async fn a_caller_waiting_on_a_saga_parked_on_a_timer_hears_its_end() {
     let db = TempDb::new();
     let store = db.store().await;
     let eng = RunningEngine::start(store.clone(), registry_of([def]), config);
-    let saga = eng.engine.start("later", json!({})).await.unwrap();
+    let saga = eng.engine.start_saga("later", json!({})).await.unwrap();
     let status = eng
         .engine
         .wait_terminal(saga.id, Duration::from_secs(10))
@@ -1262,13 +1262,13 @@ async fn a_saga_parked_on_a_timer_is_taken_up_while_other_sagas_keep_ending() {
     let db = TempDb::new();
     let store = db.store().await;
     let eng = RunningEngine::start(store.clone(), registry_of([later, quick]), config);
-    let saga = eng.engine.start("later", json!({})).await.unwrap();
+    let saga = eng.engine.start_saga("later", json!({})).await.unwrap();
     let stop = tokio_util::sync::CancellationToken::new();
     let churn = {
         let (engine, stop) = (eng.engine.clone(), stop.clone());
         tokio::spawn(async move {
             while !stop.is_cancelled() {
-                let s = engine.start("quick", json!({})).await.unwrap();
+                let s = engine.start_saga("quick", json!({})).await.unwrap();
                 engine
                     .wait_terminal(s.id, Duration::from_secs(10))
                     .await

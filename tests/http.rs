@@ -117,7 +117,7 @@ impl Api {
         let shutdown = CancellationToken::new();
         let server = tokio::spawn(serve(
             listener,
-            router(engine.engine.clone(), &stores, config),
+            router(engine.engine.clone(), config),
             shutdown.clone(),
         ));
         Self {

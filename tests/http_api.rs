@@ -141,7 +141,7 @@ impl Api {
         let addr = listener.local_addr().unwrap();
         let shutdown = CancellationToken::new();
         let token = config.api_token.clone();
-        let router = router_with_shutdown(engine.engine.clone(), &stores, config, shutdown.clone());
+        let router = router_with_shutdown(engine.engine.clone(), config, shutdown.clone());
         let server = tokio::spawn(serve(listener, router, shutdown.clone()));
         Self {
             base: format!("http://{addr}"),

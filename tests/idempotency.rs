@@ -100,12 +100,7 @@ impl Harness {
         let addr = listener.local_addr().unwrap();
         let shutdown = CancellationToken::new();
         let token = config.api_token.clone();
-        let router = router_with_shutdown(
-            self.engine.engine.clone(),
-            &self.stores,
-            config,
-            shutdown.clone(),
-        );
+        let router = router_with_shutdown(self.engine.engine.clone(), config, shutdown.clone());
         let server = tokio::spawn(serve(listener, router, shutdown.clone()));
         Api {
             base: format!("http://{addr}"),
@@ -517,7 +512,12 @@ fn new_other(h: &Harness) -> orchestrator::store::NewSaga {
 async fn a_burst_of_keyed_starts_creates_one_saga_per_key_and_a_bad_one_fails_alone() {
     use orchestrator::store::{Callback, IdempotencyKey, IdempotentStart, SavedResponse};
     let h = Harness::new().await;
-    let existing = h.engine.engine.start("other", json!({})).await.unwrap();
+    let existing = h
+        .engine
+        .engine
+        .start_saga("other", json!({}))
+        .await
+        .unwrap();
     let key = |k: &str| IdempotencyKey {
         scope: "burst".to_owned(),
         key: k.to_owned(),
@@ -607,55 +607,28 @@ async fn a_burst_of_keyed_starts_creates_one_saga_per_key_and_a_bad_one_fails_al
     h.engine.stop().await;
 }
 
-/// A free worker slot of `engine`. The run loop accepts work once it has started, and holds
-/// every free slot for the length of each claim it makes (a saga it claims must have a worker),
-/// so a slot may be missing for a moment even when no saga runs.
-async fn free_slot(engine: &orchestrator::engine::Engine) -> orchestrator::engine::StartSlot {
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        if let Some(slot) = engine.reserve_slot() {
-            return slot;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no worker slot came free within 5 s"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// A start whose process has a free worker creates its saga already leased to that worker
-/// (epoch 1) and drives it at once: nobody claims it, so its epoch never moves.
+/// A keyed start whose process has a free worker creates its saga already leased to that
+/// worker (epoch 1) and drives it at once: nobody claims it, so its epoch never moves. A retry
+/// with the same key creates nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keyed_start_with_a_free_worker_is_created_leased_and_driven_without_a_claim() {
-    use orchestrator::store::{IdempotencyKey, IdempotentStart};
+    use orchestrator::{StartKey, StartOutcome, StartRequest};
     let h = Harness::new().await;
+    h.engine.ready().await;
     let engine = &h.engine.engine;
-    let key = IdempotencyKey {
-        scope: "direct".to_owned(),
-        key: "d-1".to_owned(),
-        fingerprint: "request".to_owned(),
-        retention: Duration::from_secs(60),
-    };
-    let slot = free_slot(engine).await;
-    let (owner, _) = slot.lease();
-    let owner = owner.to_owned();
-    let got = h
-        .stores
-        .idempotency
-        .create_saga_idempotent(&key, new_other(&h), None, None, Some(slot.lease()))
-        .await
-        .unwrap();
-    let IdempotentStart::Created(saga) = got else {
+    let owner = engine.config().worker_id.clone();
+    let request = || StartRequest::new("other", json!({})).with_key(StartKey::new("direct", "d-1"));
+    let got = engine.start(request()).await.unwrap();
+    let StartOutcome::Created { saga, started, .. } = got else {
         panic!("a new key creates its saga: {got:?}")
     };
     assert_eq!(saga.lease_owner.as_deref(), Some(owner.as_str()));
     assert_eq!(saga.lease_epoch, 1);
-    // In the log as returned: leased, so the claim loop leaves it alone.
-    let row = h.stores.log.get_saga(saga.id).await.unwrap().unwrap();
-    assert_eq!(row.lease_owner.as_deref(), Some(owner.as_str()));
-    assert_eq!(row.lease_epoch, 1);
-    engine.drive_started(*saga.clone(), Some(slot));
+    assert_eq!(
+        started.status,
+        SagaStatus::Running,
+        "its first action written ahead"
+    );
     let done = wait_terminal(&h.stores.log, saga.id).await;
     assert_eq!(done.status, SagaStatus::Completed);
     assert_eq!(done.lease_epoch, 1, "never claimed: {done:?}");
@@ -667,18 +640,19 @@ async fn a_keyed_start_with_a_free_worker_is_created_leased_and_driven_without_a
             .all(|a| a.lease_epoch == 1 && a.worker == owner),
         "{attempts:?}"
     );
-    // A key already recorded creates nothing, and the slot offered with it is simply dropped.
-    let again = free_slot(engine).await;
-    let replay = h
-        .stores
-        .idempotency
-        .create_saga_idempotent(&key, new_other(&h), None, None, Some(again.lease()))
-        .await
-        .unwrap();
-    assert!(
-        matches!(replay, IdempotentStart::InProgress { saga_id, .. } if saga_id == saga.id),
-        "{replay:?}"
-    );
-    drop(again);
+    // The key is recorded: the same request replays the saved answer and starts nothing.
+    let replay = engine.start(request()).await.unwrap();
+    match replay {
+        StartOutcome::Replayed { saga_id, response } => {
+            assert_eq!(saga_id, saga.id);
+            assert_eq!(response.status_code, 202);
+            assert_eq!(
+                response.body,
+                started.to_json(),
+                "the answer as first given"
+            );
+        }
+        other => panic!("a known key replays: {other:?}"),
+    }
     h.engine.stop().await;
 }

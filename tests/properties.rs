@@ -168,7 +168,7 @@ proptest! {
             let journal = Journal::default();
             let registry = registry_of([scripted_saga("p", 1, &case.steps, &journal)]);
             let idle = orchestrator::Engine::new(store.clone(), std::sync::Arc::new(registry.clone()), test_config());
-            let saga = idle.start("p", json!({})).await.unwrap();
+            let saga = idle.start_saga("p", json!({})).await.unwrap();
             if case.cancel_before_start {
                 store.request_cancel(saga.id).await.unwrap();
             }

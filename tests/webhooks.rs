@@ -194,7 +194,6 @@ impl Setup {
         let base = format!("http://{}", listener.local_addr().unwrap());
         let router = router_with_shutdown(
             engine.engine.clone(),
-            &stores,
             HttpConfig::default(),
             shutdown.clone(),
         );
@@ -459,7 +458,7 @@ async fn a_relay_with_nothing_to_send_records_its_cursor_once_idle_not_per_batch
     );
     engine.ready().await;
     for _ in 0..3 {
-        let saga = engine.engine.start("s", json!({})).await.unwrap();
+        let saga = engine.engine.start_saga("s", json!({})).await.unwrap();
         wait_terminal(&stores.log, saga.id).await;
     }
     let outbox = stores.outbox.clone();

@@ -281,7 +281,7 @@ async fn lanes(
             let input = json!({"order": "bench", "fail_last": scenario == Scenario::Compensate});
             while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < total {
                 let t = Instant::now();
-                let saga = engine.start("bench_order", input.clone()).await?;
+                let saga = engine.start_saga("bench_order", input.clone()).await?;
                 if scenario == Scenario::Starts {
                     lat.push(t.elapsed());
                     continue;
@@ -349,7 +349,9 @@ pub async fn timers(
         let (engine, store, next) = (engine.clone(), store.clone(), next.clone());
         set.spawn(async move {
             while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < sagas {
-                let saga = engine.start("bench_order", json!({"park": true})).await?;
+                let saga = engine
+                    .start_saga("bench_order", json!({"park": true}))
+                    .await?;
                 loop {
                     let s = store
                         .get_saga(saga.id)

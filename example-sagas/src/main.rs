@@ -12,16 +12,15 @@
 use std::io::Write;
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use example_sagas::bench::{self, Scenario};
 use example_sagas::shop::Shop;
 use orchestrator::cli::{self, AdminCommand, CliError, DatabaseArgs};
-use orchestrator::http::{self, HttpConfig};
-use orchestrator::webhooks::{Relay, WebhookConfig};
-use orchestrator::{Engine, EngineConfig};
+use orchestrator::server::{shutdown_signal, NewFiles};
+use orchestrator::store::display_url;
+use orchestrator::{Orchestrator, ServeArgs};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
@@ -57,7 +56,7 @@ enum LogFormat {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve the HTTP API and run the engine's workers.
-    Serve(ServeArgs),
+    Serve(ServeCommand),
     /// Print, per order, how many times each participant effect really happened.
     Ledger {
         /// Print JSON instead of a table.
@@ -89,70 +88,12 @@ enum Command {
 }
 
 #[derive(Debug, clap::Args)]
-struct ServeArgs {
+struct ServeCommand {
+    #[command(flatten)]
+    serve: ServeArgs,
     /// Also serve the benchmark saga `bench_order` (three no-op steps), for HTTP load tests.
     #[arg(long, hide = true)]
     with_bench_saga: bool,
-    /// Address to listen on.
-    #[arg(long, default_value = "127.0.0.1:8080", env = "SAGA_LISTEN")]
-    listen: String,
-    /// Sagas driven at once by this process.
-    #[arg(long, default_value_t = 32, env = "SAGA_WORKERS")]
-    workers: usize,
-    /// Seconds a lease lasts without a heartbeat.
-    #[arg(long, default_value_t = 30)]
-    lease_ttl_secs: u64,
-    /// Failed attempts of a compensation after which the saga is flagged as needing attention.
-    #[arg(long, default_value_t = 5)]
-    needs_attention_after: u32,
-    /// Largest accepted request body, in bytes.
-    #[arg(long, default_value_t = HttpConfig::DEFAULT_BODY_LIMIT)]
-    body_limit: usize,
-    /// Bearer token every /v1 endpoint and /metrics require (`Authorization: Bearer TOKEN`);
-    /// without one the API is open. /healthz and /openapi.json never need it.
-    #[arg(
-        long,
-        env = "SAGA_API_TOKEN",
-        hide_env_values = true,
-        value_name = "TOKEN"
-    )]
-    api_token: Option<String>,
-    /// Longest `Prefer: wait=N` honoured, in seconds; longer waits are capped to it.
-    #[arg(long, default_value_t = HttpConfig::DEFAULT_MAX_WAIT.as_secs(), value_name = "SECONDS")]
-    max_wait_secs: u64,
-    /// How long an Idempotency-Key is remembered, in seconds (default 24 hours); expired keys
-    /// are swept every minute.
-    #[arg(
-        long,
-        default_value_t = HttpConfig::DEFAULT_IDEMPOTENCY_RETENTION.as_secs(),
-        value_name = "SECONDS"
-    )]
-    idempotency_retention_secs: u64,
-    /// Refuse saga starts without an Idempotency-Key header (400).
-    #[arg(long)]
-    require_idempotency_key: bool,
-    /// A global webhook subscriber: every event of every saga is POSTed to this URL
-    /// (repeatable). Sagas may also name their own with the Saga-Callback-Url header.
-    #[arg(long = "webhook-url", value_name = "URL")]
-    webhook_urls: Vec<String>,
-    /// The secret that signs webhook deliveries (Saga-Signature header); without one they are
-    /// sent unsigned.
-    #[arg(
-        long,
-        env = "SAGA_WEBHOOK_SECRET",
-        hide_env_values = true,
-        value_name = "SECRET"
-    )]
-    webhook_secret: Option<String>,
-    /// How long one webhook attempt may take, in seconds.
-    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
-    webhook_timeout_secs: u64,
-    /// The first webhook retry delay, in milliseconds (doubling, with jitter, up to an hour).
-    #[arg(long, default_value_t = 1000, value_name = "MILLIS")]
-    webhook_retry_base_ms: u64,
-    /// Attempts before a webhook delivery is given up.
-    #[arg(long, default_value_t = 20)]
-    webhook_max_attempts: u32,
 }
 
 #[derive(Debug, clap::Args)]
@@ -234,136 +175,36 @@ async fn admin(cli: &Cli, cmd: &AdminCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn serve(cli: &Cli, args: &ServeArgs) -> anyhow::Result<()> {
-    let stores = orchestrator::store::open_full(&cli.db.database_url)
-        .await
-        .with_context(|| format!("cannot open {}", cli.db.database_url))?;
-    let webhook_secret = args.webhook_secret.clone().filter(|s| !s.is_empty());
-    if webhook_secret.is_none() {
-        tracing::info!("no webhook secret set (SAGA_WEBHOOK_SECRET or --webhook-secret): webhooks are sent unsigned unless a saga gives its own");
-    }
-    let relay = Relay::new(
-        stores.outbox.clone(),
-        WebhookConfig {
-            subscribers: args.webhook_urls.clone(),
-            secret: webhook_secret,
-            timeout: Duration::from_secs(args.webhook_timeout_secs.max(1)),
-            retry_base: Duration::from_millis(args.webhook_retry_base_ms.max(1)),
-            max_attempts: args.webhook_max_attempts.max(1),
-            ..WebhookConfig::default()
-        },
-    )
-    .context("invalid webhook settings")?;
-    let shop = Shop::open(&cli.shop_database_url)
-        .await
-        .with_context(|| format!("cannot open {}", cli.shop_database_url))?;
+async fn serve(cli: &Cli, args: &ServeCommand) -> anyhow::Result<()> {
+    // The participants' database is the application's own: a start that fails removes it
+    // again if it was just created, as the server does with the saga log.
+    let shop_files = NewFiles::before_open(&cli.shop_database_url);
+    let shop = match Shop::open(&cli.shop_database_url).await {
+        Ok(shop) => shop,
+        Err(e) => {
+            shop_files.remove();
+            return Err(anyhow::Error::new(e).context(format!(
+                "cannot open the participants' database {}",
+                display_url(&cli.shop_database_url)
+            )));
+        }
+    };
     let mut registry = example_sagas::registry(Arc::new(shop))?;
     if args.with_bench_saga {
         registry.register(bench::bench_saga()?)?;
     }
-    let engine = Engine::new(
-        stores.log.clone(),
-        Arc::new(registry),
-        EngineConfig {
-            workers: args.workers.max(1),
-            lease_ttl: Duration::from_secs(args.lease_ttl_secs.max(1)),
-            needs_attention_after: args.needs_attention_after.max(1),
-            ..EngineConfig::default()
-        },
-    );
-    let listener = tokio::net::TcpListener::bind(&args.listen)
-        .await
-        .with_context(|| format!("cannot listen on {}", args.listen))?;
-    let addr = listener.local_addr()?;
-    let shutdown = CancellationToken::new();
-    tokio::spawn(stop_on_signal(shutdown.clone()));
-
-    let api_token = args.api_token.clone().filter(|t| !t.is_empty());
-    if api_token.is_none() {
-        tracing::info!("no API token set (SAGA_API_TOKEN or --api-token): the API is open");
-    }
-    // Waits end at shutdown, so a long poll cannot hold the graceful stop.
-    let router = http::router_with_shutdown(
-        engine.clone(),
-        &stores,
-        HttpConfig {
-            body_limit: args.body_limit,
-            api_token,
-            max_wait: Duration::from_secs(args.max_wait_secs),
-            idempotency_retention: Duration::from_secs(args.idempotency_retention_secs.max(1)),
-            require_idempotency_key: args.require_idempotency_key,
-            ..HttpConfig::default()
-        },
-        shutdown.clone(),
-    );
-    // The outbox relay (webhooks) and the idempotency-key sweeper stop with the server.
-    let relay_task = tokio::spawn(relay.run(shutdown.clone()));
-    let sweeper_task = tokio::spawn(sweep_idempotency_keys(stores.clone(), shutdown.clone()));
-    let engine_task = {
-        let (engine, shutdown) = (engine.clone(), shutdown.clone());
-        tokio::spawn(async move {
-            let ran = engine.run(shutdown.clone()).await;
-            // An engine that stops (or cannot start) takes the HTTP API down with it: accepting
-            // sagas that nothing will run would be worse than refusing them.
-            shutdown.cancel();
-            ran
-        })
-    };
-    // Tests and scripts read the bound address from this line (useful with `--listen :0`).
-    println!("listening on http://{addr}");
-    let _ = std::io::stdout().flush();
-    let served = http::serve(listener, router, shutdown.clone()).await;
-    shutdown.cancel();
-    let ran = engine_task.await.context("engine task")?;
-    relay_task.await.context("webhook relay task")?;
-    sweeper_task.await.context("idempotency sweeper task")?;
-    served.context("HTTP server failed")?;
-    ran.context("engine failed")?;
-    Ok(())
-}
-
-/// Deletes expired idempotency keys every minute until `shutdown`.
-async fn sweep_idempotency_keys(stores: orchestrator::store::Stores, shutdown: CancellationToken) {
-    loop {
-        tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(Duration::from_secs(60)) => {}
-        }
-        let swept = match stores.log.now().await {
-            Ok(now) => stores.idempotency.sweep_idempotency(now).await,
-            Err(e) => Err(e),
-        };
-        match swept {
-            Ok(0) => {}
-            Ok(n) => tracing::debug!(keys = n, "expired idempotency keys deleted"),
-            Err(e) => tracing::warn!(error = %e, "sweeping idempotency keys failed; will retry"),
+    let started = Orchestrator::builder(registry)
+        .database_url(&cli.db.database_url)
+        .args(&args.serve)
+        .start()
+        .await;
+    match started {
+        Ok(server) => Ok(server.wait().await?),
+        Err(e) => {
+            shop_files.remove();
+            Err(e.into())
         }
     }
-}
-
-async fn stop_on_signal(shutdown: CancellationToken) {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot listen for SIGTERM");
-                    let _ = ctrl_c.await;
-                    shutdown.cancel();
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
-    tracing::info!("shutting down: finishing calls in flight, releasing leases");
-    shutdown.cancel();
 }
 
 async fn ledger(cli: &Cli, json: bool) -> anyhow::Result<()> {
@@ -438,7 +279,13 @@ async fn bench_worker(cli: &Cli, workers: usize) -> anyhow::Result<()> {
         .with_context(|| format!("cannot open {}", cli.db.database_url))?;
     let engine = bench::bench_engine(store.clone(), workers)?;
     let shutdown = CancellationToken::new();
-    tokio::spawn(stop_on_signal(shutdown.clone()));
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            shutdown_signal().await;
+            shutdown.cancel();
+        }
+    });
     println!("ready");
     let _ = std::io::stdout().flush();
     engine.run(shutdown).await?;

@@ -23,9 +23,11 @@ pub mod engine;
 pub mod failpoint;
 pub mod http;
 pub mod model;
+pub mod server;
 pub mod store;
 pub mod webhooks;
 
-pub use engine::{Engine, EngineConfig, StartError, StartSlot};
+pub use engine::{Engine, EngineConfig, StartError, StartKey, StartOutcome, StartRequest, Started};
 pub use model::{Saga, SagaStatus, StepStatus};
+pub use server::{Orchestrator, OrchestratorBuilder, ServeArgs, ServeError, Server};
 pub use store::{Store, StoreError};

@@ -43,6 +43,13 @@ impl Registry {
         Ok(self)
     }
 
+    /// [`Registry::register`] by value, to build a registry in one expression:
+    /// `Registry::new().with(checkout()?)?.with(refund()?)?`.
+    pub fn with(mut self, def: SagaDefinition) -> Result<Self, DefinitionError> {
+        self.register(def)?;
+        Ok(self)
+    }
+
     /// The definition with this name and version.
     pub fn get(&self, name: &str, version: u32) -> Option<&Arc<SagaDefinition>> {
         self.defs.get(&(name.to_owned(), version))

@@ -12,21 +12,25 @@
 
 mod driver;
 pub mod plan;
+mod start;
 mod waiters;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use saga_dsl::Registry;
-use serde_json::Value;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+pub use start::{
+    canonical_json, fingerprint, PendingAnswer, StartKey, StartOutcome, StartRequest, Started,
+};
+
 use crate::clock::{Clock, SystemClock};
 use crate::model::{definition_key, Saga, SagaStatus};
-use crate::store::{ClaimRequest, Claimed, Lease, NewSaga, Store, StoreError, WorkerInfo};
+use crate::store::{ClaimRequest, Claimed, Store, StoreError, WorkerInfo};
 
 /// Engine settings.
 #[derive(Debug, Clone)]
@@ -96,6 +100,19 @@ pub enum StartError {
         /// What serde said.
         message: String,
     },
+    /// The idempotency key's first request has not answered yet: retry shortly.
+    #[error("a request with this idempotency key (saga {saga_id}) is still in progress")]
+    KeyInProgress {
+        /// The saga that request started.
+        saga_id: Uuid,
+    },
+    /// The idempotency key was used before for a different request (another saga name,
+    /// callback or input).
+    #[error("this idempotency key was already used (saga {saga_id}) for a different request")]
+    KeyReused {
+        /// The saga the first request started.
+        saga_id: Uuid,
+    },
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -113,7 +130,7 @@ pub enum EngineError {
 /// A worker slot of this process taken for a saga about to be created: see
 /// [`Engine::reserve_slot`].
 #[derive(Debug)]
-pub struct StartSlot {
+struct StartSlot {
     permit: SlotPermit,
     owner: String,
     ttl_ms: i64,
@@ -131,14 +148,14 @@ enum SlotPermit {
 
 impl StartSlot {
     /// The lease to create the saga with: `(owner, ttl in ms)`.
-    pub fn lease(&self) -> (&str, i64) {
+    fn lease(&self) -> (&str, i64) {
         (&self.owner, self.ttl_ms)
     }
 
     /// Whether the saga is driven the moment it is created (a free worker, not a place in
     /// line): its create may then record its first action's write-ahead too
-    /// ([`NewSaga::first_attempt`]), and the saga starts `RUNNING`.
-    pub fn runs_at_once(&self) -> bool {
+    /// ([`NewSaga::first_attempt`](crate::store::NewSaga::first_attempt)), and the saga starts `RUNNING`.
+    fn runs_at_once(&self) -> bool {
         matches!(self.permit, SlotPermit::Worker(_))
     }
 }
@@ -185,6 +202,10 @@ pub(crate) struct Inner {
     pub(crate) waiters: waiters::Waiters,
     /// Set once the task relaying other processes' "saga ended" announcements runs.
     finished_dispatch: std::sync::OnceLock<()>,
+    /// Whether this process is registered as a worker (holds the engine lock on SQLite).
+    registered: std::sync::atomic::AtomicBool,
+    /// Serialises registering and deregistering.
+    registering: tokio::sync::Mutex<()>,
 }
 
 impl Inner {
@@ -243,6 +264,8 @@ impl Engine {
                 running: std::sync::atomic::AtomicBool::new(false),
                 waiters: waiters::Waiters::default(),
                 finished_dispatch: std::sync::OnceLock::new(),
+                registered: std::sync::atomic::AtomicBool::new(false),
+                registering: tokio::sync::Mutex::new(()),
             }),
         }
     }
@@ -262,55 +285,11 @@ impl Engine {
         &self.inner.config
     }
 
-    /// Starts a saga on the latest registered version of `name`: checks the input and records
-    /// the saga. With a free worker here, the saga is created leased to it, `RUNNING`, its
-    /// first action written ahead in the same commit, and driven at once. Otherwise it is
-    /// created `QUEUED`, due now, and runs once a worker of this process frees or
-    /// [`Engine::run`] (in this or another process sharing the database) claims it.
-    pub async fn start(&self, name: &str, input: Value) -> Result<Saga, StartError> {
-        let def = self
-            .inner
-            .registry
-            .latest(name)
-            .ok_or_else(|| StartError::UnknownDefinition(name.to_owned()))?;
-        def.check_input(&input)
-            .map_err(|message| StartError::InvalidInput {
-                name: name.to_owned(),
-                message,
-            })?;
-        let mut new = NewSaga::of(def, input);
-        let inner = &self.inner;
-        // With a free worker here, the saga is created already leased to this process and
-        // driven at once: no claim, no wait for the run loop, and no commit of its own for the
-        // first write-ahead.
-        let saga = match self.reserve_slot() {
-            Some(slot) => {
-                new.first_attempt = slot.runs_at_once();
-                let claimed = inner
-                    .store
-                    .create_saga_leased(new, &slot.owner, slot.ttl_ms)
-                    .await?;
-                let saga = claimed.saga.clone();
-                self.hand_over(claimed, slot);
-                saga
-            }
-            None => {
-                let saga = inner.store.create_saga(new).await?;
-                inner.wake.notify_one();
-                saga
-            }
-        };
-        tracing::debug!(saga.id = %saga.id, saga.name = name, "saga started");
-        metrics::counter!("saga_started_total", "name" => saga.name.clone()).increment(1);
-        Ok(saga)
-    }
-
-    /// Takes a worker slot of this process for a saga about to be created by another store
-    /// call than [`Engine::start`] (an idempotent start, a start with a callback), if the
-    /// engine runs and has one free, or a place in the line for the next (see
-    /// [`EngineConfig::workers`]): create the saga leased with [`StartSlot::lease`], then give
-    /// it to [`Engine::drive_started`]. Dropping the slot unused frees it.
-    pub fn reserve_slot(&self) -> Option<StartSlot> {
+    /// Takes a worker slot of this process for a saga about to be created, if the engine runs
+    /// and has one free, or a place in the line for the next (see [`EngineConfig::workers`]):
+    /// the saga is created leased with [`StartSlot::lease`], then handed to a driver. Dropping
+    /// the slot unused frees it.
+    fn reserve_slot(&self) -> Option<StartSlot> {
         let inner = &self.inner;
         if !inner.running.load(std::sync::atomic::Ordering::Acquire) {
             return None;
@@ -327,23 +306,6 @@ impl Engine {
             owner: inner.config.worker_id.clone(),
             ttl_ms: i64::try_from(inner.config.lease_ttl.as_millis()).unwrap_or(i64::MAX / 4),
         })
-    }
-
-    /// Drives `saga`, created leased with `slot`'s lease (epoch 1), in the slot; a saga created
-    /// without a slot, or not under its lease, is left to the claim loop (and the engine woken).
-    pub fn drive_started(&self, saga: Saga, slot: Option<StartSlot>) {
-        let Some(slot) = slot.filter(|slot| {
-            saga.lease_owner.as_deref() == Some(slot.owner.as_str()) && saga.lease_epoch == 1
-        }) else {
-            self.wake();
-            return;
-        };
-        let lease = Lease {
-            saga_id: saga.id,
-            owner: slot.owner.clone(),
-            epoch: 1,
-        };
-        self.hand_over(Claimed { lease, saga }, slot);
     }
 
     /// Gives a saga leased in `slot` to the run loop's drivers.
@@ -444,20 +406,57 @@ impl Engine {
         });
     }
 
-    /// Runs the engine until `shutdown` is cancelled: registers this worker, claims and drives
-    /// due sagas, then finishes the calls in flight and releases every lease.
-    pub async fn run(&self, shutdown: CancellationToken) -> Result<(), EngineError> {
+    /// Registers this process as a worker of the store, so that it may run the engine: on the
+    /// embedded SQLite store this takes the file's engine lock, and fails with
+    /// [`StoreError::InUse`] while another process holds it. [`Engine::run`] registers by
+    /// itself; call this first to know that the engine can start before telling anyone it
+    /// serves (a server that cannot run its sagas should not accept them). Registering twice
+    /// is a no-op.
+    pub async fn register(&self) -> Result<(), EngineError> {
         let inner = &self.inner;
-        let cfg = &inner.config;
+        let _once = inner.registering.lock().await;
+        if inner.registered.load(std::sync::atomic::Ordering::Acquire) {
+            return Ok(());
+        }
         inner
             .store
             .register_worker(&WorkerInfo {
-                id: cfg.worker_id.clone(),
+                id: inner.config.worker_id.clone(),
                 host: hostname(),
                 pid: std::process::id(),
                 definitions: inner.definitions.clone(),
             })
             .await?;
+        inner
+            .registered
+            .store(true, std::sync::atomic::Ordering::Release);
+        Ok(())
+    }
+
+    /// Gives up a registration made by [`Engine::register`] without running the engine (the
+    /// server could not start after all): frees the engine lock and any lease. A no-op when
+    /// not registered.
+    pub async fn deregister(&self) -> Result<(), EngineError> {
+        let inner = &self.inner;
+        let _once = inner.registering.lock().await;
+        if inner
+            .registered
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+        {
+            inner
+                .store
+                .deregister_worker(&inner.config.worker_id)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Runs the engine until `shutdown` is cancelled: registers this worker, claims and drives
+    /// due sagas, then finishes the calls in flight and releases every lease.
+    pub async fn run(&self, shutdown: CancellationToken) -> Result<(), EngineError> {
+        let inner = &self.inner;
+        let cfg = &inner.config;
+        self.register().await?;
         tracing::info!(worker = %cfg.worker_id, workers = cfg.workers, "engine started");
         let heartbeat = tokio::spawn(heartbeat_loop(self.inner.clone(), shutdown.child_token()));
         let due_signal = inner.store.due_signal();
@@ -593,7 +592,7 @@ impl Engine {
             }
         }
         heartbeat.abort();
-        inner.store.deregister_worker(&cfg.worker_id).await?;
+        self.deregister().await?;
         // A saga started directly in the last instant is released by the deregistration above
         // and claimable by anyone; the channel is kept for the next `run`.
         *inner.direct_rx.lock().unwrap_or_else(|p| p.into_inner()) = Some(direct);

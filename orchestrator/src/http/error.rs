@@ -285,6 +285,24 @@ impl From<StartError> for ApiError {
                 "the input does not fit saga {}: {message}",
                 quote(&name)
             )),
+            StartError::KeyInProgress { saga_id } => Self::new(
+                StatusCode::CONFLICT,
+                "request_in_progress",
+                format!(
+                    "a request with this Idempotency-Key (saga {saga_id}) is still in \
+                     progress; retry shortly"
+                ),
+            )
+            .with_retry_after(1),
+            StartError::KeyReused { saga_id } => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "idempotency_key_reused",
+                format!(
+                    "this Idempotency-Key was already used (saga {saga_id}) for a different \
+                     request: another saga name, callback URL or body; use a new key for a new \
+                     start"
+                ),
+            ),
             StartError::Store(e) => e.into(),
         }
     }

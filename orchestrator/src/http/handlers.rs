@@ -15,29 +15,15 @@ use serde::Serialize;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
-use crate::engine::{StartError, StartSlot};
+use crate::engine::{StartError, StartKey, StartOutcome, StartRequest, Started};
 use crate::http::error::{quote, ApiError};
 use crate::http::extract::{JsonBody, ListQuery, SagaId, SagaName};
-use crate::http::idempotency::{fingerprint, StartHeaders, IDEMPOTENT_REPLAYED};
+use crate::http::idempotency::{StartHeaders, IDEMPOTENT_REPLAYED};
 use crate::http::openapi::ErrorBody;
 use crate::http::prefer::{applied_headers, Wait};
 use crate::http::state::AppState;
 use crate::model::{Event, Saga, SagaPage, SagaStatus};
-use crate::store::{
-    Callback, CancelOutcome, Delivery, IdempotencyKey, IdempotentStart, NewSaga, SavedResponse,
-};
-
-/// The body of `202` to `POST /v1/sagas/{name}`.
-#[derive(Debug, Serialize, ToSchema)]
-pub(crate) struct Started {
-    /// The new saga's id; follow `Location` to read it.
-    id: Uuid,
-    /// Its definition name.
-    name: String,
-    /// `RUNNING` when a worker of this process took it at once, else `QUEUED` until one picks
-    /// it up.
-    status: SagaStatus,
-}
+use crate::store::{CancelOutcome, Delivery, SavedResponse};
 
 /// The body of `GET /v1/sagas/{id}/events`.
 #[derive(Debug, Serialize, ToSchema)]
@@ -157,7 +143,7 @@ async fn wait_for_end(state: &AppState, id: Uuid, wait: Duration) -> Option<Saga
 /// JSON), then `422 invalid_input` when the JSON does not fit the definition's input type. No
 /// saga is created unless every check passes.
 ///
-/// With an `Idempotency-Key` the four rules of SPEC §4 apply (see [`start_idempotent`]).
+/// With an `Idempotency-Key` the four rules of SPEC §4 apply (see [`Engine::start`](crate::Engine::start)).
 ///
 /// With `Prefer: wait=N` the answer is held up to N seconds (capped): `200` with the whole saga
 /// if it ended in time, else the usual `202`; both say `Preference-Applied: wait=N`.
@@ -234,87 +220,68 @@ pub(crate) async fn start_saga(
     start_headers: Result<StartHeaders, ApiError>,
     body: Result<JsonBody, ApiError>,
 ) -> Result<Response, ApiError> {
-    let Some(def) = state.engine.registry().latest(&name).cloned() else {
-        return Err(ApiError::not_found(format!(
-            "no saga definition named {}",
-            quote(&name)
-        )));
-    };
+    // An unknown definition is `404` whatever the headers and body: checked first.
+    if state.engine.registry().latest(&name).is_none() {
+        return Err(StartError::UnknownDefinition(name).into());
+    }
     let headers = start_headers?;
     let JsonBody(input) = body?;
-    if let Some(key) = headers.key.clone() {
-        def.check_input(&input).map_err(|message| {
-            ApiError::from(StartError::InvalidInput {
-                name: name.clone(),
-                message,
-            })
-        })?;
-        let fingerprint = fingerprint(def.name(), headers.callback.as_ref(), &input);
-        let key = IdempotencyKey {
-            scope: headers.scope,
-            key,
-            fingerprint,
-            retention: state.config.idempotency_retention,
-        };
-        return start_idempotent(state, key, NewSaga::of(&def, input), headers.callback, wait)
-            .await;
+    let mut request = StartRequest::new(name, input);
+    if let Some(key) = headers.key {
+        request = request.with_key(
+            StartKey::new(headers.scope, key)
+                .with_retention(state.config.idempotency_retention)
+                .with_abandoned_after(state.config.abandoned_after()),
+        );
     }
-    let saga = match &headers.callback {
-        None => state.engine.start(&name, input).await?,
-        Some(callback) => {
-            def.check_input(&input).map_err(|message| {
-                ApiError::from(StartError::InvalidInput {
-                    name: name.clone(),
-                    message,
-                })
-            })?;
-            // Driven here at once if a worker is free, as `Engine::start` does.
-            let slot = state.engine.reserve_slot();
-            let mut new = NewSaga::of(&def, input);
-            new.first_attempt = slot.as_ref().is_some_and(StartSlot::runs_at_once);
-            let saga = state
-                .idempotency
-                .create_saga_with_callback(new, callback, slot.as_ref().map(StartSlot::lease))
-                .await?;
-            state.engine.drive_started(saga.clone(), slot);
-            count_started(&saga);
-            saga
+    if let Some(callback) = headers.callback {
+        request = request.with_callback(callback);
+    }
+    if wait.is_some() {
+        request = request.answered_later();
+    }
+    let (started, pending) = match state.engine.start(request).await? {
+        StartOutcome::Created {
+            started, pending, ..
+        } => (started, pending),
+        StartOutcome::Replayed { saga_id, response } => {
+            let status = StatusCode::from_u16(response.status_code).unwrap_or(StatusCode::OK);
+            return Ok(json_answer(status, location(saga_id), response.body, true));
         }
     };
-    let location = location(saga.id);
-    let started = Started {
-        id: saga.id,
-        name: saga.name,
-        status: saga.status,
-    };
+    let location = location(started.id);
     let Some(wait) = wait else {
-        return Ok((
+        return Ok(json_answer(
             StatusCode::ACCEPTED,
-            [(header::LOCATION, location)],
-            Json(started),
-        )
-            .into_response());
+            location,
+            started.to_json(),
+            false,
+        ));
     };
-    let (status, body) = final_answer(&state, started, wait).await;
-    Ok((
-        status,
-        [
-            (header::LOCATION, location),
-            (
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            ),
-        ],
-        applied_headers(wait),
-        body,
-    )
-        .into_response())
-}
-
-/// Counts a saga started outside `Engine::start` (which counts its own).
-fn count_started(saga: &Saga) {
-    tracing::debug!(saga.id = %saga.id, saga.name = %saga.name, "saga started");
-    ::metrics::counter!("saga_started_total", "name" => saga.name.clone()).increment(1);
+    // The wait and the saving of its answer run in their own task: a client that hangs up
+    // does not leave its idempotency key in progress for good.
+    let task = {
+        let state = state.clone();
+        tokio::spawn(async move {
+            let (status, body) = final_answer(&state, started, wait).await;
+            let saved = SavedResponse {
+                status_code: status.as_u16(),
+                body,
+            };
+            if let Some(pending) = pending {
+                if let Err(e) = pending.save(&saved).await {
+                    tracing::warn!(error = %e, "cannot save the answer of an idempotent start; \
+                                   its key will be answered 202 once abandoned");
+                }
+            }
+            saved
+        })
+    };
+    let saved = task.await.map_err(ApiError::internal)?;
+    let status = StatusCode::from_u16(saved.status_code).unwrap_or(StatusCode::ACCEPTED);
+    let mut response = json_answer(status, location, saved.body, false);
+    response.headers_mut().extend(applied_headers(wait));
+    Ok(response)
 }
 
 /// `Location: /v1/sagas/{id}`. A UUID is always a valid header value; and once the saga
@@ -345,144 +312,6 @@ async fn final_answer(state: &AppState, started: Started, wait: Duration) -> (St
         StatusCode::ACCEPTED,
         to_body(&Started { status, ..started }),
     )
-}
-
-/// A start with an `Idempotency-Key` (SPEC §4):
-///
-/// 1. a new key is recorded with the new saga in one transaction; a plain start saves its `202`
-///    in that same transaction, a waiting one saves its final answer when it has it;
-/// 2. a key whose request has finished replays the saved status and body
-///    (`Idempotent-Replayed: true`), starting nothing;
-/// 3. a key whose request is still running (waiting) is `409 request_in_progress` with
-///    `Retry-After: 1` — unless it is older than [`HttpConfig::abandoned_after`]: then the
-///    process that held it died, and the key is completed with a plain `202` and replayed;
-/// 4. a key used for a different request (fingerprint) is `422 idempotency_key_reused`.
-///
-/// [`HttpConfig::abandoned_after`]: crate::http::HttpConfig::abandoned_after
-async fn start_idempotent(
-    state: AppState,
-    key: IdempotencyKey,
-    mut new: NewSaga,
-    callback: Option<Callback>,
-    wait: Option<Duration>,
-) -> Result<Response, ApiError> {
-    // A worker slot of this process, if one is free: the saga is then created leased to it
-    // (`RUNNING`, its first action written ahead) and driven at once, without waiting for a
-    // claim. Freed unused unless this request creates the saga.
-    let slot = state.engine.reserve_slot();
-    new.first_attempt = slot.as_ref().is_some_and(StartSlot::runs_at_once);
-    let started = Started {
-        id: new.id,
-        name: new.name.clone(),
-        status: new.initial_status(slot.is_some()),
-    };
-    // A plain start knows its answer before writing: it is saved with the key, at once.
-    let plain = wait.is_none().then(|| SavedResponse {
-        status_code: StatusCode::ACCEPTED.as_u16(),
-        body: to_body(&started),
-    });
-    let outcome = state
-        .idempotency
-        .create_saga_idempotent(
-            &key,
-            new,
-            callback.as_ref(),
-            plain.as_ref(),
-            slot.as_ref().map(StartSlot::lease),
-        )
-        .await?;
-    match outcome {
-        IdempotentStart::Created(saga) => {
-            state.engine.drive_started((*saga).clone(), slot);
-            count_started(&saga);
-            let location = location(saga.id);
-            let (Some(wait), None) = (wait, &plain) else {
-                let body = plain.map(|p| p.body).unwrap_or_default();
-                return Ok(json_answer(StatusCode::ACCEPTED, location, body, false));
-            };
-            // The wait and the saving of its answer run in their own task: a client that
-            // hangs up does not leave the key in progress for good.
-            let task = {
-                let state = state.clone();
-                tokio::spawn(async move {
-                    let (status, body) = final_answer(&state, started, wait).await;
-                    let saved = SavedResponse {
-                        status_code: status.as_u16(),
-                        body,
-                    };
-                    if let Err(e) = state
-                        .idempotency
-                        .complete_idempotent(&key.scope, &key.key, &saved)
-                        .await
-                    {
-                        tracing::warn!(error = %e, "cannot save the answer of an idempotent start; \
-                                       its key will be answered 202 once abandoned");
-                    }
-                    saved
-                })
-            };
-            let saved = task.await.map_err(ApiError::internal)?;
-            let status = StatusCode::from_u16(saved.status_code).unwrap_or(StatusCode::ACCEPTED);
-            let mut response = json_answer(status, location, saved.body, false);
-            response.headers_mut().extend(applied_headers(wait));
-            Ok(response)
-        }
-        IdempotentStart::Replay { saga_id, response } => {
-            ::metrics::counter!("idempotent_replays_total").increment(1);
-            let status = StatusCode::from_u16(response.status_code).unwrap_or(StatusCode::OK);
-            Ok(json_answer(status, location(saga_id), response.body, true))
-        }
-        IdempotentStart::InProgress {
-            saga_id,
-            created_at,
-        } => {
-            let now = state.engine.store().now().await?;
-            let age = Duration::from_millis(u64::try_from(now - created_at).unwrap_or(0));
-            if age < state.config.abandoned_after() {
-                return Err(ApiError::new(
-                    StatusCode::CONFLICT,
-                    "request_in_progress",
-                    format!(
-                        "a request with this Idempotency-Key (saga {saga_id}) is still in \
-                         progress; retry shortly"
-                    ),
-                )
-                .with_retry_after(1));
-            }
-            // Abandoned: answer (and from now on replay) what a plain start would have.
-            let status = match state.engine.store().get_saga(saga_id).await? {
-                Some(saga) => saga.status,
-                None => SagaStatus::Queued,
-            };
-            let body = to_body(&Started {
-                id: saga_id,
-                name: started.name,
-                status,
-            });
-            let saved = SavedResponse {
-                status_code: StatusCode::ACCEPTED.as_u16(),
-                body,
-            };
-            state
-                .idempotency
-                .complete_idempotent(&key.scope, &key.key, &saved)
-                .await?;
-            Ok(json_answer(
-                StatusCode::ACCEPTED,
-                location(saga_id),
-                saved.body,
-                true,
-            ))
-        }
-        IdempotentStart::Mismatch { saga_id } => Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "idempotency_key_reused",
-            format!(
-                "this Idempotency-Key was already used (saga {saga_id}) for a different \
-                 request: another saga name, callback URL or body; use a new key for a new start"
-            ),
-        )),
-    }
 }
 
 /// A JSON answer with `Location`, marked as a replay when it is one.
@@ -673,7 +502,7 @@ pub(crate) async fn saga_deliveries(
     State(state): State<AppState>,
     SagaId(id): SagaId,
 ) -> Result<Json<Deliveries>, ApiError> {
-    let deliveries = state.outbox.deliveries(id).await?;
+    let deliveries = state.engine.store().deliveries(id).await?;
     if deliveries.is_empty() {
         find_saga(&state, id).await?;
     }

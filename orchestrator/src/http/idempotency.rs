@@ -1,24 +1,18 @@
 //! Reading the headers of an idempotent start: `Idempotency-Key` (IETF httpapi draft "The
-//! Idempotency-Key HTTP Header Field"), `Saga-Callback-Url` and `Saga-Callback-Secret`, and
-//! the request's fingerprint.
+//! Idempotency-Key HTTP Header Field"), `Saga-Callback-Url` and `Saga-Callback-Secret`.
 //!
-//! The rules themselves (new key, replay, in progress, mismatch) live in the start handler and
-//! in the store, which records the key in the same transaction as the saga; this module only
-//! turns headers into checked values, so that a malformed header is a `400` before anything is
-//! read or written.
+//! The rules themselves (new key, replay, in progress, mismatch) are the engine's
+//! ([`Engine::start`](crate::Engine::start)), and the store records the key in the same
+//! transaction as the saga; this module only turns headers into checked values, so that a
+//! malformed header is a `400` before anything is read or written.
 //!
-//! - The key may be sent bare (`Idempotency-Key: 8e03978e-…`) or as an RFC 8941 string, as the
-//!   draft specifies it (`Idempotency-Key: "8e03978e-…"`); both name the same key. A bare key
-//!   is 1 to 255 visible ASCII characters; a quoted one may also hold spaces and `\"`, `\\`.
-//! - The fingerprint is SHA-256 over the saga name, the callback URL and the body as canonical
-//!   JSON (object keys sorted at every level, no insignificant whitespace), so the order of the
-//!   keys in the body does not matter and any other difference does.
+//! The key may be sent bare (`Idempotency-Key: 8e03978e-…`) or as an RFC 8941 string, as the
+//! draft specifies it (`Idempotency-Key: "8e03978e-…"`); both name the same key. A bare key is
+//! 1 to 255 visible ASCII characters; a quoted one may also hold spaces and `\"`, `\\`.
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderName};
-use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 use crate::http::auth::ClientId;
 use crate::http::error::{quote, ApiError};
@@ -210,65 +204,10 @@ impl FromRequestParts<AppState> for StartHeaders {
     }
 }
 
-/// The fingerprint of a start: SHA-256 (hex) over the saga name, the callback URL and the
-/// canonical JSON of the body.
-pub(crate) fn fingerprint(name: &str, callback: Option<&Callback>, body: &Value) -> String {
-    let mut hasher = Sha256::new();
-    hasher.update(name.as_bytes());
-    hasher.update([0]);
-    hasher.update(callback.map(|c| c.url.as_str()).unwrap_or_default());
-    hasher.update([0]);
-    let mut text = String::new();
-    canonical_json(body, &mut text);
-    hasher.update(text.as_bytes());
-    hex(&hasher.finalize())
-}
-
-/// Writes `value` as JSON with the keys of every object sorted (serde_json sorts them already
-/// unless its `preserve_order` feature is on; this does not depend on that).
-pub(crate) fn canonical_json(value: &Value, out: &mut String) {
-    match value {
-        Value::Object(map) => {
-            let mut entries: Vec<(&String, &Value)> = map.iter().collect();
-            entries.sort_by(|a, b| a.0.cmp(b.0));
-            out.push('{');
-            for (i, (k, v)) in entries.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&Value::String(k.clone()).to_string());
-                out.push(':');
-                canonical_json(v, out);
-            }
-            out.push('}');
-        }
-        Value::Array(items) => {
-            out.push('[');
-            for (i, v) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                canonical_json(v, out);
-            }
-            out.push(']');
-        }
-        scalar => out.push_str(&scalar.to_string()),
-    }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write;
-    bytes.iter().fold(String::new(), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use axum::http::HeaderValue;
-    use serde_json::json;
 
     fn key(values: &[&str]) -> Result<Option<String>, KeyError> {
         let mut h = HeaderMap::new();
@@ -307,28 +246,6 @@ mod tests {
             HeaderValue::from_bytes(b"caf\xc3\xa9").expect("opaque bytes"),
         );
         assert_eq!(parse_key(&h), Err(KeyError::Malformed));
-    }
-
-    #[test]
-    fn the_fingerprint_ignores_key_order_only() {
-        let a = json!({"b": 1, "a": {"y": [1, {"d": 2, "c": 3}], "x": null}});
-        let b: Value =
-            serde_json::from_str(r#"{"a": {"x": null, "y": [1, {"c": 3, "d": 2}]}, "b": 1}"#)
-                .expect("json");
-        assert_eq!(fingerprint("s", None, &a), fingerprint("s", None, &b));
-        assert_ne!(fingerprint("s", None, &a), fingerprint("t", None, &a));
-        assert_ne!(
-            fingerprint("s", None, &json!({"a": 1})),
-            fingerprint("s", None, &json!({"a": 2}))
-        );
-        let cb = Callback {
-            url: "http://x/".into(),
-            secret: None,
-        };
-        assert_ne!(fingerprint("s", None, &a), fingerprint("s", Some(&cb), &a));
-        let mut text = String::new();
-        canonical_json(&a, &mut text);
-        assert_eq!(text, r#"{"a":{"x":null,"y":[1,{"c":3,"d":2}]},"b":1}"#);
     }
 
     #[test]

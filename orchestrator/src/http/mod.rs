@@ -32,25 +32,49 @@
 //!   concerns are layers in [`router`] (metrics, request id, timeout, tracing, error shape,
 //!   auth, body limit), and each endpoint is one function in `handlers.rs`.
 //!
-//! # Example
+//! # Example: the API inside your own axum app
 //!
-//! ```no_run
-//! # async fn demo(registry: saga_dsl::Registry) -> anyhow::Result<()> {
+//! [`crate::Orchestrator`] serves everything in one call. An application with an HTTP server
+//! of its own mounts the router instead, and must then run the engine beside it: the router
+//! only records sagas, [`Engine::run`] drives them.
+//!
+//! ```
 //! use std::sync::Arc;
-//! use orchestrator::http::{router_with_shutdown, serve, HttpConfig};
+//! use orchestrator::http::{router_with_shutdown, HttpConfig};
 //! use orchestrator::{Engine, EngineConfig};
+//! use saga_dsl::{Registry, SagaDefinition, Step, StepContext, StepError};
 //! use tokio_util::sync::CancellationToken;
 //!
-//! let stores = orchestrator::store::open_full("sqlite://saga.db").await?;
-//! let engine = Engine::new(stores.log.clone(), Arc::new(registry), EngineConfig::default());
-//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! async fn ping(_ctx: StepContext) -> Result<(), StepError> {
+//!     Ok(())
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> anyhow::Result<()> {
+//! # let dir = tempfile::tempdir()?;
+//! # let url = format!("sqlite://{}", dir.path().join("saga.db").display());
+//! let registry = Registry::new()
+//!     .with(SagaDefinition::builder("ping", 1).step(Step::retriable("ping", ping)).build()?)?;
+//! let store = orchestrator::store::open(&url).await?;
+//! let engine = Engine::new(store, Arc::new(registry), EngineConfig::default());
 //! let shutdown = CancellationToken::new();
-//! let config = HttpConfig {
-//!     api_token: std::env::var("SAGA_API_TOKEN").ok(),
-//!     ..HttpConfig::default()
-//! };
-//! let app = router_with_shutdown(engine, &stores, config, shutdown.clone());
-//! serve(listener, app, shutdown).await?;
+//!
+//! // The engine drives the sagas the API records; it stops when `shutdown` is cancelled.
+//! let engine_task = tokio::spawn({
+//!     let (engine, shutdown) = (engine.clone(), shutdown.clone());
+//!     async move { engine.run(shutdown).await }
+//! });
+//! let api = router_with_shutdown(engine.clone(), HttpConfig::default(), shutdown.clone());
+//! let app = axum::Router::new()
+//!     .route("/", axum::routing::get(|| async { "my app" }))
+//!     .merge(api);
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! let server = tokio::spawn(orchestrator::http::serve(listener, app, shutdown.clone()));
+//!
+//! // … later, on SIGTERM: stop both; calls in flight finish and leases are released.
+//! shutdown.cancel();
+//! server.await??;
+//! engine_task.await??;
 //! # Ok(())
 //! # }
 //! ```
@@ -81,7 +105,6 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 use crate::engine::Engine;
-use crate::store::Stores;
 pub use auth::ClientId;
 pub use error::ApiError;
 use state::AppState;
@@ -194,8 +217,8 @@ fn to_json(doc: &utoipa::openapi::OpenApi) -> String {
     text
 }
 
-/// Builds the HTTP API over `engine`, with `stores` (the same database, see
-/// [`open_full`](crate::store::open_full)) for idempotent starts and webhook deliveries.
+/// Builds the HTTP API over `engine` (and its store: the step log, idempotency keys and
+/// webhook deliveries).
 ///
 /// | route | handler |
 /// |---|---|
@@ -218,8 +241,8 @@ fn to_json(doc: &utoipa::openapi::OpenApi) -> String {
 ///
 /// A server that shuts down gracefully should use [`router_with_shutdown`], so that requests
 /// waiting on `Prefer: wait` answer at once instead of holding the shutdown.
-pub fn router(engine: Engine, stores: &Stores, config: HttpConfig) -> Router {
-    router_with_shutdown(engine, stores, config, CancellationToken::new())
+pub fn router(engine: Engine, config: HttpConfig) -> Router {
+    router_with_shutdown(engine, config, CancellationToken::new())
 }
 
 /// [`router`], with waits (`Prefer: wait`) cut short when `shutdown` is cancelled: they answer
@@ -227,7 +250,6 @@ pub fn router(engine: Engine, stores: &Stores, config: HttpConfig) -> Router {
 /// only waits for real work. Pass the token given to [`serve`].
 pub fn router_with_shutdown(
     engine: Engine,
-    stores: &Stores,
     config: HttpConfig,
     shutdown: CancellationToken,
 ) -> Router {
@@ -239,8 +261,6 @@ pub fn router_with_shutdown(
     let (routes, doc) = api_routes().split_for_parts();
     let state = AppState {
         engine,
-        idempotency: stores.idempotency.clone(),
-        outbox: stores.outbox.clone(),
         config: config.clone(),
         openapi: Bytes::from(to_json(&doc)),
         metrics: metrics::handle(),

@@ -1,5 +1,5 @@
-//! What every handler can reach. New concerns (the idempotency-key store, webhooks) add a field
-//! here, so handlers keep their signatures.
+//! What every handler can reach. New concerns add a field here, so handlers keep their
+//! signatures.
 
 use std::sync::Arc;
 
@@ -9,17 +9,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::engine::Engine;
 use crate::http::HttpConfig;
-use crate::store::{IdempotencyStore, OutboxStore};
 
 /// The shared state of the HTTP API. Cheap to clone (`Arc`s and handles).
 #[derive(Clone)]
 pub(crate) struct AppState {
-    /// The engine: starts sagas and reaches the store.
+    /// The engine: starts sagas and reaches the store (step log, keys and outbox).
     pub(crate) engine: Engine,
-    /// Idempotent starts (`Idempotency-Key`, callbacks): the same database as the engine's.
-    pub(crate) idempotency: Arc<dyn IdempotencyStore>,
-    /// Webhook deliveries, for `GET /v1/sagas/{id}/deliveries`.
-    pub(crate) outbox: Arc<dyn OutboxStore>,
     /// The API settings.
     pub(crate) config: Arc<HttpConfig>,
     /// The OpenAPI document, serialized once when the router is built.

@@ -34,7 +34,7 @@ use crate::model::{
 pub use idempotency::{Callback, IdempotencyKey, IdempotencyStore, IdempotentStart, SavedResponse};
 pub use outbox::{Delivery, DeliveryState, OutboxStore};
 pub use postgres::PgStore;
-pub use sqlite::{SqliteDurability, SqliteStore};
+pub use sqlite::{sqlite_file, SqliteDurability, SqliteStore};
 pub use stores::{open_full, Stores};
 
 /// A saga to create.
@@ -404,13 +404,39 @@ impl From<sqlx::migrate::MigrateError> for StoreError {
     }
 }
 
+/// A database URL fit to print: its password, if any, replaced by `***`.
+///
+/// ```
+/// use orchestrator::store::display_url;
+/// assert_eq!(display_url("postgres://app:s3cret@db:5432/sagas"), "postgres://app:***@db:5432/sagas");
+/// assert_eq!(display_url("sqlite://saga.db"), "sqlite://saga.db");
+/// ```
+pub fn display_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    let Some((userinfo, host)) = authority.rsplit_once('@') else {
+        return url.to_owned();
+    };
+    match userinfo.split_once(':') {
+        Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
+        None => url.to_owned(),
+    }
+}
+
 /// Shorthand for store results.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 /// The durable step log. One implementation per backend; the engine, HTTP API and CLI use only
 /// this trait.
+///
+/// Every store also keeps idempotency keys and the outbox in the same database (its
+/// supertraits), so that one `Arc<dyn Store>` reaches all three and a start can record its key
+/// in the saga's own transaction.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
+pub trait Store: IdempotencyStore + OutboxStore + Send + Sync + 'static {
     /// Applies pending migrations.
     async fn migrate(&self) -> Result<()>;
 

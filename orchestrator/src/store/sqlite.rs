@@ -100,6 +100,23 @@ impl std::fmt::Debug for SqliteStore {
     }
 }
 
+/// The file a `sqlite://PATH` URL names, made absolute; `None` for an in-memory database or a
+/// URL that is not SQLite's.
+pub fn sqlite_file(url: &str) -> Option<std::path::PathBuf> {
+    let (base, _) = split_durability(url).ok()?;
+    if base.contains(":memory:") {
+        return None;
+    }
+    let path = SqliteConnectOptions::from_str(&base)
+        .ok()?
+        .get_filename()
+        .to_owned();
+    if path.as_os_str().is_empty() {
+        return None;
+    }
+    Some(std::path::absolute(&path).unwrap_or(path))
+}
+
 impl SqliteStore {
     /// Opens (creating it if missing) the database a `sqlite://PATH` URL names and applies
     /// migrations. `?synchronous=normal` at the end of the URL opts into [`SqliteDurability::Normal`].

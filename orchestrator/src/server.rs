@@ -1,0 +1,592 @@
+//! The library entry point: an application serves its own sagas in a few lines.
+//!
+//! [`Orchestrator::builder`] takes the application's [`Registry`] and runs everything a server
+//! needs on one database: the [`Engine`] (workers, heartbeat, recovery), the HTTP API, the
+//! webhook relay of the outbox, the sweeper of expired idempotency keys, and a graceful
+//! shutdown on SIGINT or SIGTERM (calls in flight finish, leases are released).
+//!
+//! ```
+//! use orchestrator::Orchestrator;
+//! use saga_dsl::{Registry, SagaDefinition, Step, StepContext, StepError};
+//!
+//! async fn hello(_ctx: StepContext) -> Result<String, StepError> {
+//!     Ok("hello".to_owned())
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> anyhow::Result<()> {
+//! # let dir = tempfile::tempdir()?;
+//! # let url = format!("sqlite://{}", dir.path().join("saga.db").display());
+//! let registry = Registry::new()
+//!     .with(SagaDefinition::builder("hello", 1).step(Step::retriable("say", hello)).build()?)?;
+//! let server = Orchestrator::builder(registry)
+//!     .database_url(url)            // default: sqlite://saga.db
+//!     .listen("127.0.0.1:0")        // default: 127.0.0.1:8080
+//!     .start()                      // or `.serve().await?` to run until SIGINT/SIGTERM
+//!     .await?;
+//! println!("serving on {}", server.local_addr());
+//! server.stop().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # What it guarantees at start
+//!
+//! [`OrchestratorBuilder::start`] binds the address, opens (and migrates) the database, checks
+//! the webhook settings and registers the engine (on SQLite: takes the file's engine lock)
+//! *before* it prints anything: a server that could not run its sagas never says it listens.
+//! Then it prints two lines on stdout, the database (without its password) and
+//! `listening on http://ADDR` (scripts read the address from it). A start that fails leaves no
+//! new file behind: an SQLite database it had just created is removed again.
+//!
+//! # Your own axum app
+//!
+//! An application with an HTTP server of its own mounts [`crate::http::router`] in it and
+//! runs [`Engine::run`] beside it (plus, if it wants webhooks, a [`Relay`]); see the guide in
+//! `docs/guide.md`.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use saga_dsl::Registry;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::engine::{Engine, EngineConfig, EngineError};
+use crate::http::{self, HttpConfig};
+use crate::store::{self, display_url, sqlite_file, Store, StoreError};
+use crate::webhooks::{Relay, WebhookConfig, WebhookError};
+
+/// The default database: `saga.db` in the working directory.
+pub const DEFAULT_DATABASE_URL: &str = "sqlite://saga.db";
+/// The default listen address.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
+
+/// Why a server could not start, or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ServeError {
+    /// The address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address asked for.
+        addr: String,
+        /// What the system said.
+        source: std::io::Error,
+    },
+    /// The database could not be opened or migrated.
+    #[error("cannot open the database {url}: {source}")]
+    Database {
+        /// The URL, without its password.
+        url: String,
+        /// What failed.
+        source: StoreError,
+    },
+    /// The webhook settings are invalid (a subscriber URL, say).
+    #[error("invalid webhook settings: {0}")]
+    Webhooks(#[from] WebhookError),
+    /// The engine cannot run on this database (another process holds the SQLite file).
+    #[error("the engine cannot start on {url}: {source}")]
+    EngineStart {
+        /// The URL, without its password.
+        url: String,
+        /// What failed.
+        source: EngineError,
+    },
+    /// The engine stopped with an error while serving.
+    #[error("the engine failed: {0}")]
+    Engine(EngineError),
+    /// The HTTP server failed while serving.
+    #[error("the HTTP server failed: {0}")]
+    Http(std::io::Error),
+    /// A task of the server panicked.
+    #[error("the {task} task panicked")]
+    Panicked {
+        /// Which task.
+        task: &'static str,
+    },
+}
+
+/// The entry point: see the [module](self).
+#[derive(Debug)]
+pub struct Orchestrator;
+
+impl Orchestrator {
+    /// A server for the sagas of `registry`, with every setting at its default.
+    pub fn builder(registry: Registry) -> OrchestratorBuilder {
+        OrchestratorBuilder {
+            registry: Arc::new(registry),
+            database_url: DEFAULT_DATABASE_URL.to_owned(),
+            listen: DEFAULT_LISTEN.to_owned(),
+            engine: EngineConfig::default(),
+            http: HttpConfig::default(),
+            webhooks: WebhookConfig::default(),
+            shutdown: CancellationToken::new(),
+            signals: true,
+            announce: true,
+        }
+    }
+}
+
+/// The settings of a server, then [`start`](Self::start) or [`serve`](Self::serve).
+#[derive(Debug)]
+#[must_use = "a builder does nothing until `start` or `serve`"]
+pub struct OrchestratorBuilder {
+    registry: Arc<Registry>,
+    database_url: String,
+    listen: String,
+    engine: EngineConfig,
+    http: HttpConfig,
+    webhooks: WebhookConfig,
+    shutdown: CancellationToken,
+    signals: bool,
+    announce: bool,
+}
+
+impl OrchestratorBuilder {
+    /// The database: `sqlite://PATH` (created if missing) or `postgres://…`. Default
+    /// [`DEFAULT_DATABASE_URL`].
+    pub fn database_url(mut self, url: impl Into<String>) -> Self {
+        self.database_url = url.into();
+        self
+    }
+
+    /// The address the HTTP API listens on (`HOST:PORT`; port 0 picks a free one). Default
+    /// [`DEFAULT_LISTEN`].
+    pub fn listen(mut self, addr: impl Into<String>) -> Self {
+        self.listen = addr.into();
+        self
+    }
+
+    /// How many sagas this process drives at once (see [`EngineConfig::workers`]).
+    pub fn workers(mut self, workers: usize) -> Self {
+        self.engine.workers = workers.max(1);
+        self
+    }
+
+    /// Every engine setting at once.
+    pub fn engine_config(mut self, config: EngineConfig) -> Self {
+        self.engine = config;
+        self
+    }
+
+    /// The HTTP API's settings (auth token, body limit, waits, idempotency keys).
+    pub fn http_config(mut self, config: HttpConfig) -> Self {
+        self.http = config;
+        self
+    }
+
+    /// The webhook relay's settings (global subscribers, signing secret, retries).
+    pub fn webhooks(mut self, config: WebhookConfig) -> Self {
+        self.webhooks = config;
+        self
+    }
+
+    /// Stops the server gracefully when `token` is cancelled (as well as on a signal, unless
+    /// [`without_signal_handlers`](Self::without_signal_handlers)).
+    pub fn shutdown_on(mut self, token: CancellationToken) -> Self {
+        self.shutdown = token;
+        self
+    }
+
+    /// Does not stop on SIGINT or SIGTERM: the application stops the server itself (with
+    /// [`shutdown_on`](Self::shutdown_on) or [`Server::stop`]).
+    pub fn without_signal_handlers(mut self) -> Self {
+        self.signals = false;
+        self
+    }
+
+    /// Prints nothing on stdout (the database and address lines); they are still logged.
+    pub fn quiet(mut self) -> Self {
+        self.announce = false;
+        self
+    }
+
+    /// The settings of a `serve` command line ([`ServeArgs`]).
+    pub fn args(mut self, args: &ServeArgs) -> Self {
+        self.listen = args.listen.clone();
+        self.engine.workers = args.workers.max(1);
+        self.engine.lease_ttl = Duration::from_secs(args.lease_ttl_secs.max(1));
+        self.engine.needs_attention_after = args.needs_attention_after.max(1);
+        self.http.body_limit = args.body_limit;
+        self.http.api_token = args.api_token.clone().filter(|t| !t.is_empty());
+        self.http.max_wait = Duration::from_secs(args.max_wait_secs);
+        self.http.idempotency_retention =
+            Duration::from_secs(args.idempotency_retention_secs.max(1));
+        self.http.require_idempotency_key = args.require_idempotency_key;
+        self.webhooks.subscribers = args.webhook_urls.clone();
+        self.webhooks.secret = args.webhook_secret.clone().filter(|s| !s.is_empty());
+        self.webhooks.timeout = Duration::from_secs(args.webhook_timeout_secs.max(1));
+        self.webhooks.retry_base = Duration::from_millis(args.webhook_retry_base_ms.max(1));
+        self.webhooks.max_attempts = args.webhook_max_attempts.max(1);
+        self
+    }
+
+    /// Starts everything and returns once the server listens, its engine registered: see the
+    /// [module](self) for what is checked first. The server runs until it is stopped
+    /// ([`Server::stop`], the token of [`shutdown_on`](Self::shutdown_on), or a signal).
+    pub async fn start(self) -> Result<Server, ServeError> {
+        let shown_url = display_url(&self.database_url);
+        // Bound first: a busy port is found before any file is created.
+        let listen_error = |source| ServeError::Listen {
+            addr: self.listen.clone(),
+            source,
+        };
+        let listener = tokio::net::TcpListener::bind(&self.listen)
+            .await
+            .map_err(listen_error)?;
+        let addr = listener.local_addr().map_err(listen_error)?;
+        let new_files = NewFiles::before_open(&self.database_url);
+        let (engine, relay) = match self.prepare(&shown_url).await {
+            Ok(parts) => parts,
+            Err(e) => {
+                new_files.remove();
+                return Err(e);
+            }
+        };
+        let database = match sqlite_file(&self.database_url) {
+            Some(path) => format!("{} (SQLite)", path.display()),
+            None => format!("{shown_url} (PostgreSQL)"),
+        };
+        tracing::info!(%database, %addr, workers = self.engine.workers, "serving");
+        if self.announce {
+            // Scripts and tests read the bound address from the second line.
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "database {database}");
+            let _ = writeln!(out, "listening on http://{addr}");
+            let _ = out.flush();
+        }
+        if self.signals {
+            tokio::spawn(stop_on_signal(self.shutdown.clone()));
+        }
+        Ok(Server::run(
+            addr,
+            listener,
+            engine,
+            relay,
+            self.http,
+            self.shutdown,
+        ))
+    }
+
+    /// [`start`](Self::start), then serve until stopped: the whole life of a server process.
+    pub async fn serve(self) -> Result<(), ServeError> {
+        self.start().await?.wait().await
+    }
+
+    /// Opens the store, checks the webhook settings and registers the engine: everything that
+    /// can refuse to start.
+    async fn prepare(&self, shown_url: &str) -> Result<(Engine, Relay), ServeError> {
+        let store =
+            store::open(&self.database_url)
+                .await
+                .map_err(|source| ServeError::Database {
+                    url: shown_url.to_owned(),
+                    source,
+                })?;
+        if self.webhooks.secret.is_none() {
+            tracing::info!(
+                "no webhook secret set (SAGA_WEBHOOK_SECRET or --webhook-secret): webhooks are \
+                 sent unsigned unless a saga gives its own"
+            );
+        }
+        if self.http.api_token.is_none() {
+            tracing::info!("no API token set (SAGA_API_TOKEN or --api-token): the API is open");
+        }
+        let relay = Relay::new(store.clone(), self.webhooks.clone())?;
+        let engine = Engine::new(store, self.registry.clone(), self.engine.clone());
+        engine
+            .register()
+            .await
+            .map_err(|source| ServeError::EngineStart {
+                url: shown_url.to_owned(),
+                source,
+            })?;
+        Ok((engine, relay))
+    }
+}
+
+/// A running server: see [`OrchestratorBuilder::start`].
+#[derive(Debug)]
+#[must_use = "a server stops when it is dropped only if its tasks are stopped: call `wait` or `stop`"]
+pub struct Server {
+    addr: SocketAddr,
+    engine: Engine,
+    shutdown: CancellationToken,
+    engine_task: JoinHandle<Result<(), EngineError>>,
+    http_task: JoinHandle<std::io::Result<()>>,
+    relay_task: JoinHandle<()>,
+    sweeper_task: JoinHandle<()>,
+}
+
+impl Server {
+    fn run(
+        addr: SocketAddr,
+        listener: tokio::net::TcpListener,
+        engine: Engine,
+        relay: Relay,
+        http: HttpConfig,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let engine_task = {
+            let (engine, shutdown) = (engine.clone(), shutdown.clone());
+            tokio::spawn(async move {
+                let ran = engine.run(shutdown.clone()).await;
+                // An engine that stops takes the HTTP API down with it: accepting sagas that
+                // nothing here will run would be worse than refusing them.
+                shutdown.cancel();
+                ran
+            })
+        };
+        // Waits (`Prefer: wait`) end at shutdown, so a long poll cannot hold the graceful stop.
+        let router = http::router_with_shutdown(engine.clone(), http, shutdown.clone());
+        let http_task = tokio::spawn(http::serve(listener, router, shutdown.clone()));
+        let relay_task = tokio::spawn(relay.run(shutdown.clone()));
+        let sweeper_task = tokio::spawn(sweep_idempotency_keys(
+            engine.store().clone(),
+            shutdown.clone(),
+        ));
+        Self {
+            addr,
+            engine,
+            shutdown,
+            engine_task,
+            http_task,
+            relay_task,
+            sweeper_task,
+        }
+    }
+
+    /// The address the HTTP API listens on (the real port when port 0 was asked for).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// The engine: start sagas in process, wait for them, reach the store.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The token that stops the server when cancelled.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Serves until the server is stopped, then finishes gracefully: no new requests, calls in
+    /// flight finished and recorded, leases released. The first error of a part wins.
+    pub async fn wait(self) -> Result<(), ServeError> {
+        let served = self.http_task.await;
+        // The HTTP server ends only at shutdown, or when its listener fails: stop the rest.
+        self.shutdown.cancel();
+        let ran = self.engine_task.await;
+        let relayed = self.relay_task.await;
+        let swept = self.sweeper_task.await;
+        let served = served.map_err(|_| ServeError::Panicked { task: "HTTP" })?;
+        let ran = ran.map_err(|_| ServeError::Panicked { task: "engine" })?;
+        relayed.map_err(|_| ServeError::Panicked {
+            task: "webhook relay",
+        })?;
+        swept.map_err(|_| ServeError::Panicked {
+            task: "idempotency sweeper",
+        })?;
+        ran.map_err(ServeError::Engine)?;
+        served.map_err(ServeError::Http)?;
+        Ok(())
+    }
+
+    /// Stops the server gracefully and waits until it has: see [`wait`](Self::wait).
+    pub async fn stop(self) -> Result<(), ServeError> {
+        self.shutdown.cancel();
+        self.wait().await
+    }
+}
+
+/// The SQLite files that did not exist before a server opened its database, so that a start
+/// that fails can remove what it created (and nothing else: the files of a database that
+/// existed belong to it, and maybe to a process running on it).
+#[derive(Debug)]
+pub struct NewFiles {
+    created: Vec<PathBuf>,
+}
+
+impl NewFiles {
+    /// Notes which of the files an SQLite URL's database would use are missing now (none for
+    /// PostgreSQL, or when the database file itself exists).
+    pub fn before_open(url: &str) -> Self {
+        let Some(db) = sqlite_file(url) else {
+            return Self {
+                created: Vec::new(),
+            };
+        };
+        if db.exists() {
+            return Self {
+                created: Vec::new(),
+            };
+        }
+        let with_suffix = |suffix: &str| {
+            let mut name = db.clone().into_os_string();
+            name.push(suffix);
+            PathBuf::from(name)
+        };
+        let created = [
+            db.clone(),
+            with_suffix("-wal"),
+            with_suffix("-shm"),
+            with_suffix("-journal"),
+            db.with_extension(match db.extension() {
+                Some(ext) => format!("{}.lock", ext.to_string_lossy()),
+                None => "lock".to_owned(),
+            }),
+        ]
+        .into_iter()
+        .filter(|p| !p.exists())
+        .collect();
+        Self { created }
+    }
+
+    /// Removes those files if they exist now.
+    pub fn remove(self) {
+        for path in self.created {
+            match std::fs::remove_file(&path) {
+                Ok(()) => tracing::debug!(path = %path.display(), "removed after a failed start"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!(path = %path.display(), error = %e, "cannot remove"),
+            }
+        }
+    }
+}
+
+/// Deletes expired idempotency keys every minute until `shutdown`.
+async fn sweep_idempotency_keys(store: Arc<dyn Store>, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(Duration::from_secs(60)) => {}
+        }
+        let swept = match store.now().await {
+            Ok(now) => store.sweep_idempotency(now).await,
+            Err(e) => Err(e),
+        };
+        match swept {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(keys = n, "expired idempotency keys deleted"),
+            Err(e) => tracing::warn!(error = %e, "sweeping idempotency keys failed; will retry"),
+        }
+    }
+}
+
+/// Completes on SIGINT (Ctrl-C) or SIGTERM: a graceful stop of any process serving sagas.
+pub async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+async fn stop_on_signal(shutdown: CancellationToken) {
+    tokio::select! {
+        _ = shutdown_signal() => {
+            tracing::info!("shutting down: finishing calls in flight, releasing leases");
+            shutdown.cancel();
+        }
+        _ = shutdown.cancelled() => {}
+    }
+}
+
+/// The flags of a `serve` command, for an application's own command line (clap): flatten it
+/// into a subcommand and hand it to [`OrchestratorBuilder::args`].
+///
+/// ```
+/// use clap::Parser;
+///
+/// #[derive(Parser)]
+/// struct Cli {
+///     #[command(flatten)]
+///     serve: orchestrator::server::ServeArgs,
+/// }
+///
+/// let cli = Cli::parse_from(["app", "--listen", "0.0.0.0:9000", "--workers", "8"]);
+/// assert_eq!(cli.serve.listen, "0.0.0.0:9000");
+/// assert_eq!(cli.serve.workers, 8);
+/// ```
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = DEFAULT_LISTEN, env = "SAGA_LISTEN")]
+    pub listen: String,
+    /// Sagas driven at once by this process.
+    #[arg(long, default_value_t = 32, env = "SAGA_WORKERS")]
+    pub workers: usize,
+    /// Seconds a lease lasts without a heartbeat.
+    #[arg(long, default_value_t = 30)]
+    pub lease_ttl_secs: u64,
+    /// Failed attempts of a compensation after which the saga is flagged as needing attention.
+    #[arg(long, default_value_t = 5)]
+    pub needs_attention_after: u32,
+    /// Largest accepted request body, in bytes.
+    #[arg(long, default_value_t = HttpConfig::DEFAULT_BODY_LIMIT)]
+    pub body_limit: usize,
+    /// Bearer token every /v1 endpoint and /metrics require (`Authorization: Bearer TOKEN`);
+    /// without one the API is open. /healthz and /openapi.json never need it.
+    #[arg(
+        long,
+        env = "SAGA_API_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    pub api_token: Option<String>,
+    /// Longest `Prefer: wait=N` honoured, in seconds; longer waits are capped to it.
+    #[arg(long, default_value_t = HttpConfig::DEFAULT_MAX_WAIT.as_secs(), value_name = "SECONDS")]
+    pub max_wait_secs: u64,
+    /// How long an Idempotency-Key is remembered, in seconds (default 24 hours); expired keys
+    /// are swept every minute.
+    #[arg(
+        long,
+        default_value_t = HttpConfig::DEFAULT_IDEMPOTENCY_RETENTION.as_secs(),
+        value_name = "SECONDS"
+    )]
+    pub idempotency_retention_secs: u64,
+    /// Refuse saga starts without an Idempotency-Key header (400).
+    #[arg(long)]
+    pub require_idempotency_key: bool,
+    /// A global webhook subscriber: every event of every saga is POSTed to this URL
+    /// (repeatable). Sagas may also name their own with the Saga-Callback-Url header.
+    #[arg(long = "webhook-url", value_name = "URL")]
+    pub webhook_urls: Vec<String>,
+    /// The secret that signs webhook deliveries (Saga-Signature header); without one they are
+    /// sent unsigned.
+    #[arg(
+        long,
+        env = "SAGA_WEBHOOK_SECRET",
+        hide_env_values = true,
+        value_name = "SECRET"
+    )]
+    pub webhook_secret: Option<String>,
+    /// How long one webhook attempt may take, in seconds.
+    #[arg(long, default_value_t = 10, value_name = "SECONDS")]
+    pub webhook_timeout_secs: u64,
+    /// The first webhook retry delay, in milliseconds (doubling, with jitter, up to an hour).
+    #[arg(long, default_value_t = 1000, value_name = "MILLIS")]
+    pub webhook_retry_base_ms: u64,
+    /// Attempts before a webhook delivery is given up.
+    #[arg(long, default_value_t = 20)]
+    pub webhook_max_attempts: u32,
+}
