@@ -280,9 +280,9 @@ async fn bench_worker(cli: &Cli, workers: usize) -> anyhow::Result<()> {
     let engine = bench::bench_engine(store.clone(), workers)?;
     let shutdown = CancellationToken::new();
     tokio::spawn({
-        let shutdown = shutdown.clone();
+        let (signal, shutdown) = (shutdown_signal(), shutdown.clone());
         async move {
-            shutdown_signal().await;
+            signal.await;
             shutdown.cancel();
         }
     });

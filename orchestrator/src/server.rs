@@ -247,6 +247,9 @@ impl OrchestratorBuilder {
                 return Err(e);
             }
         };
+        // Before anything is printed: a signal sent as soon as the address is known must stop
+        // the server gracefully, not kill it.
+        let signal = self.signals.then(shutdown_signal);
         let database = match sqlite_file(&self.database_url) {
             Some(path) => format!("{} (SQLite)", path.display()),
             None => format!("{shown_url} (PostgreSQL)"),
@@ -259,8 +262,8 @@ impl OrchestratorBuilder {
             let _ = writeln!(out, "listening on http://{addr}");
             let _ = out.flush();
         }
-        if self.signals {
-            tokio::spawn(stop_on_signal(self.shutdown.clone()));
+        if let Some(signal) = signal {
+            tokio::spawn(stop_on_signal(signal, self.shutdown.clone()));
         }
         Ok(Server::run(
             addr,
@@ -479,31 +482,44 @@ async fn sweep_idempotency_keys(store: Arc<dyn Store>, shutdown: CancellationTok
 }
 
 /// Completes on SIGINT (Ctrl-C) or SIGTERM: a graceful stop of any process serving sagas.
-pub async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
+///
+/// The handlers are installed when this is called, not when the future is first polled: a
+/// signal that arrives in between is not lost (nor does it kill the process).
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = term.recv() => {}
+        let interrupt = signal(SignalKind::interrupt());
+        let terminate = signal(SignalKind::terminate());
+        async move {
+            match (interrupt, terminate) {
+                (Ok(mut interrupt), Ok(mut terminate)) => {
+                    tokio::select! {
+                        _ = interrupt.recv() => {}
+                        _ = terminate.recv() => {}
+                    }
                 }
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM");
-                let _ = ctrl_c.await;
+                (interrupt, terminate) => {
+                    if let Err(e) = interrupt.and(terminate) {
+                        tracing::warn!(error = %e, "cannot listen for signals; Ctrl-C only");
+                    }
+                    let _ = tokio::signal::ctrl_c().await;
+                }
             }
         }
     }
     #[cfg(not(unix))]
-    let _ = ctrl_c.await;
+    async {
+        let _ = tokio::signal::ctrl_c().await;
+    }
 }
 
-async fn stop_on_signal(shutdown: CancellationToken) {
+async fn stop_on_signal(
+    signal: impl std::future::Future<Output = ()>,
+    shutdown: CancellationToken,
+) {
     tokio::select! {
-        _ = shutdown_signal() => {
+        _ = signal => {
             tracing::info!("shutting down: finishing calls in flight, releasing leases");
             shutdown.cancel();
         }

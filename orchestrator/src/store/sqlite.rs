@@ -103,6 +103,9 @@ impl std::fmt::Debug for SqliteStore {
 /// The file a `sqlite://PATH` URL names, made absolute; `None` for an in-memory database or a
 /// URL that is not SQLite's.
 pub fn sqlite_file(url: &str) -> Option<std::path::PathBuf> {
+    if !url.starts_with("sqlite:") {
+        return None;
+    }
     let (base, _) = split_durability(url).ok()?;
     if base.contains(":memory:") {
         return None;
