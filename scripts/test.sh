@@ -23,7 +23,17 @@ cargo build --workspace --bins
 echo "== all tests, embedded SQLite store =="
 cargo test --workspace "$@"
 
+# `--workspace` as above, so that dependencies are built with the same features and nothing is
+# compiled twice.
 echo "== storage tests again, PostgreSQL store =="
-SAGA_TEST_BACKEND=postgres cargo test -p saga-suite \
+SAGA_TEST_BACKEND=postgres cargo test --workspace \
     --test engine --test properties --test crash --test http --test http_api --test cli \
     --test bad_input --test idempotency --test webhooks "$@"
+
+# The install path the README gives for the `saga` CLI (a debug build, to reuse the artifacts
+# of the tests; `cargo install --path orchestrator` builds it in release).
+echo "== cargo install --path orchestrator =="
+install_root="$(mktemp -d)"
+trap 'rm -rf "$install_root"' EXIT
+cargo install --quiet --locked --debug --path orchestrator --root "$install_root" --target-dir target
+"$install_root/bin/saga" --version

@@ -115,15 +115,30 @@ pub enum ServeError {
 pub struct Orchestrator;
 
 impl Orchestrator {
-    /// A server for the sagas of `registry`, with every setting at its default.
+    /// A server for the sagas of `registry`, with every setting at its default, except those
+    /// the environment sets as it does for the `serve` command line: `DATABASE_URL`,
+    /// `SAGA_LISTEN`, `SAGA_WORKERS`, `SAGA_API_TOKEN` and `SAGA_WEBHOOK_SECRET` (so a
+    /// deployment configures every application the same way). The builder's own calls
+    /// override them.
     pub fn builder(registry: Registry) -> OrchestratorBuilder {
+        let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let mut engine = EngineConfig::default();
+        if let Some(workers) = env("SAGA_WORKERS").and_then(|w| w.parse::<usize>().ok()) {
+            engine.workers = workers.max(1);
+        }
         OrchestratorBuilder {
             registry: Arc::new(registry),
-            database_url: DEFAULT_DATABASE_URL.to_owned(),
-            listen: DEFAULT_LISTEN.to_owned(),
-            engine: EngineConfig::default(),
-            http: HttpConfig::default(),
-            webhooks: WebhookConfig::default(),
+            database_url: env("DATABASE_URL").unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned()),
+            listen: env("SAGA_LISTEN").unwrap_or_else(|| DEFAULT_LISTEN.to_owned()),
+            engine,
+            http: HttpConfig {
+                api_token: env("SAGA_API_TOKEN"),
+                ..HttpConfig::default()
+            },
+            webhooks: WebhookConfig {
+                secret: env("SAGA_WEBHOOK_SECRET"),
+                ..WebhookConfig::default()
+            },
             shutdown: CancellationToken::new(),
             signals: true,
             announce: true,
@@ -148,14 +163,14 @@ pub struct OrchestratorBuilder {
 
 impl OrchestratorBuilder {
     /// The database: `sqlite://PATH` (created if missing) or `postgres://…`. Default
-    /// [`DEFAULT_DATABASE_URL`].
+    /// `DATABASE_URL`, else [`DEFAULT_DATABASE_URL`].
     pub fn database_url(mut self, url: impl Into<String>) -> Self {
         self.database_url = url.into();
         self
     }
 
     /// The address the HTTP API listens on (`HOST:PORT`; port 0 picks a free one). Default
-    /// [`DEFAULT_LISTEN`].
+    /// `SAGA_LISTEN`, else [`DEFAULT_LISTEN`].
     pub fn listen(mut self, addr: impl Into<String>) -> Self {
         self.listen = addr.into();
         self
