@@ -18,26 +18,40 @@
 //!
 //! # Example
 //!
-//! ```no_run
-//! # async fn demo(pool: sqlx::SqlitePool, key: uuid::Uuid) -> anyhow::Result<()> {
+//! ```
 //! use orchestrator::consumer::{Consumed, IdempotentConsumer};
 //!
-//! let payments = IdempotentConsumer::new(pool, "payments");
-//! payments.migrate().await?;
-//! let outcome = payments
-//!     .process(&key.to_string(), |conn| {
-//!         Box::pin(async move {
-//!             sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
-//!                 .execute(&mut *conn)
-//!                 .await?;
-//!             Ok::<_, sqlx::Error>("charged")
-//!         })
-//!     })
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> anyhow::Result<()> {
+//! // The participant's own database (here in memory; a file or PostgreSQL in real life).
+//! let pool = sqlx::SqlitePool::connect("sqlite::memory:").await?;
+//! sqlx::query("CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER)")
+//!     .execute(&pool)
 //!     .await?;
-//! match outcome {
-//!     Consumed::Processed(what) => println!("{what}"),
-//!     Consumed::Duplicate => println!("already done"),
+//! sqlx::query("INSERT INTO accounts VALUES (1, 100)").execute(&pool).await?;
+//!
+//! let payments = IdempotentConsumer::new(pool.clone(), "payments");
+//! payments.migrate().await?;
+//! // The step's idempotency key (`ctx.idempotency_key()`), the same on every retry.
+//! let key = "0193a4f2-7c1e-7d2a-9b1f-3c5d7e9f1a2b";
+//! for _ in 0..2 {
+//!     let outcome = payments
+//!         .process(key, |conn| {
+//!             Box::pin(async move {
+//!                 sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
+//!                     .execute(&mut *conn)
+//!                     .await?;
+//!                 Ok::<_, sqlx::Error>("charged")
+//!             })
+//!         })
+//!         .await?;
+//!     match outcome {
+//!         Consumed::Processed(what) => println!("{what}"),
+//!         Consumed::Duplicate => println!("already done"),
+//!     }
 //! }
+//! let balance: i64 = sqlx::query_scalar("SELECT balance FROM accounts").fetch_one(&pool).await?;
+//! assert_eq!(balance, 90, "charged once");
 //! # Ok(())
 //! # }
 //! ```
