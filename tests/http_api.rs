@@ -17,7 +17,7 @@ use orchestrator::model::{ListFilter, SagaStatus, StepStatus};
 use orchestrator::Store;
 use reqwest::{Method, StatusCode};
 use saga_dsl::StepKind::{Compensatable, Pivot};
-use saga_dsl::{SagaDefinition, Step, StepContext, StepError};
+use saga_dsl::{JsonSchema, SagaDefinition, Step, StepContext, StepError};
 use saga_suite::{
     bin_path, registry_of, scripted_saga, test_config, Journal,
     Outcome::{Permanent, Retryable},
@@ -29,7 +29,8 @@ use tokio_util::sync::CancellationToken;
 
 const TOKEN: &str = "test-token-0123456789";
 
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, JsonSchema)]
+#[schemars(crate = "saga_dsl::schemars")]
 #[allow(dead_code)]
 struct Order {
     order_id: String,
