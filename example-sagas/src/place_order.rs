@@ -21,8 +21,8 @@ pub const NAME: &str = "place_order";
 pub const VERSION: u32 = 1;
 
 /// The input of `place_order`: `{"order_id": str, "user": str, "amount": int, "simulate": {…}}`.
-///
-/// Its JSON Schema (`JsonSchema`) is what `GET /v1/definitions` and the OpenAPI document show.
+// Its JSON Schema (from `JsonSchema`, doc comments as descriptions) is what
+// `GET /v1/definitions` and the OpenAPI document show.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[schemars(crate = "saga_dsl::schemars")]
 pub struct OrderInput {

@@ -56,6 +56,7 @@
 //! ```
 
 mod auth;
+mod definitions;
 mod error;
 mod extract;
 mod handlers;
@@ -83,6 +84,7 @@ use utoipa_axum::routes;
 use crate::engine::Engine;
 use crate::store::Stores;
 pub use auth::ClientId;
+pub use definitions::{openapi_for, openapi_json_for};
 pub use error::ApiError;
 use state::AppState;
 
@@ -169,6 +171,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(handlers::saga_events))
         .routes(routes!(handlers::cancel_saga))
         .routes(routes!(handlers::saga_deliveries))
+        .routes(routes!(definitions::list_definitions))
 }
 
 /// The OpenAPI document of the API, as `GET /openapi.json` serves it. Generated from the
@@ -237,12 +240,14 @@ pub fn router_with_shutdown(
         tracing::warn!("the API token is empty: authentication is off");
     }
     let (routes, doc) = api_routes().split_for_parts();
+    // The served document also has each registered saga's own start route and input schema.
+    let doc = definitions::with_start_routes(&doc, engine.registry());
     let state = AppState {
         engine,
         idempotency: stores.idempotency.clone(),
         outbox: stores.outbox.clone(),
         config: config.clone(),
-        openapi: Bytes::from(to_json(&doc)),
+        openapi: Bytes::from(definitions::to_json(&doc)),
         metrics: metrics::handle(),
         shutdown,
     };
