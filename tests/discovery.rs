@@ -1,7 +1,11 @@
 //! Discovery (SPEC §8) over real loopback sockets, on the example sagas: `GET /v1/definitions`
 //! (its exact shape, the input schemas, auth), the served OpenAPI document with one start route
 //! per saga whose body references its input schema (and every `$ref` of it resolving), `422`
-//! messages that name the field path.
+//! messages that name the field path, and `saga definitions` against a real
+//! `example-sagas serve` process.
+//!
+//! The binary tests need `target/debug/saga` and `target/debug/example-sagas`: run
+//! `cargo build --workspace --bins` first (scripts/test.sh does).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -15,7 +19,7 @@ use orchestrator::model::{DefinitionList, ListFilter};
 use orchestrator::Store;
 use reqwest::StatusCode;
 use saga_dsl::Registry;
-use saga_suite::{test_config, RunningEngine, TempDb};
+use saga_suite::{bin_path, test_config, RunningEngine, Server, TempDb};
 use serde_json::{json, Value};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -401,4 +405,118 @@ async fn a_start_that_does_not_fit_the_input_names_the_field_path() {
     let (status, answer) = api.start_saga("place_order", &good).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
     api.stop().await;
+}
+
+/// Runs the `saga` binary in `cwd` without inheriting the API's environment variables.
+async fn saga_cli(
+    cwd: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> std::process::Output {
+    let mut cmd = tokio::process::Command::new(bin_path("saga"));
+    cmd.args(args)
+        .current_dir(cwd)
+        .env_remove("SAGA_SERVER")
+        .env_remove("SAGA_API_TOKEN")
+        .env_remove("DATABASE_URL")
+        .env_remove("COLUMNS")
+        .env("RUST_LOG", "error");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().await.unwrap()
+}
+
+fn stdout(out: &std::process::Output) -> String {
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+#[tokio::test]
+async fn saga_definitions_asks_a_real_server() {
+    let db = TempDb::new();
+    let server = Server::spawn(&db.url, db.dir.path(), &[("SAGA_API_TOKEN", TOKEN)], &[]).await;
+    let base = server.base.as_str();
+    let cwd = tempfile::tempdir().unwrap();
+    let cwd = cwd.path();
+
+    // `--json` prints the API's answer.
+    let out = saga_cli(
+        cwd,
+        &["definitions", "--server", base, "--token", TOKEN, "--json"],
+        &[],
+    )
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    let printed: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let api: Value = reqwest::Client::new()
+        .get(format!("{base}/v1/definitions"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(printed, api);
+    let hash = |name: &str| {
+        let d = api["definitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["name"] == name)
+            .unwrap();
+        d["hash"].as_str().unwrap().to_owned()
+    };
+
+    // The table, with the token from the environment as `start` takes it.
+    let out = saga_cli(
+        cwd,
+        &["definitions", "--server", base],
+        &[("SAGA_API_TOKEN", TOKEN)],
+    )
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    let table = stdout(&out);
+    let row = |name: &str| {
+        table
+            .lines()
+            .find(|l| l.contains(name))
+            .unwrap_or_else(|| panic!("no row for {name}:\n{table}"))
+            .to_owned()
+    };
+    let place_order = row("place_order");
+    for part in [
+        "reserve_stock → charge_payment → assign_rider",
+        "order_id, user, amount",
+        &hash("place_order")[..8],
+    ] {
+        assert!(place_order.contains(part), "{part:?} missing:\n{table}");
+    }
+    assert!(
+        !place_order.contains(&hash("place_order")),
+        "the hash is shortened:\n{table}"
+    );
+    let book_trip = row("book_trip");
+    for part in [
+        "book_flight → book_hotel → rent_car → charge_and_confirm (pivot) → send_itinerary \
+         (retriable)",
+        "trip_id, traveller",
+        &hash("book_trip")[..8],
+    ] {
+        assert!(book_trip.contains(part), "{part:?} missing:\n{table}");
+    }
+    for header in ["NAME", "VERSION", "HASH", "STAGES", "REQUIRED INPUT"] {
+        assert!(table.lines().nth(1).unwrap().contains(header), "{table}");
+    }
+    // By name: book_trip first.
+    assert!(table.find("book_trip").unwrap() < table.find("place_order").unwrap());
+
+    // Without the token: the server's refusal, on one line, exit 1.
+    let out = saga_cli(cwd, &["definitions", "--server", base], &[]).await;
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.starts_with("error: ") && err.contains("401"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    // It asks the server only: no database was opened (or created) where it ran.
+    assert_eq!(std::fs::read_dir(cwd).unwrap().count(), 0);
 }
