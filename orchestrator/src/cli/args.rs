@@ -103,8 +103,8 @@ impl AdminCommand {
         matches!(self, Self::Migrate)
     }
 
-    /// Whether the command works on the database. `start` does not: it talks to a server over
-    /// HTTP, so no store is opened for it (and no `saga.db` is created).
+    /// Whether the command works on the database. `start` and `definitions` do not: they talk
+    /// to a server over HTTP, so no store is opened for them (and no `saga.db` is created).
     pub fn needs_database(&self) -> bool {
         !matches!(self, Self::Start(_) | Self::Definitions(_))
     }
