@@ -13,7 +13,7 @@ use orchestrator::model::ListFilter;
 use orchestrator::Store;
 use reqwest::{Method, StatusCode};
 use saga_dsl::StepKind::{Compensatable, Pivot};
-use saga_dsl::{SagaDefinition, Step, StepContext, StepError};
+use saga_dsl::{JsonSchema, SagaDefinition, Step, StepContext, StepError};
 use saga_suite::{
     registry_of, scripted_saga, test_config, Journal, Outcome::Permanent, RunningEngine,
     ScriptedStep as S, TempDb,
@@ -24,7 +24,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 /// The input type of the `typed` saga: anything else is `422`.
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, JsonSchema)]
+#[schemars(crate = "saga_dsl::schemars")]
 #[allow(dead_code)]
 struct Order {
     order_id: String,

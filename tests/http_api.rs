@@ -12,12 +12,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use orchestrator::client::{ClientError, SagaClient};
-use orchestrator::http::{openapi_json, router_with_shutdown, serve, HttpConfig};
+use orchestrator::http::{openapi_json, openapi_json_for, router_with_shutdown, serve, HttpConfig};
 use orchestrator::model::{ListFilter, SagaStatus, StepStatus};
 use orchestrator::Store;
 use reqwest::{Method, StatusCode};
 use saga_dsl::StepKind::{Compensatable, Pivot};
-use saga_dsl::{SagaDefinition, Step, StepContext, StepError};
+use saga_dsl::{JsonSchema, SagaDefinition, Step, StepContext, StepError};
 use saga_suite::{
     bin_path, registry_of, scripted_saga, test_config, Journal,
     Outcome::{Permanent, Retryable},
@@ -29,7 +29,8 @@ use tokio_util::sync::CancellationToken;
 
 const TOKEN: &str = "test-token-0123456789";
 
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, JsonSchema)]
+#[schemars(crate = "saga_dsl::schemars")]
 #[allow(dead_code)]
 struct Order {
     order_id: String,
@@ -378,12 +379,29 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
     let text = resp.text().await.unwrap();
     assert_eq!(
         text,
-        openapi_json(),
-        "GET /openapi.json is the generated document"
+        openapi_json_for(&registry_of(definitions())),
+        "GET /openapi.json is the generated document, with the registry's start routes"
     );
     let doc: Value = serde_json::from_str(&text).unwrap();
     assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
-    let ops = operations(&doc);
+    let mut ops = operations(&doc);
+    // Each definition has its own start route, a copy of the generic one (tests/discovery.rs
+    // checks them); the router serves it through `/v1/sagas/{saga}`, so it allows POST there.
+    for def in definitions() {
+        let path = format!("/v1/sagas/{}", def.name());
+        let methods = ops.remove(&path);
+        assert_eq!(
+            methods.map(|m| m.into_keys().collect::<Vec<_>>()),
+            Some(vec!["POST".to_owned()]),
+            "{path}"
+        );
+        let a = Api::send(api.req(Method::PATCH, &path)).await;
+        assert_eq!(a.status, StatusCode::METHOD_NOT_ALLOWED, "PATCH {path}");
+        assert!(
+            a.header("allow").unwrap_or_default().contains("POST"),
+            "{path}"
+        );
+    }
 
     // Every route of SPEC §4 is documented.
     for (method, path) in [
@@ -393,6 +411,7 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
         ("GET", "/v1/sagas/{saga}/events"),
         ("GET", "/v1/sagas/{saga}/deliveries"),
         ("POST", "/v1/sagas/{saga}/cancel"),
+        ("GET", "/v1/definitions"),
         ("GET", "/healthz"),
         ("GET", "/metrics"),
         ("GET", "/openapi.json"),
@@ -629,6 +648,18 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
             "/v1/sagas/{saga}/cancel",
             api.req(Method::POST, &format!("/v1/sagas/{done}/cancel")),
             "409",
+        ),
+        (
+            "GET",
+            "/v1/definitions",
+            api.req(Method::GET, "/v1/definitions"),
+            "200",
+        ),
+        (
+            "GET",
+            "/v1/definitions",
+            api.anonymous(Method::GET, "/v1/definitions"),
+            "401",
         ),
         (
             "GET",

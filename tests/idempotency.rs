@@ -12,7 +12,7 @@ use orchestrator::model::{ListFilter, SagaStatus};
 use orchestrator::store::Stores;
 use reqwest::StatusCode;
 use saga_dsl::StepKind::{Compensatable, Pivot};
-use saga_dsl::{SagaDefinition, Step, StepContext, StepError};
+use saga_dsl::{JsonSchema, SagaDefinition, Step, StepContext, StepError};
 use saga_suite::{
     registry_of, scripted_saga, test_config, wait_terminal, Journal, RunningEngine,
     ScriptedStep as S, TempDb,
@@ -32,7 +32,8 @@ async fn ok_compensation(_ctx: StepContext) -> Result<(), StepError> {
     Ok(())
 }
 
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, JsonSchema)]
+#[schemars(crate = "saga_dsl::schemars")]
 #[allow(dead_code)]
 struct Order {
     order_id: String,

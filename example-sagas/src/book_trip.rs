@@ -7,7 +7,9 @@
 
 use std::sync::Arc;
 
-use saga_dsl::{Action, Compensation, DefinitionError, SagaDefinition, Step, StepContext};
+use saga_dsl::{
+    Action, Compensation, DefinitionError, JsonSchema, SagaDefinition, Step, StepContext,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -22,7 +24,8 @@ pub const NAME: &str = "book_trip";
 pub const VERSION: u32 = 1;
 
 /// The input of `book_trip`: `{"trip_id": str, "traveller": str, "simulate": {…}}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(crate = "saga_dsl::schemars")]
 pub struct TripInput {
     /// The trip; the trip ledger groups effects by it.
     pub trip_id: String,

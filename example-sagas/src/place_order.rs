@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use saga_dsl::{
-    Action, Compensation, DefinitionError, RetryPolicy, SagaDefinition, Step, StepContext,
+    Action, Compensation, DefinitionError, JsonSchema, RetryPolicy, SagaDefinition, Step,
+    StepContext,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -20,7 +21,10 @@ pub const NAME: &str = "place_order";
 pub const VERSION: u32 = 1;
 
 /// The input of `place_order`: `{"order_id": str, "user": str, "amount": int, "simulate": {…}}`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+// Its JSON Schema (from `JsonSchema`, doc comments as descriptions) is what
+// `GET /v1/definitions` and the OpenAPI document show.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[schemars(crate = "saga_dsl::schemars")]
 pub struct OrderInput {
     /// The order; the ledger groups effects by it.
     pub order_id: String,

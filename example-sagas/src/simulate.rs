@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use saga_dsl::{StepContext, StepError};
+use saga_dsl::{JsonSchema, StepContext, StepError};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -15,8 +15,9 @@ use crate::shop::{is_voided, Effect, Shop};
 /// Failures are decided from the attempt number the orchestrator passes in
 /// ([`StepContext::attempt`]), which lives in its durable log: a crash in the middle of a
 /// simulated outage does not reset it, exactly as a real retry budget behaves.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
+#[schemars(crate = "saga_dsl::schemars")]
 pub struct Simulate {
     /// The step (by name) whose action fails permanently.
     pub fail_step: Option<String>,

@@ -1,4 +1,5 @@
-//! A typed client for the HTTP API: start a saga, read it, wait for it to end, cancel it.
+//! A typed client for the HTTP API: start a saga, read it, wait for it to end, cancel it, list
+//! the definitions the server can start.
 //!
 //! # One key per logical start
 //!
@@ -38,7 +39,7 @@ use serde::{Deserialize, Serialize};
 use tokio_retry::strategy::{jitter, ExponentialBackoff};
 use uuid::Uuid;
 
-use crate::model::{Saga, SagaStatus};
+use crate::model::{DefinitionList, Saga, SagaStatus};
 
 /// The `Idempotency-Key` request header (IETF httpapi draft).
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -318,6 +319,14 @@ impl SagaClient {
     pub async fn cancel(&self, id: Uuid) -> Result<CancelAccepted, ClientError> {
         let url = self.url(&["v1", "sagas", &id.to_string(), "cancel"])?;
         let response = self.send(Method::POST, &url, |req| req).await?;
+        decode(&url, response).await
+    }
+
+    /// The saga definitions the server can start (`GET /v1/definitions`): every registered
+    /// version, by name then version, with its stages and its input as JSON Schema.
+    pub async fn definitions(&self) -> Result<DefinitionList, ClientError> {
+        let url = self.url(&["v1", "definitions"])?;
+        let response = self.send(Method::GET, &url, |req| req).await?;
         decode(&url, response).await
     }
 

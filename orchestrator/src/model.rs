@@ -435,3 +435,76 @@ pub struct Worker {
     /// Leases it holds now.
     pub leases: i64,
 }
+
+/// A step of a definition as discovery shows it: its name and kind.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Stage {
+    /// The step's name.
+    pub name: String,
+    /// Its kind, as in the saga object's steps.
+    pub kind: StepKindName,
+}
+
+/// A saga definition as `GET /v1/definitions` and `saga definitions` show it: what a client
+/// can start, with which steps, and what input it takes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Definition {
+    /// The name, as in `POST /v1/sagas/{name}`.
+    #[schema(example = "place_order")]
+    pub name: String,
+    /// The version; a start uses the highest one of its name.
+    pub version: u32,
+    /// The hash of the step list, recorded with every saga started on this version.
+    pub hash: String,
+    /// The steps, in order.
+    pub stages: Vec<Stage>,
+    /// The input as JSON Schema (draft 2020-12, nested types under `$defs`); `true` when the
+    /// definition takes any JSON.
+    pub input_schema: Value,
+}
+
+impl Definition {
+    /// The discovery view of `def`.
+    pub fn of(def: &saga_dsl::SagaDefinition) -> Self {
+        Self {
+            name: def.name().to_owned(),
+            version: def.version(),
+            hash: def.hash().to_owned(),
+            stages: def
+                .steps()
+                .iter()
+                .map(|s| Stage {
+                    name: s.name().to_owned(),
+                    kind: s.kind().into(),
+                })
+                .collect(),
+            input_schema: def.input_schema().as_value().clone(),
+        }
+    }
+
+    /// The fields the input must have: the `required` list of its schema's root object (none
+    /// for an input that is not an object, or takes any JSON).
+    pub fn required_fields(&self) -> Vec<&str> {
+        self.input_schema
+            .get("required")
+            .and_then(Value::as_array)
+            .map(|fields| fields.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default()
+    }
+}
+
+/// The body of `GET /v1/definitions`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct DefinitionList {
+    /// Every registered version of every definition, by name, then version.
+    pub definitions: Vec<Definition>,
+}
+
+impl DefinitionList {
+    /// Every definition of `registry`, in its order (name, then version).
+    pub fn of(registry: &saga_dsl::Registry) -> Self {
+        Self {
+            definitions: registry.iter().map(|d| Definition::of(d)).collect(),
+        }
+    }
+}

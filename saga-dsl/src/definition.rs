@@ -4,6 +4,8 @@ use std::collections::HashSet;
 use std::fmt;
 use std::sync::Arc;
 
+use schemars::generate::SchemaSettings;
+use schemars::{JsonSchema, Schema};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -12,15 +14,20 @@ use crate::{DefinitionError, Step, StepKind};
 
 type InputCheck = Arc<dyn Fn(&Value) -> Result<(), String> + Send + Sync>;
 
+/// How the root of an input is named in an error message when the error is about the whole
+/// input rather than one of its fields (an array where an object was expected, say).
+pub const INPUT_ROOT: &str = "(root)";
+
 /// A validated saga definition. Build one with [`SagaDefinition::builder`].
 ///
 /// The orchestrator records the name, version and [`hash`](Self::hash) of the definition with
 /// every saga it starts, and only drives a saga with a definition that matches all three.
 ///
 /// ```
-/// use saga_dsl::{SagaDefinition, Step, StepContext, StepError};
+/// use saga_dsl::{JsonSchema, SagaDefinition, Step, StepContext, StepError};
 ///
-/// #[derive(serde::Deserialize)]
+/// #[derive(serde::Deserialize, JsonSchema)]
+/// #[schemars(crate = "saga_dsl::schemars")]
 /// struct Order { order_id: String, amount: i64 }
 ///
 /// async fn reserve(ctx: StepContext) -> Result<String, StepError> {
@@ -40,7 +47,11 @@ type InputCheck = Arc<dyn Fn(&Value) -> Result<(), String> + Send + Sync>;
 ///     .expect("a valid definition");
 /// assert_eq!(saga.steps().len(), 2);
 /// assert!(saga.check_input(&serde_json::json!({"order_id": "o1", "amount": 5})).is_ok());
-/// assert!(saga.check_input(&serde_json::json!({"order_id": 1})).is_err());
+/// assert_eq!(
+///     saga.check_input(&serde_json::json!({"order_id": 1})).unwrap_err(),
+///     "order_id: invalid type: integer `1`, expected a string",
+/// );
+/// assert_eq!(saga.input_schema().get("required"), Some(&serde_json::json!(["order_id", "amount"])));
 /// ```
 #[derive(Clone)]
 pub struct SagaDefinition {
@@ -49,6 +60,7 @@ pub struct SagaDefinition {
     steps: Vec<Step>,
     hash: String,
     input_check: InputCheck,
+    input_schema: Arc<Schema>,
 }
 
 impl fmt::Debug for SagaDefinition {
@@ -71,6 +83,8 @@ impl SagaDefinition {
             version,
             steps: Vec::new(),
             input_check: Arc::new(|_| Ok(())),
+            // Without `.input::<T>()` any JSON is accepted, which is the schema `true`.
+            input_schema: Arc::new(Schema::from(true)),
         }
     }
 
@@ -102,9 +116,18 @@ impl SagaDefinition {
             .position(|s| s.kind != StepKind::Compensatable)
     }
 
-    /// Checks a saga input against the definition's input type.
+    /// Checks a saga input against the definition's input type. The error names the field
+    /// that does not fit by its path, as in `items[2].qty: invalid type: string "x", expected
+    /// i64` ([`INPUT_ROOT`] when the input as a whole does not fit); a missing field is named
+    /// by the message itself (`missing field `user``).
     pub fn check_input(&self, input: &Value) -> Result<(), String> {
         (self.input_check)(input)
+    }
+
+    /// The input type as a JSON Schema (draft 2020-12, nested types under `$defs`), as
+    /// recorded by [`SagaBuilder::input`]; `true` (any JSON) for a definition without one.
+    pub fn input_schema(&self) -> &Schema {
+        &self.input_schema
     }
 }
 
@@ -114,14 +137,69 @@ pub struct SagaBuilder {
     version: u32,
     steps: Vec<Step>,
     input_check: InputCheck,
+    input_schema: Arc<Schema>,
 }
 
 impl SagaBuilder {
     /// Declares the input type: a start whose input does not deserialise into `T` is refused
-    /// before any saga is created.
-    pub fn input<T: DeserializeOwned + 'static>(mut self) -> Self {
-        self.input_check =
-            Arc::new(|v: &Value| T::deserialize(v).map(|_| ()).map_err(|e| e.to_string()));
+    /// before any saga is created, and `T`'s JSON Schema becomes the definition's
+    /// [`input_schema`](SagaDefinition::input_schema) (served by `GET /v1/definitions` and in
+    /// the OpenAPI document of the start route).
+    ///
+    /// Derive [`JsonSchema`] beside `Deserialize`. `saga_dsl` re-exports the crate it comes
+    /// from ([`schemars`](crate::schemars) 1.x), so no dependency of your own is needed: the
+    /// derive finds the re-export through `#[schemars(crate = "saga_dsl::schemars")]` on each
+    /// type it derives for, nested types included. (With `schemars = "1"` among your own
+    /// dependencies the attribute can go; both name the same crate.) Serde attributes such as
+    /// `#[serde(default)]`, `rename` or `deny_unknown_fields` shape the schema as they shape
+    /// deserialisation, and doc comments become its descriptions.
+    ///
+    /// ```
+    /// use saga_dsl::{JsonSchema, SagaDefinition, Step, StepContext, StepError};
+    /// use serde::Deserialize;
+    ///
+    /// /// An order to pay for.
+    /// #[derive(Deserialize, JsonSchema)]
+    /// #[schemars(crate = "saga_dsl::schemars")]
+    /// struct Order {
+    ///     items: Vec<Item>,
+    ///     #[serde(default)]
+    ///     note: Option<String>,
+    /// }
+    ///
+    /// #[derive(Deserialize, JsonSchema)]
+    /// #[schemars(crate = "saga_dsl::schemars")]
+    /// struct Item { sku: String, qty: u32 }
+    ///
+    /// async fn pay(_: StepContext) -> Result<(), StepError> { Ok(()) }
+    ///
+    /// let saga = SagaDefinition::builder("pay", 1).input::<Order>().step(Step::pivot("pay", pay)).build()?;
+    /// let bad = serde_json::json!({"items": [{"sku": "a", "qty": 1}, {"sku": "b", "qty": "two"}]});
+    /// assert_eq!(
+    ///     saga.check_input(&bad).unwrap_err(),
+    ///     r#"items[1].qty: invalid type: string "two", expected u32"#,
+    /// );
+    /// assert_eq!(saga.input_schema().get("required"), Some(&serde_json::json!(["items"])));
+    /// # Ok::<(), saga_dsl::DefinitionError>(())
+    /// ```
+    pub fn input<T: DeserializeOwned + JsonSchema + 'static>(mut self) -> Self {
+        self.input_check = Arc::new(|v: &Value| {
+            // The plain deserialiser on the hot path; only a refused input is read again,
+            // tracking the path, to say where it went wrong.
+            if T::deserialize(v).is_ok() {
+                return Ok(());
+            }
+            match serde_path_to_error::deserialize::<_, T>(v) {
+                Ok(_) => Ok(()),
+                Err(e) => Err(path_message(e)),
+            }
+        });
+        // Pinned to 2020-12 (the dialect of OpenAPI 3.1) rather than schemars' default, which
+        // may move to another draft in a later release.
+        let schema = SchemaSettings::draft2020_12()
+            .into_generator()
+            .into_root_schema_for::<T>();
+        self.input_schema = Arc::new(schema);
         self
     }
 
@@ -183,8 +261,25 @@ impl SagaBuilder {
             steps: self.steps,
             hash,
             input_check: self.input_check,
+            input_schema: self.input_schema,
         })
     }
+}
+
+/// `path: message`, with the path of the value that failed (`items[2].qty`), or
+/// [`INPUT_ROOT`] when it is the input itself. A missing field is reported on the object that
+/// lacks it, so its message names the field: `missing field `user`` at the root,
+/// `simulate: missing field `x`` inside.
+fn path_message(e: serde_path_to_error::Error<serde_json::Error>) -> String {
+    let path = e.path().to_string();
+    let message = e.into_inner().to_string();
+    if path == "." || path.is_empty() {
+        if message.starts_with("missing field") {
+            return message;
+        }
+        return format!("{INPUT_ROOT}: {message}");
+    }
+    format!("{path}: {message}")
 }
 
 fn valid_ident(s: &str) -> bool {
@@ -279,6 +374,119 @@ mod tests {
             .unwrap();
         assert_eq!(a.hash(), a2.hash());
         assert_ne!(a.hash(), b.hash());
+    }
+
+    /// A nested input, as the example sagas have.
+    #[derive(serde::Deserialize, JsonSchema)]
+    #[allow(dead_code)] // Only deserialised, to check inputs.
+    struct Order {
+        user: String,
+        amount: i64,
+        items: Vec<Item>,
+        #[serde(default)]
+        simulate: Simulate,
+    }
+
+    #[derive(serde::Deserialize, JsonSchema)]
+    #[allow(dead_code)]
+    struct Item {
+        sku: String,
+        qty: u32,
+    }
+
+    #[derive(Default, serde::Deserialize, serde::Serialize, JsonSchema)]
+    #[serde(default, deny_unknown_fields)]
+    struct Simulate {
+        delay_ms: u64,
+    }
+
+    fn order_saga() -> SagaDefinition {
+        SagaDefinition::builder("s", 1)
+            .input::<Order>()
+            .step(c("a"))
+            .build()
+            .unwrap()
+    }
+
+    #[test]
+    fn input_errors_name_the_field_path() {
+        let s = order_saga();
+        let good = serde_json::json!({
+            "user": "ada", "amount": 5, "items": [{"sku": "a", "qty": 1}]
+        });
+        assert_eq!(s.check_input(&good), Ok(()));
+        let mut bad = good.clone();
+        bad["amount"] = "x".into();
+        assert_eq!(
+            s.check_input(&bad).unwrap_err(),
+            r#"amount: invalid type: string "x", expected i64"#
+        );
+        let mut bad = good.clone();
+        bad["items"] = serde_json::json!([{"sku": "a", "qty": 1}, {"sku": "b", "qty": 1}, {"sku": "c", "qty": 1.5}]);
+        assert_eq!(
+            s.check_input(&bad).unwrap_err(),
+            "items[2].qty: invalid type: floating point `1.5`, expected u32"
+        );
+        let mut bad = good.clone();
+        bad["simulate"] = serde_json::json!({"delay_ms": "slow"});
+        assert_eq!(
+            s.check_input(&bad).unwrap_err(),
+            r#"simulate.delay_ms: invalid type: string "slow", expected u64"#
+        );
+        let mut bad = good.clone();
+        bad.as_object_mut().unwrap().remove("user");
+        assert_eq!(s.check_input(&bad).unwrap_err(), "missing field `user`");
+        let mut bad = good.clone();
+        bad["items"] = serde_json::json!([{"sku": "a"}]);
+        assert_eq!(
+            s.check_input(&bad).unwrap_err(),
+            "items[0]: missing field `qty`"
+        );
+        assert_eq!(
+            s.check_input(&serde_json::json!("order")).unwrap_err(),
+            r#"(root): invalid type: string "order", expected struct Order"#
+        );
+    }
+
+    #[test]
+    fn input_schema_describes_the_input_type() {
+        let s = order_saga();
+        let schema = s.input_schema().as_value();
+        assert_eq!(
+            schema["$schema"],
+            "https://json-schema.org/draft/2020-12/schema"
+        );
+        assert_eq!(schema["type"], "object");
+        assert_eq!(
+            schema["required"],
+            serde_json::json!(["user", "amount", "items"])
+        );
+        assert_eq!(schema["properties"]["user"]["type"], "string");
+        assert_eq!(schema["properties"]["amount"]["type"], "integer");
+        assert_eq!(schema["properties"]["items"]["type"], "array");
+        // Nested types are definitions of the root schema, referenced from where they are used.
+        assert_eq!(
+            schema["properties"]["items"]["items"]["$ref"],
+            "#/$defs/Item"
+        );
+        assert_eq!(
+            schema["$defs"]["Item"]["required"],
+            serde_json::json!(["sku", "qty"])
+        );
+        assert_eq!(
+            schema["$defs"]["Simulate"]["additionalProperties"],
+            serde_json::json!(false)
+        );
+    }
+
+    #[test]
+    fn a_definition_without_an_input_type_accepts_any_json() {
+        let s = SagaDefinition::builder("s", 1)
+            .step(c("a"))
+            .build()
+            .unwrap();
+        assert_eq!(s.input_schema().as_value(), &serde_json::json!(true));
+        assert_eq!(s.check_input(&serde_json::json!([1, "x"])), Ok(()));
     }
 
     #[test]

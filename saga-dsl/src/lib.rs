@@ -10,10 +10,13 @@
 //! ## Quick start
 //!
 //! ```
-//! use saga_dsl::{Registry, RetryPolicy, SagaDefinition, Step, StepContext, StepError};
+//! use saga_dsl::{JsonSchema, Registry, RetryPolicy, SagaDefinition, Step, StepContext, StepError};
 //! use serde::{Deserialize, Serialize};
 //!
-//! #[derive(Deserialize)]
+//! // The input's JSON Schema is served to clients (`GET /v1/definitions`, the OpenAPI
+//! // document); the attribute points the derive at the `schemars` that saga_dsl re-exports.
+//! #[derive(Deserialize, JsonSchema)]
+//! #[schemars(crate = "saga_dsl::schemars")]
 //! struct Order { order_id: String, amount: i64 }
 //!
 //! #[derive(Serialize, Deserialize)]
@@ -58,6 +61,9 @@
 //!   exponential backoff with jitter, an attempt budget, and a per-attempt timeout on the step.
 //! - **Idempotency keys** ([`idempotency_key`]): one per (saga, step, phase), stable across
 //!   attempts, crashes and workers.
+//! - **Inputs** ([`SagaBuilder::input`]): a typed input is checked before a saga is created
+//!   (errors name the field: `items[2].qty: …`) and published as JSON Schema
+//!   ([`SagaDefinition::input_schema`]).
 //! - **Versions**: a saga runs on the definition it started with (name, version and step-list
 //!   hash); the [`Registry`] holds every version a process can run.
 
@@ -69,7 +75,7 @@ mod retry;
 mod step;
 
 pub use context::{idempotency_key, Phase, StepContext};
-pub use definition::{SagaBuilder, SagaDefinition};
+pub use definition::{SagaBuilder, SagaDefinition, INPUT_ROOT};
 pub use error::{DefinitionError, ResultExt, StepError};
 pub use registry::Registry;
 pub use retry::RetryPolicy;
@@ -77,3 +83,11 @@ pub use step::{Action, Compensation, Step, StepKind, DEFAULT_ATTEMPT_TIMEOUT};
 
 /// Re-exported so that step code can name JSON values without its own dependency.
 pub use serde_json::Value;
+
+/// The JSON Schema crate of [`SagaBuilder::input`], re-exported so that an application needs
+/// no dependency of its own: derive with `#[derive(JsonSchema)]` and
+/// `#[schemars(crate = "saga_dsl::schemars")]`.
+pub use schemars;
+
+/// The trait (and derive macro) an input type implements; see [`SagaBuilder::input`].
+pub use schemars::JsonSchema;

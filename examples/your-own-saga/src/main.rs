@@ -1,9 +1,10 @@
 //! A saga of your own: reserve a seat, then charge for it; a declined card releases the seat.
 use orchestrator::Orchestrator;
-use saga_dsl::{Registry, SagaDefinition, Step, StepContext, StepError};
+use saga_dsl::{JsonSchema, Registry, SagaDefinition, Step, StepContext, StepError};
 use serde::Deserialize;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
+#[schemars(crate = "saga_dsl::schemars")]
 struct Booking {
     seat: String,
     amount: u64,

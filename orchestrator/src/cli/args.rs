@@ -73,6 +73,8 @@ pub enum AdminCommand {
     Migrate,
     /// Start a saga through a server's HTTP API, with one idempotency key reused across retries.
     Start(StartArgs),
+    /// List the saga definitions a server can start: stages, hash and required input.
+    Definitions(DefinitionsArgs),
 }
 
 impl AdminCommand {
@@ -101,10 +103,10 @@ impl AdminCommand {
         matches!(self, Self::Migrate)
     }
 
-    /// Whether the command works on the database. `start` does not: it talks to a server over
-    /// HTTP, so no store is opened for it (and no `saga.db` is created).
+    /// Whether the command works on the database. `start` and `definitions` do not: they talk
+    /// to a server over HTTP, so no store is opened for them (and no `saga.db` is created).
     pub fn needs_database(&self) -> bool {
-        !matches!(self, Self::Start(_))
+        !matches!(self, Self::Start(_) | Self::Definitions(_))
     }
 }
 
@@ -351,6 +353,26 @@ mod tests {
 #[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
 pub struct WorkersArgs {
     /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `definitions [--server URL] [--token T] [--json]`: asks a server, since the definitions are
+/// linked into the application that serves them, not into this binary.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct DefinitionsArgs {
+    /// The server's base URL.
+    #[arg(long, value_name = "URL", env = "SAGA_SERVER", default_value = DEFAULT_SERVER)]
+    pub server: String,
+    /// The server's API token, sent as a bearer token.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "SAGA_API_TOKEN",
+        hide_env_values = true
+    )]
+    pub token: Option<String>,
+    /// Print the API's answer, `{"definitions": […]}` (as `GET /v1/definitions`).
     #[arg(long)]
     pub json: bool,
 }

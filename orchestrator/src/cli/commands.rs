@@ -55,6 +55,7 @@ pub async fn run_admin(
         }
         // Needs no store; one given is simply not used.
         AdminCommand::Start(a) => run_start(a, out).await,
+        AdminCommand::Definitions(a) => super::definitions::run_definitions(a, out).await,
     }
 }
 
@@ -92,7 +93,7 @@ pub async fn run_start(a: &StartArgs, out: &mut impl Write) -> Result<(), CliErr
 /// A client failure as a one-line command error. A `409` is a conflict with the saga's state;
 /// everything else (unreachable server, refused input, unknown definition) is reported as what
 /// the server or the network said.
-fn client_error(e: ClientError) -> CliError {
+pub(super) fn client_error(e: ClientError) -> CliError {
     match e {
         ClientError::Api {
             status: 409,

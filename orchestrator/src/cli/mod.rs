@@ -1,6 +1,7 @@
 //! The operator commands of SPEC §5 (`list`, `show`, `events`, `cancel`, `abort`, `retry`,
-//! `mark-compensated`, `migrate`, `start`), shared by the `saga` binary and application
-//! binaries. `start` goes through a server's HTTP API ([`run_start`]) and opens no database.
+//! `mark-compensated`, `migrate`, `start`, `definitions`), shared by the `saga` binary and
+//! application binaries. `start` and `definitions` go through a server's HTTP API
+//! ([`run_start`], [`run_definitions`]) and open no database.
 //!
 //! The commands are plain data ([`AdminCommand`], parsed by clap) and one function,
 //! [`run_admin`], that runs one against any [`Store`] and writes to any [`std::io::Write`]:
@@ -41,16 +42,19 @@
 
 mod args;
 mod commands;
+mod definitions;
 mod error;
 mod render;
 
 use std::sync::Arc;
 
+pub use args::DefinitionsArgs;
 pub use args::{
     AbortArgs, AdminCommand, CancelArgs, DatabaseArgs, EventsArgs, ListArgs, MarkCompensatedArgs,
     RetryArgs, ShowArgs, StartArgs, WorkersArgs, DEFAULT_LIST_LIMIT, DEFAULT_SERVER,
 };
 pub use commands::{actor, run_admin, run_start, show_with_deliveries};
+pub use definitions::run_definitions;
 pub use error::CliError;
 
 use crate::store::{self, SqliteStore, Store};
@@ -82,6 +86,11 @@ pub async fn open_and_run(
 ) -> Result<(), CliError> {
     if let AdminCommand::Start(args) = cmd {
         run_start(args, out).await?;
+        out.flush()?;
+        return Ok(());
+    }
+    if let AdminCommand::Definitions(args) = cmd {
+        run_definitions(args, out).await?;
         out.flush()?;
         return Ok(());
     }

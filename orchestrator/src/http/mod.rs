@@ -80,6 +80,7 @@
 //! ```
 
 mod auth;
+mod definitions;
 mod error;
 mod extract;
 mod handlers;
@@ -106,6 +107,7 @@ use utoipa_axum::routes;
 
 use crate::engine::Engine;
 pub use auth::ClientId;
+pub use definitions::{openapi_for, openapi_json_for};
 pub use error::ApiError;
 use state::AppState;
 
@@ -192,17 +194,19 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(handlers::saga_events))
         .routes(routes!(handlers::cancel_saga))
         .routes(routes!(handlers::saga_deliveries))
+        .routes(routes!(definitions::list_definitions))
 }
 
-/// The OpenAPI document of the API, as `GET /openapi.json` serves it. Generated from the
-/// handlers, so it always matches the router; `docs/openapi.json` is a copy of it (regenerate
-/// with `UPDATE_OPENAPI=1 cargo test --test http_api`).
+/// The OpenAPI document of the API, without any application's sagas: `GET /openapi.json`
+/// serves it with a start route per registered saga added ([`openapi_for`]). Generated from
+/// the handlers, so it always matches the router; `docs/openapi.json` is a copy of it
+/// (regenerate with `UPDATE_OPENAPI=1 cargo test --test http_api`).
 pub fn openapi() -> utoipa::openapi::OpenApi {
     api_routes().into_openapi()
 }
 
 /// [`openapi()`] as pretty-printed JSON with a final newline: the exact text of
-/// `GET /openapi.json` and of `docs/openapi.json`.
+/// `docs/openapi.json` (a server's `GET /openapi.json` is [`openapi_json_for`] its registry).
 pub fn openapi_json() -> String {
     to_json(&openapi())
 }
@@ -228,9 +232,10 @@ fn to_json(doc: &utoipa::openapi::OpenApi) -> String {
 /// | `GET /v1/sagas/{id}/events` | the saga's event history |
 /// | `POST /v1/sagas/{id}/cancel` | request cancellation: `202`, or `409` when too late |
 /// | `GET /v1/sagas/{id}/deliveries` | the saga's webhook deliveries |
+/// | `GET /v1/definitions` | the registered definitions: stages, hash, input schema |
 /// | `GET /healthz` | `200` when the store answers, else `503` |
 /// | `GET /metrics` | Prometheus text |
-/// | `GET /openapi.json` | the OpenAPI document ([`openapi()`]) |
+/// | `GET /openapi.json` | the OpenAPI document, with a start route per saga ([`openapi_for`]) |
 ///
 /// Every error, including an unknown route (`404`) and a wrong method (`405`), is JSON
 /// `{"error": {"code": …, "message": …}}`, and every response carries an `x-request-id` header.
@@ -259,10 +264,12 @@ pub fn router_with_shutdown(
         tracing::warn!("the API token is empty: authentication is off");
     }
     let (routes, doc) = api_routes().split_for_parts();
+    // The served document also has each registered saga's own start route and input schema.
+    let doc = definitions::with_start_routes(&doc, engine.registry());
     let state = AppState {
         engine,
         config: config.clone(),
-        openapi: Bytes::from(to_json(&doc)),
+        openapi: Bytes::from(definitions::to_json(&doc)),
         metrics: metrics::handle(),
         shutdown,
     };

@@ -87,6 +87,7 @@ impl Modify for BearerAuth {
     components(schemas(ErrorBody, ErrorDetail)),
     tags(
         (name = "sagas", description = "Starting and following sagas"),
+        (name = "definitions", description = "The sagas this server can start, and their inputs"),
         (name = "operations", description = "Health, metrics and this document"),
     )
 )]

@@ -1,0 +1,277 @@
+//! Discovery (SPEC §8): `GET /v1/definitions`, and the OpenAPI document with one start route
+//! per registered saga whose request body is that saga's input schema.
+//!
+//! The input schemas are JSON Schema as `schemars` writes them (draft 2020-12: boolean schemas,
+//! `const`, `$defs`, …). utoipa's typed document cannot hold all of that, so the per-saga parts
+//! are added to the generated document as JSON: each input schema becomes a component
+//! (`components.schemas.<name>_input`, its nested types `<name>_input.<Type>`, with their
+//! `$ref`s rewritten to point there), and each saga gets `POST /v1/sagas/<name>`, a copy of the
+//! generic start operation whose body references that component. The generic
+//! `POST /v1/sagas/{saga}` stays, for tooling that does not know the sagas.
+
+use axum::extract::State;
+use axum::Json;
+use saga_dsl::Registry;
+use serde_json::{json, Map, Value};
+
+use crate::http::openapi::ErrorBody;
+use crate::http::state::AppState;
+use crate::model::DefinitionList;
+
+/// The OpenAPI description of `GET /v1/definitions`.
+const DESCRIPTION: &str = "Every saga definition this server can start, each registered \
+    version by name then version: its step list (name and kind of each stage), the hash \
+    recorded with each saga started on it, and its input as JSON Schema (draft 2020-12; `true` \
+    when it takes any JSON). A start uses the highest version of its name; the served \
+    `/openapi.json` also documents one start route per definition, `POST /v1/sagas/<name>`, \
+    with that schema as its request body.";
+
+/// `GET /v1/definitions`: `{"definitions": [{"name", "version", "hash", "stages", "input_schema"}]}`
+/// for every definition of the engine's registry, by name then version.
+#[utoipa::path(
+    get,
+    path = "/v1/definitions",
+    tag = "definitions",
+    operation_id = "list_definitions",
+    summary = "List the saga definitions",
+    description = DESCRIPTION,
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "The definitions, by name then version",
+         body = DefinitionList),
+        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
+    )
+)]
+pub(crate) async fn list_definitions(State(state): State<AppState>) -> Json<DefinitionList> {
+    Json(DefinitionList::of(state.engine.registry()))
+}
+
+/// The OpenAPI document an API over `registry` serves at `GET /openapi.json`: [`openapi()`]
+/// with one start route per definition, `POST /v1/sagas/<name>`, whose request body is that
+/// definition's input schema (`components.schemas.<name>_input`). An application can write it
+/// out for client generators without running a server.
+///
+/// It is JSON rather than utoipa's typed document, because the input schemas use JSON Schema
+/// that the typed model cannot hold (see the module documentation).
+///
+/// [`openapi()`]: crate::http::openapi
+pub fn openapi_for(registry: &Registry) -> Value {
+    with_start_routes(&super::openapi(), registry)
+}
+
+/// [`openapi_for`] as pretty-printed JSON with a final newline: the exact text of
+/// `GET /openapi.json` on a server of `registry`.
+pub fn openapi_json_for(registry: &Registry) -> String {
+    to_json(&openapi_for(registry))
+}
+
+/// Pretty JSON with a final newline, as the generic document is written.
+pub(crate) fn to_json(doc: &Value) -> String {
+    // A `Value` always serialises.
+    let mut text = serde_json::to_string_pretty(doc).unwrap_or_else(|_| "{}".to_owned());
+    text.push('\n');
+    text
+}
+
+/// The path of the generic start route in the document, as a JSON pointer.
+const GENERIC_START: &str = "/paths/~1v1~1sagas~1{saga}/post";
+
+/// `doc` (the generated document) with, for the latest version of each definition of
+/// `registry`, its input schema as a component and its own start route `POST /v1/sagas/<name>`.
+pub(crate) fn with_start_routes(doc: &utoipa::openapi::OpenApi, registry: &Registry) -> Value {
+    // A document built from our own types always serialises; should it not, an empty object
+    // is still valid JSON, as `to_json` answers.
+    let mut doc = serde_json::to_value(doc).unwrap_or_else(|_| json!({}));
+    let Some(generic) = doc.pointer(GENERIC_START).cloned() else {
+        return doc;
+    };
+    let mut taken: Vec<String> = operation_ids(&doc);
+    for def in latest_versions(registry) {
+        let name = def.name();
+        let component = format!("{name}_input");
+        for (key, schema) in component_schemas(def.input_schema().as_value(), &component) {
+            doc["components"]["schemas"][key] = schema;
+        }
+        let mut op = generic.clone();
+        let mut id = format!("start_{name}");
+        // `start_saga` is the generic route's: a saga named `saga` must not reuse it.
+        while taken.contains(&id) {
+            id.push_str("_definition");
+        }
+        taken.push(id.clone());
+        op["operationId"] = json!(id);
+        op["summary"] = json!(format!("Start a {name} saga"));
+        let stages: Vec<&str> = def.steps().iter().map(|s| s.name()).collect();
+        op["description"] = json!(format!(
+            "Starts a `{name}` saga (version {}: {}) with the request body as its input, which \
+             must fit the schema `{component}` (else `422 invalid_input`, naming the field). \
+             Headers and answers are those of `POST /v1/sagas/{{saga}}`, which describes them.",
+            def.version(),
+            stages.join(" → "),
+        ));
+        if let Some(params) = op.get_mut("parameters").and_then(Value::as_array_mut) {
+            params.retain(|p| p["in"] != "path");
+        }
+        op["requestBody"] = json!({
+            "description": format!("The input of `{name}`"),
+            "content": {"application/json": {
+                "schema": {"$ref": format!("#/components/schemas/{component}")}
+            }},
+            "required": true,
+        });
+        doc["paths"][format!("/v1/sagas/{name}")] = json!({ "post": op });
+    }
+    doc
+}
+
+/// The highest version of each name: the one a start uses.
+fn latest_versions(registry: &Registry) -> Vec<&saga_dsl::SagaDefinition> {
+    let mut latest: Vec<&saga_dsl::SagaDefinition> = Vec::new();
+    // The registry iterates by name, then version: the last of each run of a name wins.
+    for def in registry.iter() {
+        match latest.last_mut() {
+            Some(last) if last.name() == def.name() => *last = def,
+            _ => latest.push(def),
+        }
+    }
+    latest
+}
+
+fn operation_ids(doc: &Value) -> Vec<String> {
+    let mut ids = Vec::new();
+    for item in doc["paths"].as_object().into_iter().flat_map(Map::values) {
+        for op in item.as_object().into_iter().flat_map(Map::values) {
+            if let Some(id) = op["operationId"].as_str() {
+                ids.push(id.to_owned());
+            }
+        }
+    }
+    ids
+}
+
+/// An input schema as OpenAPI components: the root under `root`, each of its `$defs` under
+/// `root.<name>`, every `$ref` into them rewritten to its component. A boolean schema becomes
+/// its object form (`true` is `{}`), which every OpenAPI tool reads.
+fn component_schemas(schema: &Value, root: &str) -> Vec<(String, Value)> {
+    let mut schema = match schema {
+        Value::Bool(true) => {
+            json!({"description": "Any JSON: the definition declares no input type."})
+        }
+        Value::Bool(false) => json!({"not": {}}),
+        other => other.clone(),
+    };
+    let mut defs = Map::new();
+    if let Some(object) = schema.as_object_mut() {
+        // The document's dialect (OpenAPI 3.1's) already is a superset of draft 2020-12.
+        object.remove("$schema");
+        if let Some(Value::Object(d)) = object.remove("$defs") {
+            defs = d;
+        }
+    }
+    let mut out = vec![(root.to_owned(), schema)];
+    out.extend(
+        defs.into_iter()
+            .map(|(name, def)| (def_component(root, &name), def)),
+    );
+    for (_, s) in &mut out {
+        rewrite_refs(s, root);
+    }
+    out
+}
+
+/// The component name of definition `name` of `root`'s schema; characters a component name
+/// cannot have (anything but letters, digits, `.`, `-`, `_`) become `_`.
+fn def_component(root: &str, name: &str) -> String {
+    let name: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("{root}.{name}")
+}
+
+/// Points every `$ref` of `schema` that is local to its own root (`#`, `#/$defs/…`) at the
+/// components that now hold those schemas.
+fn rewrite_refs(schema: &mut Value, root: &str) {
+    match schema {
+        Value::Object(object) => {
+            for (key, value) in object.iter_mut() {
+                if key == "$ref" {
+                    if let Some(target) = value.as_str().and_then(|r| local_target(r, root)) {
+                        *value = json!(format!("#/components/schemas/{target}"));
+                    }
+                } else {
+                    rewrite_refs(value, root);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|v| rewrite_refs(v, root)),
+        _ => {}
+    }
+}
+
+/// The component a root-local reference points at, or `None` for any other reference.
+fn local_target(reference: &str, root: &str) -> Option<String> {
+    if reference == "#" {
+        return Some(root.to_owned());
+    }
+    let name = reference.strip_prefix("#/$defs/")?;
+    // A JSON pointer token: `~1` is `/`, `~0` is `~` (in that order).
+    let name = name.replace("~1", "/").replace("~0", "~");
+    Some(def_component(root, &name))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    #[test]
+    fn nested_definitions_become_components_with_their_references() {
+        let schema = json!({
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "title": "Order",
+            "type": "object",
+            "properties": {
+                "items": {"type": "array", "items": {"$ref": "#/$defs/Item"}},
+                "next": {"$ref": "#"},
+                "odd": {"$ref": "#/$defs/a~1b"},
+            },
+            "$defs": {
+                "Item": {"type": "object", "properties": {"sub": {"$ref": "#/$defs/a~1b"}}},
+                "a/b": {"type": "string"},
+            },
+        });
+        let parts: BTreeMap<_, _> = component_schemas(&schema, "s_input").into_iter().collect();
+        assert_eq!(
+            parts.keys().collect::<Vec<_>>(),
+            ["s_input", "s_input.Item", "s_input.a_b"]
+        );
+        let root = &parts["s_input"];
+        assert!(root.get("$schema").is_none() && root.get("$defs").is_none());
+        assert_eq!(
+            root["properties"]["items"]["items"]["$ref"],
+            "#/components/schemas/s_input.Item"
+        );
+        assert_eq!(
+            root["properties"]["next"]["$ref"],
+            "#/components/schemas/s_input"
+        );
+        assert_eq!(
+            parts["s_input.Item"]["properties"]["sub"]["$ref"],
+            "#/components/schemas/s_input.a_b"
+        );
+        assert_eq!(
+            component_schemas(&json!(true), "t")[0].1["description"],
+            "Any JSON: the definition declares no input type."
+        );
+    }
+}
