@@ -8,7 +8,15 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use saga_suite::{bin_path, Server, TempDb};
+use saga_suite::{bin_path, sigterm, wait_exit, Server, TempDb};
+
+/// Flags that pass parsing and fail once the database is open: the relay cannot send to ftp.
+const BAD_WEBHOOK: &[&str] = &[
+    "--listen",
+    "127.0.0.1:0",
+    "--webhook-url",
+    "ftp://hooks.example/x",
+];
 
 /// What a finished process said.
 struct Finished {
@@ -52,20 +60,6 @@ fn serve_to_exit(dir: &Path, args: &[&str]) -> Finished {
     }
 }
 
-fn wait_exit(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("serve did not exit within {timeout:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// The names of the files in `dir`, sorted.
 fn files(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(dir)
@@ -106,17 +100,6 @@ fn spawn_in(dir: &Path, args: &[&str]) -> (Child, Vec<String>) {
         .map(|_| rx.recv_timeout(Duration::from_secs(30)).unwrap())
         .collect();
     (child, lines)
-}
-
-fn sigterm(child: &mut Child) -> std::process::ExitStatus {
-    let ok = Command::new("kill")
-        .arg("-TERM")
-        .arg(child.id().to_string())
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok);
-    wait_exit(child, Duration::from_secs(30))
 }
 
 #[test]
@@ -197,15 +180,7 @@ async fn a_second_serve_on_a_held_file_fails_before_it_says_it_listens() {
 fn a_start_that_fails_leaves_no_new_files() {
     // After the database was opened and migrated: a webhook URL the relay cannot use.
     let dir = tempfile::tempdir().unwrap();
-    let bad = serve_to_exit(
-        dir.path(),
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--webhook-url",
-            "ftp://hooks.example/x",
-        ],
-    );
+    let bad = serve_to_exit(dir.path(), BAD_WEBHOOK);
     assert_eq!(bad.code, Some(1), "{}", bad.stderr);
     assert!(
         bad.stderr.contains("invalid webhook settings"),
@@ -242,15 +217,7 @@ fn a_start_that_fails_keeps_the_files_of_an_existing_database() {
     let before = files(dir.path());
     assert!(before.contains(&"saga.db".to_owned()), "{before:?}");
     assert!(before.contains(&"shop.db".to_owned()), "{before:?}");
-    let bad = serve_to_exit(
-        dir.path(),
-        &[
-            "--listen",
-            "127.0.0.1:0",
-            "--webhook-url",
-            "ftp://hooks.example/x",
-        ],
-    );
+    let bad = serve_to_exit(dir.path(), BAD_WEBHOOK);
     assert_eq!(bad.code, Some(1), "{}", bad.stderr);
     let after = files(dir.path());
     for name in ["saga.db", "shop.db"] {

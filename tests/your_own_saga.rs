@@ -7,9 +7,8 @@
 use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
-use saga_suite::bin_path;
+use saga_suite::{bin_path, sigterm};
 use serde_json::{json, Value};
 
 fn workspace() -> PathBuf {
@@ -113,23 +112,6 @@ async fn the_program_serves_its_saga_and_the_cli_reads_it() {
     let shown: Value = serde_json::from_str(&show).unwrap();
     assert_eq!(shown["status"], "COMPENSATED");
 
-    let ok = Command::new("kill")
-        .arg("-TERM")
-        .arg(child.id().to_string())
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok);
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no exit after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let status = sigterm(&mut child);
     assert!(status.success(), "{status:?}");
 }

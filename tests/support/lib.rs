@@ -385,6 +385,33 @@ pub fn bin_path(name: &str) -> std::path::PathBuf {
     path
 }
 
+/// Waits for `child` to exit, for at most `timeout` (then kills it and fails the test).
+pub fn wait_exit(child: &mut std::process::Child, timeout: Duration) -> std::process::ExitStatus {
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("the process did not exit within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Sends SIGTERM to `child` and waits (at most 30 s) for it to exit.
+pub fn sigterm(child: &mut std::process::Child) -> std::process::ExitStatus {
+    let sent = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status()
+        .unwrap()
+        .success();
+    assert!(sent, "kill -TERM failed");
+    wait_exit(child, Duration::from_secs(30))
+}
+
 /// A real `example-sagas serve` process on loopback, killed with SIGKILL when dropped.
 pub struct Server {
     pub child: std::process::Child,
