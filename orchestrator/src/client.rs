@@ -18,17 +18,35 @@
 //!
 //! # Example
 //!
-//! ```no_run
-//! # async fn demo() -> Result<(), orchestrator::client::ClientError> {
+//! ```
 //! use std::time::Duration;
 //! use orchestrator::client::SagaClient;
+//! # use orchestrator::Orchestrator;
+//! # use saga_dsl::{Registry, SagaDefinition, Step, StepContext, StepError};
 //!
-//! let client = SagaClient::new("http://127.0.0.1:8080", std::env::var("SAGA_API_TOKEN").ok())?;
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> anyhow::Result<()> {
+//! # async fn ship(_ctx: StepContext) -> Result<(), StepError> { Ok(()) }
+//! # let dir = tempfile::tempdir()?;
+//! # let server = Orchestrator::builder(Registry::new().with(
+//! #     SagaDefinition::builder("place_order", 1).step(Step::pivot("ship", ship)).build()?,
+//! # )?)
+//! # .database_url(format!("sqlite://{}", dir.path().join("saga.db").display()))
+//! # .listen("127.0.0.1:0")
+//! # .quiet()
+//! # .start()
+//! # .await?;
+//! # let base = format!("http://{}", server.local_addr());
+//! // `base` is the server's URL, e.g. "http://127.0.0.1:8080".
+//! let client = SagaClient::new(&base, std::env::var("SAGA_API_TOKEN").ok())?;
 //! let input = serde_json::json!({"order_id": "o-1", "user": "ada", "amount": 1200});
 //! let started = client.start("place_order", &input, None).await?;
 //! let saga = client.wait(started.id, Duration::from_secs(30)).await?;
 //! println!("{} is {}", saga.id, saga.status);
-//! # Ok(()) }
+//! assert!(saga.status.is_terminal());
+//! # server.stop().await?;
+//! # Ok(())
+//! # }
 //! ```
 
 use std::time::Duration;
