@@ -17,7 +17,6 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Parser;
 use orchestrator::cli::{self, AdminCommand, CliError, DatabaseArgs};
-use tracing_subscriber::EnvFilter;
 
 /// Inspect and administer sagas: list, show, cancel, abort, retry.
 #[derive(Debug, Parser)]
@@ -47,7 +46,7 @@ async fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };
-    init_tracing(cli.log_format);
+    cli::init_tracing(cli.log_format == LogFormat::Json, "warn");
     match run(&cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e)
@@ -109,15 +108,4 @@ fn usage_error(e: clap::Error) -> ExitCode {
 /// Folds a message onto one line, whatever a database driver put in it.
 fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-fn init_tracing(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Pretty => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
 }

@@ -55,6 +55,37 @@ pub use error::CliError;
 
 use crate::store::{self, SqliteStore, Store};
 
+/// Installs the process's tracing subscriber: logs on stderr, the level from `RUST_LOG` or else
+/// `default_filter` (`"warn"`, `"info"`), one JSON object per line when `json`.
+///
+/// Colour codes are written only when stderr is a terminal and `NO_COLOR` is unset, so logs
+/// redirected to a file or collected by a supervisor stay plain text. Every binary built on the
+/// orchestrator (the `saga` CLI, application binaries) should call this once, first thing.
+/// Does nothing if a subscriber is already installed.
+pub fn init_tracing(json: bool, default_filter: &str) {
+    use std::io::IsTerminal;
+    use tracing_subscriber::EnvFilter;
+
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    let ansi = std::io::stderr().is_terminal() && !no_color();
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi && !json);
+    // An error means a subscriber is already set (a test harness, an embedding application).
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}
+
+/// Whether the user asked for no colour (<https://no-color.org>: `NO_COLOR` set and not empty).
+pub(crate) fn no_color() -> bool {
+    std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty())
+}
+
 /// Opens the store a command needs: an existing database for every command but `migrate`, which
 /// creates an SQLite file if it is missing. Opening applies pending migrations.
 ///
