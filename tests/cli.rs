@@ -540,6 +540,19 @@ async fn the_binary_exits_one_with_a_single_line_error() {
     let out = run_binary(&url, &["list"]);
     assert_one_line_error(&out, "does not exist");
     assert!(!missing.exists());
+    // A relative path is reported as the absolute path it meant, wherever the command ran.
+    let out = Command::new(saga_binary())
+        .args(["list", "--database-url", "sqlite://nope.db"])
+        .current_dir(f.db.dir.path())
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    let absolute = f.db.dir.path().join("nope.db");
+    assert_one_line_error(
+        &out,
+        &format!("database {} does not exist", absolute.display()),
+    );
+    assert!(!absolute.exists());
     // The flag wins over the environment.
     let out = Command::new(saga_binary())
         .args(["list", "--database-url", &url])
@@ -600,4 +613,27 @@ async fn workers_lists_the_running_process_and_its_leases() {
     assert_eq!(me["leases"], 0, "every saga of the fixture has ended");
     let table = saga(&f.store, &["workers"]).await.unwrap();
     assert!(table.contains("alive"), "{table}");
+}
+
+#[test]
+fn a_refused_postgres_connection_names_the_address_at_once_without_the_password() {
+    let started = std::time::Instant::now();
+    let out = run_binary("postgres://postgres:hunter2@127.0.0.1:1/x", &["list"]);
+    let took = started.elapsed();
+    assert_one_line_error(&out, "127.0.0.1:1");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("connection refused"), "{stderr}");
+    assert!(
+        !stderr.contains("hunter2"),
+        "the password is shown: {stderr}"
+    );
+    assert!(
+        took < Duration::from_secs(3),
+        "took {took:?} to report a refused connection"
+    );
+
+    // A URL that is not understood is quoted back with its password masked.
+    let out = run_binary("mysql://root:hunter2@db/shop", &["list"]);
+    assert_one_line_error(&out, "mysql://root:***@db/shop");
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("hunter2"));
 }

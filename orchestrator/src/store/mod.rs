@@ -23,6 +23,7 @@ mod rows;
 mod rules;
 mod sqlite;
 mod stores;
+mod url;
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -36,6 +37,7 @@ pub use outbox::{Delivery, DeliveryState, OutboxStore};
 pub use postgres::PgStore;
 pub use sqlite::{SqliteDurability, SqliteStore};
 pub use stores::{open_full, Stores};
+pub use url::redact_url;
 
 /// A saga to create.
 #[derive(Debug, Clone)]
@@ -307,9 +309,21 @@ pub enum StoreError {
         /// What was wrong.
         detail: String,
     },
-    /// The database URL is not one this build understands.
+    /// The database URL is not one this build understands (held with its password masked,
+    /// see [`redact_url`]).
     #[error("unsupported database URL {0:?}: use sqlite://PATH or postgres://…")]
     UnsupportedUrl(String),
+    /// The database server could not be reached when the store was opened: refused, timed out,
+    /// or it turned the connection down (unknown database, authentication).
+    #[error("cannot connect to {target}: {cause}")]
+    Connect {
+        /// What was dialled, for people: `PostgreSQL at host:port (database NAME)`.
+        target: String,
+        /// Why it failed, in words (`connection refused`).
+        cause: String,
+        /// Whether it may work in a moment (refused, timed out) rather than never as given.
+        transient: bool,
+    },
     /// Another orchestrator process runs the engine on this SQLite file.
     #[error("{0}")]
     InUse(String),
@@ -359,7 +373,7 @@ impl StoreError {
     /// opposed to a bug or bad data: callers may retry.
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::CommitFailed { transient, .. } => *transient,
+            Self::CommitFailed { transient, .. } | Self::Connect { transient, .. } => *transient,
             // The primary code of SQLITE_BUSY (5) or SQLITE_LOCKED (6), of any extended code.
             Self::Sqlite { code: Some(c), .. } => matches!(c & 0xff, 5 | 6),
             Self::Database(e) => {
@@ -532,6 +546,6 @@ pub async fn open(url: &str) -> Result<std::sync::Arc<dyn Store>> {
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         Ok(std::sync::Arc::new(PgStore::open(url).await?))
     } else {
-        Err(StoreError::UnsupportedUrl(url.to_owned()))
+        Err(StoreError::UnsupportedUrl(redact_url(url)))
     }
 }

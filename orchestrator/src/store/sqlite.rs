@@ -121,7 +121,7 @@ impl SqliteStore {
     ) -> Result<Self> {
         let (base, durability) = split_durability(url)?;
         let opts = SqliteConnectOptions::from_str(&base)
-            .map_err(|_| StoreError::UnsupportedUrl(url.to_owned()))?
+            .map_err(|_| StoreError::UnsupportedUrl(super::redact_url(url)))?
             .create_if_missing(create)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(match durability {
@@ -143,9 +143,12 @@ impl SqliteStore {
         let path = opts.get_filename().to_owned();
         let in_memory = base.contains(":memory:") || path.as_os_str().is_empty();
         if !create && !in_memory && !path.exists() {
+            // The absolute path: a relative one is relative to a working directory the reader
+            // of the message may not know.
+            let shown = std::path::absolute(&path).unwrap_or_else(|_| path.clone());
             return Err(StoreError::Io(format!(
                 "database {} does not exist (start the server or run `saga migrate` to create it)",
-                path.display()
+                shown.display()
             )));
         }
         let writer = SqlitePoolOptions::new()
@@ -300,7 +303,7 @@ fn split_durability(url: &str) -> Result<(String, SqliteDurability)> {
             "synchronous=full" => durability = SqliteDurability::Full,
             "synchronous=normal" => durability = SqliteDurability::Normal,
             p if p.starts_with("synchronous=") => {
-                return Err(StoreError::UnsupportedUrl(url.to_owned()))
+                return Err(StoreError::UnsupportedUrl(super::redact_url(url)))
             }
             _ => rest.push(pair),
         }

@@ -60,6 +60,6 @@ pub async fn open_full(url: &str) -> Result<Stores> {
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         Ok(Stores::postgres(PgStore::open(url).await?))
     } else {
-        Err(StoreError::UnsupportedUrl(url.to_owned()))
+        Err(StoreError::UnsupportedUrl(super::redact_url(url)))
     }
 }
