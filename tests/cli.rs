@@ -637,3 +637,133 @@ fn a_refused_postgres_connection_names_the_address_at_once_without_the_password(
     assert_one_line_error(&out, "mysql://root:***@db/shop");
     assert!(!String::from_utf8_lossy(&out.stderr).contains("hunter2"));
 }
+
+/// Sagas created with chosen ids (no engine runs them: they stay QUEUED), to look them up by
+/// prefixes on either side of every boundary.
+async fn sagas_with_ids(store: &Arc<dyn Store>, ids: &[&str]) -> Vec<Uuid> {
+    let def = scripted_saga(
+        "order",
+        1,
+        &[S::new("reserve", Compensatable)],
+        &Journal::default(),
+    );
+    let mut out = Vec::new();
+    for text in ids {
+        let mut new = orchestrator::store::NewSaga::of(&def, json!({}));
+        new.id = Uuid::parse_str(text).unwrap();
+        out.push(store.create_saga(new).await.unwrap().id);
+    }
+    out
+}
+
+#[tokio::test]
+async fn the_store_finds_ids_by_prefix_with_a_range_scan() {
+    use orchestrator::model::IdPrefix;
+
+    let db = TempDb::new();
+    let store = db.store().await;
+    let ids = sagas_with_ids(
+        &store,
+        &[
+            "aaaaaaa9-ffff-7fff-bfff-ffffffffffff",
+            "aaaaaaaa-0000-7000-8000-000000000001",
+            "aaaaaaaa-0000-7000-8000-000000000002",
+            "aaaaaaab-0000-7000-8000-000000000000",
+            "bbbbbbbb-1234-7000-8000-000000000003",
+        ],
+    )
+    .await;
+    let find = |p: &str| {
+        let store = store.clone();
+        let p = IdPrefix::parse(p).unwrap();
+        async move { store.saga_ids_with_prefix(&p, 10).await.unwrap() }
+    };
+    assert_eq!(find("aaaaaaaa").await, ids[1..3]);
+    assert_eq!(find("AAAAAAAA-0000-7000-8000-0000000000").await, ids[1..3]);
+    assert_eq!(find("aaaaaaaa000070008000000000000001").await, ids[1..2]);
+    assert_eq!(
+        find("aaaaaaaa-0000-7000-8000-000000000002").await,
+        ids[2..3]
+    );
+    assert_eq!(find("aaaaaaa9").await, ids[0..1]);
+    assert_eq!(find("aaaaaaab").await, ids[3..4]);
+    assert_eq!(find("bbbbbbbb-12").await, ids[4..5]);
+    assert!(find("cccccccc").await.is_empty());
+    assert!(find("aaaaaaa0").await.is_empty());
+    // The limit holds.
+    let p = IdPrefix::parse("aaaaaaaa").unwrap();
+    assert_eq!(store.saga_ids_with_prefix(&p, 1).await.unwrap(), ids[1..2]);
+}
+
+#[tokio::test]
+async fn every_command_takes_a_unique_id_prefix() {
+    let db = TempDb::new();
+    let s = db.store().await;
+    let ids = sagas_with_ids(
+        &s,
+        &[
+            "aaaaaaaa-0000-7000-8000-000000000001",
+            "aaaaaaaa-0000-7000-8000-000000000002",
+            "bbbbbbbb-1234-7000-8000-000000000003",
+            "cccccccc-1234-7000-8000-000000000004",
+        ],
+    )
+    .await;
+    let (b, c) = (ids[2].to_string(), ids[3].to_string());
+
+    let shown = saga_json(&s, &["show", "bbbbbbbb", "--json"]).await;
+    assert_eq!(shown["id"], b.as_str());
+    let text = saga(&s, &["show", "BBBBBBBB-12"]).await.unwrap();
+    assert!(text.contains(&b), "{text}");
+    let events = saga_json(&s, &["events", "bbbbbbbb", "--json"]).await;
+    assert_eq!(events["events"][0]["type"], "saga.started");
+    let out = saga(&s, &["retry", "bbbbbbbb"]).await.unwrap();
+    assert!(out.contains(&b), "{out}");
+    let err = saga(
+        &s,
+        &["mark-compensated", "bbbbbbbb", "reserve", "--reason", "x"],
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, CliError::Conflict(_)), "{err:?}");
+    assert!(err.to_string().contains(&b), "{err}");
+    let out = saga(&s, &["cancel", "bbbbbbbb"]).await.unwrap();
+    assert!(
+        out.contains(&format!("cancel requested for saga {b}")),
+        "{out}"
+    );
+    let out = saga(&s, &["abort", "cccccccc", "--reason", "by prefix"])
+        .await
+        .unwrap();
+    assert!(out.contains(&format!("saga {c} is now ABORTED")), "{out}");
+    assert_eq!(
+        s.get_saga(ids[3]).await.unwrap().unwrap().status,
+        SagaStatus::Aborted
+    );
+
+    // Ambiguous: the error names the candidates, and nothing is changed.
+    for cmd in ["show", "events", "cancel", "retry"] {
+        let err = saga(&s, &[cmd, "aaaaaaaa"]).await.unwrap_err();
+        assert!(matches!(err, CliError::Ambiguous { .. }), "{cmd}: {err:?}");
+        let msg = err.to_string();
+        assert!(msg.contains("ambiguous"), "{msg}");
+        assert!(
+            msg.contains(&ids[0].to_string()) && msg.contains(&ids[1].to_string()),
+            "{msg}"
+        );
+    }
+    let err = saga(&s, &["abort", "aaaaaaaa", "--reason", "x"])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, CliError::Ambiguous { .. }), "{err:?}");
+    assert_eq!(
+        s.get_saga(ids[0]).await.unwrap().unwrap().status,
+        SagaStatus::Queued
+    );
+    // Too short, and no match.
+    let err = saga(&s, &["show", "aaaaaaa"]).await.unwrap_err();
+    assert!(matches!(err, CliError::BadArgument(_)), "{err:?}");
+    assert!(err.to_string().contains("too short"), "{err}");
+    let err = saga(&s, &["show", "dddddddd"]).await.unwrap_err();
+    assert_eq!(err.to_string(), "no saga has an id starting with dddddddd");
+}

@@ -463,6 +463,15 @@ pub trait Store: Send + Sync + 'static {
     /// A page of sagas, newest first.
     async fn list_sagas(&self, filter: &ListFilter) -> Result<SagaPage>;
 
+    /// The ids of up to `limit` sagas whose id starts with `prefix`, in id order: a range scan
+    /// of the primary key between [`IdPrefix::low`](crate::model::IdPrefix::low) and
+    /// [`IdPrefix::high`](crate::model::IdPrefix::high). Lets people type the start of an id.
+    async fn saga_ids_with_prefix(
+        &self,
+        prefix: &crate::model::IdPrefix,
+        limit: u32,
+    ) -> Result<Vec<Uuid>>;
+
     /// A saga's event history, oldest first.
     async fn events(&self, id: Uuid) -> Result<Vec<Event>>;
 

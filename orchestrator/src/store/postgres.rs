@@ -522,6 +522,31 @@ impl Store for PgStore {
         status.map(|s| parse_enum(&id.to_string(), &s)).transpose()
     }
 
+    async fn saga_ids_with_prefix(
+        &self,
+        prefix: &crate::model::IdPrefix,
+        limit: u32,
+    ) -> Result<Vec<Uuid>> {
+        // `uuid` compares byte by byte, that is in the order of its hexadecimal digits.
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT id::text FROM sagas WHERE id >= $1::uuid AND id <= $2::uuid \
+             ORDER BY id LIMIT $3",
+        )
+        .bind(prefix.low().to_string())
+        .bind(prefix.high().to_string())
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        ids.iter()
+            .map(|t| {
+                Uuid::parse_str(t).map_err(|e| StoreError::Corrupt {
+                    saga: t.clone(),
+                    detail: e.to_string(),
+                })
+            })
+            .collect()
+    }
+
     async fn list_sagas(&self, filter: &ListFilter) -> Result<SagaPage> {
         let limit = filter.limit.clamp(1, MAX_PAGE);
         let mut q = QueryBuilder::<Postgres>::new(

@@ -559,6 +559,30 @@ impl Store for SqliteStore {
         status.map(|s| parse_enum(&id.to_string(), &s)).transpose()
     }
 
+    async fn saga_ids_with_prefix(
+        &self,
+        prefix: &crate::model::IdPrefix,
+        limit: u32,
+    ) -> Result<Vec<Uuid>> {
+        // Ids are stored as lower-case hyphenated text, which sorts like the id's digits.
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT id FROM sagas WHERE id >= ?1 AND id <= ?2 ORDER BY id LIMIT ?3",
+        )
+        .bind(prefix.low().to_string())
+        .bind(prefix.high().to_string())
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await?;
+        ids.iter()
+            .map(|t| {
+                Uuid::parse_str(t).map_err(|e| StoreError::Corrupt {
+                    saga: t.clone(),
+                    detail: e.to_string(),
+                })
+            })
+            .collect()
+    }
+
     async fn list_sagas(&self, filter: &ListFilter) -> Result<SagaPage> {
         let limit = filter.limit.clamp(1, MAX_PAGE);
         let mut q =
