@@ -767,3 +767,126 @@ async fn every_command_takes_a_unique_id_prefix() {
     let err = saga(&s, &["show", "dddddddd"]).await.unwrap_err();
     assert_eq!(err.to_string(), "no saga has an id starting with dddddddd");
 }
+
+/// The lines of one section of `show` (from its title to the next blank line).
+fn section<'a>(text: &'a str, title: &str) -> Vec<&'a str> {
+    text.lines()
+        .skip_while(|l| l.trim() != title)
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .collect()
+}
+
+/// The row of the steps table of `show` for `step`.
+fn step_row<'a>(text: &'a str, step: &str) -> &'a str {
+    section(text, "Steps")
+        .into_iter()
+        .find(|l| l.split('┆').nth(1).is_some_and(|c| c.trim() == step))
+        .unwrap_or_else(|| panic!("no row for {step}:\n{text}"))
+}
+
+#[tokio::test]
+async fn show_says_running_under_a_live_lease_and_outcome_unknown_without_one() {
+    let db = TempDb::new();
+    let s = db.store().await;
+    let def = scripted_saga(
+        "order",
+        1,
+        &[
+            S::new("reserve", Compensatable),
+            S::new("charge", Compensatable),
+        ],
+        &Journal::default(),
+    );
+    // What a worker holds while its first call is in flight: the saga RUNNING, the action's
+    // attempt written ahead, the lease live.
+    let mut new = orchestrator::store::NewSaga::of(&def, json!({}));
+    new.first_attempt = true;
+    let claimed = s.create_saga_leased(new, "w-1", 60_000).await.unwrap();
+    let id = claimed.saga.id.to_string();
+
+    let text = saga(&s, &["show", &id]).await.unwrap();
+    let row = step_row(&text, "reserve");
+    assert!(row.contains("RUNNING"), "{row}");
+    assert!(!text.contains("outcome unknown"), "a live call:\n{text}");
+    assert!(
+        !text.contains("overdue") && !text.contains("due now"),
+        "{text}"
+    );
+    assert!(text.contains("w-1 (epoch 1, expires in"), "{text}");
+    assert!(
+        section(&text, "Attempts")
+            .iter()
+            .any(|l| l.contains("running")),
+        "{text}"
+    );
+    assert!(
+        !row.contains("PENDING"),
+        "the compensation is not pending while the saga goes forward: {row}"
+    );
+
+    // The lease ran out (the process died): nobody knows what the call did.
+    db.execute(&format!(
+        "UPDATE sagas SET lease_expires_at = 1 WHERE id = '{id}'"
+    ))
+    .await;
+    let text = saga(&s, &["show", &id]).await.unwrap();
+    assert!(
+        step_row(&text, "reserve").contains("RUNNING (outcome unknown)"),
+        "{text}"
+    );
+    assert!(text.contains("expired"), "{text}");
+    assert!(text.contains("due now"), "nobody runs it:\n{text}");
+    assert!(
+        section(&text, "Attempts")
+            .iter()
+            .any(|l| l.contains("outcome unknown")),
+        "{text}"
+    );
+    // `--json` is the saga object, unchanged by the rendering.
+    let shown = saga_json(&s, &["show", &id, "--json"]).await;
+    assert_eq!(shown["steps"][0]["status"], "RUNNING");
+    assert_eq!(shown["steps"][0]["compensation"]["status"], "PENDING");
+}
+
+#[tokio::test]
+async fn show_says_which_compensations_are_not_needed_and_when_actions_ended() {
+    let f = Fixture::new().await;
+    let s = &f.store;
+
+    let done = f.completed[0];
+    let text = saga(s, &["show", &done.to_string()]).await.unwrap();
+    for step in ["reserve", "charge"] {
+        let row = step_row(&text, step);
+        assert!(row.contains("not needed"), "{row}");
+        assert!(!row.contains("PENDING"), "{row}");
+    }
+    // The pivot has no compensation at all.
+    assert!(step_row(&text, "ship").contains("┆ -"), "{text}");
+
+    // A compensated saga: the failed step needed none; the reserve step's action ended when
+    // its action did, not when its compensation did.
+    let saga_rec = s.get_saga(f.compensated).await.unwrap().unwrap();
+    let text = saga(s, &["show", &f.compensated.to_string()])
+        .await
+        .unwrap();
+    let charge = step_row(&text, "charge");
+    assert!(
+        charge.contains("FAILED") && charge.contains("not needed"),
+        "{charge}"
+    );
+    let reserve = step_row(&text, "reserve");
+    let action_end = saga_rec.steps[0].action.ended_at.unwrap();
+    let comp_end = saga_rec.steps[0].compensation.ended_at.unwrap();
+    assert!(
+        reserve.contains(&orchestrator::model::rfc3339(action_end)),
+        "{reserve}"
+    );
+    if comp_end != action_end {
+        assert!(
+            !reserve.contains(&orchestrator::model::rfc3339(comp_end)),
+            "{reserve}"
+        );
+    }
+    f.engine.stop().await;
+}

@@ -279,6 +279,10 @@ pub struct Saga {
     pub lease_owner: Option<String>,
     /// The lease's epoch (fencing token).
     pub lease_epoch: i64,
+    /// When the lease runs out unless renewed, on the store's clock (as read from the log; not
+    /// part of the saga object of the API). A lease past this time may be taken over.
+    #[serde(skip)]
+    pub lease_expires_at: Option<Millis>,
     /// Created.
     #[serde(serialize_with = "ser_time", deserialize_with = "de_time")]
     #[schema(value_type = String, format = DateTime)]

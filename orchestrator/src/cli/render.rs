@@ -140,13 +140,17 @@ pub(crate) fn saga(
     header(out, saga, now)?;
     writeln!(out)?;
     writeln!(out, "Steps")?;
-    writeln!(out, "{}", steps_table(&saga.steps))?;
+    writeln!(out, "{}", steps_table(saga, now))?;
     writeln!(out)?;
     if attempts.is_empty() {
         writeln!(out, "Attempts: none yet")?;
     } else {
         writeln!(out, "Attempts")?;
-        writeln!(out, "{}", attempts_table(attempts))?;
+        writeln!(
+            out,
+            "{}",
+            attempts_table(attempts, lease_is_live(saga, now))
+        )?;
     }
     Ok(())
 }
@@ -180,21 +184,25 @@ fn header(out: &mut impl Write, s: &Saga, now: Millis) -> std::io::Result<()> {
     }
     lines.push(("Created", rfc3339(s.created_at)));
     lines.push(("Updated", rfc3339(s.updated_at)));
+    let live = lease_is_live(s, now);
     if let Some(at) = s.next_run_at.filter(|_| !s.status.is_terminal()) {
-        let when = if at > now {
-            format!("in {}", duration(at - now))
-        } else {
-            format!("due now (overdue by {})", duration(now - at))
-        };
-        lines.push(("Next run", format!("{} ({when})", rfc3339(at))));
+        if at > now {
+            lines.push((
+                "Next run",
+                format!("{} (in {})", rfc3339(at), duration(at - now)),
+            ));
+        } else if !live {
+            // Due and nobody holds it: no process has picked it up yet.
+            let when = if now - at < 1000 {
+                "due now".to_owned()
+            } else {
+                format!("due now, waiting for a process for {}", duration(now - at))
+            };
+            lines.push(("Next run", format!("{} ({when})", rfc3339(at))));
+        }
+        // Due under a live lease: the process holding it is running it now.
     }
-    lines.push((
-        "Lease",
-        match &s.lease_owner {
-            Some(owner) => format!("{owner} (epoch {})", s.lease_epoch),
-            None => format!("none (epoch {})", s.lease_epoch),
-        },
-    ));
+    lines.push(("Lease", lease_line(s, now)));
     lines.push((
         "Pivot",
         if s.pivot_reached {
@@ -212,6 +220,30 @@ fn header(out: &mut impl Write, s: &Saga, now: Millis) -> std::io::Result<()> {
         writeln!(out, "{k:<width$}  {v}")?;
     }
     Ok(())
+}
+
+/// Whether a process holds the saga's lease now: its calls in flight are running, not lost.
+fn lease_is_live(s: &Saga, now: Millis) -> bool {
+    s.lease_owner.is_some() && s.lease_expires_at.is_none_or(|at| at > now)
+}
+
+/// The lease: who holds it and for how long, or that nobody does.
+fn lease_line(s: &Saga, now: Millis) -> String {
+    let epoch = s.lease_epoch;
+    match (&s.lease_owner, s.lease_expires_at) {
+        (None, _) => format!("none (epoch {epoch})"),
+        (Some(owner), Some(at)) if at > now => {
+            format!(
+                "{owner} (epoch {epoch}, expires in {} unless renewed)",
+                duration(at - now)
+            )
+        }
+        (Some(owner), Some(at)) => format!(
+            "{owner} (epoch {epoch}, expired {} ago: another process may take the saga over)",
+            duration(now - at)
+        ),
+        (Some(owner), None) => format!("{owner} (epoch {epoch})"),
+    }
 }
 
 /// What an operator can do about a saga that waits for a person.
@@ -246,17 +278,39 @@ fn hint(s: &Saga) -> Option<String> {
 }
 
 /// A phase status for the table: `-` where there is no compensation, and a mark when the
-/// latest attempt's outcome is unknown.
-fn phase_status(p: &PhaseRecord) -> String {
+/// latest attempt's outcome is unknown. An attempt in flight under a live lease is simply
+/// `RUNNING`; without one (its process died, or lost the lease) nobody knows what it did.
+fn phase_status(p: &PhaseRecord, live: bool) -> String {
     match p.status {
         StepStatus::None => "-".to_owned(),
         StepStatus::Unknown => p.status.to_string(),
+        StepStatus::Running if live => p.status.to_string(),
         s if p.outcome_unknown => format!("{s} (outcome unknown)"),
         s => s.to_string(),
     }
 }
 
-fn steps_table(steps: &[StepRecord]) -> Table {
+/// The compensation's status for the table. A compensation that has not run says whether it
+/// will: `PENDING` only while the saga is going back and the step's action may have had an
+/// effect; otherwise it is not needed (or, on an aborted saga, deliberately not run).
+fn compensation_status(saga: &Saga, step: &StepRecord, live: bool) -> String {
+    if step.compensation.status != StepStatus::Pending {
+        return phase_status(&step.compensation, live);
+    }
+    let pending = needs_compensation(step);
+    match saga.status {
+        SagaStatus::Compensating if pending => "PENDING".to_owned(),
+        SagaStatus::Aborted if pending => "not run (aborted)".to_owned(),
+        // Before the point of no return a later failure would still call for it.
+        SagaStatus::Queued | SagaStatus::Running if !saga.pivot_reached => {
+            "not needed yet".to_owned()
+        }
+        _ => "not needed".to_owned(),
+    }
+}
+
+fn steps_table(saga: &Saga, now: Millis) -> Table {
+    let live = lease_is_live(saga, now);
     let mut t = table(&[
         "#",
         "step",
@@ -270,7 +324,7 @@ fn steps_table(steps: &[StepRecord]) -> Table {
         "ended",
     ]);
     align_right(&mut t, &[0, 4, 6]);
-    for s in steps {
+    for s in &saga.steps {
         let no_comp = s.compensation.status == StepStatus::None;
         // The compensation runs after the action, so its error is the more recent one.
         let last_error = match (&s.compensation.last_error, &s.action.last_error) {
@@ -278,14 +332,13 @@ fn steps_table(steps: &[StepRecord]) -> Table {
             (None, Some(a)) => truncate(a, ERROR_WIDTH),
             (None, None) => String::new(),
         };
-        let ended = s.compensation.ended_at.or(s.action.ended_at);
         t.add_row(vec![
             s.index.to_string(),
             s.name.clone(),
             s.kind.to_string(),
-            phase_status(&s.action),
+            phase_status(&s.action, live),
             s.action.attempts.to_string(),
-            phase_status(&s.compensation),
+            compensation_status(saga, s, live),
             if no_comp {
                 "-".to_owned()
             } else {
@@ -293,13 +346,13 @@ fn steps_table(steps: &[StepRecord]) -> Table {
             },
             last_error,
             opt_time(s.action.started_at),
-            opt_time(ended),
+            opt_time(s.action.ended_at),
         ]);
     }
     t
 }
 
-fn attempts_table(attempts: &[Attempt]) -> Table {
+fn attempts_table(attempts: &[Attempt], live: bool) -> Table {
     let mut t = table(&[
         "step", "phase", "#", "worker", "started", "duration", "outcome", "error",
     ]);
@@ -314,7 +367,11 @@ fn attempts_table(attempts: &[Attempt]) -> Table {
             a.ended_at
                 .map(|e| duration(e - a.started_at))
                 .unwrap_or_else(|| "-".to_owned()),
-            a.outcome.clone().unwrap_or_else(|| "running".to_owned()),
+            match &a.outcome {
+                Some(o) => o.clone(),
+                None if live => "running".to_owned(),
+                None => "outcome unknown".to_owned(),
+            },
             a.error
                 .as_deref()
                 .map(|e| truncate(e, ERROR_WIDTH))

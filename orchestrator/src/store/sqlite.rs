@@ -325,7 +325,8 @@ const SAGA_COLUMNS: &str = "id, name, version, definition_hash, status, needs_at
      cancel_requested, pivot_reached, input, output, error, next_run_at, lease_owner, lease_epoch, created_at, updated_at";
 
 const SELECT_SAGA: &str = "SELECT id, name, version, definition_hash, status, needs_attention, blocked, \
-     cancel_requested, pivot_reached, input, output, error, next_run_at, lease_owner, lease_epoch, created_at, updated_at \
+     cancel_requested, pivot_reached, input, output, error, next_run_at, lease_owner, lease_epoch, lease_expires_at, \
+     created_at, updated_at \
      FROM sagas WHERE id = ?1";
 
 const SELECT_STEPS: &str =
