@@ -26,4 +26,4 @@ cargo test --workspace "$@"
 echo "== storage tests again, PostgreSQL store =="
 SAGA_TEST_BACKEND=postgres cargo test -p saga-suite \
     --test engine --test properties --test crash --test http --test http_api --test cli \
-    --test bad_input --test idempotency --test webhooks "$@"
+    --test cli_terminal --test bad_input --test idempotency --test webhooks "$@"

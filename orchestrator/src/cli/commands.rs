@@ -18,11 +18,13 @@ use super::args::{
 };
 use super::error::CliError;
 use super::render;
+use super::table::Layout;
 use crate::client::{ClientError, SagaClient};
 use crate::model::{needs_compensation, IdPrefix, ListFilter, Saga, SagaStatus, StepStatus};
 use crate::store::{CancelOutcome, OutboxStore, Store};
 
-/// Runs one operator command against `store`, writing what it shows or did to `out`.
+/// Runs one operator command against `store`, writing what it shows or did to `out`, with
+/// tables in full and without colour ([`Layout::plain`]).
 ///
 /// Commands that change a saga (`abort`, `retry`, `mark-compensated`) are recorded in its events
 /// with the operator as actor: `$USER@cli`.
@@ -31,10 +33,20 @@ pub async fn run_admin(
     store: &dyn Store,
     out: &mut impl Write,
 ) -> Result<(), CliError> {
+    run_admin_with(cmd, store, out, &Layout::plain()).await
+}
+
+/// [`run_admin`] with tables laid out for `layout` (a terminal's width and colours).
+pub async fn run_admin_with(
+    cmd: &AdminCommand,
+    store: &dyn Store,
+    out: &mut impl Write,
+    layout: &Layout,
+) -> Result<(), CliError> {
     match cmd {
-        AdminCommand::List(a) => list(a, store, out).await,
-        AdminCommand::Show(a) => show(a, store, out).await,
-        AdminCommand::Events(a) => events(a, store, out).await,
+        AdminCommand::List(a) => list(a, store, out, layout).await,
+        AdminCommand::Show(a) => show(a, store, out, layout).await,
+        AdminCommand::Events(a) => events(a, store, out, layout).await,
         AdminCommand::Cancel(a) => cancel(a, store, out).await,
         AdminCommand::Abort(a) => abort(a, store, out).await,
         AdminCommand::Retry(a) => retry(a, store, out).await,
@@ -44,7 +56,7 @@ pub async fn run_admin(
             if a.json {
                 render::json(out, &serde_json::json!({ "workers": workers }))?;
             } else {
-                render::workers(out, &workers, store.now().await?)?;
+                render::workers(out, &workers, store.now().await?, layout)?;
             }
             Ok(())
         }
@@ -179,7 +191,12 @@ async fn load(store: &dyn Store, id: Uuid) -> Result<Saga, CliError> {
     store.get_saga(id).await?.ok_or(CliError::NotFound(id))
 }
 
-async fn list(a: &ListArgs, store: &dyn Store, out: &mut impl Write) -> Result<(), CliError> {
+async fn list(
+    a: &ListArgs,
+    store: &dyn Store,
+    out: &mut impl Write,
+    layout: &Layout,
+) -> Result<(), CliError> {
     let cursor = a
         .cursor
         .as_deref()
@@ -202,12 +219,17 @@ async fn list(a: &ListArgs, store: &dyn Store, out: &mut impl Write) -> Result<(
     if a.json {
         render::json(out, &page)?;
     } else {
-        render::saga_page(out, &page)?;
+        render::saga_page(out, &page, store.now().await?, layout)?;
     }
     Ok(())
 }
 
-async fn show(a: &ShowArgs, store: &dyn Store, out: &mut impl Write) -> Result<(), CliError> {
+async fn show(
+    a: &ShowArgs,
+    store: &dyn Store,
+    out: &mut impl Write,
+    layout: &Layout,
+) -> Result<(), CliError> {
     let id = resolve_id(store, &a.id).await?;
     let saga = load(store, id).await?;
     if a.json {
@@ -216,7 +238,7 @@ async fn show(a: &ShowArgs, store: &dyn Store, out: &mut impl Write) -> Result<(
     }
     let attempts = store.attempts(id).await?;
     let now = store.now().await?;
-    render::saga(out, &saga, &attempts, now)?;
+    render::saga(out, &saga, &attempts, now, layout)?;
     Ok(())
 }
 
@@ -228,6 +250,7 @@ pub async fn show_with_deliveries(
     store: &dyn Store,
     outbox: &dyn OutboxStore,
     out: &mut impl Write,
+    layout: &Layout,
 ) -> Result<(), CliError> {
     // Resolve a prefix once, then show exactly that saga.
     let id = resolve_id(store, &a.id).await?;
@@ -235,15 +258,20 @@ pub async fn show_with_deliveries(
         id: id.to_string(),
         json: a.json,
     };
-    show(a, store, out).await?;
+    show(a, store, out, layout).await?;
     if !a.json {
         let deliveries = outbox.deliveries(id).await?;
-        render::deliveries(out, &deliveries, store.now().await?)?;
+        render::deliveries(out, &deliveries, store.now().await?, layout)?;
     }
     Ok(())
 }
 
-async fn events(a: &EventsArgs, store: &dyn Store, out: &mut impl Write) -> Result<(), CliError> {
+async fn events(
+    a: &EventsArgs,
+    store: &dyn Store,
+    out: &mut impl Write,
+    layout: &Layout,
+) -> Result<(), CliError> {
     let id = resolve_id(store, &a.id).await?;
     // An empty history and an unknown saga look alike to `events`; tell them apart.
     load(store, id).await?;
@@ -251,7 +279,7 @@ async fn events(a: &EventsArgs, store: &dyn Store, out: &mut impl Write) -> Resu
     if a.json {
         render::json(out, &serde_json::json!({ "events": events }))?;
     } else {
-        render::events(out, &events)?;
+        render::events(out, &events, layout)?;
     }
     Ok(())
 }

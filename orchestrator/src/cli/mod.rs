@@ -43,6 +43,7 @@ mod args;
 mod commands;
 mod error;
 mod render;
+mod table;
 
 use std::sync::Arc;
 
@@ -50,8 +51,9 @@ pub use args::{
     AbortArgs, AdminCommand, CancelArgs, DatabaseArgs, EventsArgs, ListArgs, MarkCompensatedArgs,
     RetryArgs, ShowArgs, StartArgs, WorkersArgs, DEFAULT_LIST_LIMIT, DEFAULT_SERVER,
 };
-pub use commands::{actor, run_admin, run_start, show_with_deliveries};
+pub use commands::{actor, run_admin, run_admin_with, run_start, show_with_deliveries};
 pub use error::CliError;
+pub use table::Layout;
 
 use crate::store::{self, SqliteStore, Store};
 
@@ -106,6 +108,9 @@ pub async fn open_store_for(cmd: &AdminCommand, url: &str) -> Result<Arc<dyn Sto
 
 /// Opens the database `url` names as [`open_store_for`] does and runs the command on it: the
 /// whole of an admin subcommand, for binaries. `start` runs without opening anything.
+///
+/// `out` is taken to be standard output: tables fit its width and are coloured if it is a
+/// terminal ([`Layout::for_stdout`]).
 pub async fn open_and_run(
     cmd: &AdminCommand,
     url: &str,
@@ -123,12 +128,19 @@ pub async fn open_and_run(
         } else {
             store::open_full(url).await?
         };
-        show_with_deliveries(args, stores.log.as_ref(), stores.outbox.as_ref(), out).await?;
+        show_with_deliveries(
+            args,
+            stores.log.as_ref(),
+            stores.outbox.as_ref(),
+            out,
+            &Layout::for_stdout(),
+        )
+        .await?;
         out.flush()?;
         return Ok(());
     }
     let store = open_store_for(cmd, url).await?;
-    run_admin(cmd, store.as_ref(), out).await?;
+    run_admin_with(cmd, store.as_ref(), out, &Layout::for_stdout()).await?;
     out.flush()?;
     Ok(())
 }
