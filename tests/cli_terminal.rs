@@ -209,6 +209,22 @@ async fn tables_fit_columns_100_and_keep_the_id_whole() {
             }
         }
     }
+    // Narrower still: columns go, cells are cut, the id stays whole.
+    for cols in [80usize, 60] {
+        for args in [
+            vec!["list"],
+            vec!["show", id.as_str()],
+            vec!["events", id.as_str()],
+        ] {
+            let env = [("COLUMNS", cols.to_string())];
+            let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            let text = stdout(&piped("saga", &log.db.url, &args, &env));
+            assert_fits(&text, cols, &format!("{args:?} at {cols}"));
+            if args[0] != "events" {
+                assert!(text.contains(&id), "the id is whole at {cols}:\n{text}");
+            }
+        }
+    }
     // Long cells are cut with an ellipsis, not wrapped onto more lines.
     let text = stdout(&piped(
         "saga",
@@ -222,6 +238,20 @@ async fn tables_fit_columns_100_and_keep_the_id_whole() {
         text.contains("just now") || text.contains(" ago"),
         "relative times:\n{text}"
     );
+    // A flagged saga: the flag is shown whole, and the table still fits.
+    log.db
+        .execute(&format!(
+            "UPDATE sagas SET needs_attention = TRUE WHERE id = '{id}'"
+        ))
+        .await;
+    for cols in ["100", "90"] {
+        let text = stdout(&piped("saga", &log.db.url, &["list"], &[("COLUMNS", cols)]));
+        assert_fits(&text, cols.parse().unwrap(), "a flagged saga");
+        assert!(
+            text.contains(&id) && text.contains("NEEDS ATTENTION"),
+            "{text}"
+        );
+    }
 }
 
 #[tokio::test]

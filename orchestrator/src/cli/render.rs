@@ -188,7 +188,7 @@ pub(crate) fn saga_page(
             "created",
             sagas.iter().map(|s| rfc3339(s.created_at)).collect(),
         );
-        g.column(
+        let updated = g.column(
             "updated",
             sagas.iter().map(|s| ago(s.updated_at, now)).collect(),
         );
@@ -212,7 +212,11 @@ pub(crate) fn saga_page(
             .colours(flagged, flag_colours)
             .hide_if_empty(flagged)
             .hide_if_empty(error);
-        let t = g.render(layout, &[Fit::Drop(version), Fit::Drop(created)]);
+        // Flags (NEEDS ATTENTION) are what a narrow list must still show.
+        let t = g.render(
+            layout,
+            &[Fit::Drop(version), Fit::Drop(created), Fit::Drop(updated)],
+        );
         writeln!(out, "{t}")?;
     }
     if let Some(next) = page.next_cursor {

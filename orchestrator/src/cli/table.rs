@@ -186,9 +186,10 @@ impl Grid {
     }
 
     /// Shares the room the other columns leave among the cuttable ones (the narrowest needs
-    /// first, each at most its natural width) and cuts their cells to it, character by
-    /// character: comfy-table would break at a space and keep only the first word.
-    fn cut_flexible_to(&mut self, width: usize) {
+    /// first, each at most its natural width, and at least its minimum while there is room for
+    /// every minimum) and cuts their cells to it, character by character: comfy-table would
+    /// break at a space and keep only the first word. Returns whether the table now fits.
+    fn cut_flexible_to(&mut self, width: usize) -> bool {
         let fixed: usize = self
             .columns
             .iter()
@@ -200,18 +201,30 @@ impl Grid {
             .filter(|&i| self.columns[i].shown && self.columns[i].flex.is_some())
             .collect();
         flexible.sort_by_key(|&i| self.columns[i].natural());
-        let mut room = width.saturating_sub(fixed + PER_COLUMN * flexible.len());
+        let Some(mut room) = width.checked_sub(fixed + PER_COLUMN * flexible.len()) else {
+            return false;
+        };
+        if room < flexible.len() {
+            return false;
+        }
+        let minimums: usize = flexible.iter().map(|&i| self.columns[i].least()).sum();
         let mut left = flexible.len();
         for i in flexible {
             let c = &mut self.columns[i];
-            let share = (room / left.max(1)).max(c.least());
-            let w = c.natural().min(share);
+            let even = room / left.max(1);
+            let share = if room >= minimums {
+                even.max(c.least())
+            } else {
+                even
+            };
+            let w = c.natural().min(share).max(1);
             room = room.saturating_sub(w);
             left -= 1;
             let cut = |t: &String| super::render::truncate(t, w);
             c.cells = c.cells.iter().map(cut).collect();
             c.compact = c.compact.as_ref().map(|v| v.iter().map(cut).collect());
         }
+        true
     }
 
     /// The table for `layout`: the plan applied as far as the width needs, cells cut to one
@@ -229,10 +242,10 @@ impl Grid {
                 }
             }
         }
-        let fits = width.is_none_or(|w| self.least_total() <= w);
-        if let Some(width) = width {
-            self.cut_flexible_to(width);
-        }
+        let fits = match width {
+            Some(width) => self.cut_flexible_to(width),
+            None => true,
+        };
         let shown: Vec<&Column> = self.columns.iter().filter(|c| c.shown).collect();
 
         let mut t = Table::new();
