@@ -572,6 +572,19 @@ async fn the_binary_exits_one_with_a_single_line_error() {
     let out = run_binary(&url, &["list"]);
     assert_one_line_error(&out, "does not exist");
     assert!(!missing.exists());
+    // A relative path is reported as the absolute path it meant, wherever the command ran.
+    let out = Command::new(saga_binary())
+        .args(["list", "--database-url", "sqlite://nope.db"])
+        .current_dir(f.db.dir.path())
+        .env_remove("DATABASE_URL")
+        .output()
+        .unwrap();
+    let absolute = f.db.dir.path().join("nope.db");
+    assert_one_line_error(
+        &out,
+        &format!("database {} does not exist", absolute.display()),
+    );
+    assert!(!absolute.exists());
     // The flag wins over the environment.
     let out = Command::new(saga_binary())
         .args(["list", "--database-url", &url])
@@ -632,4 +645,280 @@ async fn workers_lists_the_running_process_and_its_leases() {
     assert_eq!(me["leases"], 0, "every saga of the fixture has ended");
     let table = saga(&f.store, &["workers"]).await.unwrap();
     assert!(table.contains("alive"), "{table}");
+}
+
+#[test]
+fn a_refused_postgres_connection_names_the_address_at_once_without_the_password() {
+    let started = std::time::Instant::now();
+    let out = run_binary("postgres://postgres:hunter2@127.0.0.1:1/x", &["list"]);
+    let took = started.elapsed();
+    assert_one_line_error(&out, "127.0.0.1:1");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("connection refused"), "{stderr}");
+    assert!(
+        !stderr.contains("hunter2"),
+        "the password is shown: {stderr}"
+    );
+    assert!(
+        took < Duration::from_secs(3),
+        "took {took:?} to report a refused connection"
+    );
+
+    // A URL that is not understood is quoted back with its password masked.
+    let out = run_binary("mysql://root:hunter2@db/shop", &["list"]);
+    assert_one_line_error(&out, "mysql://root:***@db/shop");
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("hunter2"));
+}
+
+/// Sagas created with chosen ids (no engine runs them: they stay QUEUED), to look them up by
+/// prefixes on either side of every boundary.
+async fn sagas_with_ids(store: &Arc<dyn Store>, ids: &[&str]) -> Vec<Uuid> {
+    let def = scripted_saga(
+        "order",
+        1,
+        &[S::new("reserve", Compensatable)],
+        &Journal::default(),
+    );
+    let mut out = Vec::new();
+    for text in ids {
+        let mut new = orchestrator::store::NewSaga::of(&def, json!({}));
+        new.id = Uuid::parse_str(text).unwrap();
+        out.push(store.create_saga(new).await.unwrap().id);
+    }
+    out
+}
+
+#[tokio::test]
+async fn the_store_finds_ids_by_prefix_with_a_range_scan() {
+    use orchestrator::model::IdPrefix;
+
+    let db = TempDb::new();
+    let store = db.store().await;
+    let ids = sagas_with_ids(
+        &store,
+        &[
+            "aaaaaaa9-ffff-7fff-bfff-ffffffffffff",
+            "aaaaaaaa-0000-7000-8000-000000000001",
+            "aaaaaaaa-0000-7000-8000-000000000002",
+            "aaaaaaab-0000-7000-8000-000000000000",
+            "bbbbbbbb-1234-7000-8000-000000000003",
+        ],
+    )
+    .await;
+    let find = |p: &str| {
+        let store = store.clone();
+        let p = IdPrefix::parse(p).unwrap();
+        async move { store.saga_ids_with_prefix(&p, 10).await.unwrap() }
+    };
+    assert_eq!(find("aaaaaaaa").await, ids[1..3]);
+    assert_eq!(find("AAAAAAAA-0000-7000-8000-0000000000").await, ids[1..3]);
+    assert_eq!(find("aaaaaaaa000070008000000000000001").await, ids[1..2]);
+    assert_eq!(
+        find("aaaaaaaa-0000-7000-8000-000000000002").await,
+        ids[2..3]
+    );
+    assert_eq!(find("aaaaaaa9").await, ids[0..1]);
+    assert_eq!(find("aaaaaaab").await, ids[3..4]);
+    assert_eq!(find("bbbbbbbb-12").await, ids[4..5]);
+    assert!(find("cccccccc").await.is_empty());
+    assert!(find("aaaaaaa0").await.is_empty());
+    // The limit holds.
+    let p = IdPrefix::parse("aaaaaaaa").unwrap();
+    assert_eq!(store.saga_ids_with_prefix(&p, 1).await.unwrap(), ids[1..2]);
+}
+
+#[tokio::test]
+async fn every_command_takes_a_unique_id_prefix() {
+    let db = TempDb::new();
+    let s = db.store().await;
+    let ids = sagas_with_ids(
+        &s,
+        &[
+            "aaaaaaaa-0000-7000-8000-000000000001",
+            "aaaaaaaa-0000-7000-8000-000000000002",
+            "bbbbbbbb-1234-7000-8000-000000000003",
+            "cccccccc-1234-7000-8000-000000000004",
+        ],
+    )
+    .await;
+    let (b, c) = (ids[2].to_string(), ids[3].to_string());
+
+    let shown = saga_json(&s, &["show", "bbbbbbbb", "--json"]).await;
+    assert_eq!(shown["id"], b.as_str());
+    let text = saga(&s, &["show", "BBBBBBBB-12"]).await.unwrap();
+    assert!(text.contains(&b), "{text}");
+    let events = saga_json(&s, &["events", "bbbbbbbb", "--json"]).await;
+    assert_eq!(events["events"][0]["type"], "saga.started");
+    let out = saga(&s, &["retry", "bbbbbbbb"]).await.unwrap();
+    assert!(out.contains(&b), "{out}");
+    let err = saga(
+        &s,
+        &["mark-compensated", "bbbbbbbb", "reserve", "--reason", "x"],
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, CliError::Conflict(_)), "{err:?}");
+    assert!(err.to_string().contains(&b), "{err}");
+    let out = saga(&s, &["cancel", "bbbbbbbb"]).await.unwrap();
+    assert!(
+        out.contains(&format!("cancel requested for saga {b}")),
+        "{out}"
+    );
+    let out = saga(&s, &["abort", "cccccccc", "--reason", "by prefix"])
+        .await
+        .unwrap();
+    assert!(out.contains(&format!("saga {c} is now ABORTED")), "{out}");
+    assert_eq!(
+        s.get_saga(ids[3]).await.unwrap().unwrap().status,
+        SagaStatus::Aborted
+    );
+
+    // Ambiguous: the error names the candidates, and nothing is changed.
+    for cmd in ["show", "events", "cancel", "retry"] {
+        let err = saga(&s, &[cmd, "aaaaaaaa"]).await.unwrap_err();
+        assert!(matches!(err, CliError::Ambiguous { .. }), "{cmd}: {err:?}");
+        let msg = err.to_string();
+        assert!(msg.contains("ambiguous"), "{msg}");
+        assert!(
+            msg.contains(&ids[0].to_string()) && msg.contains(&ids[1].to_string()),
+            "{msg}"
+        );
+    }
+    let err = saga(&s, &["abort", "aaaaaaaa", "--reason", "x"])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, CliError::Ambiguous { .. }), "{err:?}");
+    assert_eq!(
+        s.get_saga(ids[0]).await.unwrap().unwrap().status,
+        SagaStatus::Queued
+    );
+    // Too short, and no match.
+    let err = saga(&s, &["show", "aaaaaaa"]).await.unwrap_err();
+    assert!(matches!(err, CliError::BadArgument(_)), "{err:?}");
+    assert!(err.to_string().contains("too short"), "{err}");
+    let err = saga(&s, &["show", "dddddddd"]).await.unwrap_err();
+    assert_eq!(err.to_string(), "no saga has an id starting with dddddddd");
+}
+
+/// The lines of one section of `show` (from its title to the next blank line).
+fn section<'a>(text: &'a str, title: &str) -> Vec<&'a str> {
+    text.lines()
+        .skip_while(|l| l.trim() != title)
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .collect()
+}
+
+/// The row of the steps table of `show` for `step`.
+fn step_row<'a>(text: &'a str, step: &str) -> &'a str {
+    section(text, "Steps")
+        .into_iter()
+        .find(|l| l.split('┆').nth(1).is_some_and(|c| c.trim() == step))
+        .unwrap_or_else(|| panic!("no row for {step}:\n{text}"))
+}
+
+#[tokio::test]
+async fn show_says_running_under_a_live_lease_and_outcome_unknown_without_one() {
+    let db = TempDb::new();
+    let s = db.store().await;
+    let def = scripted_saga(
+        "order",
+        1,
+        &[
+            S::new("reserve", Compensatable),
+            S::new("charge", Compensatable),
+        ],
+        &Journal::default(),
+    );
+    // What a worker holds while its first call is in flight: the saga RUNNING, the action's
+    // attempt written ahead, the lease live.
+    let mut new = orchestrator::store::NewSaga::of(&def, json!({}));
+    new.first_attempt = true;
+    let claimed = s.create_saga_leased(new, "w-1", 60_000).await.unwrap();
+    let id = claimed.saga.id.to_string();
+
+    let text = saga(&s, &["show", &id]).await.unwrap();
+    let row = step_row(&text, "reserve");
+    assert!(row.contains("RUNNING"), "{row}");
+    assert!(!text.contains("outcome unknown"), "a live call:\n{text}");
+    assert!(
+        !text.contains("overdue") && !text.contains("due now"),
+        "{text}"
+    );
+    assert!(text.contains("w-1 (epoch 1, expires in"), "{text}");
+    assert!(
+        section(&text, "Attempts")
+            .iter()
+            .any(|l| l.contains("running")),
+        "{text}"
+    );
+    assert!(
+        !row.contains("PENDING"),
+        "the compensation is not pending while the saga goes forward: {row}"
+    );
+
+    // The lease ran out (the process died): nobody knows what the call did.
+    db.execute(&format!(
+        "UPDATE sagas SET lease_expires_at = 1 WHERE id = '{id}'"
+    ))
+    .await;
+    let text = saga(&s, &["show", &id]).await.unwrap();
+    assert!(
+        step_row(&text, "reserve").contains("RUNNING (outcome unknown)"),
+        "{text}"
+    );
+    assert!(text.contains("expired"), "{text}");
+    assert!(text.contains("due now"), "nobody runs it:\n{text}");
+    assert!(
+        section(&text, "Attempts")
+            .iter()
+            .any(|l| l.contains("outcome unknown")),
+        "{text}"
+    );
+    // `--json` is the saga object, unchanged by the rendering.
+    let shown = saga_json(&s, &["show", &id, "--json"]).await;
+    assert_eq!(shown["steps"][0]["status"], "RUNNING");
+    assert_eq!(shown["steps"][0]["compensation"]["status"], "PENDING");
+}
+
+#[tokio::test]
+async fn show_says_which_compensations_are_not_needed_and_when_actions_ended() {
+    let f = Fixture::new().await;
+    let s = &f.store;
+
+    let done = f.completed[0];
+    let text = saga(s, &["show", &done.to_string()]).await.unwrap();
+    for step in ["reserve", "charge"] {
+        let row = step_row(&text, step);
+        assert!(row.contains("not needed"), "{row}");
+        assert!(!row.contains("PENDING"), "{row}");
+    }
+    // The pivot has no compensation at all.
+    assert!(step_row(&text, "ship").contains("┆ -"), "{text}");
+
+    // A compensated saga: the failed step needed none; the reserve step's action ended when
+    // its action did, not when its compensation did.
+    let saga_rec = s.get_saga(f.compensated).await.unwrap().unwrap();
+    let text = saga(s, &["show", &f.compensated.to_string()])
+        .await
+        .unwrap();
+    let charge = step_row(&text, "charge");
+    assert!(
+        charge.contains("FAILED") && charge.contains("not needed"),
+        "{charge}"
+    );
+    let reserve = step_row(&text, "reserve");
+    let action_end = saga_rec.steps[0].action.ended_at.unwrap();
+    let comp_end = saga_rec.steps[0].compensation.ended_at.unwrap();
+    assert!(
+        reserve.contains(&orchestrator::model::rfc3339(action_end)),
+        "{reserve}"
+    );
+    if comp_end != action_end {
+        assert!(
+            !reserve.contains(&orchestrator::model::rfc3339(comp_end)),
+            "{reserve}"
+        );
+    }
+    f.engine.stop().await;
 }

@@ -17,12 +17,11 @@ use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use example_sagas::bench::{self, Scenario};
 use example_sagas::shop::Shop;
-use orchestrator::cli::{self, AdminCommand, CliError, DatabaseArgs};
+use orchestrator::cli::{self, AdminCommand, CliError, DatabaseArgs, LogFormat};
 use orchestrator::server::{shutdown_signal, NewFiles};
-use orchestrator::store::display_url;
+use orchestrator::store::redact_url;
 use orchestrator::{Orchestrator, ServeArgs};
 use tokio_util::sync::CancellationToken;
-use tracing_subscriber::EnvFilter;
 
 /// Run and inspect the example sagas (place_order, book_trip).
 #[derive(Debug, Parser)]
@@ -43,14 +42,6 @@ struct Cli {
     log_format: LogFormat,
     #[command(subcommand)]
     cmd: Command,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum LogFormat {
-    /// Human-readable lines.
-    Pretty,
-    /// One JSON object per line.
-    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -130,7 +121,11 @@ async fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
-    init_tracing(cli.log_format, matches!(cli.cmd, Command::Serve(_)));
+    let serving = matches!(cli.cmd, Command::Serve(_));
+    cli::init_tracing(
+        cli.log_format == LogFormat::Json,
+        if serving { "info" } else { "warn" },
+    );
     let result = match &cli.cmd {
         Command::Serve(args) => serve(&cli, args).await,
         Command::Ledger { json } => ledger(&cli, *json).await,
@@ -143,12 +138,8 @@ async fn main() -> ExitCode {
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e)
-            if e.downcast_ref::<CliError>()
-                .is_some_and(CliError::is_broken_pipe) =>
-        {
-            ExitCode::SUCCESS
-        }
+        // A reader that stopped early (`example-sagas list | head`) is not an error.
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
             ExitCode::FAILURE
@@ -156,16 +147,20 @@ async fn main() -> ExitCode {
     }
 }
 
-fn init_tracing(format: LogFormat, serving: bool) {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new(if serving { "info" } else { "warn" }));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Pretty => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
+/// Whether writing to stdout failed because its reader went away.
+fn is_broken_pipe(e: &anyhow::Error) -> bool {
+    e.chain().any(|cause| {
+        let kind = if let Some(cli) = cause.downcast_ref::<CliError>() {
+            return cli.is_broken_pipe();
+        } else if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            Some(io.kind())
+        } else {
+            cause
+                .downcast_ref::<serde_json::Error>()
+                .and_then(serde_json::Error::io_error_kind)
+        };
+        kind == Some(std::io::ErrorKind::BrokenPipe)
+    })
 }
 
 async fn admin(cli: &Cli, cmd: &AdminCommand) -> anyhow::Result<()> {
@@ -185,7 +180,7 @@ async fn serve(cli: &Cli, args: &ServeCommand) -> anyhow::Result<()> {
             shop_files.remove();
             return Err(anyhow::Error::new(e).context(format!(
                 "cannot open the participants' database {}",
-                display_url(&cli.shop_database_url)
+                redact_url(&cli.shop_database_url)
             )));
         }
     };
@@ -210,7 +205,7 @@ async fn serve(cli: &Cli, args: &ServeCommand) -> anyhow::Result<()> {
 async fn ledger(cli: &Cli, json: bool) -> anyhow::Result<()> {
     let shop = Shop::open(&cli.shop_database_url)
         .await
-        .with_context(|| format!("cannot open {}", cli.shop_database_url))?;
+        .with_context(|| format!("cannot open {}", redact_url(&cli.shop_database_url)))?;
     let ledger = shop.ledger().await?;
     shop.close().await;
     let mut out = std::io::stdout().lock();
@@ -254,7 +249,7 @@ async fn run_bench(cli: &Cli, args: &BenchArgs, db_explicit: bool) -> anyhow::Re
     };
     let store = orchestrator::store::open(&url)
         .await
-        .with_context(|| format!("cannot open {url}"))?;
+        .with_context(|| format!("cannot open {}", redact_url(&url)))?;
     let plan = bench::BenchPlan {
         backend: backend.to_owned(),
         url: url.clone(),
@@ -276,7 +271,7 @@ async fn run_bench(cli: &Cli, args: &BenchArgs, db_explicit: bool) -> anyhow::Re
 async fn bench_worker(cli: &Cli, workers: usize) -> anyhow::Result<()> {
     let store = orchestrator::store::open(&cli.db.database_url)
         .await
-        .with_context(|| format!("cannot open {}", cli.db.database_url))?;
+        .with_context(|| format!("cannot open {}", redact_url(&cli.db.database_url)))?;
     let engine = bench::bench_engine(store.clone(), workers)?;
     let shutdown = CancellationToken::new();
     tokio::spawn({
@@ -312,7 +307,7 @@ async fn bench_timers(
     };
     let store = orchestrator::store::open(&url)
         .await
-        .with_context(|| format!("cannot open {url}"))?;
+        .with_context(|| format!("cannot open {}", redact_url(&url)))?;
     let r = bench::timers(store, backend, sagas, concurrency).await?;
     println!(
         "timers backend={} sagas={} seconds={:.1} rss_mb={:.1} peak_rss_mb={:.1}",

@@ -16,8 +16,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Parser;
-use orchestrator::cli::{self, AdminCommand, CliError, DatabaseArgs};
-use tracing_subscriber::EnvFilter;
+use orchestrator::cli::{self, AdminCommand, CliError, DatabaseArgs, LogFormat};
 
 /// Inspect and administer sagas: list, show, cancel, abort, retry.
 #[derive(Debug, Parser)]
@@ -32,22 +31,13 @@ struct Cli {
     cmd: AdminCommand,
 }
 
-/// How diagnostics are written to stderr.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum LogFormat {
-    /// Human-readable lines.
-    Pretty,
-    /// One JSON object per line.
-    Json,
-}
-
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return usage_error(e),
     };
-    init_tracing(cli.log_format);
+    cli::init_tracing(cli.log_format == LogFormat::Json, "warn");
     match run(&cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e)
@@ -109,15 +99,4 @@ fn usage_error(e: clap::Error) -> ExitCode {
 /// Folds a message onto one line, whatever a database driver put in it.
 fn one_line(text: &str) -> String {
     text.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-fn init_tracing(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Pretty => builder.init(),
-        LogFormat::Json => builder.json().init(),
-    }
 }

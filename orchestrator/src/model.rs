@@ -279,6 +279,10 @@ pub struct Saga {
     pub lease_owner: Option<String>,
     /// The lease's epoch (fencing token).
     pub lease_epoch: i64,
+    /// When the lease runs out unless renewed, on the store's clock (as read from the log; not
+    /// part of the saga object of the API). A lease past this time may be taken over.
+    #[serde(skip)]
+    pub lease_expires_at: Option<Millis>,
     /// Created.
     #[serde(serialize_with = "ser_time", deserialize_with = "de_time")]
     #[schema(value_type = String, format = DateTime)]
@@ -506,5 +510,112 @@ impl DefinitionList {
         Self {
             definitions: registry.iter().map(|d| Definition::of(d)).collect(),
         }
+    }
+}
+
+/// The start of a saga id, as people type it (`01a233a9`, `01a233a9-765f`): at least
+/// [`IdPrefix::MIN_LEN`] hexadecimal digits, dashes anywhere ignored, any case.
+///
+/// Every id with this prefix lies between [`IdPrefix::low`] and [`IdPrefix::high`] (the prefix
+/// padded with `0`s and with `f`s), so a store finds them with a range scan of its primary key:
+/// an id's text sorts like its hexadecimal digits, dashes being at fixed places.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IdPrefix {
+    /// The digits, lower case, without dashes.
+    hex: String,
+}
+
+/// Why text is not an [`IdPrefix`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum IdPrefixError {
+    /// Fewer digits than [`IdPrefix::MIN_LEN`]: such a prefix matches too much to be safe.
+    #[error("saga id prefix {0:?} is too short: give at least 8 characters of the id")]
+    TooShort(String),
+    /// A character that is neither a hexadecimal digit nor a dash, or more than 32 digits.
+    #[error("invalid saga id {0:?}: expected a UUID such as 0193a4f2-7c1e-7b3a-9d2e-5f6a7b8c9d0e, or its first 8 or more characters")]
+    Invalid(String),
+}
+
+impl IdPrefix {
+    /// The fewest digits accepted.
+    pub const MIN_LEN: usize = 8;
+
+    /// Reads a prefix; surrounding white space is ignored.
+    pub fn parse(text: &str) -> Result<Self, IdPrefixError> {
+        let trimmed = text.trim();
+        let hex: String = trimmed
+            .chars()
+            .filter(|c| *c != '-')
+            .map(|c| c.to_ascii_lowercase())
+            .collect();
+        if hex.len() > 32 || !hex.chars().all(|c| c.is_ascii_hexdigit()) {
+            return Err(IdPrefixError::Invalid(trimmed.to_owned()));
+        }
+        if hex.len() < Self::MIN_LEN {
+            return Err(IdPrefixError::TooShort(trimmed.to_owned()));
+        }
+        Ok(Self { hex })
+    }
+
+    /// The prefix as typed, normalised: lower case, no dashes.
+    pub fn as_str(&self) -> &str {
+        &self.hex
+    }
+
+    /// The smallest id with this prefix.
+    pub fn low(&self) -> Uuid {
+        self.padded('0')
+    }
+
+    /// The largest id with this prefix.
+    pub fn high(&self) -> Uuid {
+        self.padded('f')
+    }
+
+    fn padded(&self, fill: char) -> Uuid {
+        let mut full = self.hex.clone();
+        full.extend(std::iter::repeat_n(fill, 32 - self.hex.len()));
+        // Thirty-two hexadecimal digits always parse.
+        Uuid::try_parse(&full).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod id_prefix_tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_are_checked_and_bound_their_ids() {
+        let id = Uuid::parse_str("01a233a9-765f-71da-8827-06dc00558ba1").unwrap_or_default();
+        for text in [
+            "01a233a9",
+            "01A233A9-765",
+            " 01a233a9-765f-71da-8827-06dc00558ba1 ",
+        ] {
+            let p = IdPrefix::parse(text).unwrap_or_else(|e| panic!("{text}: {e}"));
+            assert!(p.low() <= id && id <= p.high(), "{text}");
+            assert!(p.low().to_string() <= id.to_string(), "text sorts too");
+            assert!(id.to_string() <= p.high().to_string());
+        }
+        let p = IdPrefix::parse("01a233a9-7").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(p.low().to_string(), "01a233a9-7000-0000-0000-000000000000");
+        assert_eq!(p.high().to_string(), "01a233a9-7fff-ffff-ffff-ffffffffffff");
+        assert!(matches!(
+            IdPrefix::parse("01a233a"),
+            Err(IdPrefixError::TooShort(_))
+        ));
+        assert!(matches!(
+            IdPrefix::parse("01a2-33a"),
+            Err(IdPrefixError::TooShort(_))
+        ));
+        assert!(matches!(
+            IdPrefix::parse("not-a-uuid"),
+            Err(IdPrefixError::Invalid(_))
+        ));
+        assert!(matches!(
+            IdPrefix::parse(&format!("{id}0")),
+            Err(IdPrefixError::Invalid(_))
+        ));
     }
 }

@@ -57,7 +57,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::engine::{Engine, EngineConfig, EngineError};
 use crate::http::{self, HttpConfig};
-use crate::store::{self, display_url, sqlite_file, Store, StoreError};
+use crate::store::{self, redact_url, sqlite_file, Store, StoreError};
 use crate::webhooks::{Relay, WebhookConfig, WebhookError};
 
 /// The default database: `saga.db` in the working directory.
@@ -244,7 +244,7 @@ impl OrchestratorBuilder {
     /// [module](self) for what is checked first. The server runs until it is stopped
     /// ([`Server::stop`], the token of [`shutdown_on`](Self::shutdown_on), or a signal).
     pub async fn start(self) -> Result<Server, ServeError> {
-        let shown_url = display_url(&self.database_url);
+        let shown_url = redact_url(&self.database_url);
         // Bound first: a busy port is found before any file is created.
         let listen_error = |source| ServeError::Listen {
             addr: self.listen.clone(),

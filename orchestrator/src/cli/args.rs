@@ -151,7 +151,7 @@ impl Default for ListArgs {
 /// `show ID [--json]`.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct ShowArgs {
-    /// The saga id.
+    /// The saga id, or its first 8 or more characters.
     pub id: String,
     /// Print the saga object, the same as `GET /v1/sagas/{id}`.
     #[arg(long)]
@@ -161,7 +161,7 @@ pub struct ShowArgs {
 /// `events ID [--json]`.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct EventsArgs {
-    /// The saga id.
+    /// The saga id, or its first 8 or more characters.
     pub id: String,
     /// Print `{"events": […]}`, the same as `GET /v1/sagas/{id}/events`.
     #[arg(long)]
@@ -171,14 +171,14 @@ pub struct EventsArgs {
 /// `cancel ID`.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct CancelArgs {
-    /// The saga id.
+    /// The saga id, or its first 8 or more characters.
     pub id: String,
 }
 
 /// `abort ID --reason TEXT`.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct AbortArgs {
-    /// The saga id.
+    /// The saga id, or its first 8 or more characters.
     pub id: String,
     /// Why (recorded in the saga's events with who did it).
     #[arg(long, value_name = "TEXT")]
@@ -188,14 +188,14 @@ pub struct AbortArgs {
 /// `retry ID`.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct RetryArgs {
-    /// The saga id.
+    /// The saga id, or its first 8 or more characters.
     pub id: String,
 }
 
 /// `mark-compensated ID STEP --reason TEXT`.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct MarkCompensatedArgs {
-    /// The saga id.
+    /// The saga id, or its first 8 or more characters.
     pub id: String,
     /// The name of the step whose compensation was done by hand.
     pub step: String,

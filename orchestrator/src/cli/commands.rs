@@ -18,11 +18,13 @@ use super::args::{
 };
 use super::error::CliError;
 use super::render;
+use super::table::Layout;
 use crate::client::{ClientError, SagaClient};
-use crate::model::{needs_compensation, ListFilter, Saga, SagaStatus, StepStatus};
+use crate::model::{needs_compensation, IdPrefix, ListFilter, Saga, SagaStatus, StepStatus};
 use crate::store::{CancelOutcome, OutboxStore, Store};
 
-/// Runs one operator command against `store`, writing what it shows or did to `out`.
+/// Runs one operator command against `store`, writing what it shows or did to `out`, with
+/// tables in full and without colour ([`Layout::plain`]).
 ///
 /// Commands that change a saga (`abort`, `retry`, `mark-compensated`) are recorded in its events
 /// with the operator as actor: `$USER@cli`.
@@ -31,10 +33,20 @@ pub async fn run_admin(
     store: &dyn Store,
     out: &mut impl Write,
 ) -> Result<(), CliError> {
+    run_admin_with(cmd, store, out, &Layout::plain()).await
+}
+
+/// [`run_admin`] with tables laid out for `layout` (a terminal's width and colours).
+pub async fn run_admin_with(
+    cmd: &AdminCommand,
+    store: &dyn Store,
+    out: &mut impl Write,
+    layout: &Layout,
+) -> Result<(), CliError> {
     match cmd {
-        AdminCommand::List(a) => list(a, store, out).await,
-        AdminCommand::Show(a) => show(a, store, out).await,
-        AdminCommand::Events(a) => events(a, store, out).await,
+        AdminCommand::List(a) => list(a, store, out, layout).await,
+        AdminCommand::Show(a) => show(a, store, out, layout).await,
+        AdminCommand::Events(a) => events(a, store, out, layout).await,
         AdminCommand::Cancel(a) => cancel(a, store, out).await,
         AdminCommand::Abort(a) => abort(a, store, out).await,
         AdminCommand::Retry(a) => retry(a, store, out).await,
@@ -44,7 +56,7 @@ pub async fn run_admin(
             if a.json {
                 render::json(out, &serde_json::json!({ "workers": workers }))?;
             } else {
-                render::workers(out, &workers, store.now().await?)?;
+                render::workers(out, &workers, store.now().await?, layout)?;
             }
             Ok(())
         }
@@ -115,13 +127,54 @@ pub fn actor() -> String {
     format!("{user}@cli")
 }
 
-/// Reads a saga id given on the command line.
-fn parse_id(text: &str) -> Result<Uuid, CliError> {
-    Uuid::parse_str(text.trim()).map_err(|_| {
-        CliError::BadArgument(format!(
-            "invalid saga id {text:?}: expected a UUID such as 0193a4f2-7c1e-7b3a-9d2e-5f6a7b8c9d0e"
-        ))
-    })
+/// A saga id as given on the command line: a whole id, or the start of one.
+#[derive(Debug)]
+enum IdArg {
+    Full(Uuid),
+    Prefix(IdPrefix),
+}
+
+/// How many candidates an ambiguous prefix names.
+const CANDIDATES_SHOWN: usize = 5;
+
+/// Reads a saga id given on the command line: a UUID, or its first 8 or more characters.
+fn parse_id(text: &str) -> Result<IdArg, CliError> {
+    if let Ok(id) = Uuid::parse_str(text.trim()) {
+        return Ok(IdArg::Full(id));
+    }
+    IdPrefix::parse(text)
+        .map(IdArg::Prefix)
+        .map_err(|e| CliError::BadArgument(e.to_string()))
+}
+
+/// The saga a command-line id names: a whole id as it is (an unknown one is reported by the
+/// command), a prefix as the one saga whose id starts with it.
+async fn resolve_id(store: &dyn Store, text: &str) -> Result<Uuid, CliError> {
+    let prefix = match parse_id(text)? {
+        IdArg::Full(id) => return Ok(id),
+        IdArg::Prefix(p) => p,
+    };
+    let ids = store
+        .saga_ids_with_prefix(&prefix, CANDIDATES_SHOWN as u32 + 1)
+        .await?;
+    match ids.as_slice() {
+        [] => Err(CliError::NoMatch(text.trim().to_owned())),
+        [id] => Ok(*id),
+        more => {
+            let mut names: Vec<String> = more
+                .iter()
+                .take(CANDIDATES_SHOWN)
+                .map(Uuid::to_string)
+                .collect();
+            if more.len() > CANDIDATES_SHOWN {
+                names.push("…".to_owned());
+            }
+            Err(CliError::Ambiguous {
+                prefix: text.trim().to_owned(),
+                candidates: names.join(", "),
+            })
+        }
+    }
 }
 
 /// A reason for an audited command: required, and not blank.
@@ -139,7 +192,12 @@ async fn load(store: &dyn Store, id: Uuid) -> Result<Saga, CliError> {
     store.get_saga(id).await?.ok_or(CliError::NotFound(id))
 }
 
-async fn list(a: &ListArgs, store: &dyn Store, out: &mut impl Write) -> Result<(), CliError> {
+async fn list(
+    a: &ListArgs,
+    store: &dyn Store,
+    out: &mut impl Write,
+    layout: &Layout,
+) -> Result<(), CliError> {
     let cursor = a
         .cursor
         .as_deref()
@@ -162,13 +220,18 @@ async fn list(a: &ListArgs, store: &dyn Store, out: &mut impl Write) -> Result<(
     if a.json {
         render::json(out, &page)?;
     } else {
-        render::saga_page(out, &page)?;
+        render::saga_page(out, &page, store.now().await?, layout)?;
     }
     Ok(())
 }
 
-async fn show(a: &ShowArgs, store: &dyn Store, out: &mut impl Write) -> Result<(), CliError> {
-    let id = parse_id(&a.id)?;
+async fn show(
+    a: &ShowArgs,
+    store: &dyn Store,
+    out: &mut impl Write,
+    layout: &Layout,
+) -> Result<(), CliError> {
+    let id = resolve_id(store, &a.id).await?;
     let saga = load(store, id).await?;
     if a.json {
         render::json(out, &saga)?;
@@ -176,7 +239,7 @@ async fn show(a: &ShowArgs, store: &dyn Store, out: &mut impl Write) -> Result<(
     }
     let attempts = store.attempts(id).await?;
     let now = store.now().await?;
-    render::saga(out, &saga, &attempts, now)?;
+    render::saga(out, &saga, &attempts, now, layout)?;
     Ok(())
 }
 
@@ -188,31 +251,42 @@ pub async fn show_with_deliveries(
     store: &dyn Store,
     outbox: &dyn OutboxStore,
     out: &mut impl Write,
+    layout: &Layout,
 ) -> Result<(), CliError> {
-    show(a, store, out).await?;
+    // Resolve a prefix once, then show exactly that saga.
+    let id = resolve_id(store, &a.id).await?;
+    let a = &ShowArgs {
+        id: id.to_string(),
+        json: a.json,
+    };
+    show(a, store, out, layout).await?;
     if !a.json {
-        let id = parse_id(&a.id)?;
         let deliveries = outbox.deliveries(id).await?;
-        render::deliveries(out, &deliveries, store.now().await?)?;
+        render::deliveries(out, &deliveries, store.now().await?, layout)?;
     }
     Ok(())
 }
 
-async fn events(a: &EventsArgs, store: &dyn Store, out: &mut impl Write) -> Result<(), CliError> {
-    let id = parse_id(&a.id)?;
+async fn events(
+    a: &EventsArgs,
+    store: &dyn Store,
+    out: &mut impl Write,
+    layout: &Layout,
+) -> Result<(), CliError> {
+    let id = resolve_id(store, &a.id).await?;
     // An empty history and an unknown saga look alike to `events`; tell them apart.
     load(store, id).await?;
     let events = store.events(id).await?;
     if a.json {
         render::json(out, &serde_json::json!({ "events": events }))?;
     } else {
-        render::events(out, &events)?;
+        render::events(out, &events, layout)?;
     }
     Ok(())
 }
 
 async fn cancel(a: &CancelArgs, store: &dyn Store, out: &mut impl Write) -> Result<(), CliError> {
-    let id = parse_id(&a.id)?;
+    let id = resolve_id(store, &a.id).await?;
     match store.request_cancel(id).await? {
         CancelOutcome::Accepted => writeln!(
             out,
@@ -237,7 +311,7 @@ async fn cancel(a: &CancelArgs, store: &dyn Store, out: &mut impl Write) -> Resu
 }
 
 async fn abort(a: &AbortArgs, store: &dyn Store, out: &mut impl Write) -> Result<(), CliError> {
-    let id = parse_id(&a.id)?;
+    let id = resolve_id(store, &a.id).await?;
     let reason = require_reason(&a.reason)?;
     let actor = actor();
     let saga = store.abort(id, reason, &actor).await?;
@@ -250,7 +324,7 @@ async fn abort(a: &AbortArgs, store: &dyn Store, out: &mut impl Write) -> Result
 }
 
 async fn retry(a: &RetryArgs, store: &dyn Store, out: &mut impl Write) -> Result<(), CliError> {
-    let id = parse_id(&a.id)?;
+    let id = resolve_id(store, &a.id).await?;
     let before = load(store, id).await?;
     let saga = store.retry_now(id, &actor()).await?;
     if before.status == SagaStatus::Failed {
@@ -278,7 +352,7 @@ async fn mark_compensated(
     store: &dyn Store,
     out: &mut impl Write,
 ) -> Result<(), CliError> {
-    let id = parse_id(&a.id)?;
+    let id = resolve_id(store, &a.id).await?;
     let reason = require_reason(&a.reason)?;
     // Check here for messages that say what would be accepted; the store checks again, in
     // the transaction that makes the change.
@@ -323,7 +397,15 @@ mod tests {
         assert!(
             matches!(parse_id("nope"), Err(CliError::BadArgument(m)) if m.contains("invalid saga id"))
         );
-        assert!(parse_id(&Uuid::nil().to_string()).is_ok());
+        assert!(matches!(
+            parse_id("01a233a"),
+            Err(CliError::BadArgument(m)) if m.contains("too short")
+        ));
+        assert!(matches!(parse_id(" 01a233a9-76 "), Ok(IdArg::Prefix(_))));
+        assert!(matches!(
+            parse_id(&Uuid::nil().to_string()),
+            Ok(IdArg::Full(_))
+        ));
         assert!(require_reason("  ").is_err());
         assert_eq!(require_reason(" done by hand ").ok(), Some("done by hand"));
         assert!(actor().ends_with("@cli"));

@@ -13,6 +13,17 @@ pub enum CliError {
     /// No saga with this id.
     #[error("saga {0} not found")]
     NotFound(Uuid),
+    /// No saga's id starts with this prefix.
+    #[error("no saga has an id starting with {0}")]
+    NoMatch(String),
+    /// Several sagas' ids start with this prefix.
+    #[error("saga id prefix {prefix} is ambiguous: it matches {candidates}; give more of the id")]
+    Ambiguous {
+        /// The prefix given.
+        prefix: String,
+        /// Some of the ids it matches, comma-separated.
+        candidates: String,
+    },
     /// The command does not apply to the saga in its current state (cancel after the pivot,
     /// abort of a finished saga, …).
     #[error("{0}")]

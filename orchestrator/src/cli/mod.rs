@@ -45,6 +45,7 @@ mod commands;
 mod definitions;
 mod error;
 mod render;
+mod table;
 
 use std::sync::Arc;
 
@@ -53,11 +54,53 @@ pub use args::{
     AbortArgs, AdminCommand, CancelArgs, DatabaseArgs, EventsArgs, ListArgs, MarkCompensatedArgs,
     RetryArgs, ShowArgs, StartArgs, WorkersArgs, DEFAULT_LIST_LIMIT, DEFAULT_SERVER,
 };
-pub use commands::{actor, run_admin, run_start, show_with_deliveries};
+pub use commands::{actor, run_admin, run_admin_with, run_start, show_with_deliveries};
 pub use definitions::run_definitions;
 pub use error::CliError;
+pub use table::Layout;
 
 use crate::store::{self, SqliteStore, Store};
+
+/// How diagnostics are written to stderr (`--log-format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Pretty,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Installs the process's tracing subscriber: logs on stderr, the level from `RUST_LOG` or else
+/// `default_filter` (`"warn"`, `"info"`), one JSON object per line when `json`.
+///
+/// Colour codes are written only when stderr is a terminal and `NO_COLOR` is unset, so logs
+/// redirected to a file or collected by a supervisor stay plain text. Every binary built on the
+/// orchestrator (the `saga` CLI, application binaries) should call this once, first thing.
+/// Does nothing if a subscriber is already installed.
+pub fn init_tracing(json: bool, default_filter: &str) {
+    use std::io::IsTerminal;
+    use tracing_subscriber::EnvFilter;
+
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    let ansi = std::io::stderr().is_terminal() && !no_color();
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(ansi && !json);
+    // An error means a subscriber is already set (a test harness, an embedding application).
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}
+
+/// Whether the user asked for no colour (<https://no-color.org>: `NO_COLOR` set and not empty).
+pub(crate) fn no_color() -> bool {
+    std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty())
+}
 
 /// Opens the store a command needs: an existing database for every command but `migrate`, which
 /// creates an SQLite file if it is missing. Opening applies pending migrations.
@@ -79,6 +122,9 @@ pub async fn open_store_for(cmd: &AdminCommand, url: &str) -> Result<Arc<dyn Sto
 
 /// Opens the database `url` names as [`open_store_for`] does and runs the command on it: the
 /// whole of an admin subcommand, for binaries. `start` runs without opening anything.
+///
+/// `out` is taken to be standard output: tables fit its width and are coloured if it is a
+/// terminal ([`Layout::for_stdout`]).
 pub async fn open_and_run(
     cmd: &AdminCommand,
     url: &str,
@@ -101,12 +147,19 @@ pub async fn open_and_run(
         } else {
             store::open_full(url).await?
         };
-        show_with_deliveries(args, stores.log.as_ref(), stores.outbox.as_ref(), out).await?;
+        show_with_deliveries(
+            args,
+            stores.log.as_ref(),
+            stores.outbox.as_ref(),
+            out,
+            &Layout::for_stdout(),
+        )
+        .await?;
         out.flush()?;
         return Ok(());
     }
     let store = open_store_for(cmd, url).await?;
-    run_admin(cmd, store.as_ref(), out).await?;
+    run_admin_with(cmd, store.as_ref(), out, &Layout::for_stdout()).await?;
     out.flush()?;
     Ok(())
 }

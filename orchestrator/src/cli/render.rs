@@ -3,17 +3,22 @@
 //! The JSON forms are the serde form of the model types, byte for byte what the HTTP API
 //! answers, so a script can switch between `saga … --json` and `curl` freely. The tables are for
 //! reading at a glance: flags beside the status, long errors truncated (the full text is in
-//! `--json`), and times in RFC 3339 UTC like everywhere else.
+//! `--json`), and times in RFC 3339 UTC like everywhere else, with how long ago beside them where
+//! that is what a reader wants to know. Tables fit the [`Layout`]'s width (see
+//! [`super::table`]) and colour statuses only when it says so.
 
 use std::io::Write;
 
-use comfy_table::{presets, CellAlignment, ContentArrangement, Table};
+use comfy_table::{Color, Table};
 use serde::Serialize;
+use unicode_width::UnicodeWidthStr;
+
+use super::table::{Fit, Grid, Layout};
 
 use crate::client::StartedSaga;
 use crate::model::{
     needs_compensation, rfc3339, Attempt, Event, Millis, PhaseRecord, Saga, SagaPage, SagaStatus,
-    SagaSummary, StepRecord, StepStatus,
+    StepRecord, StepStatus,
 };
 
 /// Longest error text shown in a table cell.
@@ -29,31 +34,25 @@ pub(crate) fn json(out: &mut impl Write, value: &impl Serialize) -> std::io::Res
     writeln!(out)
 }
 
-/// A table in the house style: light borders, no wrapping when the width is unknown.
-fn table(header: &[&str]) -> Table {
-    let mut t = Table::new();
-    t.load_preset(presets::UTF8_FULL_CONDENSED)
-        .set_content_arrangement(ContentArrangement::Disabled)
-        .set_header(header.to_vec());
-    t
-}
-
-fn align_right(t: &mut Table, columns: &[usize]) {
-    for &i in columns {
-        if let Some(c) = t.column_mut(i) {
-            c.set_cell_alignment(CellAlignment::Right);
-        }
-    }
-}
-
-/// Cuts text to `max` characters (on a character boundary), marking the cut with `…`, and
+/// Cuts text to `max` terminal columns (on a character boundary), marking the cut with `…`, and
 /// folds line breaks so that a cell stays one line.
 pub(crate) fn truncate(text: &str, max: usize) -> String {
+    use unicode_width::UnicodeWidthChar;
+
     let one_line = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    if one_line.chars().count() <= max {
+    if one_line.width() <= max {
         return one_line;
     }
-    let mut cut: String = one_line.chars().take(max.saturating_sub(1)).collect();
+    let mut cut = String::new();
+    let mut used = 0;
+    for c in one_line.chars() {
+        let w = c.width().unwrap_or(0);
+        if used + w > max.saturating_sub(1) {
+            break;
+        }
+        used += w;
+        cut.push(c);
+    }
     cut.push('…');
     cut
 }
@@ -75,6 +74,73 @@ pub(crate) fn duration(ms: Millis) -> String {
     }
 }
 
+/// A time of day (`22:11:13.631`) when `ms` falls on the same UTC day as `day_of`, else the full
+/// RFC 3339 time: the compact form of times in a table whose date is said elsewhere.
+fn clock_time(ms: Millis, day_of: Millis) -> String {
+    let full = rfc3339(ms);
+    if full.get(..10) == rfc3339(day_of).get(..10) {
+        full.get(11..23).map(str::to_owned).unwrap_or(full)
+    } else {
+        full
+    }
+}
+
+fn opt_clock_time(ms: Option<Millis>, day_of: Millis) -> String {
+    ms.map(|m| clock_time(m, day_of))
+        .unwrap_or_else(|| "-".to_owned())
+}
+
+/// How long ago, for people: `just now`, `42s ago`, `12 min ago`, `5 h ago`, `3 days ago`.
+pub(crate) fn ago(then: Millis, now: Millis) -> String {
+    let s = (now - then).max(0) / 1000;
+    match s {
+        0 => "just now".to_owned(),
+        1..=59 => format!("{s}s ago"),
+        60..=3_599 => format!("{} min ago", s / 60),
+        3_600..=172_799 => format!("{} h ago", s / 3600),
+        _ => format!("{} days ago", s / 86_400),
+    }
+}
+
+/// An absolute time with how long ago it was: `2026-11-30T10:00:00.000Z (12 min ago)`.
+fn time_and_ago(ms: Millis, now: Millis) -> String {
+    format!("{} ({})", rfc3339(ms), ago(ms, now))
+}
+
+/// The colour of a status (of a saga, a phase or a flag) on a terminal.
+fn status_colour(text: &str) -> Option<Color> {
+    let word = text.split([' ', ',']).next().unwrap_or("");
+    match word {
+        "COMPLETED" | "SUCCEEDED" | "delivered" => Some(Color::Green),
+        "FAILED" | "UNKNOWN" | "NEEDS" => Some(Color::Red),
+        "COMPENSATED" | "MANUAL" | "BLOCKED" => Some(Color::Yellow),
+        "ABORTED" => Some(Color::Magenta),
+        "RUNNING" | "COMPENSATING" | "RETRYING" => Some(Color::Cyan),
+        _ => None,
+    }
+}
+
+fn colours_of(cells: &[String]) -> Vec<Option<Color>> {
+    cells.iter().map(|c| status_colour(c)).collect()
+}
+
+/// `text` in `colour` (an ANSI escape sequence), for the lines that are not tables.
+fn paint(text: &str, colour: Option<Color>, layout: &Layout) -> String {
+    let code = match colour {
+        Some(Color::Red) => 31,
+        Some(Color::Green) => 32,
+        Some(Color::Yellow) => 33,
+        Some(Color::Magenta) => 35,
+        Some(Color::Cyan) => 36,
+        _ => return text.to_owned(),
+    };
+    if layout.colour {
+        format!("\u{1b}[{code}m{text}\u{1b}[0m")
+    } else {
+        text.to_owned()
+    }
+}
+
 /// The flags shown beside a status.
 fn flags(needs_attention: bool, blocked: bool, cancel_requested: bool) -> Vec<&'static str> {
     let mut f = Vec::new();
@@ -90,18 +156,67 @@ fn flags(needs_attention: bool, blocked: bool, cancel_requested: bool) -> Vec<&'
     f
 }
 
-/// The `list` table, then a hint for the next page.
-pub(crate) fn saga_page(out: &mut impl Write, page: &SagaPage) -> std::io::Result<()> {
+/// The `list` table, then a hint for the next page. `now` is the database clock, for the
+/// relative times.
+pub(crate) fn saga_page(
+    out: &mut impl Write,
+    page: &SagaPage,
+    now: Millis,
+    layout: &Layout,
+) -> std::io::Result<()> {
     if page.sagas.is_empty() {
         writeln!(out, "no sagas found")?;
     } else {
-        let mut t = table(&[
-            "id", "name", "version", "status", "flags", "created", "updated", "error",
-        ]);
-        align_right(&mut t, &[2]);
-        for s in &page.sagas {
-            t.add_row(summary_row(s));
-        }
+        let sagas = &page.sagas;
+        let mut g = Grid::new();
+        let id = g.column("id", sagas.iter().map(|s| s.id.to_string()).collect());
+        let name = g.column("name", sagas.iter().map(|s| s.name.clone()).collect());
+        let version = g.column(
+            "version",
+            sagas.iter().map(|s| s.version.to_string()).collect(),
+        );
+        let statuses: Vec<String> = sagas.iter().map(|s| s.status.to_string()).collect();
+        let status_colours = colours_of(&statuses);
+        let status = g.column("status", statuses);
+        let flag_cells: Vec<String> = sagas
+            .iter()
+            .map(|s| flags(s.needs_attention, s.blocked, false).join(", "))
+            .collect();
+        let flag_colours = colours_of(&flag_cells);
+        let flagged = g.column("flags", flag_cells);
+        let created = g.column(
+            "created",
+            sagas.iter().map(|s| rfc3339(s.created_at)).collect(),
+        );
+        let updated = g.column(
+            "updated",
+            sagas.iter().map(|s| ago(s.updated_at, now)).collect(),
+        );
+        let error = g.column(
+            "error",
+            sagas
+                .iter()
+                .map(|s| {
+                    s.error
+                        .as_deref()
+                        .map(|e| truncate(e, ERROR_WIDTH))
+                        .unwrap_or_default()
+                })
+                .collect(),
+        );
+        g.whole(id)
+            .flex(name, 8)
+            .flex(error, 12)
+            .right(version)
+            .colours(status, status_colours)
+            .colours(flagged, flag_colours)
+            .hide_if_empty(flagged)
+            .hide_if_empty(error);
+        // Flags (NEEDS ATTENTION) are what a narrow list must still show.
+        let t = g.render(
+            layout,
+            &[Fit::Drop(version), Fit::Drop(created), Fit::Drop(updated)],
+        );
         writeln!(out, "{t}")?;
     }
     if let Some(next) = page.next_cursor {
@@ -113,58 +228,51 @@ pub(crate) fn saga_page(out: &mut impl Write, page: &SagaPage) -> std::io::Resul
     Ok(())
 }
 
-fn summary_row(s: &SagaSummary) -> Vec<String> {
-    vec![
-        s.id.to_string(),
-        s.name.clone(),
-        s.version.to_string(),
-        s.status.to_string(),
-        flags(s.needs_attention, s.blocked, false).join(", "),
-        rfc3339(s.created_at),
-        rfc3339(s.updated_at),
-        s.error
-            .as_deref()
-            .map(|e| truncate(e, ERROR_WIDTH))
-            .unwrap_or_default(),
-    ]
-}
-
 /// The `show` view: a header, the steps table and the attempt log. `now` is the database clock,
-/// used to say how far off the next retry is.
+/// used to say how far off the next retry is and whether the lease is live.
 pub(crate) fn saga(
     out: &mut impl Write,
     saga: &Saga,
     attempts: &[Attempt],
     now: Millis,
+    layout: &Layout,
 ) -> std::io::Result<()> {
-    header(out, saga, now)?;
+    header(out, saga, now, layout)?;
     writeln!(out)?;
     writeln!(out, "Steps")?;
-    writeln!(out, "{}", steps_table(&saga.steps))?;
+    writeln!(out, "{}", steps_table(saga, now, layout))?;
     writeln!(out)?;
     if attempts.is_empty() {
         writeln!(out, "Attempts: none yet")?;
     } else {
         writeln!(out, "Attempts")?;
-        writeln!(out, "{}", attempts_table(attempts))?;
+        let live = lease_is_live(saga, now);
+        writeln!(
+            out,
+            "{}",
+            attempts_table(attempts, live, saga.created_at, layout)
+        )?;
     }
     Ok(())
 }
 
-fn header(out: &mut impl Write, s: &Saga, now: Millis) -> std::io::Result<()> {
-    let mut status = s.status.to_string();
+fn header(out: &mut impl Write, s: &Saga, now: Millis, layout: &Layout) -> std::io::Result<()> {
+    let status_text = s.status.to_string();
+    let mut status = paint(&status_text, status_colour(&status_text), layout);
     for f in flags(s.needs_attention, s.blocked, s.cancel_requested) {
         status.push_str("  ");
-        status.push_str(f);
+        status.push_str(&paint(f, status_colour(f), layout));
     }
     let hash: String = s.definition_hash.chars().take(12).collect();
-    let mut lines: Vec<(&str, String)> = vec![
-        ("Saga", s.id.to_string()),
+    // Lines that are cut to the width (the full text is in `--json`), and the rest.
+    let mut lines: Vec<(&str, String, bool)> = vec![
+        ("Saga", s.id.to_string(), false),
         (
             "Name",
             format!("{}@{} (definition {hash})", s.name, s.version),
+            true,
         ),
-        ("Status", status),
+        ("Status", status, false),
     ];
     if s.blocked {
         lines.push((
@@ -173,28 +281,34 @@ fn header(out: &mut impl Write, s: &Saga, now: Millis) -> std::io::Result<()> {
                 "no running process has definition {}; start one that registers it",
                 s.definition_key()
             ),
+            true,
         ));
     }
     if let Some(e) = &s.error {
-        lines.push(("Error", truncate(e, 200)));
+        lines.push(("Error", truncate(e, 200), true));
     }
-    lines.push(("Created", rfc3339(s.created_at)));
-    lines.push(("Updated", rfc3339(s.updated_at)));
+    lines.push(("Created", time_and_ago(s.created_at, now), false));
+    lines.push(("Updated", time_and_ago(s.updated_at, now), false));
+    let live = lease_is_live(s, now);
     if let Some(at) = s.next_run_at.filter(|_| !s.status.is_terminal()) {
-        let when = if at > now {
-            format!("in {}", duration(at - now))
-        } else {
-            format!("due now (overdue by {})", duration(now - at))
-        };
-        lines.push(("Next run", format!("{} ({when})", rfc3339(at))));
+        if at > now {
+            lines.push((
+                "Next run",
+                format!("{} (in {})", rfc3339(at), duration(at - now)),
+                true,
+            ));
+        } else if !live {
+            // Due and nobody holds it: no process has picked it up yet.
+            let when = if now - at < 1000 {
+                "due now".to_owned()
+            } else {
+                format!("due now, waiting for a process for {}", duration(now - at))
+            };
+            lines.push(("Next run", format!("{} ({when})", rfc3339(at)), true));
+        }
+        // Due under a live lease: the process holding it is running it now.
     }
-    lines.push((
-        "Lease",
-        match &s.lease_owner {
-            Some(owner) => format!("{owner} (epoch {})", s.lease_epoch),
-            None => format!("none (epoch {})", s.lease_epoch),
-        },
-    ));
+    lines.push(("Lease", lease_line(s, now), true));
     lines.push((
         "Pivot",
         if s.pivot_reached {
@@ -202,16 +316,71 @@ fn header(out: &mut impl Write, s: &Saga, now: Millis) -> std::io::Result<()> {
         } else {
             "not reached".to_owned()
         },
+        true,
     ));
-    lines.push(("Input", truncate(&s.input.to_string(), INPUT_WIDTH)));
-    if let Some(hint) = hint(s) {
-        lines.push(("Hint", hint));
+    lines.push(("Input", truncate(&s.input.to_string(), INPUT_WIDTH), true));
+    let key_width = lines.iter().map(|(k, ..)| k.len()).max().unwrap_or(0);
+    let room = layout
+        .width
+        .map(|w| usize::from(w).saturating_sub(key_width + 2));
+    for (k, v, cut) in lines {
+        let v = match room {
+            Some(room) if cut => truncate(&v, room),
+            _ => v,
+        };
+        writeln!(out, "{k:<key_width$}  {v}")?;
     }
-    let width = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
-    for (k, v) in lines {
-        writeln!(out, "{k:<width$}  {v}")?;
+    if let Some(hint) = hint(s) {
+        // A hint holds commands to copy: wrapped at the width, never cut.
+        let room = room.unwrap_or(usize::MAX).max(20);
+        for (i, line) in wrap(&hint, room).iter().enumerate() {
+            let k = if i == 0 { "Hint" } else { "" };
+            writeln!(out, "{k:<key_width$}  {line}")?;
+        }
     }
     Ok(())
+}
+
+/// Breaks text into lines of at most `width` columns at spaces (a longer word gets a line of
+/// its own).
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    let mut line = String::new();
+    for word in text.split_whitespace() {
+        if !line.is_empty() && line.width() + 1 + word.width() > width {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    if !line.is_empty() {
+        lines.push(line);
+    }
+    lines
+}
+
+/// Whether a process holds the saga's lease now: its calls in flight are running, not lost.
+fn lease_is_live(s: &Saga, now: Millis) -> bool {
+    s.lease_owner.is_some() && s.lease_expires_at.is_none_or(|at| at > now)
+}
+
+/// The lease: who holds it and for how long, or that nobody does.
+fn lease_line(s: &Saga, now: Millis) -> String {
+    let epoch = s.lease_epoch;
+    match (&s.lease_owner, s.lease_expires_at) {
+        (None, _) => format!("none (epoch {epoch})"),
+        (Some(owner), Some(at)) if at > now => format!(
+            "{owner} (epoch {epoch}, expires in {} unless renewed)",
+            duration(at - now)
+        ),
+        (Some(owner), Some(at)) => format!(
+            "{owner} (epoch {epoch}, expired {} ago: another process may take the saga over)",
+            duration(now - at)
+        ),
+        (Some(owner), None) => format!("{owner} (epoch {epoch})"),
+    }
 }
 
 /// What an operator can do about a saga that waits for a person.
@@ -246,82 +415,206 @@ fn hint(s: &Saga) -> Option<String> {
 }
 
 /// A phase status for the table: `-` where there is no compensation, and a mark when the
-/// latest attempt's outcome is unknown.
-fn phase_status(p: &PhaseRecord) -> String {
+/// latest attempt's outcome is unknown. An attempt in flight under a live lease is simply
+/// `RUNNING`; without one (its process died, or lost the lease) nobody knows what it did.
+fn phase_status(p: &PhaseRecord, live: bool) -> String {
     match p.status {
         StepStatus::None => "-".to_owned(),
         StepStatus::Unknown => p.status.to_string(),
+        StepStatus::Running if live => p.status.to_string(),
         s if p.outcome_unknown => format!("{s} (outcome unknown)"),
         s => s.to_string(),
     }
 }
 
-fn steps_table(steps: &[StepRecord]) -> Table {
-    let mut t = table(&[
-        "#",
-        "step",
-        "kind",
-        "action",
-        "attempts",
-        "compensation",
-        "comp attempts",
-        "last error",
-        "started",
-        "ended",
-    ]);
-    align_right(&mut t, &[0, 4, 6]);
-    for s in steps {
-        let no_comp = s.compensation.status == StepStatus::None;
-        // The compensation runs after the action, so its error is the more recent one.
-        let last_error = match (&s.compensation.last_error, &s.action.last_error) {
-            (Some(c), _) => format!("compensation: {}", truncate(c, ERROR_WIDTH)),
-            (None, Some(a)) => truncate(a, ERROR_WIDTH),
-            (None, None) => String::new(),
-        };
-        let ended = s.compensation.ended_at.or(s.action.ended_at);
-        t.add_row(vec![
-            s.index.to_string(),
-            s.name.clone(),
-            s.kind.to_string(),
-            phase_status(&s.action),
-            s.action.attempts.to_string(),
-            phase_status(&s.compensation),
-            if no_comp {
-                "-".to_owned()
-            } else {
-                s.compensation.attempts.to_string()
-            },
-            last_error,
-            opt_time(s.action.started_at),
-            opt_time(ended),
-        ]);
+/// The compensation's status for the table. A compensation that has not run says whether it
+/// will: `PENDING` only while the saga is going back and the step's action may have had an
+/// effect; otherwise it is not needed (or, on an aborted saga, deliberately not run).
+fn compensation_status(saga: &Saga, step: &StepRecord, live: bool) -> String {
+    if step.compensation.status != StepStatus::Pending {
+        return phase_status(&step.compensation, live);
     }
-    t
+    let pending = needs_compensation(step);
+    match saga.status {
+        SagaStatus::Compensating if pending => "PENDING".to_owned(),
+        SagaStatus::Aborted if pending => "not run (aborted)".to_owned(),
+        // Before the point of no return a later failure would still call for it.
+        SagaStatus::Queued | SagaStatus::Running if !saga.pivot_reached => {
+            "not needed yet".to_owned()
+        }
+        _ => "not needed".to_owned(),
+    }
 }
 
-fn attempts_table(attempts: &[Attempt]) -> Table {
-    let mut t = table(&[
-        "step", "phase", "#", "worker", "started", "duration", "outcome", "error",
-    ]);
-    align_right(&mut t, &[2, 5]);
-    for a in attempts {
-        t.add_row(vec![
-            format!("{} {}", a.step_index, a.step),
-            a.phase.clone(),
-            a.attempt.to_string(),
-            a.worker.clone(),
-            rfc3339(a.started_at),
-            a.ended_at
-                .map(|e| duration(e - a.started_at))
-                .unwrap_or_else(|| "-".to_owned()),
-            a.outcome.clone().unwrap_or_else(|| "running".to_owned()),
-            a.error
-                .as_deref()
-                .map(|e| truncate(e, ERROR_WIDTH))
-                .unwrap_or_default(),
-        ]);
-    }
-    t
+fn steps_table(saga: &Saga, now: Millis, layout: &Layout) -> Table {
+    let live = lease_is_live(saga, now);
+    let steps = &saga.steps;
+    let day = saga.created_at;
+    let mut g = Grid::new();
+    let index = g.column("#", steps.iter().map(|s| s.index.to_string()).collect());
+    g.column("step", steps.iter().map(|s| s.name.clone()).collect());
+    let kind = g.column("kind", steps.iter().map(|s| s.kind.to_string()).collect());
+    let actions: Vec<String> = steps
+        .iter()
+        .map(|s| phase_status(&s.action, live))
+        .collect();
+    let action_colours = colours_of(&actions);
+    let action = g.column("action", actions);
+    let tries = g.column(
+        "tries",
+        steps
+            .iter()
+            .map(|s| s.action.attempts.to_string())
+            .collect(),
+    );
+    let comps: Vec<String> = steps
+        .iter()
+        .map(|s| compensation_status(saga, s, live))
+        .collect();
+    let comp_colours = colours_of(&comps);
+    let comp = g.column("compensation", comps);
+    let comp_tries = g.column(
+        "tries",
+        steps
+            .iter()
+            .map(|s| {
+                if s.compensation.status == StepStatus::None {
+                    "-".to_owned()
+                } else {
+                    s.compensation.attempts.to_string()
+                }
+            })
+            .collect(),
+    );
+    let error = g.column(
+        "last error",
+        steps
+            .iter()
+            .map(|s| {
+                // The compensation runs after the action, so its error is the more recent one.
+                match (&s.compensation.last_error, &s.action.last_error) {
+                    (Some(c), _) => format!("compensation: {}", truncate(c, ERROR_WIDTH)),
+                    (None, Some(a)) => truncate(a, ERROR_WIDTH),
+                    (None, None) => String::new(),
+                }
+            })
+            .collect(),
+    );
+    let started = g.column(
+        "started",
+        steps
+            .iter()
+            .map(|s| opt_time(s.action.started_at))
+            .collect(),
+    );
+    let ended = g.column(
+        "ended",
+        steps.iter().map(|s| opt_time(s.action.ended_at)).collect(),
+    );
+    g.compact(
+        started,
+        steps
+            .iter()
+            .map(|s| opt_clock_time(s.action.started_at, day))
+            .collect(),
+    )
+    .compact(
+        ended,
+        steps
+            .iter()
+            .map(|s| opt_clock_time(s.action.ended_at, day))
+            .collect(),
+    )
+    .right(index)
+    .right(tries)
+    .right(comp_tries)
+    .flex(error, 16)
+    .colours(action, action_colours)
+    .colours(comp, comp_colours)
+    .hide_if_empty(error);
+    g.render(
+        layout,
+        &[
+            Fit::Compact(ended),
+            Fit::Compact(started),
+            Fit::Drop(kind),
+            Fit::Drop(comp_tries),
+            Fit::Drop(started),
+        ],
+    )
+}
+
+fn attempts_table(attempts: &[Attempt], live: bool, day: Millis, layout: &Layout) -> Table {
+    let mut g = Grid::new();
+    g.column(
+        "step",
+        attempts
+            .iter()
+            .map(|a| format!("{} {}", a.step_index, a.step))
+            .collect(),
+    );
+    g.column("phase", attempts.iter().map(|a| a.phase.clone()).collect());
+    let n = g.column(
+        "#",
+        attempts.iter().map(|a| a.attempt.to_string()).collect(),
+    );
+    let worker = g.column(
+        "worker",
+        attempts.iter().map(|a| a.worker.clone()).collect(),
+    );
+    let started = g.column(
+        "started",
+        attempts.iter().map(|a| rfc3339(a.started_at)).collect(),
+    );
+    let took = g.column(
+        "duration",
+        attempts
+            .iter()
+            .map(|a| {
+                a.ended_at
+                    .map(|e| duration(e - a.started_at))
+                    .unwrap_or_else(|| "-".to_owned())
+            })
+            .collect(),
+    );
+    g.column(
+        "outcome",
+        attempts
+            .iter()
+            .map(|a| match &a.outcome {
+                Some(o) => o.clone(),
+                None if live => "running".to_owned(),
+                None => "outcome unknown".to_owned(),
+            })
+            .collect(),
+    );
+    let error = g.column(
+        "error",
+        attempts
+            .iter()
+            .map(|a| {
+                a.error
+                    .as_deref()
+                    .map(|e| truncate(e, ERROR_WIDTH))
+                    .unwrap_or_default()
+            })
+            .collect(),
+    );
+    g.compact(
+        started,
+        attempts
+            .iter()
+            .map(|a| clock_time(a.started_at, day))
+            .collect(),
+    )
+    .right(n)
+    .right(took)
+    .flex(error, 16)
+    .hide_if_empty(error);
+    g.render(
+        layout,
+        &[Fit::Compact(started), Fit::Drop(worker), Fit::Drop(started)],
+    )
 }
 
 /// The webhook deliveries section of `show` (nothing when the saga has none). `now` is the
@@ -330,23 +623,14 @@ pub(crate) fn deliveries(
     out: &mut impl Write,
     deliveries: &[crate::store::Delivery],
     now: Millis,
+    layout: &Layout,
 ) -> std::io::Result<()> {
     if deliveries.is_empty() {
         return Ok(());
     }
-    let mut t = table(&[
-        "event",
-        "type",
-        "target",
-        "state",
-        "attempts",
-        "next / done",
-        "last",
-        "error",
-    ]);
-    align_right(&mut t, &[0, 4]);
     // Deliveries go out in order per target: a later pending one waits for the first.
     let mut first_pending: std::collections::HashMap<&str, i64> = Default::default();
+    let mut whens = Vec::new();
     for d in deliveries {
         let blocked_by = match d.state {
             crate::store::DeliveryState::Pending => {
@@ -355,7 +639,7 @@ pub(crate) fn deliveries(
             }
             _ => None,
         };
-        let when = match (d.delivered_at, d.next_attempt_at) {
+        whens.push(match (d.delivered_at, d.next_attempt_at) {
             (Some(at), _) => rfc3339(at),
             (None, Some(_)) if blocked_by.is_some() => {
                 format!("after {}", blocked_by.unwrap_or_default())
@@ -363,53 +647,108 @@ pub(crate) fn deliveries(
             (None, Some(next)) if next > now => format!("in {}", duration(next - now)),
             (None, Some(_)) => "due".to_owned(),
             (None, None) => "-".to_owned(),
-        };
-        let state = match d.state {
-            crate::store::DeliveryState::Pending => "pending",
-            crate::store::DeliveryState::Delivered => "delivered",
-            crate::store::DeliveryState::Failed => "FAILED",
-        };
-        t.add_row(vec![
-            d.event_id.to_string(),
-            d.kind.clone(),
-            truncate(&d.target, DETAIL_WIDTH),
-            state.to_owned(),
-            d.attempts.to_string(),
-            when,
-            d.last_status.map(|s| s.to_string()).unwrap_or_default(),
-            d.last_error
-                .as_deref()
-                .map(|e| truncate(e, ERROR_WIDTH))
-                .unwrap_or_default(),
-        ]);
+        });
     }
+    let mut g = Grid::new();
+    let event = g.column(
+        "event",
+        deliveries.iter().map(|d| d.event_id.to_string()).collect(),
+    );
+    g.column("type", deliveries.iter().map(|d| d.kind.clone()).collect());
+    let target = g.column(
+        "target",
+        deliveries
+            .iter()
+            .map(|d| truncate(&d.target, DETAIL_WIDTH))
+            .collect(),
+    );
+    let states: Vec<String> = deliveries
+        .iter()
+        .map(|d| {
+            match d.state {
+                crate::store::DeliveryState::Pending => "pending",
+                crate::store::DeliveryState::Delivered => "delivered",
+                crate::store::DeliveryState::Failed => "FAILED",
+            }
+            .to_owned()
+        })
+        .collect();
+    let state_colours = colours_of(&states);
+    let state = g.column("state", states);
+    let attempts = g.column(
+        "attempts",
+        deliveries.iter().map(|d| d.attempts.to_string()).collect(),
+    );
+    g.column("next / done", whens);
+    g.column(
+        "last",
+        deliveries
+            .iter()
+            .map(|d| d.last_status.map(|s| s.to_string()).unwrap_or_default())
+            .collect(),
+    );
+    let error = g.column(
+        "error",
+        deliveries
+            .iter()
+            .map(|d| {
+                d.last_error
+                    .as_deref()
+                    .map(|e| truncate(e, ERROR_WIDTH))
+                    .unwrap_or_default()
+            })
+            .collect(),
+    );
+    g.right(event)
+        .right(attempts)
+        .flex(target, 16)
+        .flex(error, 12)
+        .colours(state, state_colours)
+        .hide_if_empty(error);
+    let t = g.render(layout, &[]);
     writeln!(out)?;
     writeln!(out, "Webhook deliveries")?;
     writeln!(out, "{t}")
 }
 
 /// The `events` table.
-pub(crate) fn events(out: &mut impl Write, events: &[Event]) -> std::io::Result<()> {
-    if events.is_empty() {
+pub(crate) fn events(
+    out: &mut impl Write,
+    events: &[Event],
+    layout: &Layout,
+) -> std::io::Result<()> {
+    let Some(first) = events.first() else {
         return writeln!(out, "no events");
-    }
-    let mut t = table(&["seq", "at", "type", "step", "details"]);
-    align_right(&mut t, &[0]);
-    for e in events {
-        let details = match &e.data {
-            serde_json::Value::Null => String::new(),
-            serde_json::Value::Object(m) if m.is_empty() => String::new(),
-            v => truncate(&v.to_string(), DETAIL_WIDTH),
-        };
-        t.add_row(vec![
-            e.seq.to_string(),
-            rfc3339(e.at),
-            e.kind.clone(),
-            e.step.clone().unwrap_or_default(),
-            details,
-        ]);
-    }
-    writeln!(out, "{t}")
+    };
+    let mut g = Grid::new();
+    let seq = g.column("seq", events.iter().map(|e| e.seq.to_string()).collect());
+    let at = g.column("at", events.iter().map(|e| rfc3339(e.at)).collect());
+    g.column("type", events.iter().map(|e| e.kind.clone()).collect());
+    g.column(
+        "step",
+        events
+            .iter()
+            .map(|e| e.step.clone().unwrap_or_default())
+            .collect(),
+    );
+    let details = g.column(
+        "details",
+        events
+            .iter()
+            .map(|e| match &e.data {
+                serde_json::Value::Null => String::new(),
+                serde_json::Value::Object(m) if m.is_empty() => String::new(),
+                v => truncate(&v.to_string(), DETAIL_WIDTH),
+            })
+            .collect(),
+    );
+    g.compact(
+        at,
+        events.iter().map(|e| clock_time(e.at, first.at)).collect(),
+    )
+    .right(seq)
+    .flex(details, 20);
+    writeln!(out, "{}", g.render(layout, &[Fit::Compact(at)]))
 }
 
 /// The `workers` table: one row per orchestrator process, newest first.
@@ -417,35 +756,39 @@ pub(crate) fn workers(
     out: &mut impl Write,
     workers: &[crate::model::Worker],
     now: Millis,
+    layout: &Layout,
 ) -> std::io::Result<()> {
     if workers.is_empty() {
         return writeln!(out, "no orchestrator process has run on this database");
     }
-    let mut t = table(&[
-        "worker",
-        "host",
-        "pid",
+    let mut g = Grid::new();
+    g.column("worker", workers.iter().map(|w| w.id.clone()).collect());
+    let host = g.column("host", workers.iter().map(|w| w.host.clone()).collect());
+    let pid = g.column("pid", workers.iter().map(|w| w.pid.to_string()).collect());
+    let started = g.column(
         "started",
+        workers.iter().map(|w| rfc3339(w.started_at)).collect(),
+    );
+    let beat = g.column(
         "last heartbeat",
+        workers.iter().map(|w| rfc3339(w.heartbeat_at)).collect(),
+    );
+    g.column(
         "state",
+        workers
+            .iter()
+            .map(|w| match w.stopped_at {
+                Some(_) => "stopped".to_owned(),
+                None => format!("alive ({} ago)", duration(now - w.heartbeat_at)),
+            })
+            .collect(),
+    );
+    let leases = g.column(
         "leases",
-    ]);
-    align_right(&mut t, &[2, 6]);
-    for w in workers {
-        let state = match w.stopped_at {
-            Some(_) => "stopped".to_owned(),
-            None => format!("alive ({} ago)", duration(now - w.heartbeat_at)),
-        };
-        t.add_row(vec![
-            w.id.clone(),
-            w.host.clone(),
-            w.pid.to_string(),
-            rfc3339(w.started_at),
-            rfc3339(w.heartbeat_at),
-            state,
-            w.leases.to_string(),
-        ]);
-    }
+        workers.iter().map(|w| w.leases.to_string()).collect(),
+    );
+    g.right(pid).right(leases).flex(host, 8);
+    let t = g.render(layout, &[Fit::Drop(beat), Fit::Drop(started)]);
     writeln!(out, "{t}")
 }
 
@@ -502,6 +845,27 @@ mod tests {
         assert_eq!(truncate("short", 10), "short");
         assert_eq!(truncate("äöüäöüäöü", 4), "äöü…");
         assert_eq!(truncate("two\nlines", 20), "two lines");
+        assert_eq!(
+            truncate("漢字漢字", 5),
+            "漢字…",
+            "wide characters count twice"
+        );
+    }
+
+    #[test]
+    fn relative_and_compact_times() {
+        let t = 1_764_583_200_000;
+        assert_eq!(rfc3339(t), "2025-12-01T10:00:00.000Z");
+        assert_eq!(ago(t, t + 400), "just now");
+        assert_eq!(ago(t, t + 42_000), "42s ago");
+        assert_eq!(ago(t, t + 12 * 60_000 + 5), "12 min ago");
+        assert_eq!(ago(t, t + 5 * 3_600_000), "5 h ago");
+        assert_eq!(ago(t, t + 3 * 86_400_000), "3 days ago");
+        assert_eq!(ago(t + 5, t), "just now");
+        assert_eq!(clock_time(t + 1_234, t), "10:00:01.234");
+        assert_eq!(clock_time(t + 86_400_000, t), "2025-12-02T10:00:00.000Z");
+        assert_eq!(wrap("aa bb cc dd", 5), ["aa bb", "cc dd"]);
+        assert_eq!(wrap("a verylongword b", 4), ["a", "verylongword", "b"]);
     }
 
     #[test]

@@ -23,6 +23,7 @@ mod rows;
 mod rules;
 mod sqlite;
 mod stores;
+mod url;
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -36,6 +37,7 @@ pub use outbox::{Delivery, DeliveryState, OutboxStore};
 pub use postgres::PgStore;
 pub use sqlite::{sqlite_file, SqliteDurability, SqliteStore};
 pub use stores::{open_full, Stores};
+pub use url::redact_url;
 
 /// A saga to create.
 #[derive(Debug, Clone)]
@@ -307,9 +309,21 @@ pub enum StoreError {
         /// What was wrong.
         detail: String,
     },
-    /// The database URL is not one this build understands.
+    /// The database URL is not one this build understands (held with its password masked,
+    /// see [`redact_url`]).
     #[error("unsupported database URL {0:?}: use sqlite://PATH or postgres://…")]
     UnsupportedUrl(String),
+    /// The database server could not be reached when the store was opened: refused, timed out,
+    /// or it turned the connection down (unknown database, authentication).
+    #[error("cannot connect to {target}: {cause}")]
+    Connect {
+        /// What was dialled, for people: `PostgreSQL at host:port (database NAME)`.
+        target: String,
+        /// Why it failed, in words (`connection refused`).
+        cause: String,
+        /// Whether it may work in a moment (refused, timed out) rather than never as given.
+        transient: bool,
+    },
     /// Another orchestrator process runs the engine on this SQLite file.
     #[error("{0}")]
     InUse(String),
@@ -359,7 +373,7 @@ impl StoreError {
     /// opposed to a bug or bad data: callers may retry.
     pub fn is_transient(&self) -> bool {
         match self {
-            Self::CommitFailed { transient, .. } => *transient,
+            Self::CommitFailed { transient, .. } | Self::Connect { transient, .. } => *transient,
             // The primary code of SQLITE_BUSY (5) or SQLITE_LOCKED (6), of any extended code.
             Self::Sqlite { code: Some(c), .. } => matches!(c & 0xff, 5 | 6),
             Self::Database(e) => {
@@ -401,28 +415,6 @@ impl From<sqlx::Error> for StoreError {
 impl From<sqlx::migrate::MigrateError> for StoreError {
     fn from(e: sqlx::migrate::MigrateError) -> Self {
         Self::Migrate(e)
-    }
-}
-
-/// A database URL fit to print: its password, if any, replaced by `***`.
-///
-/// ```
-/// use orchestrator::store::display_url;
-/// assert_eq!(display_url("postgres://app:s3cret@db:5432/sagas"), "postgres://app:***@db:5432/sagas");
-/// assert_eq!(display_url("sqlite://saga.db"), "sqlite://saga.db");
-/// ```
-pub fn display_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    let Some((userinfo, host)) = authority.rsplit_once('@') else {
-        return url.to_owned();
-    };
-    match userinfo.split_once(':') {
-        Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
-        None => url.to_owned(),
     }
 }
 
@@ -474,6 +466,15 @@ pub trait Store: IdempotencyStore + OutboxStore + Send + Sync + 'static {
 
     /// A page of sagas, newest first.
     async fn list_sagas(&self, filter: &ListFilter) -> Result<SagaPage>;
+
+    /// The ids of up to `limit` sagas whose id starts with `prefix`, in id order: a range scan
+    /// of the primary key between [`IdPrefix::low`](crate::model::IdPrefix::low) and
+    /// [`IdPrefix::high`](crate::model::IdPrefix::high). Lets people type the start of an id.
+    async fn saga_ids_with_prefix(
+        &self,
+        prefix: &crate::model::IdPrefix,
+        limit: u32,
+    ) -> Result<Vec<Uuid>>;
 
     /// A saga's event history, oldest first.
     async fn events(&self, id: Uuid) -> Result<Vec<Event>>;
@@ -558,6 +559,6 @@ pub async fn open(url: &str) -> Result<std::sync::Arc<dyn Store>> {
     } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         Ok(std::sync::Arc::new(PgStore::open(url).await?))
     } else {
-        Err(StoreError::UnsupportedUrl(url.to_owned()))
+        Err(StoreError::UnsupportedUrl(redact_url(url)))
     }
 }

@@ -95,19 +95,94 @@ impl std::fmt::Debug for PgStore {
 
 const SAGA_SELECT: &str = "SELECT id::text AS id, name, version, definition_hash, status, needs_attention, \
      blocked, cancel_requested, pivot_reached, input::text AS input, output::text AS output, error, \
-     next_run_at, lease_owner, lease_epoch, created_at, updated_at FROM sagas";
+     next_run_at, lease_owner, lease_epoch, lease_expires_at, created_at, updated_at FROM sagas";
 
 const STEPS_SELECT: &str =
     "SELECT saga_id::text AS saga_id, idx, name, kind, status, attempts, last_error, \
      outcome_unknown, output::text AS output, started_at, ended_at, comp_status, comp_attempts, \
      comp_last_error, comp_outcome_unknown, comp_started_at, comp_ended_at FROM steps";
 
+/// How long the first connection of [`PgStore::open`] may take before the server is reported as
+/// unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What `opts` dials, for people: `PostgreSQL at host:port (database NAME)`; never a password.
+fn describe_target(opts: &PgConnectOptions) -> String {
+    let host = opts.get_host();
+    let at = if host.starts_with('/') {
+        // A Unix socket directory.
+        format!("{host}/.s.PGSQL.{}", opts.get_port())
+    } else if host.contains(':') {
+        format!("[{host}]:{}", opts.get_port())
+    } else {
+        format!("{host}:{}", opts.get_port())
+    };
+    match opts.get_database() {
+        Some(db) => format!("PostgreSQL at {at} (database {db})"),
+        None => format!("PostgreSQL at {at}"),
+    }
+}
+
+/// Opens and closes one connection, so that a server that is down, unreachable or refusing us
+/// is reported at once with its address and the cause.
+async fn probe_connection(opts: &PgConnectOptions) -> Result<()> {
+    use sqlx::{ConnectOptions, Connection};
+
+    let target = describe_target(opts);
+    match tokio::time::timeout(CONNECT_TIMEOUT, opts.connect()).await {
+        Err(_) => Err(StoreError::Connect {
+            target,
+            cause: format!(
+                "no answer within {}s (is the host reachable?)",
+                CONNECT_TIMEOUT.as_secs()
+            ),
+            transient: true,
+        }),
+        Ok(Ok(conn)) => {
+            // Closing politely is a courtesy to the server; failing to is no reason to stop.
+            let _ = conn.close().await;
+            Ok(())
+        }
+        Ok(Err(e)) => Err(connect_error(target, e)),
+    }
+}
+
+/// A failed first connection as a [`StoreError::Connect`] that says why in plain words.
+fn connect_error(target: String, e: sqlx::Error) -> StoreError {
+    use std::io::ErrorKind;
+
+    let (cause, transient) = match &e {
+        sqlx::Error::Io(io) => {
+            let cause = match io.kind() {
+                ErrorKind::ConnectionRefused => "connection refused (is PostgreSQL running \
+                     and listening there?)"
+                    .to_owned(),
+                ErrorKind::TimedOut => "connection timed out".to_owned(),
+                ErrorKind::NotFound => "no such socket (is PostgreSQL running?)".to_owned(),
+                _ => io.to_string(),
+            };
+            (cause, true)
+        }
+        sqlx::Error::Tls(t) => (format!("TLS failed: {t}"), false),
+        sqlx::Error::Database(d) => (d.message().to_owned(), false),
+        other => (other.to_string(), false),
+    };
+    StoreError::Connect {
+        target,
+        cause,
+        transient,
+    }
+}
+
 impl PgStore {
     /// Connects to the database a `postgres://` URL names and applies migrations.
     pub async fn open(url: &str) -> Result<Self> {
         let opts: PgConnectOptions = url
             .parse()
-            .map_err(|_| StoreError::UnsupportedUrl(url.to_owned()))?;
+            .map_err(|_| StoreError::UnsupportedUrl(super::redact_url(url)))?;
+        // One direct connection first: the pool would retry a refused connection until its
+        // acquire timeout and then report only "pool timed out", hiding the cause.
+        probe_connection(&opts).await?;
         let pool = PgPoolOptions::new()
             .max_connections(16)
             .min_connections(1)
@@ -445,6 +520,31 @@ impl Store for PgStore {
                 .fetch_optional(&self.pool)
                 .await?;
         status.map(|s| parse_enum(&id.to_string(), &s)).transpose()
+    }
+
+    async fn saga_ids_with_prefix(
+        &self,
+        prefix: &crate::model::IdPrefix,
+        limit: u32,
+    ) -> Result<Vec<Uuid>> {
+        // `uuid` compares byte by byte, that is in the order of its hexadecimal digits.
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT id::text FROM sagas WHERE id >= $1::uuid AND id <= $2::uuid \
+             ORDER BY id LIMIT $3",
+        )
+        .bind(prefix.low().to_string())
+        .bind(prefix.high().to_string())
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await?;
+        ids.iter()
+            .map(|t| {
+                Uuid::parse_str(t).map_err(|e| StoreError::Corrupt {
+                    saga: t.clone(),
+                    detail: e.to_string(),
+                })
+            })
+            .collect()
     }
 
     async fn list_sagas(&self, filter: &ListFilter) -> Result<SagaPage> {

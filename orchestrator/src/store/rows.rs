@@ -95,6 +95,7 @@ pub(super) fn saga_from_row<R: LogRow>(row: &R, steps: Vec<StepRecord>) -> Resul
         next_run_at: row.get("next_run_at")?,
         lease_owner: row.get("lease_owner")?,
         lease_epoch: row.get("lease_epoch")?,
+        lease_expires_at: row.get("lease_expires_at")?,
         created_at: row.get("created_at")?,
         updated_at: row.get("updated_at")?,
         steps,
@@ -209,6 +210,8 @@ pub(super) fn new_saga_record(new: NewSaga, now: Millis, owner: Option<String>) 
         next_run_at: Some(now),
         lease_epoch: i64::from(owner.is_some()),
         lease_owner: owner,
+        // Known to the writer only: the lease runs on the store's clock from the commit.
+        lease_expires_at: None,
         created_at: now,
         updated_at: now,
         steps,

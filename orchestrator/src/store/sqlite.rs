@@ -141,7 +141,7 @@ impl SqliteStore {
     ) -> Result<Self> {
         let (base, durability) = split_durability(url)?;
         let opts = SqliteConnectOptions::from_str(&base)
-            .map_err(|_| StoreError::UnsupportedUrl(url.to_owned()))?
+            .map_err(|_| StoreError::UnsupportedUrl(super::redact_url(url)))?
             .create_if_missing(create)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(match durability {
@@ -163,9 +163,12 @@ impl SqliteStore {
         let path = opts.get_filename().to_owned();
         let in_memory = base.contains(":memory:") || path.as_os_str().is_empty();
         if !create && !in_memory && !path.exists() {
+            // The absolute path: a relative one is relative to a working directory the reader
+            // of the message may not know.
+            let shown = std::path::absolute(&path).unwrap_or_else(|_| path.clone());
             return Err(StoreError::Io(format!(
                 "database {} does not exist (start the server or run `saga migrate` to create it)",
-                path.display()
+                shown.display()
             )));
         }
         let writer = SqlitePoolOptions::new()
@@ -320,7 +323,7 @@ fn split_durability(url: &str) -> Result<(String, SqliteDurability)> {
             "synchronous=full" => durability = SqliteDurability::Full,
             "synchronous=normal" => durability = SqliteDurability::Normal,
             p if p.starts_with("synchronous=") => {
-                return Err(StoreError::UnsupportedUrl(url.to_owned()))
+                return Err(StoreError::UnsupportedUrl(super::redact_url(url)))
             }
             _ => rest.push(pair),
         }
@@ -342,7 +345,8 @@ const SAGA_COLUMNS: &str = "id, name, version, definition_hash, status, needs_at
      cancel_requested, pivot_reached, input, output, error, next_run_at, lease_owner, lease_epoch, created_at, updated_at";
 
 const SELECT_SAGA: &str = "SELECT id, name, version, definition_hash, status, needs_attention, blocked, \
-     cancel_requested, pivot_reached, input, output, error, next_run_at, lease_owner, lease_epoch, created_at, updated_at \
+     cancel_requested, pivot_reached, input, output, error, next_run_at, lease_owner, lease_epoch, lease_expires_at, \
+     created_at, updated_at \
      FROM sagas WHERE id = ?1";
 
 const SELECT_STEPS: &str =
@@ -574,6 +578,30 @@ impl Store for SqliteStore {
             .fetch_optional(&self.reader)
             .await?;
         status.map(|s| parse_enum(&id.to_string(), &s)).transpose()
+    }
+
+    async fn saga_ids_with_prefix(
+        &self,
+        prefix: &crate::model::IdPrefix,
+        limit: u32,
+    ) -> Result<Vec<Uuid>> {
+        // Ids are stored as lower-case hyphenated text, which sorts like the id's digits.
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT id FROM sagas WHERE id >= ?1 AND id <= ?2 ORDER BY id LIMIT ?3",
+        )
+        .bind(prefix.low().to_string())
+        .bind(prefix.high().to_string())
+        .bind(i64::from(limit))
+        .fetch_all(&self.reader)
+        .await?;
+        ids.iter()
+            .map(|t| {
+                Uuid::parse_str(t).map_err(|e| StoreError::Corrupt {
+                    saga: t.clone(),
+                    detail: e.to_string(),
+                })
+            })
+            .collect()
     }
 
     async fn list_sagas(&self, filter: &ListFilter) -> Result<SagaPage> {
