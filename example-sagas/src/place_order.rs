@@ -103,11 +103,14 @@ pub(crate) fn short_id(prefix: &str, ctx: &StepContext) -> String {
 
 /// The `place_order` definition, its participants working against `shop`.
 ///
-/// ```no_run
-/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = tempfile::tempdir()?;
+/// # let url = format!("sqlite://{}", dir.path().join("shop.db").display());
 /// use std::sync::Arc;
 /// use example_sagas::{place_order::place_order, shop::Shop};
-/// let shop = Arc::new(Shop::open("sqlite://shop.db").await?);
+/// let shop = Arc::new(Shop::open(&url).await?); // e.g. "sqlite://shop.db"
 /// let def = place_order(shop)?;
 /// assert_eq!(def.steps().len(), 3);
 /// # Ok(()) }

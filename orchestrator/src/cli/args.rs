@@ -31,7 +31,7 @@ pub struct DatabaseArgs {
 /// An application binary embeds them next to its own commands (`serve`, `start`) with
 /// `#[command(flatten)]`:
 ///
-/// ```no_run
+/// ```
 /// use clap::{Parser, Subcommand};
 /// use orchestrator::cli::{AdminCommand, DatabaseArgs};
 ///
@@ -50,6 +50,9 @@ pub struct DatabaseArgs {
 ///     #[command(flatten)]
 ///     Admin(AdminCommand),
 /// }
+///
+/// let cli = Cli::parse_from(["my-app", "show", "0193a4f2"]);
+/// assert!(matches!(cli.cmd, Command::Admin(AdminCommand::Show(_))));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, clap::Subcommand)]
 pub enum AdminCommand {

@@ -8,9 +8,11 @@
 //! tests drive it with a `Vec<u8>`, binaries with stdout. An application binary that also runs
 //! the server embeds the same commands in its own parser:
 //!
-//! ```no_run
+//! ```
 //! use clap::{Parser, Subcommand};
 //! use orchestrator::cli::{self, AdminCommand, DatabaseArgs};
+//! use orchestrator::{Orchestrator, ServeArgs};
+//! # use saga_dsl::Registry;
 //!
 //! #[derive(Parser)]
 //! struct Cli {
@@ -23,18 +25,32 @@
 //! #[derive(Subcommand)]
 //! enum Command {
 //!     /// Run the HTTP API and the engine.
-//!     Serve,
+//!     Serve(ServeArgs),
 //!     #[command(flatten)]
 //!     Admin(AdminCommand),
 //! }
 //!
-//! # async fn demo() -> Result<(), cli::CliError> {
-//! let args = Cli::parse();
-//! if let Command::Admin(cmd) = &args.cmd {
-//!     let store = cli::open_store_for(cmd, &args.db.database_url).await?;
-//!     cli::run_admin(cmd, store.as_ref(), &mut std::io::stdout().lock()).await?;
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> anyhow::Result<()> {
+//! # let dir = tempfile::tempdir()?;
+//! # let url = format!("sqlite://{}", dir.path().join("saga.db").display());
+//! # let registry = Registry::new();
+//! // `my-app migrate` here; `Cli::parse()` in a real binary.
+//! let args = Cli::parse_from(["my-app", "--database-url", &url, "migrate"]);
+//! match &args.cmd {
+//!     Command::Serve(serve) => {
+//!         Orchestrator::builder(registry)
+//!             .database_url(&args.db.database_url)
+//!             .args(serve)
+//!             .serve()
+//!             .await?
+//!     }
+//!     Command::Admin(cmd) => {
+//!         cli::open_and_run(cmd, &args.db.database_url, &mut std::io::stdout()).await?
+//!     }
 //! }
-//! # Ok(()) }
+//! # Ok(())
+//! # }
 //! ```
 //!
 //! Every command but `migrate` refuses to create a database: a mistyped path answers
