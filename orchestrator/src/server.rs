@@ -188,13 +188,16 @@ impl OrchestratorBuilder {
         self
     }
 
-    /// The HTTP API's settings (auth token, body limit, waits, idempotency keys).
+    /// The HTTP API's settings (auth token, body limit, waits, idempotency keys). They replace
+    /// the defaults whole, the token read from `SAGA_API_TOKEN` included: set `api_token` in
+    /// `config` to keep one.
     pub fn http_config(mut self, config: HttpConfig) -> Self {
         self.http = config;
         self
     }
 
-    /// The webhook relay's settings (global subscribers, signing secret, retries).
+    /// The webhook relay's settings (global subscribers, signing secret, retries). They
+    /// replace the defaults whole, the secret read from `SAGA_WEBHOOK_SECRET` included.
     pub fn webhooks(mut self, config: WebhookConfig) -> Self {
         self.webhooks = config;
         self
