@@ -13,7 +13,9 @@ pid=""
 # A server left running by a failed step would skew every later figure on this machine.
 trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null || true' EXIT
 for run in $(seq 1 "$runs"); do
-    for build in old new; do
+    # Odd runs old first, even runs new first: drift within a run favours neither build.
+    order="old new"; [ $((run % 2)) = 0 ] && order="new old"
+    for build in $order; do
         bin="$old"; [ "$build" = new ] && bin="$new"
         for n in 1 16 64; do
             sagas=$(( n == 1 ? 3000 : 20000 ))
