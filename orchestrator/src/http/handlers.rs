@@ -258,28 +258,28 @@ pub(crate) async fn start_saga(
             false,
         ));
     };
-    // The wait and the saving of its answer run in their own task: a client that hangs up
-    // does not leave its idempotency key in progress for good.
-    let task = {
-        let state = state.clone();
-        tokio::spawn(async move {
-            let (status, body) = final_answer(&state, started, wait).await;
-            let saved = SavedResponse {
-                status_code: status.as_u16(),
-                body,
-            };
-            if let Some(pending) = pending {
+    let (status, body) = match pending {
+        None => final_answer(&state, started, wait).await,
+        // The wait and the saving of its answer run in their own task: a client that hangs
+        // up does not leave its idempotency key in progress for good.
+        Some(pending) => {
+            let state = state.clone();
+            let task = tokio::spawn(async move {
+                let (status, body) = final_answer(&state, started, wait).await;
+                let saved = SavedResponse {
+                    status_code: status.as_u16(),
+                    body,
+                };
                 if let Err(e) = pending.save(&saved).await {
                     tracing::warn!(error = %e, "cannot save the answer of an idempotent start; \
                                    its key will be answered 202 once abandoned");
                 }
-            }
-            saved
-        })
+                (status, saved.body)
+            });
+            task.await.map_err(ApiError::internal)?
+        }
     };
-    let saved = task.await.map_err(ApiError::internal)?;
-    let status = StatusCode::from_u16(saved.status_code).unwrap_or(StatusCode::ACCEPTED);
-    let mut response = json_answer(status, location, saved.body, false);
+    let mut response = json_answer(status, location, body, false);
     response.headers_mut().extend(applied_headers(wait));
     Ok(response)
 }
