@@ -270,6 +270,7 @@ impl OrchestratorBuilder {
         let signal = self.signals.then(shutdown_signal);
         let database = match sqlite_file(&self.database_url) {
             Some(path) => format!("{} (SQLite)", path.display()),
+            None if self.database_url.starts_with("sqlite:") => format!("{shown_url} (SQLite)"),
             None => format!("{shown_url} (PostgreSQL)"),
         };
         tracing::info!(%database, %addr, workers = self.engine.workers, "serving");
