@@ -29,7 +29,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::batch::{Item, NewItem};
 use super::idempotency::{IdempotentStart, KeyedItem};
 use super::rows::new_saga_record;
-use super::{Applied, Claimed, Lease, NewSaga, Result, Saga, StoreError, Transition};
+use super::{Applied, Claimed, Lease, LeaseRequest, NewSaga, Result, Saga, StoreError, Transition};
 use crate::clock::Clock;
 use crate::model::Millis;
 
@@ -239,8 +239,8 @@ where
         answer.await.map_err(|_| stopped())?
     }
 
-    /// Creates a saga (leased to `lease.0` for `lease.1` ms if given), group-committed.
-    pub(crate) async fn create(&self, new: NewSaga, lease: Option<(String, i64)>) -> Result<Saga> {
+    /// Creates a saga (leased as `lease` asks, if given), group-committed.
+    pub(crate) async fn create(&self, new: NewSaga, lease: Option<LeaseRequest>) -> Result<Saga> {
         let (reply, answer) = oneshot::channel();
         self.tx
             .send(Job::Create {
@@ -251,20 +251,18 @@ where
         answer.await.map_err(|_| stopped())?
     }
 
-    /// Creates a saga already leased to `owner` (epoch 1), group-committed, with its lease.
+    /// Creates a saga already leased as `lease` asks (epoch 1), group-committed, with the
+    /// lease granted.
     pub(crate) async fn create_leased(
         &self,
         new: NewSaga,
-        owner: &str,
-        lease_ttl_ms: i64,
+        lease: &LeaseRequest,
     ) -> Result<Claimed> {
-        let saga = self
-            .create(new, Some((owner.to_owned(), lease_ttl_ms)))
-            .await?;
+        let saga = self.create(new, Some(lease.clone())).await?;
         Ok(Claimed {
             lease: Lease {
                 saga_id: saga.id,
-                owner: owner.to_owned(),
+                owner: lease.owner.clone(),
                 epoch: saga.lease_epoch,
             },
             saga,
@@ -520,7 +518,7 @@ struct Outcome {
 
 /// The record of a saga just created, with the lease it was created under.
 fn created_record(item: NewItem, now: Millis) -> Saga {
-    new_saga_record(item.new, now, item.lease.map(|(owner, _)| owner))
+    new_saga_record(item.new, now, item.lease.map(|l| l.owner))
 }
 
 /// Runs one batch in one transaction: `(committed, result of each transition)`. On `Err`

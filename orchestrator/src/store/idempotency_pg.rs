@@ -13,7 +13,7 @@ use super::idempotency::{
 };
 use super::postgres::insert_saga_rows;
 use super::rows::new_saga_record;
-use super::{NewSaga, PgStore, Result, StoreError};
+use super::{LeaseRequest, NewSaga, PgStore, Result, StoreError};
 use crate::model::{Millis, Saga};
 
 /// How often a start retries when the key it conflicted with vanished before it could read it
@@ -42,7 +42,7 @@ impl IdempotencyStore for PgStore {
         new: NewSaga,
         callback: Option<&Callback>,
         response: Option<&SavedResponse>,
-        lease: Option<(&str, i64)>,
+        lease: Option<&LeaseRequest>,
     ) -> Result<IdempotentStart> {
         for _ in 0..MAX_ROUNDS {
             let mut tx = self.pool().begin().await?;
@@ -79,7 +79,7 @@ impl IdempotencyStore for PgStore {
                 return Ok(IdempotentStart::Created(Box::new(new_saga_record(
                     new,
                     now,
-                    lease.map(|(owner, _)| owner.to_owned()),
+                    lease.map(|l| l.owner.clone()),
                 ))));
             }
             tx.rollback().await?;
@@ -105,17 +105,13 @@ impl IdempotencyStore for PgStore {
         &self,
         new: NewSaga,
         callback: &Callback,
-        lease: Option<(&str, i64)>,
+        lease: Option<&LeaseRequest>,
     ) -> Result<Saga> {
         let mut tx = self.pool().begin().await?;
         let now = insert_saga_rows(&mut tx, &new, lease).await?;
         insert_callback(&mut tx, new.id, callback).await?;
         tx.commit().await?;
-        Ok(new_saga_record(
-            new,
-            now,
-            lease.map(|(owner, _)| owner.to_owned()),
-        ))
+        Ok(new_saga_record(new, now, lease.map(|l| l.owner.clone())))
     }
 
     async fn complete_idempotent(

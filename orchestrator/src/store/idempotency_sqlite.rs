@@ -16,7 +16,7 @@ use super::idempotency::{
     SavedResponse, StoredKey,
 };
 use super::rows::new_saga_record;
-use super::{NewSaga, Result, SqliteStore};
+use super::{LeaseRequest, NewSaga, Result, SqliteStore};
 use crate::model::{Millis, Saga};
 
 /// An expired key the sweeper has not removed yet is as good as gone.
@@ -95,7 +95,7 @@ fn keyed_start(db: &Connection, now: Millis, item: &KeyedItem) -> Result<Idempot
         return Ok(IdempotentStart::Created(Box::new(new_saga_record(
             item.new.clone(),
             now,
-            item.lease.as_ref().map(|(owner, _)| owner.clone()),
+            item.lease.as_ref().map(|l| l.owner.clone()),
         ))));
     }
     // The key existed (and cannot change: we hold the write lock); nothing was written.
@@ -132,7 +132,7 @@ impl IdempotencyStore for SqliteStore {
         new: NewSaga,
         callback: Option<&Callback>,
         response: Option<&SavedResponse>,
-        lease: Option<(&str, i64)>,
+        lease: Option<&LeaseRequest>,
     ) -> Result<IdempotentStart> {
         self.queue()
             .keyed(KeyedItem {
@@ -140,7 +140,7 @@ impl IdempotencyStore for SqliteStore {
                 new,
                 callback: callback.cloned(),
                 response: response.cloned(),
-                lease: lease.map(|(owner, ttl)| (owner.to_owned(), ttl)),
+                lease: lease.cloned(),
             })
             .await
     }
@@ -149,10 +149,10 @@ impl IdempotencyStore for SqliteStore {
         &self,
         new: NewSaga,
         callback: &Callback,
-        lease: Option<(&str, i64)>,
+        lease: Option<&LeaseRequest>,
     ) -> Result<Saga> {
         let callback = callback.clone();
-        let lease = lease.map(|(owner, ttl)| (owner.to_owned(), ttl));
+        let lease = lease.cloned();
         self.queue()
             .run(move |conn, now| {
                 Box::pin(async move {
@@ -161,7 +161,7 @@ impl IdempotencyStore for SqliteStore {
                         create_callback(db, &new.id, &callback)
                     })
                     .await?;
-                    Ok(new_saga_record(new, now, lease.map(|(owner, _)| owner)))
+                    Ok(new_saga_record(new, now, lease.map(|l| l.owner)))
                 })
             })
             .await

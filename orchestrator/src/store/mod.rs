@@ -114,6 +114,28 @@ pub struct Lease {
     pub epoch: i64,
 }
 
+/// The lease a saga is created with, so the process that starts it can drive it without a
+/// claim: the worker it goes to and how long it lasts without a heartbeat. What is asked for,
+/// not the fencing token the store grants in return ([`Lease`], which adds the saga and its
+/// epoch).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRequest {
+    /// The worker to hold it (its id, also the lease owner).
+    pub owner: String,
+    /// How long the lease lasts without a heartbeat, in milliseconds.
+    pub ttl_ms: i64,
+}
+
+impl LeaseRequest {
+    /// A lease for `owner` lasting `ttl_ms` without a heartbeat.
+    pub fn new(owner: impl Into<String>, ttl_ms: i64) -> Self {
+        Self {
+            owner: owner.into(),
+            ttl_ms,
+        }
+    }
+}
+
 /// A saga claimed by a worker, with its lease.
 #[derive(Debug, Clone)]
 pub struct Claimed {
@@ -446,15 +468,10 @@ pub trait Store: IdempotencyStore + OutboxStore + Send + Sync + 'static {
     /// `saga.started` event, in one transaction.
     async fn create_saga(&self, new: NewSaga) -> Result<Saga>;
 
-    /// Creates a saga already leased to `owner` (epoch 1), so the process that starts it can
-    /// drive it at once without a claim; otherwise as [`Store::create_saga`], except that with
-    /// [`NewSaga::first_attempt`] it is created `RUNNING`, its first action written ahead.
-    async fn create_saga_leased(
-        &self,
-        new: NewSaga,
-        owner: &str,
-        lease_ttl_ms: i64,
-    ) -> Result<Claimed>;
+    /// Creates a saga already leased as `lease` asks (epoch 1), so the process that starts it
+    /// can drive it at once without a claim; otherwise as [`Store::create_saga`], except that
+    /// with [`NewSaga::first_attempt`] it is created `RUNNING`, its first action written ahead.
+    async fn create_saga_leased(&self, new: NewSaga, lease: &LeaseRequest) -> Result<Claimed>;
 
     /// Reads one saga with its steps.
     async fn get_saga(&self, id: Uuid) -> Result<Option<Saga>>;

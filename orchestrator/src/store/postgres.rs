@@ -30,8 +30,8 @@ use super::rows::{
 };
 use super::rules::{cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan};
 use super::{
-    Applied, CancelOutcome, ClaimRequest, Claimed, Lease, NewSaga, Result, Store, StoreError,
-    Transition, WorkerInfo,
+    Applied, CancelOutcome, ClaimRequest, Claimed, Lease, LeaseRequest, NewSaga, Result, Store,
+    StoreError, Transition, WorkerInfo,
 };
 use crate::model::{Attempt, Event, ListFilter, Millis, Saga, SagaPage, SagaStatus, StepRecord};
 
@@ -418,14 +418,13 @@ async fn listen_loop(
 
 /// Writes a new saga (due now on the database clock), its steps and its `saga.started` event
 /// inside the caller's transaction, with the statement of a batch of creates
-/// ([`batch::postgres::insert_saga`]): leased to `lease`'s owner (`(owner, ttl in ms)`) if
-/// given, with its first action written ahead if [`NewSaga::first_attempt`] asks, and waking
+/// ([`batch::postgres::insert_saga`]): leased as `lease` asks if given, with its first action written ahead if [`NewSaga::first_attempt`] asks, and waking
 /// the workers on commit if unleased. Returns the creation time. Shared by the starts that
 /// record more in the same transaction (a key, a callback).
 pub(crate) async fn insert_saga_rows(
     tx: &mut Transaction<'static, Postgres>,
     new: &NewSaga,
-    lease: Option<(&str, i64)>,
+    lease: Option<&LeaseRequest>,
 ) -> Result<Millis> {
     let now: i64 = sqlx::query_scalar("SELECT saga_now_ms()")
         .fetch_one(&mut **tx)
@@ -500,13 +499,8 @@ impl Store for PgStore {
         self.queue.create(new, None).await
     }
 
-    async fn create_saga_leased(
-        &self,
-        new: NewSaga,
-        owner: &str,
-        lease_ttl_ms: i64,
-    ) -> Result<Claimed> {
-        self.queue.create_leased(new, owner, lease_ttl_ms).await
+    async fn create_saga_leased(&self, new: NewSaga, lease: &LeaseRequest) -> Result<Claimed> {
+        self.queue.create_leased(new, lease).await
     }
 
     async fn get_saga(&self, id: Uuid) -> Result<Option<Saga>> {

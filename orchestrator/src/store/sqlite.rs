@@ -31,8 +31,8 @@ use super::rows::{
 };
 use super::rules::{cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan};
 use super::{
-    Applied, CancelOutcome, ClaimRequest, Claimed, Lease, NewSaga, Result, Store, StoreError,
-    Transition, WorkerInfo,
+    Applied, CancelOutcome, ClaimRequest, Claimed, Lease, LeaseRequest, NewSaga, Result, Store,
+    StoreError, Transition, WorkerInfo,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::model::{Attempt, Event, ListFilter, Millis, Saga, SagaPage, SagaStatus};
@@ -559,13 +559,8 @@ impl Store for SqliteStore {
         self.queue.create(new, None).await
     }
 
-    async fn create_saga_leased(
-        &self,
-        new: NewSaga,
-        owner: &str,
-        lease_ttl_ms: i64,
-    ) -> Result<Claimed> {
-        self.queue.create_leased(new, owner, lease_ttl_ms).await
+    async fn create_saga_leased(&self, new: NewSaga, lease: &LeaseRequest) -> Result<Claimed> {
+        self.queue.create_leased(new, lease).await
     }
 
     async fn get_saga(&self, id: Uuid) -> Result<Option<Saga>> {

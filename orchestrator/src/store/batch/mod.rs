@@ -33,7 +33,7 @@ use std::collections::{HashMap, HashSet};
 
 use uuid::Uuid;
 
-use super::{Applied, Lease, NewSaga, Result, StoreError, Transition};
+use super::{Applied, Lease, LeaseRequest, NewSaga, Result, StoreError, Transition};
 use crate::store::rows::{corrupt, LogRow};
 
 /// One transition to apply, with its lease.
@@ -44,9 +44,9 @@ pub(crate) type Item = (Lease, Transition);
 pub(crate) struct NewItem {
     /// The saga.
     pub(crate) new: NewSaga,
-    /// `(owner, lease ttl in ms)`: created with lease epoch 1, so its creator drives it at
-    /// once without a claim.
-    pub(crate) lease: Option<(String, i64)>,
+    /// Created with lease epoch 1 as this asks, so its creator drives it at once without a
+    /// claim.
+    pub(crate) lease: Option<LeaseRequest>,
 }
 
 /// The leases the fence let through, `(saga, epoch)`, from the rows the fencing `UPDATE`

@@ -19,7 +19,7 @@ use crate::model::Millis;
 use crate::store::group_commit::{BoxFuture, Whole};
 use crate::store::idempotency::KeyedItem;
 use crate::store::rows::LogRow;
-use crate::store::{Applied, NewSaga, Result, StoreError};
+use crate::store::{Applied, LeaseRequest, NewSaga, Result, StoreError};
 
 /// The row sources of a batch of transitions, over the next parameters.
 struct ApplySources {
@@ -298,15 +298,15 @@ pub(crate) async fn whole_batch(
     Ok((applied, now))
 }
 
-/// Creates one saga, its steps and its `saga.started` event at `now`, leased to `lease`'s
-/// owner (`(owner, ttl in ms)`) if given, inside the caller's transaction: the statement of
+/// Creates one saga, its steps and its `saga.started` event at `now`, leased as `lease` asks
+/// if given, inside the caller's transaction: the statement of
 /// [`insert_sagas`], for the starts that record more in the same transaction. An unleased
 /// saga wakes the workers on commit.
 pub(crate) async fn insert_saga(
     conn: &mut PgConnection,
     now: Millis,
     new: &NewSaga,
-    lease: Option<(&str, i64)>,
+    lease: Option<&LeaseRequest>,
 ) -> Result<()> {
     CreateCols::of_sagas([(new, lease)])
         .bind(sqlx::query(&CREATE).bind(now))
