@@ -125,6 +125,9 @@ pub enum EngineError {
     /// The store failed at start or shutdown.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// [`Engine::run`] was called while this engine already runs (it runs once at a time).
+    #[error("this engine is already running")]
+    AlreadyRunning,
 }
 
 /// A worker slot of this process taken for a saga about to be created: see
@@ -466,7 +469,7 @@ impl Engine {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take()
-            .ok_or_else(|| StoreError::Conflict("this engine is already running".to_owned()))?;
+            .ok_or(EngineError::AlreadyRunning)?;
         inner
             .running
             .store(true, std::sync::atomic::Ordering::Release);
