@@ -32,6 +32,7 @@ use super::rows::new_saga_record;
 use super::{Applied, Claimed, Lease, LeaseRequest, NewSaga, Result, Saga, StoreError, Transition};
 use crate::clock::Clock;
 use crate::model::Millis;
+use crate::store::SqlxResultExt;
 
 /// A boxed future borrowing the writer's connection.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -187,7 +188,7 @@ pub(crate) struct WriteQueue<DB: Database> {
 }
 
 fn stopped() -> StoreError {
-    StoreError::Io("the step-log writer has stopped".to_owned())
+    StoreError::io("the step-log writer has stopped")
 }
 
 impl<DB: Database> WriteQueue<DB>
@@ -304,7 +305,7 @@ where
                 let answer = match (commit, result) {
                     (Err(e), _) => Err(e),
                     (Ok(()), Some(result)) => result,
-                    (Ok(()), None) => Err(StoreError::Io("a queued write never ran".to_owned())),
+                    (Ok(()), None) => Err(StoreError::io("a queued write never ran")),
                 };
                 let _ = reply.send(answer);
             }),
@@ -316,17 +317,14 @@ where
 
 /// The same failure for every write of a batch (errors are not `Clone`).
 fn shared_failure(e: &StoreError) -> StoreError {
-    StoreError::CommitFailed {
-        message: e.to_string(),
-        transient: e.is_transient(),
-    }
+    StoreError::commit_failed(e.to_string(), e.is_transient())
 }
 
 async fn exec<DB: Database>(conn: &mut DB::Connection, sql: &str) -> Result<()>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
 {
-    conn.execute(sql).await?;
+    conn.execute(sql).await.db()?;
     Ok(())
 }
 
@@ -421,7 +419,7 @@ async fn writer<DB: Database, C: WriterCache<DB>>(
         }
         let mut conn = match held.take() {
             Some(conn) => Ok(conn),
-            None => pool.acquire().await.map_err(StoreError::from),
+            None => pool.acquire().await.map_err(StoreError::from_sqlx),
         };
         let batch = Batch {
             runs,
@@ -566,7 +564,7 @@ where
         conn.fetch_one(backend.begin)
             .await
             .and_then(|row| row.try_get(0))
-            .map_err(StoreError::from)
+            .map_err(StoreError::from_sqlx)
     } else {
         exec::<DB>(conn, backend.begin)
             .await
@@ -629,8 +627,8 @@ where
         (false, None) => keyed
             .iter()
             .map(|_| {
-                Err(StoreError::Io(
-                    "this store does not queue idempotent starts".to_owned(),
+                Err(StoreError::io(
+                    "this store does not queue idempotent starts",
                 ))
             })
             .collect(),

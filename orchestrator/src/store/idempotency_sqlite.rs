@@ -18,6 +18,7 @@ use super::idempotency::{
 use super::rows::new_saga_record;
 use super::{LeaseRequest, NewSaga, Result, SqliteStore};
 use crate::model::{Millis, Saga};
+use crate::store::SqlxResultExt;
 
 /// An expired key the sweeper has not removed yet is as good as gone.
 const DROP_EXPIRED: &str =
@@ -117,7 +118,7 @@ fn keyed_start(db: &Connection, now: Millis, item: &KeyedItem) -> Result<Idempot
         .map_err(from_rusqlite)?;
     match stored {
         Some(stored) => stored.judge(key),
-        None => Err(super::StoreError::Io(format!(
+        None => Err(super::StoreError::io(format!(
             "the key {:?} was neither recorded nor found",
             key.key
         ))),
@@ -187,7 +188,8 @@ impl IdempotencyStore for SqliteStore {
                     .bind(&scope)
                     .bind(&key)
                     .execute(&mut *conn)
-                    .await?;
+                    .await
+                    .db()?;
                     Ok(())
                 })
             })
@@ -195,13 +197,18 @@ impl IdempotencyStore for SqliteStore {
     }
 
     async fn sweep_idempotency(&self, now: Millis) -> Result<u64> {
-        let mut tx = self.writer_pool().begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self
+            .writer_pool()
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .db()?;
         let deleted = sqlx::query("DELETE FROM idempotency_keys WHERE expires_at <= ?1")
             .bind(now)
             .execute(&mut *tx)
-            .await?
+            .await
+            .db()?
             .rows_affected();
-        tx.commit().await?;
+        tx.commit().await.db()?;
         Ok(deleted)
     }
 }

@@ -163,7 +163,7 @@ fn explain<R: LogRow>(
     let refused = match refused {
         None => Ok(HashMap::new()),
         Some(rows) => rows
-            .map_err(StoreError::from)
+            .map_err(StoreError::from_sqlx)
             .and_then(|r| refused_rows(&r)),
     };
     match refused {
@@ -185,10 +185,10 @@ fn unexplained(
             if written.contains(&(lease.saga_id, lease.epoch)) {
                 Ok(Applied::Written)
             } else {
-                Err(StoreError::CommitFailed {
-                    message: format!("not written, and reading why failed: {e}"),
-                    transient: true,
-                })
+                Err(StoreError::commit_failed(
+                    format!("not written, and reading why failed: {e}"),
+                    true,
+                ))
             }
         })
         .collect()
@@ -201,10 +201,10 @@ pub(crate) fn unreadable(items: &[Item], e: &StoreError) -> Vec<Result<Applied>>
     items
         .iter()
         .map(|_| {
-            Err(StoreError::CommitFailed {
-                message: format!("committed, but its result could not be read: {e}"),
-                transient: false,
-            })
+            Err(StoreError::commit_failed(
+                format!("committed, but its result could not be read: {e}"),
+                false,
+            ))
         })
         .collect()
 }

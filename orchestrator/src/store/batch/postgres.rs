@@ -19,6 +19,7 @@ use crate::model::Millis;
 use crate::store::group_commit::{BoxFuture, Whole};
 use crate::store::idempotency::KeyedItem;
 use crate::store::rows::LogRow;
+use crate::store::SqlxResultExt;
 use crate::store::{Applied, LeaseRequest, NewSaga, Result, StoreError};
 
 /// The row sources of a batch of transitions, over the next parameters.
@@ -189,7 +190,7 @@ static WHOLE: LazyLock<String> = LazyLock::new(|| {
 /// (whose rollback then undoes it).
 async fn open(conn: &mut PgConnection, guarded: bool) -> Result<()> {
     if guarded {
-        conn.execute("SAVEPOINT batch").await?;
+        conn.execute("SAVEPOINT batch").await.db()?;
     }
     Ok(())
 }
@@ -201,7 +202,7 @@ async fn close<T>(conn: &mut PgConnection, guarded: bool, result: Result<T>) -> 
             Ok(_) => "RELEASE SAVEPOINT batch",
             Err(_) => "ROLLBACK TO SAVEPOINT batch; RELEASE SAVEPOINT batch",
         };
-        conn.execute(sql).await?;
+        conn.execute(sql).await.db()?;
     }
     result
 }
@@ -230,7 +231,7 @@ pub(crate) async fn apply_batch(
         .bind(sqlx::query(&APPLY).bind(now))
         .fetch_all(&mut *conn)
         .await
-        .map_err(Into::into);
+        .db();
     let fenced = close(conn, guarded, fenced).await?;
     results(conn, items, &fenced).await
 }
@@ -279,7 +280,8 @@ pub(crate) async fn whole_batch(
     let rows = apply
         .bind(create.bind(sqlx::query(&WHOLE)))
         .fetch_all(&mut *conn)
-        .await?;
+        .await
+        .db()?;
     // Committed: from here on an error must not send the caller the long way (it would write
     // the batch twice).
     let now = rows
@@ -289,7 +291,7 @@ pub(crate) async fn whole_batch(
         .ok()
         .flatten();
     let Some(now) = now else {
-        let e = StoreError::Io("the batch statement returned no time".to_owned());
+        let e = StoreError::io("the batch statement returned no time");
         return Ok((unreadable(items, &e), 0));
     };
     let applied = results(conn, items, &rows)
@@ -311,7 +313,8 @@ pub(crate) async fn insert_saga(
     CreateCols::of_sagas([(new, lease)])
         .bind(sqlx::query(&CREATE).bind(now))
         .execute(&mut *conn)
-        .await?;
+        .await
+        .db()?;
     Ok(())
 }
 
@@ -340,6 +343,6 @@ pub(crate) async fn insert_sagas(
         .execute(&mut *conn)
         .await
         .map(|_| ())
-        .map_err(Into::into);
+        .db();
     close(conn, guarded, done).await
 }
