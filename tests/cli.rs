@@ -834,7 +834,8 @@ async fn show_says_running_under_a_live_lease_and_outcome_unknown_without_one() 
     // attempt written ahead, the lease live.
     let mut new = orchestrator::store::NewSaga::of(&def, json!({}));
     new.first_attempt = true;
-    let claimed = s.create_saga_leased(new, "w-1", 60_000).await.unwrap();
+    let lease = orchestrator::store::LeaseRequest::new("w-1", 60_000);
+    let claimed = s.create_saga_leased(new, &lease).await.unwrap();
     let id = claimed.saga.id.to_string();
 
     let text = saga(&s, &["show", &id]).await.unwrap();

@@ -290,9 +290,9 @@ async fn a_deadlock_between_two_writers_is_a_transient_error() {
         .as_database_error()
         .and_then(|d| d.code())
         .map(|c| c.into_owned());
+    // The store's error keeps sqlx out of its API, so the code is checked here and its
+    // classification as transient by the store's own unit tests (`store::error`).
     assert_eq!(code.as_deref(), Some("40P01"), "{:?}", failed[0]);
-    let e = orchestrator::StoreError::from(failed.into_iter().next().unwrap());
-    assert!(e.is_transient(), "{e:?}");
     drop((a, b));
     pool.close().await;
 }

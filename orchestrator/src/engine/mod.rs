@@ -30,7 +30,7 @@ pub use start::{
 
 use crate::clock::{Clock, SystemClock};
 use crate::model::{definition_key, Saga, SagaStatus};
-use crate::store::{ClaimRequest, Claimed, Store, StoreError, WorkerInfo};
+use crate::store::{ClaimRequest, Claimed, LeaseRequest, Store, StoreError, WorkerInfo};
 
 /// Engine settings.
 #[derive(Debug, Clone)]
@@ -125,6 +125,9 @@ pub enum EngineError {
     /// The store failed at start or shutdown.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// [`Engine::run`] was called while this engine already runs (it runs once at a time).
+    #[error("this engine is already running")]
+    AlreadyRunning,
 }
 
 /// A worker slot of this process taken for a saga about to be created: see
@@ -132,8 +135,7 @@ pub enum EngineError {
 #[derive(Debug)]
 struct StartSlot {
     permit: SlotPermit,
-    owner: String,
-    ttl_ms: i64,
+    lease: LeaseRequest,
 }
 
 /// What a start holds: a worker slot, or a place in the line for the next one.
@@ -147,9 +149,9 @@ enum SlotPermit {
 }
 
 impl StartSlot {
-    /// The lease to create the saga with: `(owner, ttl in ms)`.
-    fn lease(&self) -> (&str, i64) {
-        (&self.owner, self.ttl_ms)
+    /// The lease to create the saga with: this process's worker, for the engine's lease TTL.
+    fn lease(&self) -> &LeaseRequest {
+        &self.lease
     }
 
     /// Whether the saga is driven the moment it is created (a free worker, not a place in
@@ -303,8 +305,10 @@ impl Engine {
         };
         Some(StartSlot {
             permit,
-            owner: inner.config.worker_id.clone(),
-            ttl_ms: i64::try_from(inner.config.lease_ttl.as_millis()).unwrap_or(i64::MAX / 4),
+            lease: LeaseRequest::new(
+                inner.config.worker_id.clone(),
+                i64::try_from(inner.config.lease_ttl.as_millis()).unwrap_or(i64::MAX / 4),
+            ),
         })
     }
 
@@ -465,7 +469,7 @@ impl Engine {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .take()
-            .ok_or_else(|| StoreError::Conflict("this engine is already running".to_owned()))?;
+            .ok_or(EngineError::AlreadyRunning)?;
         inner
             .running
             .store(true, std::sync::atomic::Ordering::Release);

@@ -298,10 +298,7 @@ impl Engine {
                         .create_saga_with_callback(new, callback, lease)
                         .await?
                 }
-                (None, Some(slot)) => {
-                    let (owner, ttl_ms) = slot.lease();
-                    store.create_saga_leased(new, owner, ttl_ms).await?.saga
-                }
+                (None, Some(slot)) => store.create_saga_leased(new, slot.lease()).await?.saga,
                 (None, None) => store.create_saga(new).await?,
             },
         };
@@ -378,14 +375,14 @@ impl Engine {
     /// without a slot, or not under its lease, is left to the claim loop (and the engine woken).
     fn drive_started(&self, saga: &Saga, slot: Option<StartSlot>) {
         let Some(slot) = slot.filter(|slot| {
-            saga.lease_owner.as_deref() == Some(slot.owner.as_str()) && saga.lease_epoch == 1
+            saga.lease_owner.as_deref() == Some(slot.lease.owner.as_str()) && saga.lease_epoch == 1
         }) else {
             self.wake();
             return;
         };
         let lease = crate::store::Lease {
             saga_id: saga.id,
-            owner: slot.owner.clone(),
+            owner: slot.lease.owner.clone(),
             epoch: 1,
         };
         self.hand_over(

@@ -29,9 +29,10 @@ use tokio::sync::{mpsc, oneshot};
 use super::batch::{Item, NewItem};
 use super::idempotency::{IdempotentStart, KeyedItem};
 use super::rows::new_saga_record;
-use super::{Applied, Claimed, Lease, NewSaga, Result, Saga, StoreError, Transition};
+use super::{Applied, Claimed, Lease, LeaseRequest, NewSaga, Result, Saga, StoreError, Transition};
 use crate::clock::Clock;
 use crate::model::Millis;
+use crate::store::SqlxResultExt;
 
 /// A boxed future borrowing the writer's connection.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -187,7 +188,7 @@ pub(crate) struct WriteQueue<DB: Database> {
 }
 
 fn stopped() -> StoreError {
-    StoreError::Io("the step-log writer has stopped".to_owned())
+    StoreError::io("the step-log writer has stopped")
 }
 
 impl<DB: Database> WriteQueue<DB>
@@ -239,8 +240,8 @@ where
         answer.await.map_err(|_| stopped())?
     }
 
-    /// Creates a saga (leased to `lease.0` for `lease.1` ms if given), group-committed.
-    pub(crate) async fn create(&self, new: NewSaga, lease: Option<(String, i64)>) -> Result<Saga> {
+    /// Creates a saga (leased as `lease` asks, if given), group-committed.
+    pub(crate) async fn create(&self, new: NewSaga, lease: Option<LeaseRequest>) -> Result<Saga> {
         let (reply, answer) = oneshot::channel();
         self.tx
             .send(Job::Create {
@@ -251,20 +252,18 @@ where
         answer.await.map_err(|_| stopped())?
     }
 
-    /// Creates a saga already leased to `owner` (epoch 1), group-committed, with its lease.
+    /// Creates a saga already leased as `lease` asks (epoch 1), group-committed, with the
+    /// lease granted.
     pub(crate) async fn create_leased(
         &self,
         new: NewSaga,
-        owner: &str,
-        lease_ttl_ms: i64,
+        lease: &LeaseRequest,
     ) -> Result<Claimed> {
-        let saga = self
-            .create(new, Some((owner.to_owned(), lease_ttl_ms)))
-            .await?;
+        let saga = self.create(new, Some(lease.clone())).await?;
         Ok(Claimed {
             lease: Lease {
                 saga_id: saga.id,
-                owner: owner.to_owned(),
+                owner: lease.owner.clone(),
                 epoch: saga.lease_epoch,
             },
             saga,
@@ -306,7 +305,7 @@ where
                 let answer = match (commit, result) {
                     (Err(e), _) => Err(e),
                     (Ok(()), Some(result)) => result,
-                    (Ok(()), None) => Err(StoreError::Io("a queued write never ran".to_owned())),
+                    (Ok(()), None) => Err(StoreError::io("a queued write never ran")),
                 };
                 let _ = reply.send(answer);
             }),
@@ -318,17 +317,14 @@ where
 
 /// The same failure for every write of a batch (errors are not `Clone`).
 fn shared_failure(e: &StoreError) -> StoreError {
-    StoreError::CommitFailed {
-        message: e.to_string(),
-        transient: e.is_transient(),
-    }
+    StoreError::commit_failed(e.to_string(), e.is_transient())
 }
 
 async fn exec<DB: Database>(conn: &mut DB::Connection, sql: &str) -> Result<()>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
 {
-    conn.execute(sql).await?;
+    conn.execute(sql).await.db()?;
     Ok(())
 }
 
@@ -423,7 +419,7 @@ async fn writer<DB: Database, C: WriterCache<DB>>(
         }
         let mut conn = match held.take() {
             Some(conn) => Ok(conn),
-            None => pool.acquire().await.map_err(StoreError::from),
+            None => pool.acquire().await.map_err(StoreError::from_sqlx),
         };
         let batch = Batch {
             runs,
@@ -520,7 +516,7 @@ struct Outcome {
 
 /// The record of a saga just created, with the lease it was created under.
 fn created_record(item: NewItem, now: Millis) -> Saga {
-    new_saga_record(item.new, now, item.lease.map(|(owner, _)| owner))
+    new_saga_record(item.new, now, item.lease.map(|l| l.owner))
 }
 
 /// Runs one batch in one transaction: `(committed, result of each transition)`. On `Err`
@@ -568,7 +564,7 @@ where
         conn.fetch_one(backend.begin)
             .await
             .and_then(|row| row.try_get(0))
-            .map_err(StoreError::from)
+            .map_err(StoreError::from_sqlx)
     } else {
         exec::<DB>(conn, backend.begin)
             .await
@@ -631,8 +627,8 @@ where
         (false, None) => keyed
             .iter()
             .map(|_| {
-                Err(StoreError::Io(
-                    "this store does not queue idempotent starts".to_owned(),
+                Err(StoreError::io(
+                    "this store does not queue idempotent starts",
                 ))
             })
             .collect(),

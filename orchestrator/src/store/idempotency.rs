@@ -23,7 +23,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use uuid::Uuid;
 
-use super::{NewSaga, Result};
+use super::{LeaseRequest, NewSaga, Result};
 use crate::model::{Millis, Saga};
 
 /// The key of one idempotent start, as the HTTP layer computed it.
@@ -71,8 +71,8 @@ pub(crate) struct KeyedItem {
     pub(crate) callback: Option<Callback>,
     /// The answer saved with the key at once, if known.
     pub(crate) response: Option<SavedResponse>,
-    /// `(owner, ttl in ms)`: create the saga leased to that worker.
-    pub(crate) lease: Option<(String, i64)>,
+    /// Create the saga leased as this asks.
+    pub(crate) lease: Option<LeaseRequest>,
 }
 
 /// What [`IdempotencyStore::create_saga_idempotent`] did.
@@ -112,15 +112,15 @@ pub trait IdempotencyStore: Send + Sync + 'static {
     ///
     /// Any number of concurrent calls with the same key create exactly one saga.
     ///
-    /// With `lease` (`(owner, ttl in ms)`), a saga created here is created already leased to
-    /// that worker (epoch 1), which drives it at once without a claim.
+    /// With `lease`, a saga created here is created already leased to its owner (epoch 1),
+    /// which drives it at once without a claim.
     async fn create_saga_idempotent(
         &self,
         key: &IdempotencyKey,
         new: NewSaga,
         callback: Option<&Callback>,
         response: Option<&SavedResponse>,
-        lease: Option<(&str, i64)>,
+        lease: Option<&LeaseRequest>,
     ) -> Result<IdempotentStart>;
 
     /// Creates a saga with a callback, in one transaction (a start without a key); leased as
@@ -129,7 +129,7 @@ pub trait IdempotencyStore: Send + Sync + 'static {
         &self,
         new: NewSaga,
         callback: &Callback,
-        lease: Option<(&str, i64)>,
+        lease: Option<&LeaseRequest>,
     ) -> Result<Saga>;
 
     /// Saves the final answer of an in-progress key (a no-op if it is already complete).

@@ -13,8 +13,9 @@ use super::idempotency::{
 };
 use super::postgres::insert_saga_rows;
 use super::rows::new_saga_record;
-use super::{NewSaga, PgStore, Result, StoreError};
+use super::{LeaseRequest, NewSaga, PgStore, Result, StoreError};
 use crate::model::{Millis, Saga};
+use crate::store::SqlxResultExt;
 
 /// How often a start retries when the key it conflicted with vanished before it could read it
 /// (expired and deleted in between): each retry either inserts or finds a live row.
@@ -30,7 +31,8 @@ async fn insert_callback(
         .bind(&callback.url)
         .bind(&callback.secret)
         .execute(&mut **tx)
-        .await?;
+        .await
+        .db()?;
     Ok(())
 }
 
@@ -42,10 +44,10 @@ impl IdempotencyStore for PgStore {
         new: NewSaga,
         callback: Option<&Callback>,
         response: Option<&SavedResponse>,
-        lease: Option<(&str, i64)>,
+        lease: Option<&LeaseRequest>,
     ) -> Result<IdempotentStart> {
         for _ in 0..MAX_ROUNDS {
-            let mut tx = self.pool().begin().await?;
+            let mut tx = self.pool().begin().await.db()?;
             sqlx::query(
                 "DELETE FROM idempotency_keys WHERE scope = $1 AND key = $2 \
                  AND expires_at <= saga_now_ms()",
@@ -53,7 +55,8 @@ impl IdempotencyStore for PgStore {
             .bind(&key.scope)
             .bind(&key.key)
             .execute(&mut *tx)
-            .await?;
+            .await
+            .db()?;
             let inserted = sqlx::query(
                 "INSERT INTO idempotency_keys (scope, key, fingerprint, saga_id, status_code, \
                  response_body, created_at, expires_at, completed_at) \
@@ -69,20 +72,21 @@ impl IdempotencyStore for PgStore {
             .bind(response.map(|r| r.body.as_str()))
             .bind(retention_ms(key))
             .fetch_optional(&mut *tx)
-            .await?;
+            .await
+            .db()?;
             if inserted.is_some() {
                 let now = insert_saga_rows(&mut tx, &new, lease).await?;
                 if let Some(callback) = callback {
                     insert_callback(&mut tx, new.id, callback).await?;
                 }
-                tx.commit().await?;
+                tx.commit().await.db()?;
                 return Ok(IdempotentStart::Created(Box::new(new_saga_record(
                     new,
                     now,
-                    lease.map(|(owner, _)| owner.to_owned()),
+                    lease.map(|l| l.owner.clone()),
                 ))));
             }
-            tx.rollback().await?;
+            tx.rollback().await.db()?;
             // The conflicting row was committed (ON CONFLICT waited for its transaction).
             let row = sqlx::query(
                 "SELECT fingerprint, saga_id::text AS saga_id, status_code::bigint AS status_code, \
@@ -91,7 +95,7 @@ impl IdempotencyStore for PgStore {
             .bind(&key.scope)
             .bind(&key.key)
             .fetch_optional(self.pool())
-            .await?;
+            .await.db()?;
             let Some(row) = row else { continue };
             return judge_row(&row, key);
         }
@@ -105,17 +109,13 @@ impl IdempotencyStore for PgStore {
         &self,
         new: NewSaga,
         callback: &Callback,
-        lease: Option<(&str, i64)>,
+        lease: Option<&LeaseRequest>,
     ) -> Result<Saga> {
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.pool().begin().await.db()?;
         let now = insert_saga_rows(&mut tx, &new, lease).await?;
         insert_callback(&mut tx, new.id, callback).await?;
-        tx.commit().await?;
-        Ok(new_saga_record(
-            new,
-            now,
-            lease.map(|(owner, _)| owner.to_owned()),
-        ))
+        tx.commit().await.db()?;
+        Ok(new_saga_record(new, now, lease.map(|l| l.owner.clone())))
     }
 
     async fn complete_idempotent(
@@ -134,7 +134,8 @@ impl IdempotencyStore for PgStore {
         .bind(scope)
         .bind(key)
         .execute(self.pool())
-        .await?;
+        .await
+        .db()?;
         Ok(())
     }
 
@@ -142,7 +143,8 @@ impl IdempotencyStore for PgStore {
         let deleted = sqlx::query("DELETE FROM idempotency_keys WHERE expires_at <= $1")
             .bind(now)
             .execute(self.pool())
-            .await?
+            .await
+            .db()?
             .rows_affected();
         Ok(deleted)
     }

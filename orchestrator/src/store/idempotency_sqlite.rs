@@ -16,8 +16,9 @@ use super::idempotency::{
     SavedResponse, StoredKey,
 };
 use super::rows::new_saga_record;
-use super::{NewSaga, Result, SqliteStore};
+use super::{LeaseRequest, NewSaga, Result, SqliteStore};
 use crate::model::{Millis, Saga};
+use crate::store::SqlxResultExt;
 
 /// An expired key the sweeper has not removed yet is as good as gone.
 const DROP_EXPIRED: &str =
@@ -95,7 +96,7 @@ fn keyed_start(db: &Connection, now: Millis, item: &KeyedItem) -> Result<Idempot
         return Ok(IdempotentStart::Created(Box::new(new_saga_record(
             item.new.clone(),
             now,
-            item.lease.as_ref().map(|(owner, _)| owner.clone()),
+            item.lease.as_ref().map(|l| l.owner.clone()),
         ))));
     }
     // The key existed (and cannot change: we hold the write lock); nothing was written.
@@ -117,7 +118,7 @@ fn keyed_start(db: &Connection, now: Millis, item: &KeyedItem) -> Result<Idempot
         .map_err(from_rusqlite)?;
     match stored {
         Some(stored) => stored.judge(key),
-        None => Err(super::StoreError::Io(format!(
+        None => Err(super::StoreError::io(format!(
             "the key {:?} was neither recorded nor found",
             key.key
         ))),
@@ -132,7 +133,7 @@ impl IdempotencyStore for SqliteStore {
         new: NewSaga,
         callback: Option<&Callback>,
         response: Option<&SavedResponse>,
-        lease: Option<(&str, i64)>,
+        lease: Option<&LeaseRequest>,
     ) -> Result<IdempotentStart> {
         self.queue()
             .keyed(KeyedItem {
@@ -140,7 +141,7 @@ impl IdempotencyStore for SqliteStore {
                 new,
                 callback: callback.cloned(),
                 response: response.cloned(),
-                lease: lease.map(|(owner, ttl)| (owner.to_owned(), ttl)),
+                lease: lease.cloned(),
             })
             .await
     }
@@ -149,10 +150,10 @@ impl IdempotencyStore for SqliteStore {
         &self,
         new: NewSaga,
         callback: &Callback,
-        lease: Option<(&str, i64)>,
+        lease: Option<&LeaseRequest>,
     ) -> Result<Saga> {
         let callback = callback.clone();
-        let lease = lease.map(|(owner, ttl)| (owner.to_owned(), ttl));
+        let lease = lease.cloned();
         self.queue()
             .run(move |conn, now| {
                 Box::pin(async move {
@@ -161,7 +162,7 @@ impl IdempotencyStore for SqliteStore {
                         create_callback(db, &new.id, &callback)
                     })
                     .await?;
-                    Ok(new_saga_record(new, now, lease.map(|(owner, _)| owner)))
+                    Ok(new_saga_record(new, now, lease.map(|l| l.owner)))
                 })
             })
             .await
@@ -187,7 +188,8 @@ impl IdempotencyStore for SqliteStore {
                     .bind(&scope)
                     .bind(&key)
                     .execute(&mut *conn)
-                    .await?;
+                    .await
+                    .db()?;
                     Ok(())
                 })
             })
@@ -195,13 +197,18 @@ impl IdempotencyStore for SqliteStore {
     }
 
     async fn sweep_idempotency(&self, now: Millis) -> Result<u64> {
-        let mut tx = self.writer_pool().begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self
+            .writer_pool()
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .db()?;
         let deleted = sqlx::query("DELETE FROM idempotency_keys WHERE expires_at <= ?1")
             .bind(now)
             .execute(&mut *tx)
-            .await?
+            .await
+            .db()?
             .rows_affected();
-        tx.commit().await?;
+        tx.commit().await.db()?;
         Ok(deleted)
     }
 }

@@ -11,6 +11,7 @@
 //! as it reports each one durable only once its transaction has committed.
 
 mod batch;
+mod error;
 mod group_commit;
 pub mod idempotency;
 mod idempotency_pg;
@@ -32,6 +33,8 @@ use uuid::Uuid;
 use crate::model::{
     Attempt, Event, ListFilter, Millis, PhaseRecord, Saga, SagaPage, SagaStatus, StepKindName,
 };
+pub(crate) use error::SqlxResultExt;
+pub use error::{BackendError, BackendErrorKind, StoreError};
 pub use idempotency::{Callback, IdempotencyKey, IdempotencyStore, IdempotentStart, SavedResponse};
 pub use outbox::{Delivery, DeliveryState, OutboxStore};
 pub use postgres::PgStore;
@@ -112,6 +115,28 @@ pub struct Lease {
     pub owner: String,
     /// The fencing token: bumped by every claim and by operator commands that take a saga over.
     pub epoch: i64,
+}
+
+/// The lease a saga is created with, so the process that starts it can drive it without a
+/// claim: the worker it goes to and how long it lasts without a heartbeat. What is asked for,
+/// not the fencing token the store grants in return ([`Lease`], which adds the saga and its
+/// epoch).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRequest {
+    /// The worker to hold it (its id, also the lease owner).
+    pub owner: String,
+    /// How long the lease lasts without a heartbeat, in milliseconds.
+    pub ttl_ms: i64,
+}
+
+impl LeaseRequest {
+    /// A lease for `owner` lasting `ttl_ms` without a heartbeat.
+    pub fn new(owner: impl Into<String>, ttl_ms: i64) -> Self {
+        Self {
+            owner: owner.into(),
+            ttl_ms,
+        }
+    }
 }
 
 /// A saga claimed by a worker, with its lease.
@@ -280,144 +305,6 @@ pub struct WorkerInfo {
     pub definitions: Vec<String>,
 }
 
-/// Errors of the step log.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum StoreError {
-    /// The saga's lease is no longer ours: another worker (or an operator) took it over.
-    #[error("lease on saga {0} lost")]
-    LeaseLost(Uuid),
-    /// No saga with this id.
-    #[error("saga {0} not found")]
-    NotFound(Uuid),
-    /// The saga has no step with this name.
-    #[error("saga {saga} has no step {step:?}")]
-    UnknownStep {
-        /// The saga.
-        saga: Uuid,
-        /// The step name given.
-        step: String,
-    },
-    /// The operation does not apply to the saga in its current state.
-    #[error("{0}")]
-    Conflict(String),
-    /// A row that cannot be read back (hand-edited, or written by a newer version).
-    #[error("corrupt row for saga {saga}: {detail}")]
-    Corrupt {
-        /// The saga.
-        saga: String,
-        /// What was wrong.
-        detail: String,
-    },
-    /// The database URL is not one this build understands (held with its password masked,
-    /// see [`redact_url`]).
-    #[error("unsupported database URL {0:?}: use sqlite://PATH or postgres://…")]
-    UnsupportedUrl(String),
-    /// The database server could not be reached when the store was opened: refused, timed out,
-    /// or it turned the connection down (unknown database, authentication).
-    #[error("cannot connect to {target}: {cause}")]
-    Connect {
-        /// What was dialled, for people: `PostgreSQL at host:port (database NAME)`.
-        target: String,
-        /// Why it failed, in words (`connection refused`).
-        cause: String,
-        /// Whether it may work in a moment (refused, timed out) rather than never as given.
-        transient: bool,
-    },
-    /// Another orchestrator process runs the engine on this SQLite file.
-    #[error("{0}")]
-    InUse(String),
-    /// The database could not be reached or is read-only, or a query failed. (The cause is
-    /// part of the message and deliberately not a `source()`: sqlx repeats its own message in
-    /// its source, which would print every cause twice in an error chain.)
-    #[error("database error: {0}")]
-    Database(sqlx::Error),
-    /// A statement run through SQLite's own API (the engine's writes on SQLite) failed.
-    #[error("database error: {message}")]
-    Sqlite {
-        /// SQLite's extended result code, if the library reported one.
-        code: Option<i32>,
-        /// The cause.
-        message: String,
-    },
-    /// A migration failed.
-    #[error("migration failed: {0}")]
-    Migrate(sqlx::migrate::MigrateError),
-    /// The database refused a value (PostgreSQL refuses NUL characters in text and `\u0000` in
-    /// JSON, which SQLite accepts): the request carried data the store cannot hold.
-    #[error("the database cannot store this value: {0}")]
-    InvalidValue(String),
-    /// The transaction carrying this write (with others, by group commit) failed to commit;
-    /// nothing of it was written.
-    #[error("commit failed: {message}")]
-    CommitFailed {
-        /// The cause.
-        message: String,
-        /// Whether the cause was transient (the database busy or away).
-        transient: bool,
-    },
-    /// A file next to the database (the engine lock) could not be used.
-    #[error("{0}")]
-    Io(String),
-}
-
-/// Database error codes that mean "try again": SQLite's extended codes `SQLITE_BUSY` (5),
-/// `SQLITE_LOCKED` (6) and `SQLITE_BUSY_SNAPSHOT` (517); PostgreSQL's SQLSTATEs
-/// `serialization_failure` (40001) and `deadlock_detected` (40P01), whose transaction the server
-/// rolled back whole.
-const TRANSIENT_CODES: [&str; 5] = ["5", "6", "517", "40001", "40P01"];
-
-impl StoreError {
-    /// Whether the error is the database being away or contended for a moment (connection
-    /// refused, pool timeout, SQLite busy, a PostgreSQL deadlock or serialization failure), as
-    /// opposed to a bug or bad data: callers may retry.
-    pub fn is_transient(&self) -> bool {
-        match self {
-            Self::CommitFailed { transient, .. } | Self::Connect { transient, .. } => *transient,
-            // The primary code of SQLITE_BUSY (5) or SQLITE_LOCKED (6), of any extended code.
-            Self::Sqlite { code: Some(c), .. } => matches!(c & 0xff, 5 | 6),
-            Self::Database(e) => {
-                matches!(
-                    e,
-                    sqlx::Error::Io(_) | sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed
-                ) || e
-                    .as_database_error()
-                    .and_then(|d| d.code())
-                    .is_some_and(|c| TRANSIENT_CODES.contains(&c.as_ref()))
-            }
-            _ => false,
-        }
-    }
-}
-
-impl From<sqlx::Error> for StoreError {
-    fn from(e: sqlx::Error) -> Self {
-        // SQLSTATE class 22 is "data exception": the value, not the database, is at fault.
-        let data_exception = e
-            .as_database_error()
-            .and_then(|d| d.code())
-            .is_some_and(|c| c.len() == 5 && c.starts_with("22"));
-        if data_exception {
-            let message = e
-                .as_database_error()
-                .map(|d| d.message().to_owned())
-                .unwrap_or_default();
-            return Self::InvalidValue(message);
-        }
-        // Invalid UTF-8 or a NUL byte sent as a bound parameter fails while encoding.
-        if let sqlx::Error::Encode(err) = &e {
-            return Self::InvalidValue(err.to_string());
-        }
-        Self::Database(e)
-    }
-}
-
-impl From<sqlx::migrate::MigrateError> for StoreError {
-    fn from(e: sqlx::migrate::MigrateError) -> Self {
-        Self::Migrate(e)
-    }
-}
-
 /// Shorthand for store results.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
@@ -446,15 +333,10 @@ pub trait Store: IdempotencyStore + OutboxStore + Send + Sync + 'static {
     /// `saga.started` event, in one transaction.
     async fn create_saga(&self, new: NewSaga) -> Result<Saga>;
 
-    /// Creates a saga already leased to `owner` (epoch 1), so the process that starts it can
-    /// drive it at once without a claim; otherwise as [`Store::create_saga`], except that with
-    /// [`NewSaga::first_attempt`] it is created `RUNNING`, its first action written ahead.
-    async fn create_saga_leased(
-        &self,
-        new: NewSaga,
-        owner: &str,
-        lease_ttl_ms: i64,
-    ) -> Result<Claimed>;
+    /// Creates a saga already leased as `lease` asks (epoch 1), so the process that starts it
+    /// can drive it at once without a claim; otherwise as [`Store::create_saga`], except that
+    /// with [`NewSaga::first_attempt`] it is created `RUNNING`, its first action written ahead.
+    async fn create_saga_leased(&self, new: NewSaga, lease: &LeaseRequest) -> Result<Claimed>;
 
     /// Reads one saga with its steps.
     async fn get_saga(&self, id: Uuid) -> Result<Option<Saga>>;

@@ -25,24 +25,25 @@ use super::outbox::{
 use super::rows::corrupt;
 use super::{PgStore, Result};
 use crate::model::Millis;
+use crate::store::SqlxResultExt;
 
 fn parse_uuid(text: &str) -> Result<Uuid> {
     Uuid::parse_str(text).map_err(|e| corrupt(text, e))
 }
 
 fn event_from_row(row: &PgRow) -> Result<OutboxEvent> {
-    let saga: String = row.try_get("saga_id")?;
-    let data: String = row.try_get("data")?;
+    let saga: String = row.try_get("saga_id").db()?;
+    let data: String = row.try_get("data").db()?;
     Ok(OutboxEvent {
         position: OutboxPosition {
-            tx: row.try_get("tx")?,
-            event_id: row.try_get("event_id")?,
+            tx: row.try_get("tx").db()?,
+            event_id: row.try_get("event_id").db()?,
         },
         saga_id: parse_uuid(&saga)?,
-        saga_name: row.try_get("saga_name")?,
-        kind: row.try_get("type")?,
-        step: row.try_get("step")?,
-        at: row.try_get("at")?,
+        saga_name: row.try_get("saga_name").db()?,
+        kind: row.try_get("type").db()?,
+        step: row.try_get("step").db()?,
+        at: row.try_get("at").db()?,
         data: serde_json::from_str(&data).unwrap_or(Value::Null),
     })
 }
@@ -53,11 +54,12 @@ impl OutboxStore for PgStore {
         let row = sqlx::query("SELECT tx, event_id FROM relay_cursors WHERE name = $1")
             .bind(name)
             .fetch_optional(self.pool())
-            .await?;
+            .await
+            .db()?;
         Ok(match row {
             Some(row) => OutboxPosition {
-                tx: row.try_get("tx")?,
-                event_id: row.try_get("event_id")?,
+                tx: row.try_get("tx").db()?,
+                event_id: row.try_get("event_id").db()?,
             },
             None => OutboxPosition::default(),
         })
@@ -76,7 +78,8 @@ impl OutboxStore for PgStore {
         .bind(after.event_id)
         .bind(i64::from(limit))
         .fetch_all(self.pool())
-        .await?;
+        .await
+        .db()?;
         rows.iter().map(event_from_row).collect()
     }
 
@@ -88,15 +91,16 @@ impl OutboxStore for PgStore {
         )
         .bind(&ids)
         .fetch_all(self.pool())
-        .await?;
+        .await
+        .db()?;
         let mut found = HashMap::new();
         for row in &rows {
-            let saga: String = row.try_get("saga_id")?;
+            let saga: String = row.try_get("saga_id").db()?;
             found.insert(
                 parse_uuid(&saga)?,
                 Callback {
-                    url: row.try_get("url")?,
-                    secret: row.try_get("secret")?,
+                    url: row.try_get("url").db()?,
+                    secret: row.try_get("secret").db()?,
                 },
             );
         }
@@ -110,14 +114,15 @@ impl OutboxStore for PgStore {
         to: OutboxPosition,
         deliveries: &[NewDelivery],
     ) -> Result<bool> {
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.pool().begin().await.db()?;
         sqlx::query(
             "INSERT INTO relay_cursors (name, tx, event_id, updated_at) \
              VALUES ($1, 0, 0, saga_now_ms()) ON CONFLICT (name) DO NOTHING",
         )
         .bind(name)
         .execute(&mut *tx)
-        .await?;
+        .await
+        .db()?;
         let moved = sqlx::query(
             "UPDATE relay_cursors SET tx = $1, event_id = $2, updated_at = saga_now_ms() \
              WHERE name = $3 AND tx = $4 AND event_id = $5",
@@ -128,10 +133,11 @@ impl OutboxStore for PgStore {
         .bind(from.tx)
         .bind(from.event_id)
         .execute(&mut *tx)
-        .await?
+        .await
+        .db()?
         .rows_affected();
         if moved == 0 {
-            tx.rollback().await?;
+            tx.rollback().await.db()?;
             return Ok(false);
         }
         if !deliveries.is_empty() {
@@ -151,14 +157,14 @@ impl OutboxStore for PgStore {
             .bind(&sagas)
             .bind(&kinds)
             .execute(&mut *tx)
-            .await?;
+            .await.db()?;
         }
-        tx.commit().await?;
+        tx.commit().await.db()?;
         Ok(true)
     }
 
     async fn claim_deliveries(&self, limit: u32, lease: Duration) -> Result<Vec<ClaimedDelivery>> {
-        let mut tx = self.pool().begin().await?;
+        let mut tx = self.pool().begin().await.db()?;
         let rows = sqlx::query(
             "SELECT d.event_id, d.target, d.kind, d.attempts, e.tx::text::bigint AS tx, \
              e.saga_id::text AS saga_id, s.name AS saga_name, e.at, e.type, e.step, \
@@ -177,13 +183,14 @@ impl OutboxStore for PgStore {
         )
         .bind(i64::from(limit))
         .fetch_all(&mut *tx)
-        .await?;
+        .await
+        .db()?;
         let mut claimed = Vec::with_capacity(rows.len());
         for row in &rows {
             let event = event_from_row(row)?;
-            let target: String = row.try_get("target")?;
-            let kind: String = row.try_get("kind")?;
-            let attempts: i32 = row.try_get("attempts")?;
+            let target: String = row.try_get("target").db()?;
+            let kind: String = row.try_get("kind").db()?;
+            let attempts: i32 = row.try_get("attempts").db()?;
             sqlx::query(
                 "UPDATE webhook_deliveries SET attempts = attempts + 1, \
                  next_attempt_at = saga_now_ms() + $1 WHERE event_id = $2 AND target = $3",
@@ -192,16 +199,17 @@ impl OutboxStore for PgStore {
             .bind(event.id())
             .bind(&target)
             .execute(&mut *tx)
-            .await?;
+            .await
+            .db()?;
             claimed.push(ClaimedDelivery {
                 event,
                 target,
                 kind: TargetKind::parse(&kind),
                 attempt: u32::try_from(attempts.saturating_add(1)).unwrap_or(u32::MAX),
-                callback_secret: row.try_get("secret")?,
+                callback_secret: row.try_get("secret").db()?,
             });
         }
-        tx.commit().await?;
+        tx.commit().await.db()?;
         Ok(claimed)
     }
 
@@ -226,7 +234,8 @@ impl OutboxStore for PgStore {
                 .bind(attempt)
                 .bind(i32::from(*status))
                 .execute(self.pool())
-                .await?;
+                .await
+                .db()?;
             }
             DeliveryOutcome::Failed {
                 status,
@@ -246,7 +255,8 @@ impl OutboxStore for PgStore {
                 .bind(status.map(i32::from))
                 .bind(short_error(error))
                 .execute(self.pool())
-                .await?;
+                .await
+                .db()?;
             }
         }
         Ok(())
@@ -261,28 +271,30 @@ impl OutboxStore for PgStore {
         )
         .bind(saga.to_string())
         .fetch_all(self.pool())
-        .await?;
+        .await
+        .db()?;
         rows.iter()
             .map(|row| {
-                let delivered_at: Option<Millis> = row.try_get("delivered_at")?;
-                let failed_at: Option<Millis> = row.try_get("failed_at")?;
+                let delivered_at: Option<Millis> = row.try_get("delivered_at").db()?;
+                let failed_at: Option<Millis> = row.try_get("failed_at").db()?;
                 let state = state_of(delivered_at, failed_at);
-                let kind: String = row.try_get("kind")?;
-                let attempts: i32 = row.try_get("attempts")?;
-                let status: Option<i32> = row.try_get("last_status")?;
+                let kind: String = row.try_get("kind").db()?;
+                let attempts: i32 = row.try_get("attempts").db()?;
+                let status: Option<i32> = row.try_get("last_status").db()?;
                 Ok(Delivery {
-                    event_id: row.try_get("event_id")?,
-                    kind: row.try_get("type")?,
-                    target: row.try_get("target")?,
+                    event_id: row.try_get("event_id").db()?,
+                    kind: row.try_get("type").db()?,
+                    target: row.try_get("target").db()?,
                     target_kind: TargetKind::parse(&kind),
                     state,
                     attempts: u32::try_from(attempts).unwrap_or(0),
                     next_attempt_at: (state == DeliveryState::Pending)
                         .then(|| row.try_get("next_attempt_at"))
-                        .transpose()?,
+                        .transpose()
+                        .db()?,
                     delivered_at,
                     last_status: status.and_then(|s| u16::try_from(s).ok()),
-                    last_error: row.try_get("last_error")?,
+                    last_error: row.try_get("last_error").db()?,
                 })
             })
             .collect()
@@ -295,7 +307,8 @@ impl OutboxStore for PgStore {
         )
         .bind(name)
         .fetch_one(self.pool())
-        .await?;
+        .await
+        .db()?;
         Ok(lag.unwrap_or(0).max(0))
     }
 }

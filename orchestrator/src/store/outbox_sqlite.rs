@@ -19,24 +19,25 @@ use super::outbox::{
 use super::rows::corrupt;
 use super::{Result, SqliteStore, Store};
 use crate::model::Millis;
+use crate::store::SqlxResultExt;
 
 fn parse_uuid(text: &str) -> Result<Uuid> {
     Uuid::parse_str(text).map_err(|e| corrupt(text, e))
 }
 
 fn event_from_row(row: &SqliteRow) -> Result<OutboxEvent> {
-    let saga: String = row.try_get("saga_id")?;
-    let data: String = row.try_get("data")?;
+    let saga: String = row.try_get("saga_id").db()?;
+    let data: String = row.try_get("data").db()?;
     Ok(OutboxEvent {
         position: OutboxPosition {
             tx: 0,
-            event_id: row.try_get("event_id")?,
+            event_id: row.try_get("event_id").db()?,
         },
         saga_id: parse_uuid(&saga)?,
-        saga_name: row.try_get("saga_name")?,
-        kind: row.try_get("type")?,
-        step: row.try_get("step")?,
-        at: row.try_get("at")?,
+        saga_name: row.try_get("saga_name").db()?,
+        kind: row.try_get("type").db()?,
+        step: row.try_get("step").db()?,
+        at: row.try_get("at").db()?,
         data: serde_json::from_str(&data).unwrap_or(Value::Null),
     })
 }
@@ -48,7 +49,8 @@ impl OutboxStore for SqliteStore {
             sqlx::query_scalar("SELECT event_id FROM relay_cursors WHERE name = ?1")
                 .bind(name)
                 .fetch_optional(self.reader_pool())
-                .await?;
+                .await
+                .db()?;
         Ok(OutboxPosition {
             tx: 0,
             event_id: id.unwrap_or(0),
@@ -64,7 +66,7 @@ impl OutboxStore for SqliteStore {
         .bind(after.event_id)
         .bind(i64::from(limit))
         .fetch_all(self.reader_pool())
-        .await?;
+        .await.db()?;
         rows.iter().map(event_from_row).collect()
     }
 
@@ -79,13 +81,13 @@ impl OutboxStore for SqliteStore {
                 list.push_bind(id.to_string());
             }
             q.push(")");
-            for row in q.build().fetch_all(self.reader_pool()).await? {
-                let saga: String = row.try_get("saga_id")?;
+            for row in q.build().fetch_all(self.reader_pool()).await.db()? {
+                let saga: String = row.try_get("saga_id").db()?;
                 found.insert(
                     parse_uuid(&saga)?,
                     Callback {
-                        url: row.try_get("url")?,
-                        secret: row.try_get("secret")?,
+                        url: row.try_get("url").db()?,
+                        secret: row.try_get("secret").db()?,
                     },
                 );
             }
@@ -101,7 +103,11 @@ impl OutboxStore for SqliteStore {
         deliveries: &[NewDelivery],
     ) -> Result<bool> {
         let now = Store::now(self).await?;
-        let mut tx = self.writer_pool().begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self
+            .writer_pool()
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .db()?;
         sqlx::query(
             "INSERT INTO relay_cursors (name, tx, event_id, updated_at) VALUES (?1, 0, 0, ?2) \
              ON CONFLICT (name) DO NOTHING",
@@ -109,7 +115,8 @@ impl OutboxStore for SqliteStore {
         .bind(name)
         .bind(now)
         .execute(&mut *tx)
-        .await?;
+        .await
+        .db()?;
         let moved = sqlx::query(
             "UPDATE relay_cursors SET event_id = ?1, updated_at = ?2 \
              WHERE name = ?3 AND event_id = ?4",
@@ -119,10 +126,11 @@ impl OutboxStore for SqliteStore {
         .bind(name)
         .bind(from.event_id)
         .execute(&mut *tx)
-        .await?
+        .await
+        .db()?
         .rows_affected();
         if moved == 0 {
-            tx.rollback().await?;
+            tx.rollback().await.db()?;
             return Ok(false);
         }
         for d in deliveries {
@@ -136,9 +144,9 @@ impl OutboxStore for SqliteStore {
             .bind(d.kind.as_str())
             .bind(now)
             .execute(&mut *tx)
-            .await?;
+            .await.db()?;
         }
-        tx.commit().await?;
+        tx.commit().await.db()?;
         Ok(true)
     }
 
@@ -151,11 +159,16 @@ impl OutboxStore for SqliteStore {
         )
         .bind(now)
         .fetch_optional(self.reader_pool())
-        .await?;
+        .await
+        .db()?;
         if any.is_none() {
             return Ok(Vec::new());
         }
-        let mut tx = self.writer_pool().begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self
+            .writer_pool()
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .db()?;
         let rows = sqlx::query(
             "SELECT d.event_id, d.target, d.kind, d.attempts, e.saga_id, s.name AS saga_name, \
              e.at, e.type, e.step, e.data, c.secret \
@@ -172,13 +185,14 @@ impl OutboxStore for SqliteStore {
         .bind(now)
         .bind(i64::from(limit))
         .fetch_all(&mut *tx)
-        .await?;
+        .await
+        .db()?;
         let mut claimed = Vec::with_capacity(rows.len());
         for row in &rows {
             let event = event_from_row(row)?;
-            let target: String = row.try_get("target")?;
-            let kind: String = row.try_get("kind")?;
-            let attempts: i64 = row.try_get("attempts")?;
+            let target: String = row.try_get("target").db()?;
+            let kind: String = row.try_get("kind").db()?;
+            let attempts: i64 = row.try_get("attempts").db()?;
             sqlx::query(
                 "UPDATE webhook_deliveries SET attempts = attempts + 1, next_attempt_at = ?1 \
                  WHERE event_id = ?2 AND target = ?3",
@@ -187,16 +201,17 @@ impl OutboxStore for SqliteStore {
             .bind(event.id())
             .bind(&target)
             .execute(&mut *tx)
-            .await?;
+            .await
+            .db()?;
             claimed.push(ClaimedDelivery {
                 event,
                 target,
                 kind: TargetKind::parse(&kind),
                 attempt: u32::try_from(attempts + 1).unwrap_or(u32::MAX),
-                callback_secret: row.try_get("secret")?,
+                callback_secret: row.try_get("secret").db()?,
             });
         }
-        tx.commit().await?;
+        tx.commit().await.db()?;
         Ok(claimed)
     }
 
@@ -208,7 +223,11 @@ impl OutboxStore for SqliteStore {
         outcome: &DeliveryOutcome,
     ) -> Result<()> {
         let now = Store::now(self).await?;
-        let mut tx = self.writer_pool().begin_with("BEGIN IMMEDIATE").await?;
+        let mut tx = self
+            .writer_pool()
+            .begin_with("BEGIN IMMEDIATE")
+            .await
+            .db()?;
         let fence = " WHERE event_id = ?1 AND target = ?2 AND attempts = ?3 \
                      AND delivered_at IS NULL AND failed_at IS NULL";
         match outcome {
@@ -223,7 +242,8 @@ impl OutboxStore for SqliteStore {
                 .bind(now)
                 .bind(i64::from(*status))
                 .execute(&mut *tx)
-                .await?;
+                .await
+                .db()?;
             }
             DeliveryOutcome::Failed {
                 status,
@@ -246,10 +266,11 @@ impl OutboxStore for SqliteStore {
                 .bind(status.map(i64::from))
                 .bind(short_error(error))
                 .execute(&mut *tx)
-                .await?;
+                .await
+                .db()?;
             }
         }
-        tx.commit().await?;
+        tx.commit().await.db()?;
         Ok(())
     }
 
@@ -262,28 +283,30 @@ impl OutboxStore for SqliteStore {
         )
         .bind(saga.to_string())
         .fetch_all(self.reader_pool())
-        .await?;
+        .await
+        .db()?;
         rows.iter()
             .map(|row| {
-                let delivered_at: Option<Millis> = row.try_get("delivered_at")?;
-                let failed_at: Option<Millis> = row.try_get("failed_at")?;
+                let delivered_at: Option<Millis> = row.try_get("delivered_at").db()?;
+                let failed_at: Option<Millis> = row.try_get("failed_at").db()?;
                 let state = state_of(delivered_at, failed_at);
-                let kind: String = row.try_get("kind")?;
-                let attempts: i64 = row.try_get("attempts")?;
-                let status: Option<i64> = row.try_get("last_status")?;
+                let kind: String = row.try_get("kind").db()?;
+                let attempts: i64 = row.try_get("attempts").db()?;
+                let status: Option<i64> = row.try_get("last_status").db()?;
                 Ok(Delivery {
-                    event_id: row.try_get("event_id")?,
-                    kind: row.try_get("type")?,
-                    target: row.try_get("target")?,
+                    event_id: row.try_get("event_id").db()?,
+                    kind: row.try_get("type").db()?,
+                    target: row.try_get("target").db()?,
                     target_kind: TargetKind::parse(&kind),
                     state,
                     attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
                     next_attempt_at: (state == super::outbox::DeliveryState::Pending)
                         .then(|| row.try_get("next_attempt_at"))
-                        .transpose()?,
+                        .transpose()
+                        .db()?,
                     delivered_at,
                     last_status: status.and_then(|s| u16::try_from(s).ok()),
-                    last_error: row.try_get("last_error")?,
+                    last_error: row.try_get("last_error").db()?,
                 })
             })
             .collect()
@@ -296,7 +319,8 @@ impl OutboxStore for SqliteStore {
         )
         .bind(name)
         .fetch_one(self.reader_pool())
-        .await?;
+        .await
+        .db()?;
         Ok(lag.unwrap_or(0).max(0))
     }
 }

@@ -30,10 +30,11 @@ use super::rows::{
 };
 use super::rules::{cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan};
 use super::{
-    Applied, CancelOutcome, ClaimRequest, Claimed, Lease, NewSaga, Result, Store, StoreError,
-    Transition, WorkerInfo,
+    Applied, CancelOutcome, ClaimRequest, Claimed, Lease, LeaseRequest, NewSaga, Result, Store,
+    StoreError, Transition, WorkerInfo,
 };
 use crate::model::{Attempt, Event, ListFilter, Millis, Saga, SagaPage, SagaStatus, StepRecord};
+use crate::store::SqlxResultExt;
 
 const MAX_PAGE: u32 = 1000;
 /// Wakes workers: a saga is due. The batch statements (`batch/postgres.rs`) name it too.
@@ -130,14 +131,14 @@ async fn probe_connection(opts: &PgConnectOptions) -> Result<()> {
 
     let target = describe_target(opts);
     match tokio::time::timeout(CONNECT_TIMEOUT, opts.connect()).await {
-        Err(_) => Err(StoreError::Connect {
-            target,
-            cause: format!(
+        Err(_) => Err(StoreError::connect(
+            &target,
+            &format!(
                 "no answer within {}s (is the host reachable?)",
                 CONNECT_TIMEOUT.as_secs()
             ),
-            transient: true,
-        }),
+            true,
+        )),
         Ok(Ok(conn)) => {
             // Closing politely is a courtesy to the server; failing to is no reason to stop.
             let _ = conn.close().await;
@@ -147,7 +148,7 @@ async fn probe_connection(opts: &PgConnectOptions) -> Result<()> {
     }
 }
 
-/// A failed first connection as a [`StoreError::Connect`] that says why in plain words.
+/// A failed first connection as a store error that says why in plain words.
 fn connect_error(target: String, e: sqlx::Error) -> StoreError {
     use std::io::ErrorKind;
 
@@ -167,11 +168,7 @@ fn connect_error(target: String, e: sqlx::Error) -> StoreError {
         sqlx::Error::Database(d) => (d.message().to_owned(), false),
         other => (other.to_string(), false),
     };
-    StoreError::Connect {
-        target,
-        cause,
-        transient,
-    }
+    StoreError::connect(&target, &cause, transient)
 }
 
 impl PgStore {
@@ -190,7 +187,8 @@ impl PgStore {
             // A connection that died with a server restart is noticed before use.
             .test_before_acquire(true)
             .connect_with(opts.clone())
-            .await?;
+            .await
+            .db()?;
         let store = Self {
             queue: WriteQueue::start(
                 writer_pool(opts),
@@ -224,7 +222,7 @@ impl PgStore {
     }
 
     async fn commit(&self, tx: Transaction<'static, Postgres>) -> Result<()> {
-        tx.commit().await?;
+        tx.commit().await.db()?;
         self.commits.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -262,7 +260,8 @@ impl PgStore {
             .bind(DONE_CHANNEL)
             .bind(format!("{id} {status}"))
             .execute(&mut **tx)
-            .await?;
+            .await
+            .db()?;
         Ok(())
     }
 
@@ -270,7 +269,8 @@ impl PgStore {
         sqlx::query("SELECT pg_notify($1, '')")
             .bind(CHANNEL)
             .execute(&mut **tx)
-            .await?;
+            .await
+            .db()?;
         Ok(())
     }
 
@@ -284,21 +284,23 @@ impl PgStore {
         let saga_rows = sqlx::query(&format!("{SAGA_SELECT} WHERE id = ANY($1::uuid[])"))
             .bind(&texts)
             .fetch_all(&mut *conn)
-            .await?;
+            .await
+            .db()?;
         let step_rows = sqlx::query(&format!(
             "{STEPS_SELECT} WHERE saga_id = ANY($1::uuid[]) ORDER BY saga_id, idx"
         ))
         .bind(&texts)
         .fetch_all(&mut *conn)
-        .await?;
+        .await
+        .db()?;
         let mut steps: HashMap<String, Vec<Result<StepRecord>>> = HashMap::new();
         for row in &step_rows {
-            let saga: String = row.try_get("saga_id")?;
+            let saga: String = row.try_get("saga_id").db()?;
             steps.entry(saga).or_default().push(step_from_row(row));
         }
         let mut by_id: HashMap<String, Result<Saga>> = HashMap::new();
         for row in &saga_rows {
-            let id: String = row.try_get("id")?;
+            let id: String = row.try_get("id").db()?;
             let own = steps
                 .remove(&id)
                 .unwrap_or_default()
@@ -325,7 +327,8 @@ impl PgStore {
         let found = sqlx::query("SELECT 1 FROM sagas WHERE id = $1::uuid FOR UPDATE")
             .bind(id.to_string())
             .fetch_optional(&mut **tx)
-            .await?;
+            .await
+            .db()?;
         if found.is_none() {
             return Err(StoreError::NotFound(id));
         }
@@ -345,10 +348,11 @@ impl PgStore {
         let mut tx = self
             .pool
             .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            .await?;
+            .await
+            .db()?;
         let conn: &mut sqlx::PgConnection = &mut tx;
         let saga = Self::load_one(conn, id).await?;
-        tx.commit().await?;
+        tx.commit().await.db()?;
         Ok(saga)
     }
 }
@@ -369,7 +373,8 @@ async fn insert_event(
     .bind(step)
     .bind(data.to_string())
     .execute(&mut **tx)
-    .await?;
+    .await
+    .db()?;
     Ok(())
 }
 
@@ -418,18 +423,18 @@ async fn listen_loop(
 
 /// Writes a new saga (due now on the database clock), its steps and its `saga.started` event
 /// inside the caller's transaction, with the statement of a batch of creates
-/// ([`batch::postgres::insert_saga`]): leased to `lease`'s owner (`(owner, ttl in ms)`) if
-/// given, with its first action written ahead if [`NewSaga::first_attempt`] asks, and waking
+/// ([`batch::postgres::insert_saga`]): leased as `lease` asks if given, with its first action written ahead if [`NewSaga::first_attempt`] asks, and waking
 /// the workers on commit if unleased. Returns the creation time. Shared by the starts that
 /// record more in the same transaction (a key, a callback).
 pub(crate) async fn insert_saga_rows(
     tx: &mut Transaction<'static, Postgres>,
     new: &NewSaga,
-    lease: Option<(&str, i64)>,
+    lease: Option<&LeaseRequest>,
 ) -> Result<Millis> {
     let now: i64 = sqlx::query_scalar("SELECT saga_now_ms()")
         .fetch_one(&mut **tx)
-        .await?;
+        .await
+        .db()?;
     batch::postgres::insert_saga(tx, now, new, lease).await?;
     Ok(now)
 }
@@ -439,7 +444,8 @@ impl Store for PgStore {
     async fn migrate(&self) -> Result<()> {
         sqlx::migrate!("../migrations/postgres")
             .run(&self.pool)
-            .await?;
+            .await
+            .map_err(StoreError::from_migrate)?;
         Ok(())
     }
 
@@ -455,41 +461,45 @@ impl Store for PgStore {
         .bind(i64::from(worker.pid))
         .bind(&worker.definitions)
         .execute(&self.pool)
-        .await?;
+        .await
+        .db()?;
         self.commits.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
     async fn heartbeat(&self, worker: &str, lease_ttl_ms: i64) -> Result<()> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin().await.db()?;
         sqlx::query("UPDATE workers SET heartbeat_at = saga_now_ms() WHERE id = $1")
             .bind(worker)
             .execute(&mut *tx)
-            .await?;
+            .await
+            .db()?;
         sqlx::query(
             "UPDATE sagas SET lease_expires_at = saga_now_ms() + $2 WHERE lease_owner = $1",
         )
         .bind(worker)
         .bind(lease_ttl_ms)
         .execute(&mut *tx)
-        .await?;
+        .await
+        .db()?;
         self.commit(tx).await
     }
 
     async fn deregister_worker(&self, worker: &str) -> Result<()> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin().await.db()?;
         sqlx::query(
             "UPDATE sagas SET lease_owner = NULL, lease_expires_at = NULL WHERE lease_owner = $1",
         )
         .bind(worker)
         .execute(&mut *tx)
-        .await?;
+        .await
+        .db()?;
         sqlx::query(
             "UPDATE workers SET stopped_at = saga_now_ms(), heartbeat_at = saga_now_ms() WHERE id = $1",
         )
         .bind(worker)
         .execute(&mut *tx)
-        .await?;
+        .await.db()?;
         // The released sagas are due: another process may take them at once.
         Self::notify_due(&mut tx).await?;
         self.commit(tx).await
@@ -500,13 +510,8 @@ impl Store for PgStore {
         self.queue.create(new, None).await
     }
 
-    async fn create_saga_leased(
-        &self,
-        new: NewSaga,
-        owner: &str,
-        lease_ttl_ms: i64,
-    ) -> Result<Claimed> {
-        self.queue.create_leased(new, owner, lease_ttl_ms).await
+    async fn create_saga_leased(&self, new: NewSaga, lease: &LeaseRequest) -> Result<Claimed> {
+        self.queue.create_leased(new, lease).await
     }
 
     async fn get_saga(&self, id: Uuid) -> Result<Option<Saga>> {
@@ -518,7 +523,8 @@ impl Store for PgStore {
             sqlx::query_scalar("SELECT status FROM sagas WHERE id = $1::uuid")
                 .bind(id.to_string())
                 .fetch_optional(&self.pool)
-                .await?;
+                .await
+                .db()?;
         status.map(|s| parse_enum(&id.to_string(), &s)).transpose()
     }
 
@@ -536,7 +542,8 @@ impl Store for PgStore {
         .bind(prefix.high().to_string())
         .bind(i64::from(limit))
         .fetch_all(&self.pool)
-        .await?;
+        .await
+        .db()?;
         ids.iter()
             .map(|t| {
                 Uuid::parse_str(t).map_err(|e| StoreError::Corrupt {
@@ -569,7 +576,7 @@ impl Store for PgStore {
         }
         q.push(" ORDER BY id DESC LIMIT ")
             .push_bind(i64::from(limit) + 1);
-        let rows = q.build().fetch_all(&self.pool).await?;
+        let rows = q.build().fetch_all(&self.pool).await.db()?;
         page_from_rows(&rows, limit)
     }
 
@@ -580,7 +587,7 @@ impl Store for PgStore {
         )
         .bind(id.to_string())
         .fetch_all(&self.pool)
-        .await?;
+        .await.db()?;
         let saga = id.to_string();
         rows.iter().map(|row| event_from_row(row, &saga)).collect()
     }
@@ -594,7 +601,7 @@ impl Store for PgStore {
         )
         .bind(id.to_string())
         .fetch_all(&self.pool)
-        .await?;
+        .await.db()?;
         rows.iter().map(attempt_from_row).collect()
     }
 
@@ -602,7 +609,7 @@ impl Store for PgStore {
         if req.limit == 0 || req.definitions.is_empty() {
             return Ok(Vec::new());
         }
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin().await.db()?;
         // The candidate set is materialised and locked first (SKIP LOCKED: other workers
         // claiming at the same moment get other sagas), then updated. The time is read once
         // (`(SELECT saga_now_ms())`), so that it bounds the walk of the due-time index instead
@@ -625,12 +632,13 @@ impl Store for PgStore {
         .bind(req.definitions)
         .bind(i64::from(req.limit))
         .fetch_all(&mut *tx)
-        .await?;
+        .await
+        .db()?;
         let mut epochs = Vec::with_capacity(rows.len());
         for row in &rows {
-            let id_text: String = row.try_get("id")?;
+            let id_text: String = row.try_get("id").db()?;
             let id = Uuid::parse_str(&id_text).map_err(|e| corrupt(&id_text, e))?;
-            epochs.push((id, row.try_get::<i64, _>("lease_epoch")?));
+            epochs.push((id, row.try_get::<i64, _>("lease_epoch").db()?));
         }
         let ids: Vec<Uuid> = epochs.iter().map(|(id, _)| *id).collect();
         let conn: &mut sqlx::PgConnection = &mut tx;
@@ -654,7 +662,7 @@ impl Store for PgStore {
                     )
                     .bind(id.to_string())
                     .execute(&mut *tx)
-                    .await?;
+                    .await.db()?;
                     let data = serde_json::json!({"detail": detail});
                     insert_event(&mut tx, &id.to_string(), "saga.corrupt", None, &data).await?;
                 }
@@ -681,7 +689,8 @@ impl Store for PgStore {
         .bind(&lease.owner)
         .bind(lease.epoch)
         .execute(&self.pool)
-        .await?
+        .await
+        .db()?
         .rows_affected();
         if released == 0 {
             return Err(StoreError::LeaseLost(lease.saga_id));
@@ -691,7 +700,7 @@ impl Store for PgStore {
     }
 
     async fn mark_blocked(&self, definitions: &[String]) -> Result<u64> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin().await.db()?;
         // Blocked means no live worker has the definition, not only this one: workers of
         // different versions may share a database during a rolling deploy.
         let rows = sqlx::query(
@@ -706,10 +715,11 @@ impl Store for PgStore {
         )
         .bind(definitions)
         .fetch_all(&mut *tx)
-        .await?;
+        .await
+        .db()?;
         for row in &rows {
-            let id: String = row.try_get("id")?;
-            let key: String = row.try_get("definition_key")?;
+            let id: String = row.try_get("id").db()?;
+            let key: String = row.try_get("definition_key").db()?;
             let data = serde_json::json!({
                 "definition": key,
                 "reason": "no running orchestrator process has this exact saga definition"
@@ -727,7 +737,8 @@ impl Store for PgStore {
         )
         .bind(definitions)
         .fetch_one(&self.pool)
-        .await?;
+        .await
+        .db()?;
         Ok(due)
     }
 
@@ -743,19 +754,22 @@ impl Store for PgStore {
         )
         .bind(definitions)
         .fetch_one(&self.pool)
-        .await?)
+        .await
+        .db()?)
     }
 
     async fn request_cancel(&self, id: Uuid) -> Result<CancelOutcome> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin().await.db()?;
         let row =
             sqlx::query("SELECT status, pivot_reached FROM sagas WHERE id = $1::uuid FOR UPDATE")
                 .bind(id.to_string())
                 .fetch_optional(&mut *tx)
-                .await?
+                .await
+                .db()?
                 .ok_or(StoreError::NotFound(id))?;
-        let status: SagaStatus = parse_enum(&id.to_string(), &row.try_get::<String, _>("status")?)?;
-        let pivot_reached: bool = row.try_get("pivot_reached")?;
+        let status: SagaStatus =
+            parse_enum(&id.to_string(), &row.try_get::<String, _>("status").db()?)?;
+        let pivot_reached: bool = row.try_get("pivot_reached").db()?;
         let outcome = if let Some(refusal) = cancel_refusal(status, pivot_reached) {
             refusal
         } else {
@@ -766,7 +780,8 @@ impl Store for PgStore {
             )
             .bind(id.to_string())
             .execute(&mut *tx)
-            .await?;
+            .await
+            .db()?;
             insert_event(
                 &mut tx,
                 &id.to_string(),
@@ -783,7 +798,7 @@ impl Store for PgStore {
     }
 
     async fn abort(&self, id: Uuid, reason: &str, actor: &str) -> Result<Saga> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin().await.db()?;
         let saga = Self::lock_saga(&mut tx, id).await?;
         check_abort(&saga)?;
         sqlx::query(
@@ -794,7 +809,8 @@ impl Store for PgStore {
         .bind(id.to_string())
         .bind(format!("aborted: {reason}"))
         .execute(&mut *tx)
-        .await?;
+        .await
+        .db()?;
         let data =
             serde_json::json!({"reason": reason, "actor": actor, "previous_status": saga.status});
         insert_event(&mut tx, &id.to_string(), "saga.aborted", None, &data).await?;
@@ -804,7 +820,7 @@ impl Store for PgStore {
     }
 
     async fn retry_now(&self, id: Uuid, actor: &str) -> Result<Saga> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin().await.db()?;
         let saga = Self::lock_saga(&mut tx, id).await?;
         match plan_retry(&saga)? {
             RetryPlan::Failed(failed) => {
@@ -814,7 +830,8 @@ impl Store for PgStore {
                 .bind(id.to_string())
                 .bind(i64::from(failed.index))
                 .execute(&mut *tx)
-                .await?;
+                .await
+                .db()?;
                 sqlx::query(
                     "UPDATE sagas SET status = 'RUNNING', next_run_at = saga_now_ms(), needs_attention = FALSE, \
                      lease_owner = NULL, lease_expires_at = NULL, lease_epoch = lease_epoch + 1, \
@@ -822,7 +839,7 @@ impl Store for PgStore {
                 )
                 .bind(id.to_string())
                 .execute(&mut *tx)
-                .await?;
+                .await.db()?;
                 let data = serde_json::json!({"actor": actor, "step": failed.name});
                 insert_event(
                     &mut tx,
@@ -840,7 +857,8 @@ impl Store for PgStore {
                 )
                 .bind(id.to_string())
                 .execute(&mut *tx)
-                .await?;
+                .await
+                .db()?;
                 let data = serde_json::json!({"actor": actor});
                 insert_event(
                     &mut tx,
@@ -864,7 +882,7 @@ impl Store for PgStore {
         reason: &str,
         actor: &str,
     ) -> Result<Saga> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.pool.begin().await.db()?;
         let saga = Self::lock_saga(&mut tx, id).await?;
         let record = check_mark_compensated(&saga, id, step)?;
         sqlx::query(
@@ -874,7 +892,8 @@ impl Store for PgStore {
         .bind(id.to_string())
         .bind(i64::from(record.index))
         .execute(&mut *tx)
-        .await?;
+        .await
+        .db()?;
         sqlx::query(
             "UPDATE sagas SET needs_attention = FALSE, next_run_at = saga_now_ms(), lease_owner = NULL, \
              lease_expires_at = NULL, lease_epoch = lease_epoch + 1, updated_at = saga_now_ms() \
@@ -882,7 +901,7 @@ impl Store for PgStore {
         )
         .bind(id.to_string())
         .execute(&mut *tx)
-        .await?;
+        .await.db()?;
         let data = serde_json::json!({"reason": reason, "actor": actor});
         insert_event(
             &mut tx,
@@ -904,7 +923,8 @@ impl Store for PgStore {
              FROM workers w ORDER BY w.started_at DESC LIMIT 100",
         )
         .fetch_all(&self.pool)
-        .await?;
+        .await
+        .db()?;
         rows.iter().map(worker_from_row).collect()
     }
 
@@ -926,6 +946,7 @@ impl Store for PgStore {
     async fn now(&self) -> Result<Millis> {
         Ok(sqlx::query_scalar("SELECT saga_now_ms()")
             .fetch_one(&self.pool)
-            .await?)
+            .await
+            .db()?)
     }
 }

@@ -14,6 +14,7 @@ use crate::model::{
     Attempt, Event, Millis, PhaseRecord, Saga, SagaSummary, StepKindName, StepRecord, StepStatus,
     Worker,
 };
+use crate::store::SqlxResultExt;
 
 /// A column value a log row can yield.
 pub(super) trait Column: Sized {
@@ -27,10 +28,10 @@ macro_rules! column {
     ($($t:ty),*) => {$(
         impl Column for $t {
             fn sqlite(row: &sqlx::sqlite::SqliteRow, name: &str) -> Result<Self> {
-                Ok(sqlx::Row::try_get(row, name)?)
+                sqlx::Row::try_get(row, name).db()
             }
             fn postgres(row: &sqlx::postgres::PgRow, name: &str) -> Result<Self> {
-                Ok(sqlx::Row::try_get(row, name)?)
+                sqlx::Row::try_get(row, name).db()
             }
         }
     )*};

@@ -31,11 +31,12 @@ use super::rows::{
 };
 use super::rules::{cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan};
 use super::{
-    Applied, CancelOutcome, ClaimRequest, Claimed, Lease, NewSaga, Result, Store, StoreError,
-    Transition, WorkerInfo,
+    Applied, CancelOutcome, ClaimRequest, Claimed, Lease, LeaseRequest, NewSaga, Result, Store,
+    StoreError, Transition, WorkerInfo,
 };
 use crate::clock::{Clock, SystemClock};
 use crate::model::{Attempt, Event, ListFilter, Millis, Saga, SagaPage, SagaStatus};
+use crate::store::SqlxResultExt;
 
 /// How hard SQLite works to keep a commit on power loss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -166,7 +167,7 @@ impl SqliteStore {
             // The absolute path: a relative one is relative to a working directory the reader
             // of the message may not know.
             let shown = std::path::absolute(&path).unwrap_or_else(|_| path.clone());
-            return Err(StoreError::Io(format!(
+            return Err(StoreError::io(format!(
                 "database {} does not exist (start the server or run `saga migrate` to create it)",
                 shown.display()
             )));
@@ -185,7 +186,8 @@ impl SqliteStore {
             // of many write transactions, a cost that grows with the cache (measured: 16 MB
             // cost ~10 % of throughput under group commit). The readers keep the large one.
             .connect_with(opts.clone().pragma("cache_size", "-2000"))
-            .await?;
+            .await
+            .db()?;
         let store_path = (!in_memory).then_some(path);
         let reader = if in_memory {
             // An in-memory database exists only on its one connection.
@@ -196,7 +198,8 @@ impl SqliteStore {
                 .acquire_timeout(Duration::from_secs(30))
                 .test_before_acquire(false)
                 .connect_with(opts.clone().read_only(true))
-                .await?
+                .await
+                .db()?
         };
         let checkpointer = if in_memory {
             None
@@ -204,7 +207,8 @@ impl SqliteStore {
             let pool = SqlitePoolOptions::new()
                 .max_connections(1)
                 .connect_with(opts.clone())
-                .await?;
+                .await
+                .db()?;
             Some(tokio::spawn(checkpoint_loop(pool)).abort_handle())
         };
         let store = Self {
@@ -248,11 +252,11 @@ impl SqliteStore {
     }
 
     async fn begin_write(&self) -> Result<Transaction<'static, Sqlite>> {
-        Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
+        self.writer.begin_with("BEGIN IMMEDIATE").await.db()
     }
 
     async fn commit(&self, tx: Transaction<'static, Sqlite>) -> Result<()> {
-        tx.commit().await?;
+        tx.commit().await.db()?;
         self.commits
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
@@ -262,13 +266,13 @@ impl SqliteStore {
     /// separate reads could straddle a commit and pair the saga of one write with the steps
     /// of the next).
     async fn load_saga(pool: &SqlitePool, id: Uuid) -> Result<Option<Saga>> {
-        let mut tx = pool.begin().await?;
+        let mut tx = pool.begin().await.db()?;
         let saga = match Self::require_saga(&mut tx, id).await {
             Ok(saga) => Some(saga),
             Err(StoreError::NotFound(_)) => None,
             Err(e) => return Err(e),
         };
-        tx.commit().await?;
+        tx.commit().await.db()?;
         Ok(saga)
     }
 
@@ -277,12 +281,14 @@ impl SqliteStore {
         let row = sqlx::query(SELECT_SAGA)
             .bind(id.to_string())
             .fetch_optional(&mut *conn)
-            .await?
+            .await
+            .db()?
             .ok_or(StoreError::NotFound(id))?;
         let steps = sqlx::query(SELECT_STEPS)
             .bind(id.to_string())
             .fetch_all(&mut *conn)
-            .await?;
+            .await
+            .db()?;
         let steps = steps
             .iter()
             .map(step_from_row)
@@ -373,7 +379,8 @@ async fn insert_event(
         .bind(step)
         .bind(data.to_string())
         .execute(conn)
-        .await?;
+        .await
+        .db()?;
     Ok(())
 }
 
@@ -402,12 +409,13 @@ async fn claim_on(
     .bind(definitions)
     .bind(i64::from(limit))
     .fetch_all(&mut *conn)
-    .await?;
+    .await
+    .db()?;
     let mut claimed = Vec::with_capacity(rows.len());
     for row in &rows {
-        let id_text: String = row.try_get("id")?;
+        let id_text: String = row.try_get("id").db()?;
         let id = Uuid::parse_str(&id_text).map_err(|e| corrupt(&id_text, e))?;
-        let epoch: i64 = row.try_get("lease_epoch")?;
+        let epoch: i64 = row.try_get("lease_epoch").db()?;
         let saga = match SqliteStore::require_saga(&mut *conn, id).await {
             Ok(saga) => saga,
             Err(StoreError::Corrupt { detail, .. }) => {
@@ -422,7 +430,8 @@ async fn claim_on(
                 .bind(&id_text)
                 .bind(now)
                 .execute(&mut *conn)
-                .await?;
+                .await
+                .db()?;
                 let data = serde_json::json!({"detail": detail});
                 insert_event(&mut *conn, &id_text, now, "saga.corrupt", None, &data).await?;
                 continue;
@@ -446,7 +455,8 @@ impl Store for SqliteStore {
     async fn migrate(&self) -> Result<()> {
         sqlx::migrate!("../migrations/sqlite")
             .run(&self.writer)
-            .await?;
+            .await
+            .map_err(StoreError::from_migrate)?;
         Ok(())
     }
 
@@ -461,7 +471,7 @@ impl Store for SqliteStore {
                 .truncate(false)
                 .write(true)
                 .open(&lock_path)
-                .map_err(|e| StoreError::Io(format!("cannot open {}: {e}", lock_path.display())))?;
+                .map_err(|e| StoreError::io(format!("cannot open {}: {e}", lock_path.display())))?;
             match file.try_lock() {
                 Ok(()) => {}
                 Err(std::fs::TryLockError::WouldBlock) => {
@@ -472,7 +482,7 @@ impl Store for SqliteStore {
                     )))
                 }
                 Err(std::fs::TryLockError::Error(e)) => {
-                    return Err(StoreError::Io(format!(
+                    return Err(StoreError::io(format!(
                         "cannot lock {}: {e}",
                         lock_path.display()
                     )))
@@ -489,11 +499,12 @@ impl Store for SqliteStore {
              WHERE lease_owner IS NOT NULL",
         )
         .execute(&mut *tx)
-        .await?;
+        .await.db()?;
         sqlx::query("UPDATE workers SET stopped_at = ?1 WHERE stopped_at IS NULL")
             .bind(now)
             .execute(&mut *tx)
-            .await?;
+            .await
+            .db()?;
         sqlx::query(
             "INSERT INTO workers (id, host, pid, started_at, heartbeat_at) VALUES (?1, ?2, ?3, ?4, ?4) \
              ON CONFLICT (id) DO UPDATE SET heartbeat_at = ?4, stopped_at = NULL",
@@ -503,7 +514,7 @@ impl Store for SqliteStore {
         .bind(i64::from(worker.pid))
         .bind(now)
         .execute(&mut *tx)
-        .await?;
+        .await.db()?;
         self.commit(tx).await?;
         Ok(())
     }
@@ -517,12 +528,14 @@ impl Store for SqliteStore {
                         .bind(&worker)
                         .bind(now)
                         .execute(&mut *conn)
-                        .await?;
+                        .await
+                        .db()?;
                     sqlx::query("UPDATE sagas SET lease_expires_at = ?2 WHERE lease_owner = ?1")
                         .bind(&worker)
                         .bind(now + lease_ttl_ms)
                         .execute(&mut *conn)
-                        .await?;
+                        .await
+                        .db()?;
                     Ok(())
                 })
             })
@@ -537,12 +550,14 @@ impl Store for SqliteStore {
         )
         .bind(worker)
         .execute(&mut *tx)
-        .await?;
+        .await
+        .db()?;
         sqlx::query("UPDATE workers SET stopped_at = ?2, heartbeat_at = ?2 WHERE id = ?1")
             .bind(worker)
             .bind(now)
             .execute(&mut *tx)
-            .await?;
+            .await
+            .db()?;
         self.commit(tx).await?;
         if let Some(file) = self
             .engine_lock
@@ -559,13 +574,8 @@ impl Store for SqliteStore {
         self.queue.create(new, None).await
     }
 
-    async fn create_saga_leased(
-        &self,
-        new: NewSaga,
-        owner: &str,
-        lease_ttl_ms: i64,
-    ) -> Result<Claimed> {
-        self.queue.create_leased(new, owner, lease_ttl_ms).await
+    async fn create_saga_leased(&self, new: NewSaga, lease: &LeaseRequest) -> Result<Claimed> {
+        self.queue.create_leased(new, lease).await
     }
 
     async fn get_saga(&self, id: Uuid) -> Result<Option<Saga>> {
@@ -576,7 +586,8 @@ impl Store for SqliteStore {
         let status: Option<String> = sqlx::query_scalar("SELECT status FROM sagas WHERE id = ?")
             .bind(id.to_string())
             .fetch_optional(&self.reader)
-            .await?;
+            .await
+            .db()?;
         status.map(|s| parse_enum(&id.to_string(), &s)).transpose()
     }
 
@@ -593,7 +604,8 @@ impl Store for SqliteStore {
         .bind(prefix.high().to_string())
         .bind(i64::from(limit))
         .fetch_all(&self.reader)
-        .await?;
+        .await
+        .db()?;
         ids.iter()
             .map(|t| {
                 Uuid::parse_str(t).map_err(|e| StoreError::Corrupt {
@@ -622,7 +634,7 @@ impl Store for SqliteStore {
         }
         q.push(" ORDER BY id DESC LIMIT ")
             .push_bind(i64::from(limit) + 1);
-        let rows = q.build().fetch_all(&self.reader).await?;
+        let rows = q.build().fetch_all(&self.reader).await.db()?;
         page_from_rows(&rows, limit)
     }
 
@@ -633,7 +645,8 @@ impl Store for SqliteStore {
         )
         .bind(id.to_string())
         .fetch_all(&self.reader)
-        .await?;
+        .await
+        .db()?;
         let saga = id.to_string();
         rows.iter().map(|row| event_from_row(row, &saga)).collect()
     }
@@ -647,7 +660,7 @@ impl Store for SqliteStore {
         )
         .bind(id.to_string())
         .fetch_all(&self.reader)
-        .await?;
+        .await.db()?;
         rows.iter().map(attempt_from_row).collect()
     }
 
@@ -678,7 +691,8 @@ impl Store for SqliteStore {
         .bind(&lease.owner)
         .bind(lease.epoch)
         .execute(&self.writer)
-        .await?
+        .await
+        .db()?
         .rows_affected();
         if released == 0 {
             return Err(StoreError::LeaseLost(lease.saga_id));
@@ -698,10 +712,10 @@ impl Store for SqliteStore {
         .bind(json_list(definitions))
         .bind(now)
         .fetch_all(&mut *tx)
-        .await?;
+        .await.db()?;
         for row in &rows {
-            let id: String = row.try_get("id")?;
-            let key: String = row.try_get("definition_key")?;
+            let id: String = row.try_get("id").db()?;
+            let key: String = row.try_get("definition_key").db()?;
             let data = serde_json::json!({
                 "definition": key,
                 "reason": "no running orchestrator process has this exact saga definition"
@@ -720,8 +734,9 @@ impl Store for SqliteStore {
         )
         .bind(json_list(definitions))
         .fetch_one(&self.reader)
-        .await?;
-        Ok(row.try_get("due")?)
+        .await
+        .db()?;
+        row.try_get("due").db()
     }
 
     async fn due_now(&self, definitions: &[String]) -> Result<bool> {
@@ -733,7 +748,8 @@ impl Store for SqliteStore {
         .bind(self.now_ms())
         .bind(json_list(definitions))
         .fetch_one(&self.reader)
-        .await?;
+        .await
+        .db()?;
         Ok(due)
     }
 
@@ -743,10 +759,12 @@ impl Store for SqliteStore {
         let row = sqlx::query("SELECT status, pivot_reached FROM sagas WHERE id = ?1")
             .bind(id.to_string())
             .fetch_optional(&mut *tx)
-            .await?
+            .await
+            .db()?
             .ok_or(StoreError::NotFound(id))?;
-        let status: SagaStatus = parse_enum(&id.to_string(), &row.try_get::<String, _>("status")?)?;
-        let pivot_reached: bool = row.try_get("pivot_reached")?;
+        let status: SagaStatus =
+            parse_enum(&id.to_string(), &row.try_get::<String, _>("status").db()?)?;
+        let pivot_reached: bool = row.try_get("pivot_reached").db()?;
         let outcome = if let Some(refusal) = cancel_refusal(status, pivot_reached) {
             refusal
         } else {
@@ -757,7 +775,8 @@ impl Store for SqliteStore {
             .bind(id.to_string())
             .bind(now)
             .execute(&mut *tx)
-            .await?;
+            .await
+            .db()?;
             insert_event(
                 &mut tx,
                 &id.to_string(),
@@ -787,7 +806,8 @@ impl Store for SqliteStore {
         .bind(now)
         .bind(format!("aborted: {reason}"))
         .execute(&mut *tx)
-        .await?;
+        .await
+        .db()?;
         let data =
             serde_json::json!({"reason": reason, "actor": actor, "previous_status": saga.status});
         insert_event(&mut tx, &id.to_string(), now, "saga.aborted", None, &data).await?;
@@ -805,7 +825,8 @@ impl Store for SqliteStore {
                     .bind(id.to_string())
                     .bind(i64::from(failed.index))
                     .execute(&mut *tx)
-                    .await?;
+                    .await
+                    .db()?;
                 sqlx::query(
                     "UPDATE sagas SET status = 'RUNNING', next_run_at = ?2, needs_attention = 0, \
                      lease_owner = NULL, lease_expires_at = NULL, lease_epoch = lease_epoch + 1, \
@@ -814,7 +835,8 @@ impl Store for SqliteStore {
                 .bind(id.to_string())
                 .bind(now)
                 .execute(&mut *tx)
-                .await?;
+                .await
+                .db()?;
                 let data = serde_json::json!({"actor": actor, "step": failed.name});
                 insert_event(
                     &mut tx,
@@ -834,7 +856,8 @@ impl Store for SqliteStore {
                 .bind(id.to_string())
                 .bind(now)
                 .execute(&mut *tx)
-                .await?;
+                .await
+                .db()?;
                 let data = serde_json::json!({"actor": actor});
                 insert_event(
                     &mut tx,
@@ -869,7 +892,7 @@ impl Store for SqliteStore {
         .bind(i64::from(record.index))
         .bind(now)
         .execute(&mut *tx)
-        .await?;
+        .await.db()?;
         // Take the saga from whichever worker holds it (its next write fails on the epoch) and
         // make it due, so the engine carries on with the remaining compensations.
         sqlx::query(
@@ -879,7 +902,8 @@ impl Store for SqliteStore {
         .bind(id.to_string())
         .bind(now)
         .execute(&mut *tx)
-        .await?;
+        .await
+        .db()?;
         let data = serde_json::json!({"reason": reason, "actor": actor});
         insert_event(
             &mut tx,
@@ -895,7 +919,10 @@ impl Store for SqliteStore {
     }
 
     async fn workers(&self) -> Result<Vec<crate::model::Worker>> {
-        let rows = sqlx::query(WORKERS_SQL).fetch_all(&self.reader).await?;
+        let rows = sqlx::query(WORKERS_SQL)
+            .fetch_all(&self.reader)
+            .await
+            .db()?;
         rows.iter().map(worker_from_row).collect()
     }
 

@@ -33,7 +33,7 @@ use std::collections::{HashMap, HashSet};
 
 use uuid::Uuid;
 
-use super::{Applied, Lease, NewSaga, Result, StoreError, Transition};
+use super::{Applied, Lease, LeaseRequest, NewSaga, Result, StoreError, Transition};
 use crate::store::rows::{corrupt, LogRow};
 
 /// One transition to apply, with its lease.
@@ -44,9 +44,9 @@ pub(crate) type Item = (Lease, Transition);
 pub(crate) struct NewItem {
     /// The saga.
     pub(crate) new: NewSaga,
-    /// `(owner, lease ttl in ms)`: created with lease epoch 1, so its creator drives it at
-    /// once without a claim.
-    pub(crate) lease: Option<(String, i64)>,
+    /// Created with lease epoch 1 as this asks, so its creator drives it at once without a
+    /// claim.
+    pub(crate) lease: Option<LeaseRequest>,
 }
 
 /// The leases the fence let through, `(saga, epoch)`, from the rows the fencing `UPDATE`
@@ -163,7 +163,7 @@ fn explain<R: LogRow>(
     let refused = match refused {
         None => Ok(HashMap::new()),
         Some(rows) => rows
-            .map_err(StoreError::from)
+            .map_err(StoreError::from_sqlx)
             .and_then(|r| refused_rows(&r)),
     };
     match refused {
@@ -185,10 +185,10 @@ fn unexplained(
             if written.contains(&(lease.saga_id, lease.epoch)) {
                 Ok(Applied::Written)
             } else {
-                Err(StoreError::CommitFailed {
-                    message: format!("not written, and reading why failed: {e}"),
-                    transient: true,
-                })
+                Err(StoreError::commit_failed(
+                    format!("not written, and reading why failed: {e}"),
+                    true,
+                ))
             }
         })
         .collect()
@@ -201,10 +201,10 @@ pub(crate) fn unreadable(items: &[Item], e: &StoreError) -> Vec<Result<Applied>>
     items
         .iter()
         .map(|_| {
-            Err(StoreError::CommitFailed {
-                message: format!("committed, but its result could not be read: {e}"),
-                transient: false,
-            })
+            Err(StoreError::commit_failed(
+                format!("committed, but its result could not be read: {e}"),
+                false,
+            ))
         })
         .collect()
 }

@@ -16,7 +16,7 @@ use uuid::Uuid;
 use super::{Item, NewItem};
 use crate::model::{definition_key, Millis, PhaseRecord};
 use crate::store::rows::comp_status_for;
-use crate::store::{AttemptChange, NewSaga};
+use crate::store::{AttemptChange, LeaseRequest, NewSaga};
 use saga_dsl::Phase;
 
 /// A statement being bound.
@@ -424,18 +424,12 @@ pub(crate) struct CreateCols<'a> {
 impl<'a> CreateCols<'a> {
     /// Flattens `items`.
     pub(crate) fn of(items: &'a [NewItem]) -> Self {
-        Self::of_sagas(items.iter().map(|item| {
-            let lease = item
-                .lease
-                .as_ref()
-                .map(|(owner, ttl)| (owner.as_str(), *ttl));
-            (&item.new, lease)
-        }))
+        Self::of_sagas(items.iter().map(|item| (&item.new, item.lease.as_ref())))
     }
 
-    /// Flattens sagas, each with the lease it is created under (`(owner, ttl in ms)`), if any.
+    /// Flattens sagas, each with the lease it is created under, if any.
     pub(crate) fn of_sagas(
-        sagas: impl IntoIterator<Item = (&'a NewSaga, Option<(&'a str, i64)>)>,
+        sagas: impl IntoIterator<Item = (&'a NewSaga, Option<&'a LeaseRequest>)>,
     ) -> Self {
         let mut c = Self::default();
         for (n, lease) in sagas {
@@ -446,9 +440,9 @@ impl<'a> CreateCols<'a> {
             c.key
                 .push(definition_key(&n.name, n.version, &n.definition_hash));
             c.input.push(n.input.to_string());
-            c.owner.push(lease.map(|(owner, _)| owner));
+            c.owner.push(lease.map(|l| l.owner.as_str()));
             c.epoch.push(i64::from(lease.is_some()));
-            c.ttl.push(lease.map(|(_, ttl)| ttl));
+            c.ttl.push(lease.map(|l| l.ttl_ms));
             let ahead = n.starts_first_action(lease.is_some());
             c.ahead.push(ahead);
             c.pivot.push(ahead && n.first_is_point_of_no_return());

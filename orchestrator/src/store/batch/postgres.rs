@@ -19,7 +19,8 @@ use crate::model::Millis;
 use crate::store::group_commit::{BoxFuture, Whole};
 use crate::store::idempotency::KeyedItem;
 use crate::store::rows::LogRow;
-use crate::store::{Applied, NewSaga, Result, StoreError};
+use crate::store::SqlxResultExt;
+use crate::store::{Applied, LeaseRequest, NewSaga, Result, StoreError};
 
 /// The row sources of a batch of transitions, over the next parameters.
 struct ApplySources {
@@ -189,7 +190,7 @@ static WHOLE: LazyLock<String> = LazyLock::new(|| {
 /// (whose rollback then undoes it).
 async fn open(conn: &mut PgConnection, guarded: bool) -> Result<()> {
     if guarded {
-        conn.execute("SAVEPOINT batch").await?;
+        conn.execute("SAVEPOINT batch").await.db()?;
     }
     Ok(())
 }
@@ -201,7 +202,7 @@ async fn close<T>(conn: &mut PgConnection, guarded: bool, result: Result<T>) -> 
             Ok(_) => "RELEASE SAVEPOINT batch",
             Err(_) => "ROLLBACK TO SAVEPOINT batch; RELEASE SAVEPOINT batch",
         };
-        conn.execute(sql).await?;
+        conn.execute(sql).await.db()?;
     }
     result
 }
@@ -230,7 +231,7 @@ pub(crate) async fn apply_batch(
         .bind(sqlx::query(&APPLY).bind(now))
         .fetch_all(&mut *conn)
         .await
-        .map_err(Into::into);
+        .db();
     let fenced = close(conn, guarded, fenced).await?;
     results(conn, items, &fenced).await
 }
@@ -279,7 +280,8 @@ pub(crate) async fn whole_batch(
     let rows = apply
         .bind(create.bind(sqlx::query(&WHOLE)))
         .fetch_all(&mut *conn)
-        .await?;
+        .await
+        .db()?;
     // Committed: from here on an error must not send the caller the long way (it would write
     // the batch twice).
     let now = rows
@@ -289,7 +291,7 @@ pub(crate) async fn whole_batch(
         .ok()
         .flatten();
     let Some(now) = now else {
-        let e = StoreError::Io("the batch statement returned no time".to_owned());
+        let e = StoreError::io("the batch statement returned no time");
         return Ok((unreadable(items, &e), 0));
     };
     let applied = results(conn, items, &rows)
@@ -298,20 +300,21 @@ pub(crate) async fn whole_batch(
     Ok((applied, now))
 }
 
-/// Creates one saga, its steps and its `saga.started` event at `now`, leased to `lease`'s
-/// owner (`(owner, ttl in ms)`) if given, inside the caller's transaction: the statement of
+/// Creates one saga, its steps and its `saga.started` event at `now`, leased as `lease` asks
+/// if given, inside the caller's transaction: the statement of
 /// [`insert_sagas`], for the starts that record more in the same transaction. An unleased
 /// saga wakes the workers on commit.
 pub(crate) async fn insert_saga(
     conn: &mut PgConnection,
     now: Millis,
     new: &NewSaga,
-    lease: Option<(&str, i64)>,
+    lease: Option<&LeaseRequest>,
 ) -> Result<()> {
     CreateCols::of_sagas([(new, lease)])
         .bind(sqlx::query(&CREATE).bind(now))
         .execute(&mut *conn)
-        .await?;
+        .await
+        .db()?;
     Ok(())
 }
 
@@ -340,6 +343,6 @@ pub(crate) async fn insert_sagas(
         .execute(&mut *conn)
         .await
         .map(|_| ())
-        .map_err(Into::into);
+        .db();
     close(conn, guarded, done).await
 }

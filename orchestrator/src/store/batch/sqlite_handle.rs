@@ -10,6 +10,7 @@ use rusqlite::Connection;
 use sqlx::{Sqlite, SqliteConnection, SqlitePool};
 
 use crate::store::group_commit::WriterCache;
+use crate::store::SqlxResultExt;
 use crate::store::{Result, StoreError};
 
 /// Distinct statements one writer keeps prepared (the writer's rows, savepoints and
@@ -128,7 +129,7 @@ async fn on_locked<T>(
     conn: &mut SqliteConnection,
     f: impl FnOnce(*mut rusqlite::ffi::sqlite3) -> Result<T>,
 ) -> Result<T> {
-    let mut locked = conn.lock_handle().await?;
+    let mut locked = conn.lock_handle().await.db()?;
     let raw = locked.as_raw_handle().as_ptr();
     let out = f(raw);
     drop(locked);
@@ -171,10 +172,7 @@ pub(crate) fn from_rusqlite(e: rusqlite::Error) -> StoreError {
         rusqlite::Error::SqliteFailure(f, _) => Some(f.extended_code),
         _ => None,
     };
-    StoreError::Sqlite {
-        code,
-        message: e.to_string(),
-    }
+    StoreError::sqlite(code, &e.to_string(), Some(Box::new(e)))
 }
 
 #[cfg(test)]
@@ -189,10 +187,7 @@ mod tests {
 
     #[test]
     fn busy_and_locked_are_transient_whatever_the_extended_code_and_a_constraint_is_not() {
-        let err = |code| StoreError::Sqlite {
-            code: Some(code),
-            message: String::new(),
-        };
+        let err = |code| StoreError::sqlite(Some(code), "", None);
         // SQLITE_BUSY, SQLITE_BUSY_SNAPSHOT, SQLITE_BUSY_TIMEOUT, SQLITE_LOCKED.
         for code in [5, 517, 773, 6] {
             assert!(err(code).is_transient(), "{code}");
@@ -212,16 +207,7 @@ mod tests {
             .execute("INSERT INTO t VALUES (1)", [])
             .map_err(from_rusqlite)
             .unwrap_err();
-        assert!(
-            matches!(
-                e,
-                StoreError::Sqlite {
-                    code: Some(1555),
-                    ..
-                }
-            ),
-            "{e:?}"
-        );
+        assert_eq!(e.backend().and_then(|b| b.code()), Some("1555"), "{e:?}");
     }
 
     /// Statements prepared on the connection of `pool` and not finalized, once the driver's

@@ -17,7 +17,7 @@ use super::{refusal, Item, NewItem, Refused};
 use crate::model::{definition_key, Millis, PhaseRecord};
 use crate::store::idempotency::Callback;
 use crate::store::rows::{comp_status_for, first_attempt};
-use crate::store::{Applied, AttemptChange, Lease, NewSaga, Result};
+use crate::store::{Applied, AttemptChange, Lease, LeaseRequest, NewSaga, Result};
 use saga_dsl::Phase;
 
 /// The fence and the saga's new state: written only while the saga carries the lease (and,
@@ -76,18 +76,17 @@ pub(crate) fn create(db: &Connection, now: Millis, items: &[NewItem]) -> Result<
     Ok(())
 }
 
-/// Creates one saga, its steps and its `saga.started` event, leased to `lease`'s owner for its
-/// ttl if given, with its first action written ahead if [`NewSaga::first_attempt`] asks.
+/// Creates one saga, its steps and its `saga.started` event, leased as `lease` asks if given, with its first action written ahead if [`NewSaga::first_attempt`] asks.
 pub(crate) fn create_saga(
     db: &Connection,
     now: Millis,
     n: &NewSaga,
-    lease: Option<&(String, i64)>,
+    lease: Option<&LeaseRequest>,
 ) -> Result<()> {
     let mut buf = Uuid::encode_buffer();
     let id: &str = n.id.hyphenated().encode_lower(&mut buf);
     let (owner, expires) = match lease {
-        Some((owner, ttl)) => (Some(owner.as_str()), Some(now.saturating_add(*ttl))),
+        Some(l) => (Some(l.owner.as_str()), Some(now.saturating_add(l.ttl_ms))),
         None => (None, None),
     };
     let ahead = n.starts_first_action(lease.is_some());
