@@ -558,6 +558,7 @@ async fn a_write_that_breaks_a_statement_fails_alone_and_the_others_commit() {
     }
     const BAD: usize = 17;
     let before_bad = log_of(&store, created[BAD].saga.id).await;
+    let commits_before = store.commits();
     let writes = created.iter().enumerate().map(|(i, c)| {
         let store = store.clone();
         let lease = c.lease.clone();
@@ -571,6 +572,11 @@ async fn a_write_that_breaks_a_statement_fails_alone_and_the_others_commit() {
         }
     });
     let results = futures_join_all(writes).await;
+    let commits = store.commits() - commits_before;
+    assert!(
+        commits < 30,
+        "30 concurrent writes took {commits} commits: no grouping"
+    );
     for (i, (c, r)) in created.iter().zip(&results).enumerate() {
         let (saga, attempts, events) = log_of(&store, c.saga.id).await;
         if i == BAD {
