@@ -12,81 +12,27 @@ use orchestrator::http::{router, serve, HttpConfig};
 use orchestrator::model::ListFilter;
 use orchestrator::Store;
 use reqwest::{Method, StatusCode};
-use saga_dsl::StepKind::{Compensatable, Pivot};
-use saga_dsl::{JsonSchema, SagaDefinition, Step, StepContext, StepError};
-use saga_suite::{
-    registry_of, scripted_saga, test_config, Journal, Outcome::Permanent, RunningEngine,
-    ScriptedStep as S, TempDb,
-};
+use saga_dsl::SagaDefinition;
+use saga_suite::{fixtures, registry_of, test_config, Journal, RunningEngine, TempDb};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-/// The input type of the `typed` saga: anything else is `422`.
-#[derive(serde::Deserialize, JsonSchema)]
-#[schemars(crate = "saga_dsl::schemars")]
-#[allow(dead_code)]
-struct Order {
-    order_id: String,
-    amount: i64,
-}
-
-async fn ok_action(_ctx: StepContext) -> Result<Value, StepError> {
-    Ok(json!({"ok": true}))
-}
-
-async fn ok_compensation(_ctx: StepContext) -> Result<(), StepError> {
-    Ok(())
-}
-
-async fn slow_action(_ctx: StepContext) -> Result<Value, StepError> {
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    Ok(json!("slow"))
-}
-
-/// The definitions every test server knows:
+/// The definitions every test server knows (from `saga_suite::fixtures`):
 /// - `s`: two compensatable steps and a pivot, all succeed;
 /// - `fails`: `b` fails permanently, so `a` is compensated;
-/// - `typed`: declares the [`Order`] input type;
+/// - `typed`: declares the `Order` input type;
 /// - `slow`: a slow compensatable step then a pivot (cancel while it runs);
 /// - `slow_pivot`: a slow pivot first (cancel once it has started is refused).
 fn definitions(journal: &Journal) -> Vec<SagaDefinition> {
+    let slow = Duration::from_millis(600);
     vec![
-        scripted_saga(
-            "s",
-            1,
-            &[
-                S::new("a", Compensatable),
-                S::new("b", Compensatable),
-                S::new("c", Pivot),
-            ],
-            journal,
-        ),
-        scripted_saga(
-            "fails",
-            1,
-            &[
-                S::new("a", Compensatable),
-                S::new("b", Compensatable).action(&[Permanent]),
-                S::new("c", Pivot),
-            ],
-            journal,
-        ),
-        SagaDefinition::builder("typed", 1)
-            .input::<Order>()
-            .step(Step::compensatable("reserve", ok_action, ok_compensation))
-            .build()
-            .unwrap(),
-        SagaDefinition::builder("slow", 1)
-            .step(Step::compensatable("wait", slow_action, ok_compensation))
-            .step(Step::pivot("finish", ok_action))
-            .build()
-            .unwrap(),
-        SagaDefinition::builder("slow_pivot", 1)
-            .step(Step::pivot("commit", slow_action))
-            .build()
-            .unwrap(),
+        fixtures::succeeds(journal),
+        fixtures::fails(journal),
+        fixtures::typed(),
+        fixtures::slow(slow),
+        fixtures::slow_pivot(slow),
     ]
 }
 

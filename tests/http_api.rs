@@ -16,12 +16,9 @@ use orchestrator::http::{openapi_json, openapi_json_for, router_with_shutdown, s
 use orchestrator::model::{ListFilter, SagaStatus, StepStatus};
 use orchestrator::Store;
 use reqwest::{Method, StatusCode};
-use saga_dsl::StepKind::{Compensatable, Pivot};
-use saga_dsl::{JsonSchema, SagaDefinition, Step, StepContext, StepError};
+use saga_dsl::SagaDefinition;
 use saga_suite::{
-    bin_path, registry_of, scripted_saga, test_config, Journal,
-    Outcome::{Permanent, Retryable},
-    RunningEngine, ScriptedStep as S, Server, TempDb,
+    bin_path, fixtures, registry_of, test_config, Journal, RunningEngine, Server, TempDb,
 };
 use serde_json::{json, Value};
 use tokio::task::JoinHandle;
@@ -29,81 +26,18 @@ use tokio_util::sync::CancellationToken;
 
 const TOKEN: &str = "test-token-0123456789";
 
-#[derive(serde::Deserialize, JsonSchema)]
-#[schemars(crate = "saga_dsl::schemars")]
-#[allow(dead_code)]
-struct Order {
-    order_id: String,
-    amount: i64,
-}
-
-async fn ok_action(_ctx: StepContext) -> Result<Value, StepError> {
-    Ok(json!({"ok": true}))
-}
-
-async fn ok_compensation(_ctx: StepContext) -> Result<(), StepError> {
-    Ok(())
-}
-
-async fn slow_action(_ctx: StepContext) -> Result<Value, StepError> {
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    Ok(json!("slow"))
-}
-
-async fn hang_action(_ctx: StepContext) -> Result<Value, StepError> {
-    tokio::time::sleep(Duration::from_secs(600)).await;
-    Ok(json!("late"))
-}
-
 /// - `s`: three steps that succeed; `fails`: `b` fails, `a` is compensated; `flaky`: `a` fails
-///   once (retryable); `typed`: declares the [`Order`] input; `slow`: a 1.5 s step then a
-///   pivot; `stuck`: a step that takes ten minutes.
+///   once (retryable); `typed`: declares the `Order` input; `slow`: a 1.5 s step then a
+///   pivot; `stuck`: a step that takes ten minutes (all from `saga_suite::fixtures`).
 fn definitions() -> Vec<SagaDefinition> {
     let journal = Journal::default();
     vec![
-        scripted_saga(
-            "s",
-            1,
-            &[
-                S::new("a", Compensatable),
-                S::new("b", Compensatable),
-                S::new("c", Pivot),
-            ],
-            &journal,
-        ),
-        scripted_saga(
-            "fails",
-            1,
-            &[
-                S::new("a", Compensatable),
-                S::new("b", Compensatable).action(&[Permanent]),
-                S::new("c", Pivot),
-            ],
-            &journal,
-        ),
-        scripted_saga(
-            "flaky",
-            1,
-            &[S::new("a", Compensatable).action(&[Retryable])],
-            &journal,
-        ),
-        SagaDefinition::builder("typed", 1)
-            .input::<Order>()
-            .step(Step::compensatable("reserve", ok_action, ok_compensation))
-            .build()
-            .unwrap(),
-        SagaDefinition::builder("slow", 1)
-            .step(Step::compensatable("wait", slow_action, ok_compensation))
-            .step(Step::pivot("finish", ok_action))
-            .build()
-            .unwrap(),
-        SagaDefinition::builder("stuck", 1)
-            .step(
-                Step::compensatable("hang", hang_action, ok_compensation)
-                    .timeout(Duration::from_secs(900)),
-            )
-            .build()
-            .unwrap(),
+        fixtures::succeeds(&journal),
+        fixtures::fails(&journal),
+        fixtures::flaky(&journal),
+        fixtures::typed(),
+        fixtures::slow(Duration::from_millis(1500)),
+        fixtures::stuck(),
     ]
 }
 

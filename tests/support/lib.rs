@@ -3,6 +3,8 @@
 
 #![allow(missing_docs, clippy::unwrap_used)]
 
+pub mod fixtures;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 

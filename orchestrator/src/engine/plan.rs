@@ -163,3 +163,618 @@ pub fn next_call(saga: &Saga, now: Millis) -> NextCall {
         _ => NextCall::Done,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The rules on hand-built saga records: no store, no engine, no clock but `NOW`.
+
+    use super::*;
+    use crate::model::{PhaseRecord, StepRecord};
+    use StepKindName::{Compensatable, Pivot, Retriable};
+
+    const NOW: Millis = 1_000_000;
+
+    /// A step whose action is in `action` (with one attempt made unless pending) and whose
+    /// compensation has not run.
+    fn step(index: u32, name: &str, kind: StepKindName, action: StepStatus) -> StepRecord {
+        let mut record = PhaseRecord::with_status(action);
+        if action != StepStatus::Pending {
+            record.attempts = 1;
+            record.started_at = Some(NOW - 100);
+        }
+        if matches!(action, StepStatus::Failed | StepStatus::Unknown) {
+            record.last_error = Some("boom".to_owned());
+        }
+        record.outcome_unknown = matches!(action, StepStatus::Unknown | StepStatus::Running);
+        StepRecord {
+            index,
+            name: name.to_owned(),
+            kind,
+            action: record,
+            output: (action == StepStatus::Succeeded).then(|| json!({ "from": name })),
+            compensation: PhaseRecord::with_status(if kind == Compensatable {
+                StepStatus::Pending
+            } else {
+                StepStatus::None
+            }),
+        }
+    }
+
+    /// A saga in `status` with the given steps, due since just now.
+    fn saga(status: SagaStatus, steps: Vec<StepRecord>) -> Saga {
+        Saga {
+            id: uuid::Uuid::nil(),
+            name: "s".to_owned(),
+            version: 1,
+            definition_hash: "h".to_owned(),
+            status,
+            needs_attention: false,
+            blocked: false,
+            cancel_requested: false,
+            pivot_reached: false,
+            input: json!({}),
+            output: None,
+            error: None,
+            next_run_at: Some(NOW - 10),
+            lease_owner: Some("w".to_owned()),
+            lease_epoch: 1,
+            lease_expires_at: None,
+            created_at: NOW - 1_000,
+            updated_at: NOW - 10,
+            steps,
+        }
+    }
+
+    /// Steps `a`, `b` (compensatable), `p` (pivot), `r` (retriable) with these action states.
+    fn four(a: StepStatus, b: StepStatus, p: StepStatus, r: StepStatus) -> Vec<StepRecord> {
+        vec![
+            step(0, "a", Compensatable, a),
+            step(1, "b", Compensatable, b),
+            step(2, "p", Pivot, p),
+            step(3, "r", Retriable, r),
+        ]
+    }
+
+    fn kinds(events: &[NewEvent]) -> Vec<&'static str> {
+        events.iter().map(|e| e.kind).collect()
+    }
+
+    /// Drives a compensating saga as the driver would, each compensation succeeding at its first
+    /// attempt: the steps compensated, in order, and the events of the settles along the way.
+    fn compensate_all(saga: &mut Saga) -> (Vec<usize>, Vec<&'static str>) {
+        let (mut order, mut events) = (Vec::new(), Vec::new());
+        loop {
+            match next_call(saga, NOW) {
+                NextCall::Call(i, Phase::Compensation) => {
+                    order.push(i);
+                    let comp = &mut saga.steps[i].compensation;
+                    comp.status = StepStatus::Succeeded;
+                    comp.attempts += 1;
+                    events.extend(kinds(&settle(saga, NOW)));
+                }
+                NextCall::Done => return (order, events),
+                other => panic!("unexpected {other:?} while compensating: {saga:#?}"),
+            }
+            assert!(order.len() <= saga.steps.len(), "compensations never end");
+        }
+    }
+
+    #[test]
+    fn a_queued_saga_calls_its_first_action_now() {
+        let mut s = saga(
+            SagaStatus::Queued,
+            four(
+                StepStatus::Pending,
+                StepStatus::Pending,
+                StepStatus::Pending,
+                StepStatus::Pending,
+            ),
+        );
+        s.next_run_at = None;
+        assert!(settle(&mut s, NOW).is_empty());
+        assert_eq!(s.status, SagaStatus::Queued);
+        assert_eq!(s.next_run_at, Some(NOW), "due now");
+        assert_eq!(next_call(&s, NOW), NextCall::Call(0, Phase::Action));
+    }
+
+    #[test]
+    fn forward_progress_calls_the_first_action_not_yet_succeeded() {
+        let mut s = saga(
+            SagaStatus::Running,
+            four(
+                StepStatus::Succeeded,
+                StepStatus::Pending,
+                StepStatus::Pending,
+                StepStatus::Pending,
+            ),
+        );
+        assert!(settle(&mut s, NOW).is_empty());
+        assert_eq!(s.status, SagaStatus::Running);
+        assert_eq!(
+            s.next_run_at,
+            Some(NOW - 10),
+            "due since earlier keeps its time"
+        );
+        assert_eq!(next_call(&s, NOW), NextCall::Call(1, Phase::Action));
+
+        let mut s = saga(
+            SagaStatus::Running,
+            four(
+                StepStatus::Succeeded,
+                StepStatus::Succeeded,
+                StepStatus::Succeeded,
+                StepStatus::Pending,
+            ),
+        );
+        s.pivot_reached = true;
+        assert!(settle(&mut s, NOW).is_empty());
+        assert_eq!(next_call(&s, NOW), NextCall::Call(3, Phase::Action));
+    }
+
+    #[test]
+    fn every_action_succeeded_completes_the_saga_with_every_output() {
+        let mut s = saga(
+            SagaStatus::Running,
+            four(
+                StepStatus::Succeeded,
+                StepStatus::Succeeded,
+                StepStatus::Succeeded,
+                StepStatus::Succeeded,
+            ),
+        );
+        s.steps[1].output = None;
+        let events = settle(&mut s, NOW);
+        assert_eq!(events, [NewEvent::saga("saga.completed", json!({}))]);
+        assert_eq!(s.status, SagaStatus::Completed);
+        assert_eq!(s.next_run_at, None, "a terminal saga is never due");
+        assert_eq!(
+            s.output,
+            Some(json!({"a": {"from": "a"}, "b": null, "p": {"from": "p"}, "r": {"from": "r"}}))
+        );
+        assert_eq!(next_call(&s, NOW), NextCall::Done);
+    }
+
+    #[test]
+    fn a_permanent_failure_before_the_pivot_compensates_earlier_steps_in_reverse() {
+        let mut s = saga(
+            SagaStatus::Running,
+            vec![
+                step(0, "a", Compensatable, StepStatus::Succeeded),
+                step(1, "b", Compensatable, StepStatus::Succeeded),
+                step(2, "c", Compensatable, StepStatus::Failed),
+                step(3, "p", Pivot, StepStatus::Pending),
+            ],
+        );
+        let events = settle(&mut s, NOW);
+        assert_eq!(
+            events,
+            [NewEvent::saga(
+                "saga.compensating",
+                json!({"reason": "c: boom"})
+            )]
+        );
+        assert_eq!(s.status, SagaStatus::Compensating);
+        assert_eq!(s.error.as_deref(), Some("c: boom"));
+        let (order, events) = compensate_all(&mut s);
+        assert_eq!(
+            order,
+            [1, 0],
+            "the failed step is not compensated: it had no effect"
+        );
+        assert_eq!(events, ["saga.compensated"]);
+        assert_eq!(s.status, SagaStatus::Compensated);
+        assert_eq!(s.next_run_at, None);
+        assert_eq!(s.steps[2].compensation.status, StepStatus::Pending);
+        assert_eq!(
+            s.steps[3].action.status,
+            StepStatus::Pending,
+            "never started"
+        );
+    }
+
+    #[test]
+    fn a_failed_step_whose_outcome_is_unknown_is_compensated_first() {
+        let mut s = saga(
+            SagaStatus::Running,
+            four(
+                StepStatus::Succeeded,
+                StepStatus::Unknown,
+                StepStatus::Pending,
+                StepStatus::Pending,
+            ),
+        );
+        assert_eq!(kinds(&settle(&mut s, NOW)), ["saga.compensating"]);
+        assert_eq!(s.error.as_deref(), Some("b: boom"));
+        let (order, _) = compensate_all(&mut s);
+        assert_eq!(
+            order,
+            [1, 0],
+            "it may have had an effect: undone too, before a"
+        );
+        assert_eq!(s.status, SagaStatus::Compensated);
+    }
+
+    #[test]
+    fn a_failure_without_an_error_text_still_names_its_step() {
+        let mut s = saga(
+            SagaStatus::Running,
+            four(
+                StepStatus::Failed,
+                StepStatus::Pending,
+                StepStatus::Pending,
+                StepStatus::Pending,
+            ),
+        );
+        s.steps[0].action.last_error = None;
+        settle(&mut s, NOW);
+        assert_eq!(s.error.as_deref(), Some("a: failed"));
+        // Nothing succeeded before it: compensated at once.
+        assert_eq!(s.status, SagaStatus::Compensated);
+        assert_eq!(next_call(&s, NOW), NextCall::Done);
+    }
+
+    #[test]
+    fn a_pivot_that_failed_definitively_compensates_the_steps_before_it() {
+        let mut s = saga(
+            SagaStatus::Running,
+            four(
+                StepStatus::Succeeded,
+                StepStatus::Succeeded,
+                StepStatus::Failed,
+                StepStatus::Pending,
+            ),
+        );
+        s.pivot_reached = true;
+        assert_eq!(kinds(&settle(&mut s, NOW)), ["saga.compensating"]);
+        assert_eq!(s.error.as_deref(), Some("p: boom"));
+        let (order, _) = compensate_all(&mut s);
+        assert_eq!(order, [1, 0]);
+        assert_eq!(s.status, SagaStatus::Compensated);
+    }
+
+    #[test]
+    fn a_pivot_whose_outcome_is_unknown_fails_and_needs_a_person() {
+        let mut s = saga(
+            SagaStatus::Running,
+            four(
+                StepStatus::Succeeded,
+                StepStatus::Succeeded,
+                StepStatus::Unknown,
+                StepStatus::Pending,
+            ),
+        );
+        s.pivot_reached = true;
+        let events = settle(&mut s, NOW);
+        assert_eq!(
+            events,
+            [NewEvent::saga("saga.failed", json!({"reason": "p: boom"}))]
+        );
+        assert_eq!(s.status, SagaStatus::Failed);
+        assert!(s.needs_attention);
+        assert_eq!(s.next_run_at, None);
+        assert_eq!(
+            next_call(&s, NOW),
+            NextCall::Done,
+            "neither way is safe alone"
+        );
+        assert!(s
+            .steps
+            .iter()
+            .all(|st| st.compensation.status != StepStatus::Succeeded));
+    }
+
+    #[test]
+    fn after_the_pivot_a_retriable_step_waits_for_its_timer_then_retries() {
+        let mut s = saga(
+            SagaStatus::Running,
+            four(
+                StepStatus::Succeeded,
+                StepStatus::Succeeded,
+                StepStatus::Succeeded,
+                StepStatus::Retrying,
+            ),
+        );
+        s.pivot_reached = true;
+        s.next_run_at = Some(NOW + 500);
+        assert!(settle(&mut s, NOW).is_empty());
+        assert_eq!(s.status, SagaStatus::Running);
+        assert_eq!(s.next_run_at, Some(NOW + 500), "the timer is kept");
+        assert_eq!(next_call(&s, NOW), NextCall::Wait(NOW + 500));
+        assert_eq!(next_call(&s, NOW + 499), NextCall::Wait(NOW + 500));
+        assert_eq!(next_call(&s, NOW + 500), NextCall::Call(3, Phase::Action));
+    }
+
+    #[test]
+    fn after_the_pivot_a_permanent_failure_is_failed_and_nothing_is_compensated() {
+        let mut s = saga(
+            SagaStatus::Running,
+            four(
+                StepStatus::Succeeded,
+                StepStatus::Succeeded,
+                StepStatus::Succeeded,
+                StepStatus::Failed,
+            ),
+        );
+        s.pivot_reached = true;
+        let events = settle(&mut s, NOW);
+        assert_eq!(
+            events,
+            [NewEvent::saga("saga.failed", json!({"reason": "r: boom"}))]
+        );
+        assert_eq!(s.status, SagaStatus::Failed);
+        assert!(s.needs_attention);
+        assert_eq!(s.error.as_deref(), Some("r: boom"));
+        assert_eq!(s.next_run_at, None);
+        assert_eq!(next_call(&s, NOW), NextCall::Done);
+        assert!(s.steps[..2]
+            .iter()
+            .all(|st| st.compensation.status == StepStatus::Pending));
+    }
+
+    #[test]
+    fn retry_timers_of_actions_and_compensations() {
+        // An action's retry with no time recorded yet is due now.
+        let mut s = saga(
+            SagaStatus::Running,
+            four(
+                StepStatus::Retrying,
+                StepStatus::Pending,
+                StepStatus::Pending,
+                StepStatus::Pending,
+            ),
+        );
+        s.next_run_at = None;
+        settle(&mut s, NOW);
+        assert_eq!(s.next_run_at, Some(NOW));
+        assert_eq!(next_call(&s, NOW), NextCall::Call(0, Phase::Action));
+
+        // A compensation's retry waits for its timer, in the compensating phase.
+        let mut s = saga(
+            SagaStatus::Compensating,
+            four(
+                StepStatus::Succeeded,
+                StepStatus::Failed,
+                StepStatus::Pending,
+                StepStatus::Pending,
+            ),
+        );
+        s.steps[0].compensation.status = StepStatus::Retrying;
+        s.next_run_at = Some(NOW + 2_000);
+        assert!(settle(&mut s, NOW).is_empty());
+        assert_eq!(s.status, SagaStatus::Compensating);
+        assert_eq!(s.next_run_at, Some(NOW + 2_000));
+        assert_eq!(next_call(&s, NOW), NextCall::Wait(NOW + 2_000));
+        assert_eq!(
+            next_call(&s, NOW + 2_000),
+            NextCall::Call(0, Phase::Compensation)
+        );
+
+        // A time in the future with nothing waiting on it is not a timer: due now.
+        let mut s = saga(
+            SagaStatus::Running,
+            four(
+                StepStatus::Succeeded,
+                StepStatus::Pending,
+                StepStatus::Pending,
+                StepStatus::Pending,
+            ),
+        );
+        s.next_run_at = Some(NOW + 5_000);
+        settle(&mut s, NOW);
+        assert_eq!(s.next_run_at, Some(NOW));
+        assert_eq!(next_call(&s, NOW), NextCall::Call(1, Phase::Action));
+
+        // An action's timer does not hold a saga that went backward.
+        let mut s = saga(
+            SagaStatus::Running,
+            four(
+                StepStatus::Succeeded,
+                StepStatus::Retrying,
+                StepStatus::Pending,
+                StepStatus::Pending,
+            ),
+        );
+        s.next_run_at = Some(NOW + 5_000);
+        s.cancel_requested = true;
+        settle(&mut s, NOW);
+        assert_eq!(s.status, SagaStatus::Compensating);
+        assert_eq!(s.next_run_at, Some(NOW));
+    }
+
+    #[test]
+    fn a_cancel_before_the_pivot_compensates_what_succeeded() {
+        let mut s = saga(
+            SagaStatus::Running,
+            four(
+                StepStatus::Succeeded,
+                StepStatus::Pending,
+                StepStatus::Pending,
+                StepStatus::Pending,
+            ),
+        );
+        s.cancel_requested = true;
+        let events = settle(&mut s, NOW);
+        assert_eq!(
+            events,
+            [NewEvent::saga(
+                "saga.compensating",
+                json!({"reason": "cancelled on request"})
+            )]
+        );
+        assert_eq!(s.error.as_deref(), Some("cancelled on request"));
+        assert_eq!(next_call(&s, NOW), NextCall::Call(0, Phase::Compensation));
+        let (order, events) = compensate_all(&mut s);
+        assert_eq!((order, events), (vec![0], vec!["saga.compensated"]));
+    }
+
+    #[test]
+    fn a_cancel_takes_precedence_over_a_failure_in_the_same_settle() {
+        let mut s = saga(
+            SagaStatus::Running,
+            four(
+                StepStatus::Succeeded,
+                StepStatus::Failed,
+                StepStatus::Pending,
+                StepStatus::Pending,
+            ),
+        );
+        s.cancel_requested = true;
+        settle(&mut s, NOW);
+        assert_eq!(s.status, SagaStatus::Compensating);
+        assert_eq!(s.error.as_deref(), Some("cancelled on request"));
+        assert_eq!(next_call(&s, NOW), NextCall::Call(0, Phase::Compensation));
+    }
+
+    #[test]
+    fn a_cancel_before_anything_ran_ends_compensated_at_once() {
+        let mut s = saga(
+            SagaStatus::Queued,
+            four(
+                StepStatus::Pending,
+                StepStatus::Pending,
+                StepStatus::Pending,
+                StepStatus::Pending,
+            ),
+        );
+        s.cancel_requested = true;
+        assert_eq!(
+            kinds(&settle(&mut s, NOW)),
+            ["saga.compensating", "saga.compensated"]
+        );
+        assert_eq!(s.status, SagaStatus::Compensated);
+        assert_eq!(s.next_run_at, None);
+        assert_eq!(next_call(&s, NOW), NextCall::Done);
+    }
+
+    #[test]
+    fn a_cancel_after_the_pivot_started_changes_nothing() {
+        let mut s = saga(
+            SagaStatus::Running,
+            four(
+                StepStatus::Succeeded,
+                StepStatus::Succeeded,
+                StepStatus::Succeeded,
+                StepStatus::Pending,
+            ),
+        );
+        s.pivot_reached = true;
+        s.cancel_requested = true;
+        assert!(settle(&mut s, NOW).is_empty());
+        assert_eq!(s.status, SagaStatus::Running);
+        assert_eq!(s.error, None);
+        assert_eq!(next_call(&s, NOW), NextCall::Call(3, Phase::Action));
+    }
+
+    #[test]
+    fn compensation_runs_from_the_last_step_needing_it_and_skips_the_rest() {
+        // a, c and d succeeded, b never ran, e failed definitively, and c's compensation is
+        // already done: d, then a, then the end (b and e are never compensated).
+        let mut s = saga(
+            SagaStatus::Compensating,
+            vec![
+                step(0, "a", Compensatable, StepStatus::Succeeded),
+                step(1, "b", Compensatable, StepStatus::Pending),
+                step(2, "c", Compensatable, StepStatus::Succeeded),
+                step(3, "d", Compensatable, StepStatus::Succeeded),
+                step(4, "e", Compensatable, StepStatus::Failed),
+            ],
+        );
+        s.steps[2].compensation.status = StepStatus::Succeeded;
+        assert!(settle(&mut s, NOW).is_empty());
+        let (order, events) = compensate_all(&mut s);
+        assert_eq!(order, [3, 0]);
+        assert_eq!(events, ["saga.compensated"]);
+        assert_eq!(s.steps[1].compensation.status, StepStatus::Pending);
+        assert_eq!(s.steps[4].compensation.status, StepStatus::Pending);
+    }
+
+    #[test]
+    fn a_compensation_in_flight_or_retrying_is_the_one_called_next() {
+        // A compensation written ahead and interrupted (running, outcome unknown) is made again
+        // before any earlier step's.
+        let mut s = saga(
+            SagaStatus::Compensating,
+            four(
+                StepStatus::Succeeded,
+                StepStatus::Succeeded,
+                StepStatus::Pending,
+                StepStatus::Pending,
+            ),
+        );
+        s.steps[1].compensation.status = StepStatus::Running;
+        s.steps[1].compensation.outcome_unknown = true;
+        settle(&mut s, NOW);
+        assert_eq!(next_call(&s, NOW), NextCall::Call(1, Phase::Compensation));
+    }
+
+    #[test]
+    fn needs_attention_stays_while_compensating_and_clears_once_compensated() {
+        let mut s = saga(
+            SagaStatus::Compensating,
+            four(
+                StepStatus::Succeeded,
+                StepStatus::Failed,
+                StepStatus::Pending,
+                StepStatus::Pending,
+            ),
+        );
+        s.needs_attention = true;
+        s.steps[0].compensation.status = StepStatus::Retrying;
+        s.steps[0].compensation.attempts = 7;
+        s.next_run_at = Some(NOW + 100);
+        assert!(settle(&mut s, NOW).is_empty());
+        assert!(s.needs_attention, "still stuck");
+        assert_eq!(s.status, SagaStatus::Compensating);
+
+        // An operator marks it compensated by hand: the saga ends, the flag goes.
+        s.steps[0].compensation.status = StepStatus::Manual;
+        assert_eq!(kinds(&settle(&mut s, NOW)), ["saga.compensated"]);
+        assert_eq!(s.status, SagaStatus::Compensated);
+        assert!(!s.needs_attention);
+        assert_eq!(s.next_run_at, None);
+        assert_eq!(next_call(&s, NOW), NextCall::Done);
+    }
+
+    #[test]
+    fn a_terminal_saga_has_nothing_to_do_and_is_never_due() {
+        for status in [
+            SagaStatus::Completed,
+            SagaStatus::Compensated,
+            SagaStatus::Failed,
+            SagaStatus::Aborted,
+        ] {
+            let mut s = saga(
+                status,
+                four(
+                    StepStatus::Succeeded,
+                    StepStatus::Pending,
+                    StepStatus::Pending,
+                    StepStatus::Pending,
+                ),
+            );
+            s.needs_attention = status == SagaStatus::Failed;
+            assert!(settle(&mut s, NOW).is_empty(), "{status}");
+            assert_eq!(s.status, status);
+            assert_eq!(s.next_run_at, None, "{status}");
+            assert_eq!(s.needs_attention, status == SagaStatus::Failed, "{status}");
+            assert_eq!(next_call(&s, NOW), NextCall::Done, "{status}");
+        }
+    }
+
+    #[test]
+    fn settling_twice_changes_nothing_more() {
+        let mut s = saga(
+            SagaStatus::Running,
+            four(
+                StepStatus::Succeeded,
+                StepStatus::Failed,
+                StepStatus::Pending,
+                StepStatus::Pending,
+            ),
+        );
+        settle(&mut s, NOW);
+        let once = s.clone();
+        assert!(settle(&mut s, NOW).is_empty(), "no event twice");
+        assert_eq!(s, once);
+    }
+}

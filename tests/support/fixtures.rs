@@ -1,0 +1,119 @@
+//! Saga definitions that the HTTP test binaries serve, each built the same way wherever it is
+//! used: a test file picks the ones its server registers.
+
+use std::time::Duration;
+
+use saga_dsl::StepKind::{Compensatable, Pivot};
+use saga_dsl::{JsonSchema, SagaDefinition, Step, StepContext, StepError};
+use serde_json::{json, Value};
+
+use crate::{scripted_saga, Journal, Outcome, ScriptedStep as S};
+
+/// The input type of the `typed` saga: anything else is `422`.
+#[derive(serde::Deserialize, JsonSchema)]
+#[schemars(crate = "saga_dsl::schemars")]
+#[allow(dead_code)]
+pub struct Order {
+    order_id: String,
+    amount: i64,
+}
+
+async fn ok_action(_ctx: StepContext) -> Result<Value, StepError> {
+    Ok(json!({"ok": true}))
+}
+
+async fn ok_compensation(_ctx: StepContext) -> Result<(), StepError> {
+    Ok(())
+}
+
+async fn hang_action(_ctx: StepContext) -> Result<Value, StepError> {
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    Ok(json!("late"))
+}
+
+/// An action that succeeds with `"slow"` after `delay`.
+fn slow_action(delay: Duration) -> impl saga_dsl::Action {
+    move |_ctx: StepContext| async move {
+        tokio::time::sleep(delay).await;
+        Ok::<_, StepError>(json!("slow"))
+    }
+}
+
+/// `s`: two compensatable steps and a pivot, all succeed.
+pub fn succeeds(journal: &Journal) -> SagaDefinition {
+    scripted_saga(
+        "s",
+        1,
+        &[
+            S::new("a", Compensatable),
+            S::new("b", Compensatable),
+            S::new("c", Pivot),
+        ],
+        journal,
+    )
+}
+
+/// `fails`: `b` fails permanently, so `a` is compensated (`c`, the pivot, never runs).
+pub fn fails(journal: &Journal) -> SagaDefinition {
+    scripted_saga(
+        "fails",
+        1,
+        &[
+            S::new("a", Compensatable),
+            S::new("b", Compensatable).action(&[Outcome::Permanent]),
+            S::new("c", Pivot),
+        ],
+        journal,
+    )
+}
+
+/// `flaky`: `a` fails once (retryable), then succeeds.
+pub fn flaky(journal: &Journal) -> SagaDefinition {
+    scripted_saga(
+        "flaky",
+        1,
+        &[S::new("a", Compensatable).action(&[Outcome::Retryable])],
+        journal,
+    )
+}
+
+/// `typed`: one step, and the [`Order`] input type.
+pub fn typed() -> SagaDefinition {
+    SagaDefinition::builder("typed", 1)
+        .input::<Order>()
+        .step(Step::compensatable("reserve", ok_action, ok_compensation))
+        .build()
+        .unwrap()
+}
+
+/// `slow`: a compensatable step that takes `delay`, then a pivot (to cancel while it runs).
+pub fn slow(delay: Duration) -> SagaDefinition {
+    SagaDefinition::builder("slow", 1)
+        .step(Step::compensatable(
+            "wait",
+            slow_action(delay),
+            ok_compensation,
+        ))
+        .step(Step::pivot("finish", ok_action))
+        .build()
+        .unwrap()
+}
+
+/// `slow_pivot`: a pivot first that takes `delay` (a cancel once it has started is refused).
+pub fn slow_pivot(delay: Duration) -> SagaDefinition {
+    SagaDefinition::builder("slow_pivot", 1)
+        .step(Step::pivot("commit", slow_action(delay)))
+        .build()
+        .unwrap()
+}
+
+/// `stuck`: a step that takes ten minutes (its timeout is longer still).
+pub fn stuck() -> SagaDefinition {
+    SagaDefinition::builder("stuck", 1)
+        .step(
+            Step::compensatable("hang", hang_action, ok_compensation)
+                .timeout(Duration::from_secs(900)),
+        )
+        .build()
+        .unwrap()
+}
