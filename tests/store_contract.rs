@@ -22,8 +22,8 @@ use orchestrator::model::{
     StepKindName, StepStatus,
 };
 use orchestrator::store::{
-    Applied, AttemptChange, CancelOutcome, ClaimRequest, Claimed, Lease, NewEvent, NewSaga, Phase,
-    SagaUpdate, StepUpdate, Store, Transition,
+    Applied, AttemptChange, CancelOutcome, ClaimRequest, Claimed, Lease, LeaseRequest, NewEvent,
+    NewSaga, Phase, SagaUpdate, StepUpdate, Store, Transition,
 };
 use orchestrator::StoreError;
 use saga_suite::TempDb;
@@ -213,7 +213,7 @@ where
 /// A saga created leased to `owner` for one millisecond, then left until that lease has expired.
 async fn created_with_an_expired_lease(store: &Arc<dyn Store>, owner: &str) -> Claimed {
     let created = store
-        .create_saga_leased(four_steps(), owner, 1)
+        .create_saga_leased(four_steps(), &LeaseRequest::new(owner, 1))
         .await
         .unwrap();
     // Past the lease on the store's clock (the database's, on PostgreSQL).
@@ -277,7 +277,7 @@ async fn a_lease_needs_both_its_owner_and_its_epoch() {
     let db = TempDb::new();
     let store = db.store().await;
     let created = store
-        .create_saga_leased(four_steps(), "w", 60_000)
+        .create_saga_leased(four_steps(), &LeaseRequest::new("w", 60_000))
         .await
         .unwrap();
     let lease = created.lease.clone();
@@ -320,7 +320,7 @@ async fn a_lease_given_up_in_a_write_is_gone_and_the_saga_claimable() {
     let db = TempDb::new();
     let store = db.store().await;
     let created = store
-        .create_saga_leased(four_steps(), "w", 60_000)
+        .create_saga_leased(four_steps(), &LeaseRequest::new("w", 60_000))
         .await
         .unwrap();
     let lease = created.lease.clone();
@@ -356,7 +356,7 @@ async fn release_lease_frees_the_saga_without_changing_it() {
     let db = TempDb::new();
     let store = db.store().await;
     let created = store
-        .create_saga_leased(four_steps(), "w", 60_000)
+        .create_saga_leased(four_steps(), &LeaseRequest::new("w", 60_000))
         .await
         .unwrap();
     store
@@ -386,7 +386,7 @@ async fn an_unexpired_lease_is_not_claimed() {
     let db = TempDb::new();
     let store = db.store().await;
     let created = store
-        .create_saga_leased(four_steps(), "w", 60_000)
+        .create_saga_leased(four_steps(), &LeaseRequest::new("w", 60_000))
         .await
         .unwrap();
     assert!(claim_all(&store, "other", &key_of("s")).await.is_empty());
@@ -554,7 +554,12 @@ async fn a_write_that_breaks_a_statement_fails_alone_and_the_others_commit() {
     for _ in 0..30 {
         let mut new = four_steps();
         new.first_attempt = true;
-        created.push(store.create_saga_leased(new, "w", 60_000).await.unwrap());
+        created.push(
+            store
+                .create_saga_leased(new, &LeaseRequest::new("w", 60_000))
+                .await
+                .unwrap(),
+        );
     }
     const BAD: usize = 17;
     let before_bad = log_of(&store, created[BAD].saga.id).await;
@@ -615,7 +620,7 @@ async fn a_cancel_refuses_the_next_action_start_and_nothing_of_it_is_written() {
     let db = TempDb::new();
     let store = db.store().await;
     let created = store
-        .create_saga_leased(four_steps(), "w", 60_000)
+        .create_saga_leased(four_steps(), &LeaseRequest::new("w", 60_000))
         .await
         .unwrap();
     let lease = created.lease.clone();
@@ -673,7 +678,7 @@ async fn a_cancel_after_the_pivot_started_is_refused_and_not_recorded() {
     let db = TempDb::new();
     let store = db.store().await;
     let created = store
-        .create_saga_leased(four_steps(), "w", 60_000)
+        .create_saga_leased(four_steps(), &LeaseRequest::new("w", 60_000))
         .await
         .unwrap();
     let lease = created.lease.clone();
@@ -710,7 +715,7 @@ async fn a_cancel_racing_the_pivot_start_is_ordered_by_the_database() {
         );
         leases.push(
             store
-                .create_saga_leased(new, "w", 60_000)
+                .create_saga_leased(new, &LeaseRequest::new("w", 60_000))
                 .await
                 .unwrap()
                 .lease,
@@ -791,7 +796,10 @@ async fn create_saga_leased_without_first_attempt_is_queued_under_epoch_one() {
     let store = db.store().await;
     let new = four_steps();
     let id = new.id;
-    let created = store.create_saga_leased(new, "w", 60_000).await.unwrap();
+    let created = store
+        .create_saga_leased(new, &LeaseRequest::new("w", 60_000))
+        .await
+        .unwrap();
     assert_eq!(
         created.lease,
         Lease {
@@ -844,7 +852,10 @@ async fn create_saga_leased_with_first_attempt_writes_the_first_action_ahead() {
     let mut new = four_steps();
     new.first_attempt = true;
     let id = new.id;
-    let created = store.create_saga_leased(new, "w", 60_000).await.unwrap();
+    let created = store
+        .create_saga_leased(new, &LeaseRequest::new("w", 60_000))
+        .await
+        .unwrap();
     let (saga, attempts, events) = log_of(&store, id).await;
     assert_eq!(saga.status, SagaStatus::Running);
     assert!(!saga.pivot_reached, "the first step is compensatable");
@@ -903,7 +914,10 @@ async fn a_first_attempt_of_a_pivot_passes_the_point_of_no_return_in_the_create(
     );
     new.first_attempt = true;
     let id = new.id;
-    let created = store.create_saga_leased(new, "w", 60_000).await.unwrap();
+    let created = store
+        .create_saga_leased(new, &LeaseRequest::new("w", 60_000))
+        .await
+        .unwrap();
     assert!(created.saga.pivot_reached);
     let saga = store.get_saga(id).await.unwrap().unwrap();
     assert!(saga.pivot_reached);
@@ -1017,7 +1031,7 @@ async fn a_saga_waiting_on_a_timer_or_ended_is_not_claimed() {
     let store = db.store().await;
     let key = key_of("s");
     let waiting = store
-        .create_saga_leased(four_steps(), "w", 60_000)
+        .create_saga_leased(four_steps(), &LeaseRequest::new("w", 60_000))
         .await
         .unwrap();
     let due = store.now().await.unwrap() + 60_000;
@@ -1186,8 +1200,7 @@ async fn list_sagas_filters_by_status_name_and_attention_and_pages_within_them()
     let flagged = store
         .create_saga_leased(
             new_saga("b", &[("x", StepKindName::Compensatable)]),
-            "w",
-            60_000,
+            &LeaseRequest::new("w", 60_000),
         )
         .await
         .unwrap();
