@@ -544,14 +544,7 @@ impl Store for PgStore {
         .fetch_all(&self.pool)
         .await
         .db()?;
-        ids.iter()
-            .map(|t| {
-                Uuid::parse_str(t).map_err(|e| StoreError::Corrupt {
-                    saga: t.clone(),
-                    detail: e.to_string(),
-                })
-            })
-            .collect()
+        super::rows::parse_ids(&ids)
     }
 
     async fn list_sagas(&self, filter: &ListFilter) -> Result<SagaPage> {

@@ -63,6 +63,13 @@ pub(super) fn corrupt(saga: &str, detail: impl std::fmt::Display) -> StoreError 
     }
 }
 
+/// Saga ids read back as text.
+pub(super) fn parse_ids(ids: &[String]) -> Result<Vec<Uuid>> {
+    ids.iter()
+        .map(|t| Uuid::parse_str(t).map_err(|e| corrupt(t, e)))
+        .collect()
+}
+
 pub(super) fn parse_json(saga: &str, text: Option<String>) -> Result<Option<Value>> {
     text.map(|t| serde_json::from_str(&t).map_err(|e| corrupt(saga, format!("bad JSON: {e}"))))
         .transpose()

@@ -606,14 +606,7 @@ impl Store for SqliteStore {
         .fetch_all(&self.reader)
         .await
         .db()?;
-        ids.iter()
-            .map(|t| {
-                Uuid::parse_str(t).map_err(|e| StoreError::Corrupt {
-                    saga: t.clone(),
-                    detail: e.to_string(),
-                })
-            })
-            .collect()
+        super::rows::parse_ids(&ids)
     }
 
     async fn list_sagas(&self, filter: &ListFilter) -> Result<SagaPage> {
