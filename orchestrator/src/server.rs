@@ -57,7 +57,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::engine::{Engine, EngineConfig, EngineError};
 use crate::http::{self, HttpConfig};
-use crate::store::{self, redact_url, sqlite_file, Store, StoreError};
+use crate::store::{self, engine_lock_file, redact_url, sqlite_file, Store, StoreError};
 use crate::webhooks::{Relay, WebhookConfig, WebhookError};
 
 /// The default database: `saga.db` in the working directory.
@@ -458,10 +458,7 @@ impl NewFiles {
             with_suffix("-wal"),
             with_suffix("-shm"),
             with_suffix("-journal"),
-            db.with_extension(match db.extension() {
-                Some(ext) => format!("{}.lock", ext.to_string_lossy()),
-                None => "lock".to_owned(),
-            }),
+            engine_lock_file(&db),
         ]
         .into_iter()
         .filter(|p| !p.exists())

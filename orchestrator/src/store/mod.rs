@@ -38,7 +38,7 @@ pub use error::{BackendError, BackendErrorKind, StoreError};
 pub use idempotency::{Callback, IdempotencyKey, IdempotencyStore, IdempotentStart, SavedResponse};
 pub use outbox::{Delivery, DeliveryState, OutboxStore};
 pub use postgres::PgStore;
-pub use sqlite::{sqlite_file, SqliteDurability, SqliteStore};
+pub use sqlite::{engine_lock_file, sqlite_file, SqliteDurability, SqliteStore};
 pub use stores::{open_full, Stores};
 pub use url::redact_url;
 

@@ -121,6 +121,15 @@ pub fn sqlite_file(url: &str) -> Option<std::path::PathBuf> {
     Some(std::path::absolute(&path).unwrap_or(path))
 }
 
+/// The file whose lock an engine holds while it runs on the SQLite database `db`
+/// (`saga.db` → `saga.db.lock`).
+pub fn engine_lock_file(db: &std::path::Path) -> std::path::PathBuf {
+    db.with_extension(match db.extension() {
+        Some(ext) => format!("{}.lock", ext.to_string_lossy()),
+        None => "lock".to_owned(),
+    })
+}
+
 impl SqliteStore {
     /// Opens (creating it if missing) the database a `sqlite://PATH` URL names and applies
     /// migrations. `?synchronous=normal` at the end of the URL opts into [`SqliteDurability::Normal`].
@@ -462,10 +471,7 @@ impl Store for SqliteStore {
 
     async fn register_worker(&self, worker: &WorkerInfo) -> Result<()> {
         if let Some(path) = &self.path {
-            let lock_path = path.with_extension(match path.extension() {
-                Some(ext) => format!("{}.lock", ext.to_string_lossy()),
-                None => "lock".to_owned(),
-            });
+            let lock_path = engine_lock_file(path);
             let file = File::options()
                 .create(true)
                 .truncate(false)
