@@ -10,21 +10,16 @@
 //! transitions of many sagas into one commit (group commit) without the engine noticing, as long
 //! as it reports each one durable only once its transaction has committed.
 
-mod batch;
 mod error;
-mod group_commit;
 pub mod idempotency;
-mod idempotency_pg;
-mod idempotency_sqlite;
 pub mod outbox;
-mod outbox_pg;
-mod outbox_sqlite;
 mod postgres;
 mod rows;
 mod rules;
 mod sqlite;
 mod stores;
 mod url;
+mod write_queue;
 
 use async_trait::async_trait;
 use serde_json::Value;

@@ -23,20 +23,27 @@ use sqlx::sqlite::{
 use sqlx::{QueryBuilder, Row, Sqlite, Transaction};
 use uuid::Uuid;
 
-use super::batch;
-use super::group_commit::{Backend, WriteQueue};
-use super::rows::{
+pub(crate) mod handle;
+mod idempotency;
+mod outbox;
+pub(crate) mod writer;
+mod writer_rows;
+
+use crate::clock::{Clock, SystemClock};
+use crate::model::{Attempt, Event, ListFilter, Millis, Saga, SagaPage, SagaStatus};
+use crate::store::rows::{
     attempt_from_row, corrupt, event_from_row, page_from_rows, parse_enum, saga_from_row,
     step_from_row, worker_from_row,
 };
-use super::rules::{cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan};
-use super::{
+use crate::store::rules::{
+    cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan,
+};
+use crate::store::write_queue::{Backend, WriteQueue};
+use crate::store::SqlxResultExt;
+use crate::store::{
     Applied, CancelOutcome, ClaimRequest, Claimed, Lease, LeaseRequest, NewSaga, Result, Store,
     StoreError, Transition, WorkerInfo,
 };
-use crate::clock::{Clock, SystemClock};
-use crate::model::{Attempt, Event, ListFilter, Millis, Saga, SagaPage, SagaStatus};
-use crate::store::SqlxResultExt;
 
 /// How hard SQLite works to keep a commit on power loss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -151,7 +158,7 @@ impl SqliteStore {
     ) -> Result<Self> {
         let (base, durability) = split_durability(url)?;
         let opts = SqliteConnectOptions::from_str(&base)
-            .map_err(|_| StoreError::UnsupportedUrl(super::redact_url(url)))?
+            .map_err(|_| StoreError::UnsupportedUrl(crate::store::redact_url(url)))?
             .create_if_missing(create)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(match durability {
@@ -190,7 +197,7 @@ impl SqliteStore {
             // A connection to a local file does not go stale: the test would cost a round trip
             // to the connection's thread on every batch.
             .test_before_acquire(false)
-            .after_connect(|conn, _| Box::pin(batch::sqlite_handle::widen_lookaside(conn)))
+            .after_connect(|conn, _| Box::pin(handle::widen_lookaside(conn)))
             // A small page cache for the writer: SQLite sweeps the cache's hash table at the end
             // of many write transactions, a cost that grows with the cache (measured: 16 MB
             // cost ~10 % of throughput under group commit). The readers keep the large one.
@@ -227,14 +234,14 @@ impl SqliteStore {
                 Backend {
                     begin: "BEGIN IMMEDIATE",
                     db_clock: false,
-                    apply: batch::sqlite::apply_batch_boxed,
-                    create: batch::sqlite::insert_sagas_boxed,
-                    keyed: Some(super::idempotency_sqlite::keyed_starts_boxed),
+                    apply: writer::apply_batch_boxed,
+                    create: writer::insert_sagas_boxed,
+                    keyed: Some(idempotency::keyed_starts_boxed),
                     // One writer connection: SQLite serialises writers anyway.
                     writers: 1,
                     // (With one writer there is nobody to commit beside.)
                     parallel_from: usize::MAX,
-                    whole: Some(batch::sqlite::whole_batch_boxed),
+                    whole: Some(writer::whole_batch_boxed),
                     keep_connection: false,
                     // The background checkpoints copy most of the WAL, but while commits keep
                     // coming they never finish it, so the WAL never starts over: it grows without
@@ -338,7 +345,7 @@ fn split_durability(url: &str) -> Result<(String, SqliteDurability)> {
             "synchronous=full" => durability = SqliteDurability::Full,
             "synchronous=normal" => durability = SqliteDurability::Normal,
             p if p.starts_with("synchronous=") => {
-                return Err(StoreError::UnsupportedUrl(super::redact_url(url)))
+                return Err(StoreError::UnsupportedUrl(crate::store::redact_url(url)))
             }
             _ => rest.push(pair),
         }
@@ -612,7 +619,7 @@ impl Store for SqliteStore {
         .fetch_all(&self.reader)
         .await
         .db()?;
-        super::rows::parse_ids(&ids)
+        crate::store::rows::parse_ids(&ids)
     }
 
     async fn list_sagas(&self, filter: &ListFilter) -> Result<SagaPage> {

@@ -5,8 +5,8 @@
 //! set of statements whatever its size, and whatever its size the SQL text is the same, so each
 //! statement is prepared once per connection and reused:
 //!
-//! - on PostgreSQL the batch is flattened into typed column arrays ([`pg_cols::ApplyCols`],
-//!   [`pg_cols::CreateCols`]), bound in the binary format and read back as rows by `unnest`;
+//! - on PostgreSQL the batch is flattened into typed column arrays (`postgres::cols::ApplyCols`,
+//!   `postgres::cols::CreateCols`), bound in the binary format and read back as rows by `unnest`;
 //! - the fence: a saga's rows are written only if its lease owner and epoch still match (and, for
 //!   an action start, no cancel is pending); the `UPDATE sagas` that checks it returns the leases
 //!   that passed, `(saga, epoch)`; for the others one `SELECT` tells a lost lease from a cancel;
@@ -16,25 +16,19 @@
 //! - a backend's `whole_batch` writes a batch of only creates and transitions as a transaction of
 //!   its own in one round trip; if it fails, the caller rolls back and takes the long way.
 //!
-//! The SQL itself is per backend: [`postgres`] (one statement of data-modifying CTEs) and
-//! [`sqlite`], where creates and transitions are not flattened at all but bound row by row to
-//! statements prepared once and kept on the writer's own handle ([`sqlite_rows`],
-//! [`sqlite_handle`]): SQLite
+//! The SQL itself is per backend: `postgres::writer` (one statement of data-modifying CTEs) and
+//! `sqlite::writer`, where creates and transitions are not flattened at all but bound row by row to
+//! statements prepared once and kept on the writer's own handle (`sqlite::writer_rows`,
+//! `sqlite::handle`): SQLite
 //! runs in-process, so a statement per row costs no round trip, and unpacking a flattened
 //! batch cost more than the rows' own writes.
-
-pub(crate) mod pg_cols;
-pub(crate) mod postgres;
-pub(crate) mod sqlite;
-pub(crate) mod sqlite_handle;
-pub(crate) mod sqlite_rows;
 
 use std::collections::{HashMap, HashSet};
 
 use uuid::Uuid;
 
-use super::{Applied, Lease, LeaseRequest, NewSaga, Result, StoreError, Transition};
 use crate::store::rows::{corrupt, LogRow};
+use crate::store::{Applied, Lease, LeaseRequest, NewSaga, Result, StoreError, Transition};
 
 /// One transition to apply, with its lease.
 pub(crate) type Item = (Lease, Transition);

@@ -17,14 +17,15 @@ use sqlx::postgres::PgRow;
 use sqlx::Row;
 use uuid::Uuid;
 
-use super::idempotency::Callback;
-use super::outbox::{
+use super::PgStore;
+use crate::model::Millis;
+use crate::store::idempotency::Callback;
+use crate::store::outbox::{
     millis, short_error, state_of, ClaimedDelivery, Delivery, DeliveryOutcome, DeliveryState,
     NewDelivery, OutboxEvent, OutboxPosition, OutboxStore, TargetKind,
 };
-use super::rows::corrupt;
-use super::{PgStore, Result};
-use crate::model::Millis;
+use crate::store::rows::corrupt;
+use crate::store::Result;
 use crate::store::SqlxResultExt;
 
 fn parse_uuid(text: &str) -> Result<Uuid> {

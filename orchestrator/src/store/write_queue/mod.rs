@@ -9,7 +9,7 @@
 //! - with nothing else in flight a write is committed alone, at once: batching adds no latency;
 //! - under load one commit (one fsync) carries many sagas' writes;
 //! - engine transitions, new sagas and (where the backend has it) idempotent starts are
-//!   written set-based ([`super::batch`]): a handful of statements per batch, each saga's row
+//!   written set-based (`write_queue::batch`): a handful of statements per batch, each saga's row
 //!   still fenced by its own lease owner and epoch; other writes (a claim, a heartbeat) run as
 //!   closures, each in its own `SAVEPOINT`;
 //! - a write that fails (a lost lease, a constraint) fails alone: its savepoint is rolled back,
@@ -26,13 +26,17 @@ use sqlx::pool::PoolConnection;
 use sqlx::{Database, Executor, Pool, Row};
 use tokio::sync::{mpsc, oneshot};
 
-use super::batch::{Item, NewItem};
-use super::idempotency::{IdempotentStart, KeyedItem};
-use super::rows::new_saga_record;
-use super::{Applied, Claimed, Lease, LeaseRequest, NewSaga, Result, Saga, StoreError, Transition};
+pub(crate) mod batch;
+
 use crate::clock::Clock;
 use crate::model::Millis;
+use crate::store::idempotency::{IdempotentStart, KeyedItem};
+use crate::store::rows::new_saga_record;
 use crate::store::SqlxResultExt;
+use crate::store::{
+    Applied, Claimed, Lease, LeaseRequest, NewSaga, Result, Saga, StoreError, Transition,
+};
+use batch::{Item, NewItem};
 
 /// A boxed future borrowing the writer's connection.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -46,7 +50,7 @@ type Run<DB> = Box<
 /// Reports to a closure job's caller once the outcome of the commit carrying it is known.
 type Finish = Box<dyn FnOnce(Result<()>) + Send>;
 
-/// Applies transitions set-based on a connection (see [`super::batch`]), atomically: on `Err`
+/// Applies transitions set-based on a connection (see [`batch`]), atomically: on `Err`
 /// nothing of the call remains and the transaction goes on. The flag says whether other writes
 /// share the transaction (else the call may rely on the transaction's rollback).
 pub(crate) type ApplyFn<DB, C> = for<'c> fn(
@@ -57,7 +61,7 @@ pub(crate) type ApplyFn<DB, C> = for<'c> fn(
     bool,
 ) -> BoxFuture<'c, Result<Vec<Result<Applied>>>>;
 
-/// Creates sagas set-based on a connection (see [`super::batch`]), atomically like
+/// Creates sagas set-based on a connection (see [`batch`]), atomically like
 /// [`ApplyFn`].
 pub(crate) type CreateFn<DB, C> = for<'c> fn(
     &'c mut <DB as Database>::Connection,
@@ -95,7 +99,7 @@ pub(crate) type KeyedFn<DB, C> = for<'c> fn(
 ) -> BoxFuture<'c, Result<Vec<Result<IdempotentStart>>>>;
 
 /// What a writer keeps from one batch to the next for its connection: the SQLite store's
-/// prepared statements ([`super::batch::sqlite_handle::Statements`]); nothing on PostgreSQL,
+/// prepared statements ((`sqlite::handle::Statements`)); nothing on PostgreSQL,
 /// whose driver caches its own. The writer functions of [`Backend`] get it beside the
 /// connection.
 pub(crate) trait WriterCache<DB: Database>: Send + 'static {

@@ -9,7 +9,7 @@
 use rusqlite::Connection;
 use sqlx::{Sqlite, SqliteConnection, SqlitePool};
 
-use crate::store::group_commit::WriterCache;
+use crate::store::write_queue::WriterCache;
 use crate::store::SqlxResultExt;
 use crate::store::{Result, StoreError};
 

@@ -13,9 +13,9 @@ use sqlx::query::Query;
 use sqlx::Postgres;
 use uuid::Uuid;
 
-use super::{Item, NewItem};
 use crate::model::{definition_key, Millis, PhaseRecord};
 use crate::store::rows::comp_status_for;
+use crate::store::write_queue::batch::{Item, NewItem};
 use crate::store::{AttemptChange, LeaseRequest, NewSaga};
 use saga_dsl::Phase;
 

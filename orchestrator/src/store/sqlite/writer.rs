@@ -1,15 +1,15 @@
 //! The write queue's calls on SQLite: creates and transitions, written row by row on the
-//! writer's handle ([`sqlite_rows`]) with its kept statements, atomically.
+//! writer's handle ([`super::writer_rows`]) with its kept statements, atomically.
 
 use sqlx::SqliteConnection;
 
-use super::sqlite_handle::{exec, in_savepoint, with_statements, Statements};
-use super::sqlite_rows;
-use super::{Item, NewItem};
+use super::handle::{exec, in_savepoint, with_statements, Statements};
+use super::idempotency::keyed_rows;
+use super::writer_rows;
 use crate::model::Millis;
-use crate::store::group_commit::{BoxFuture, Whole};
 use crate::store::idempotency::KeyedItem;
-use crate::store::idempotency_sqlite::keyed_rows;
+use crate::store::write_queue::batch::{Item, NewItem};
+use crate::store::write_queue::{BoxFuture, Whole};
 use crate::store::{Applied, Result};
 
 /// [`apply_batch`] as a plain function pointer for the write queue (always in its own
@@ -32,7 +32,7 @@ pub(crate) async fn apply_batch(
     items: &[Item],
 ) -> Result<Vec<Result<Applied>>> {
     with_statements(conn, statements, |db| {
-        in_savepoint(db, "apply", |db| sqlite_rows::apply(db, now, items))
+        in_savepoint(db, "apply", |db| writer_rows::apply(db, now, items))
     })
     .await
 }
@@ -57,7 +57,7 @@ pub(crate) async fn insert_sagas(
     items: &[NewItem],
 ) -> Result<()> {
     with_statements(conn, statements, |db| {
-        in_savepoint(db, "create_sagas", |db| sqlite_rows::create(db, now, items))
+        in_savepoint(db, "create_sagas", |db| writer_rows::create(db, now, items))
     })
     .await
 }
@@ -89,9 +89,9 @@ pub(crate) async fn whole_batch(
 ) -> Result<Whole> {
     with_statements(conn, statements, |db| {
         exec(db, "BEGIN IMMEDIATE", [])?;
-        sqlite_rows::create(db, now, news)?;
+        writer_rows::create(db, now, news)?;
         let starts = keyed_rows(db, now, keyed);
-        let applied = sqlite_rows::apply(db, now, items)?;
+        let applied = writer_rows::apply(db, now, items)?;
         exec(db, "COMMIT", [])?;
         Ok((applied, starts, now))
     })

@@ -22,19 +22,25 @@ use sqlx::{Executor, Postgres, QueryBuilder, Row, Transaction};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-use super::batch;
-use super::group_commit::{Backend, WriteQueue};
-use super::rows::{
+mod cols;
+mod idempotency;
+mod outbox;
+pub(crate) mod writer;
+
+use crate::model::{Attempt, Event, ListFilter, Millis, Saga, SagaPage, SagaStatus, StepRecord};
+use crate::store::rows::{
     attempt_from_row, corrupt, event_from_row, page_from_rows, parse_enum, saga_from_row,
     step_from_row, worker_from_row,
 };
-use super::rules::{cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan};
-use super::{
+use crate::store::rules::{
+    cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan,
+};
+use crate::store::write_queue::{Backend, WriteQueue};
+use crate::store::SqlxResultExt;
+use crate::store::{
     Applied, CancelOutcome, ClaimRequest, Claimed, Lease, LeaseRequest, NewSaga, Result, Store,
     StoreError, Transition, WorkerInfo,
 };
-use crate::model::{Attempt, Event, ListFilter, Millis, Saga, SagaPage, SagaStatus, StepRecord};
-use crate::store::SqlxResultExt;
 
 const MAX_PAGE: u32 = 1000;
 /// Wakes workers: a saga is due. The batch statements (`batch/postgres.rs`) name it too.
@@ -176,7 +182,7 @@ impl PgStore {
     pub async fn open(url: &str) -> Result<Self> {
         let opts: PgConnectOptions = url
             .parse()
-            .map_err(|_| StoreError::UnsupportedUrl(super::redact_url(url)))?;
+            .map_err(|_| StoreError::UnsupportedUrl(crate::store::redact_url(url)))?;
         // One direct connection first: the pool would retry a refused connection until its
         // acquire timeout and then report only "pool timed out", hiding the cause.
         probe_connection(&opts).await?;
@@ -195,10 +201,10 @@ impl PgStore {
                 Backend {
                     begin: "BEGIN; SELECT saga_now_ms()",
                     db_clock: true,
-                    apply: batch::postgres::apply_batch_boxed,
-                    create: batch::postgres::insert_sagas_boxed,
+                    apply: writer::apply_batch_boxed,
+                    create: writer::insert_sagas_boxed,
                     keyed: None,
-                    whole: Some(batch::postgres::whole_batch_boxed),
+                    whole: Some(writer::whole_batch_boxed),
                     keep_connection: true,
                     checkpoint: None,
                     writers: WRITERS,
@@ -423,7 +429,7 @@ async fn listen_loop(
 
 /// Writes a new saga (due now on the database clock), its steps and its `saga.started` event
 /// inside the caller's transaction, with the statement of a batch of creates
-/// ([`batch::postgres::insert_saga`]): leased as `lease` asks if given, with its first action written ahead if [`NewSaga::first_attempt`] asks, and waking
+/// ([`writer::insert_saga`]): leased as `lease` asks if given, with its first action written ahead if [`NewSaga::first_attempt`] asks, and waking
 /// the workers on commit if unleased. Returns the creation time. Shared by the starts that
 /// record more in the same transaction (a key, a callback).
 pub(crate) async fn insert_saga_rows(
@@ -435,7 +441,7 @@ pub(crate) async fn insert_saga_rows(
         .fetch_one(&mut **tx)
         .await
         .db()?;
-    batch::postgres::insert_saga(tx, now, new, lease).await?;
+    writer::insert_saga(tx, now, new, lease).await?;
     Ok(now)
 }
 
@@ -544,7 +550,7 @@ impl Store for PgStore {
         .fetch_all(&self.pool)
         .await
         .db()?;
-        super::rows::parse_ids(&ids)
+        crate::store::rows::parse_ids(&ids)
     }
 
     async fn list_sagas(&self, filter: &ListFilter) -> Result<SagaPage> {

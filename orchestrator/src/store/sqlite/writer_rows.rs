@@ -5,18 +5,18 @@
 //! text costs one hop there, but its rows must then travel as JSON arrays that SQLite unpacks
 //! field by field: measured at a quarter of the writer thread's time, the thread that limits
 //! throughput. Here the batch's task borrows the connection's handle instead
-//! ([`super::sqlite_handle`]: the driver's thread waits meanwhile) and binds each row's values
+//! ([`super::handle`]: the driver's thread waits meanwhile) and binds each row's values
 //! to a small statement, prepared once on the writer's handle and kept. Each transition's fence
 //! is the first statement of its rows, so its result is known without reading anything back.
 
 use rusqlite::{params, Connection, OptionalExtension};
 use uuid::Uuid;
 
-use super::sqlite_handle::{exec, from_rusqlite};
-use super::{refusal, Item, NewItem, Refused};
+use super::handle::{exec, from_rusqlite};
 use crate::model::{definition_key, Millis, PhaseRecord};
 use crate::store::idempotency::Callback;
 use crate::store::rows::{comp_status_for, first_attempt};
+use crate::store::write_queue::batch::{refusal, Item, NewItem, Refused};
 use crate::store::{Applied, AttemptChange, Lease, LeaseRequest, NewSaga, Result};
 use saga_dsl::Phase;
 

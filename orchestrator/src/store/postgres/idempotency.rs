@@ -7,15 +7,16 @@ use async_trait::async_trait;
 use sqlx::{Postgres, Transaction};
 use uuid::Uuid;
 
-use super::idempotency::{
+use super::insert_saga_rows;
+use super::PgStore;
+use crate::model::{Millis, Saga};
+use crate::store::idempotency::{
     judge_row, retention_ms, Callback, IdempotencyKey, IdempotencyStore, IdempotentStart,
     SavedResponse,
 };
-use super::postgres::insert_saga_rows;
-use super::rows::new_saga_record;
-use super::{LeaseRequest, NewSaga, PgStore, Result, StoreError};
-use crate::model::{Millis, Saga};
+use crate::store::rows::new_saga_record;
 use crate::store::SqlxResultExt;
+use crate::store::{LeaseRequest, NewSaga, Result, StoreError};
 
 /// How often a start retries when the key it conflicted with vanished before it could read it
 /// (expired and deleted in between): each retry either inserts or finds a live row.

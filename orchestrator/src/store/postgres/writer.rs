@@ -1,5 +1,5 @@
 //! The batch statements on PostgreSQL: each call is one statement (one round trip) of
-//! data-modifying CTEs reading the batch's column arrays with `unnest` ([`pg_cols`]). The
+//! data-modifying CTEs reading the batch's column arrays with `unnest` ([`super::cols`]). The
 //! `UPDATE sagas` is the fence; every dependent write joins its `RETURNING` list, and the
 //! notifications of sagas that ended or were given back are sent from the same statement, so
 //! they are delivered exactly when the transaction commits.
@@ -11,14 +11,14 @@ use std::sync::LazyLock;
 
 use sqlx::{Executor, PgConnection};
 
-use super::pg_cols::{
+use super::cols::{
     ApplyCols, CreateCols, Params, EVENTS, FINISHES, NEW_SAGAS, NEW_STEPS, SAGAS, STARTS, STEPS,
 };
-use super::{unreadable, Item, NewItem};
 use crate::model::Millis;
-use crate::store::group_commit::{BoxFuture, Whole};
 use crate::store::idempotency::KeyedItem;
 use crate::store::rows::LogRow;
+use crate::store::write_queue::batch::{self, unreadable, Item, NewItem};
+use crate::store::write_queue::{BoxFuture, Whole};
 use crate::store::SqlxResultExt;
 use crate::store::{Applied, LeaseRequest, NewSaga, Result, StoreError};
 
@@ -242,7 +242,7 @@ async fn results(
     items: &[Item],
     fenced: &[sqlx::postgres::PgRow],
 ) -> Result<Vec<Result<Applied>>> {
-    super::results::<sqlx::Postgres>(conn, REFUSED, items, fenced).await
+    batch::results::<sqlx::Postgres>(conn, REFUSED, items, fenced).await
 }
 
 /// [`whole_batch`] as a plain function pointer for the write queue.

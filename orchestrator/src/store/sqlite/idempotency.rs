@@ -6,19 +6,18 @@ use async_trait::async_trait;
 use rusqlite::{params, Connection, OptionalExtension};
 use sqlx::SqliteConnection;
 
-use super::batch::sqlite_handle::{
-    exec, from_rusqlite, in_savepoint, on_handle, with_statements, Statements,
-};
-use super::batch::sqlite_rows::{create_callback, create_saga};
-use super::group_commit::BoxFuture;
-use super::idempotency::{
+use super::handle::{exec, from_rusqlite, in_savepoint, on_handle, with_statements, Statements};
+use super::writer_rows::{create_callback, create_saga};
+use super::SqliteStore;
+use crate::model::{Millis, Saga};
+use crate::store::idempotency::{
     retention_ms, Callback, IdempotencyKey, IdempotencyStore, IdempotentStart, KeyedItem,
     SavedResponse, StoredKey,
 };
-use super::rows::new_saga_record;
-use super::{LeaseRequest, NewSaga, Result, SqliteStore};
-use crate::model::{Millis, Saga};
+use crate::store::rows::new_saga_record;
+use crate::store::write_queue::BoxFuture;
 use crate::store::SqlxResultExt;
+use crate::store::{LeaseRequest, NewSaga, Result};
 
 /// An expired key the sweeper has not removed yet is as good as gone.
 const DROP_EXPIRED: &str =
@@ -118,7 +117,7 @@ fn keyed_start(db: &Connection, now: Millis, item: &KeyedItem) -> Result<Idempot
         .map_err(from_rusqlite)?;
     match stored {
         Some(stored) => stored.judge(key),
-        None => Err(super::StoreError::io(format!(
+        None => Err(crate::store::StoreError::io(format!(
             "the key {:?} was neither recorded nor found",
             key.key
         ))),

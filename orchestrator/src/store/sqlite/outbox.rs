@@ -11,15 +11,16 @@ use sqlx::sqlite::SqliteRow;
 use sqlx::{QueryBuilder, Row, Sqlite};
 use uuid::Uuid;
 
-use super::idempotency::Callback;
-use super::outbox::{
+use super::SqliteStore;
+use crate::model::Millis;
+use crate::store::idempotency::Callback;
+use crate::store::outbox::{
     millis, short_error, state_of, ClaimedDelivery, Delivery, DeliveryOutcome, NewDelivery,
     OutboxEvent, OutboxPosition, OutboxStore, TargetKind,
 };
-use super::rows::corrupt;
-use super::{Result, SqliteStore, Store};
-use crate::model::Millis;
+use crate::store::rows::corrupt;
 use crate::store::SqlxResultExt;
+use crate::store::{Result, Store};
 
 fn parse_uuid(text: &str) -> Result<Uuid> {
     Uuid::parse_str(text).map_err(|e| corrupt(text, e))
@@ -300,7 +301,7 @@ impl OutboxStore for SqliteStore {
                     target_kind: TargetKind::parse(&kind),
                     state,
                     attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
-                    next_attempt_at: (state == super::outbox::DeliveryState::Pending)
+                    next_attempt_at: (state == crate::store::outbox::DeliveryState::Pending)
                         .then(|| row.try_get("next_attempt_at"))
                         .transpose()
                         .db()?,
