@@ -787,6 +787,25 @@ async fn a_cancel_answers_by_the_state_of_the_saga() {
     ));
 }
 
+#[tokio::test]
+async fn a_second_cancel_is_accepted_and_records_nothing_more() {
+    let db = TempDb::new();
+    let store = db.store().await;
+    let saga = store.create_saga(four_steps()).await.unwrap();
+    for _ in 0..2 {
+        assert_eq!(
+            store.request_cancel(saga.id).await.unwrap(),
+            CancelOutcome::Accepted
+        );
+    }
+    let requested = event_kinds(&store, saga.id)
+        .await
+        .into_iter()
+        .filter(|kind| kind == "saga.cancel_requested")
+        .count();
+    assert_eq!(requested, 1, "one request recorded, however often it is made");
+}
+
 // ---------------------------------------------------------------------------------------------
 // Creating sagas, leased or not.
 

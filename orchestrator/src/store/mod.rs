@@ -16,6 +16,7 @@ pub mod outbox;
 mod postgres;
 mod rows;
 mod rules;
+mod shared;
 mod sqlite;
 mod stores;
 mod url;

@@ -9,12 +9,12 @@ use uuid::Uuid;
 
 use super::insert_saga_rows;
 use super::PgStore;
-use crate::model::{Millis, Saga};
+use crate::model::Saga;
 use crate::store::idempotency::{
-    judge_row, retention_ms, Callback, IdempotencyKey, IdempotencyStore, IdempotentStart,
-    SavedResponse,
+    judge_row, retention_ms, Callback, IdempotencyKey, IdempotentStart, SavedResponse,
 };
 use crate::store::rows::new_saga_record;
+use crate::store::shared::SqlStarts;
 use crate::store::SqlxResultExt;
 use crate::store::{LeaseRequest, NewSaga, Result, StoreError};
 
@@ -38,7 +38,7 @@ async fn insert_callback(
 }
 
 #[async_trait]
-impl IdempotencyStore for PgStore {
+impl SqlStarts for PgStore {
     async fn create_saga_idempotent(
         &self,
         key: &IdempotencyKey,
@@ -138,15 +138,5 @@ impl IdempotencyStore for PgStore {
         .await
         .db()?;
         Ok(())
-    }
-
-    async fn sweep_idempotency(&self, now: Millis) -> Result<u64> {
-        let deleted = sqlx::query("DELETE FROM idempotency_keys WHERE expires_at <= $1")
-            .bind(now)
-            .execute(self.pool())
-            .await
-            .db()?
-            .rows_affected();
-        Ok(deleted)
     }
 }

@@ -18,7 +18,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::Value;
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
-use sqlx::{Executor, Postgres, QueryBuilder, Row, Transaction};
+use sqlx::{Executor, Postgres, Row, Transaction};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
@@ -27,22 +27,17 @@ mod idempotency;
 mod outbox;
 pub(crate) mod writer;
 
-use crate::model::{Attempt, Event, ListFilter, Millis, Saga, SagaPage, SagaStatus, StepRecord};
-use crate::store::rows::{
-    attempt_from_row, corrupt, event_from_row, page_from_rows, parse_enum, saga_from_row,
-    step_from_row, worker_from_row,
-};
-use crate::store::rules::{
-    cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan,
-};
+use crate::model::{Millis, Saga, SagaStatus, StepRecord};
+use crate::store::rows::{corrupt, saga_from_row, step_from_row};
+use crate::store::shared::sql::{Reader, Tx};
+use crate::store::shared::SqlBackend;
 use crate::store::write_queue::{Backend, WriteQueue};
 use crate::store::SqlxResultExt;
 use crate::store::{
-    Applied, CancelOutcome, ClaimRequest, Claimed, Lease, LeaseRequest, NewSaga, Result, Store,
-    StoreError, Transition, WorkerInfo,
+    Applied, ClaimRequest, Claimed, Lease, LeaseRequest, NewSaga, Result, StoreError, Transition,
+    WorkerInfo,
 };
 
-const MAX_PAGE: u32 = 1000;
 /// Wakes workers: a saga is due. The batch statements (`batch/postgres.rs`) name it too.
 const CHANNEL: &str = "saga_due";
 /// A saga ended (payload: `ID STATUS`). Also named in `batch/postgres.rs`.
@@ -218,7 +213,7 @@ impl PgStore {
             done: tokio::sync::broadcast::channel(4096).0,
             listener: OnceLock::new(),
         };
-        store.migrate().await?;
+        SqlBackend::migrate(&store).await?;
         Ok(store)
     }
 
@@ -242,42 +237,6 @@ impl PgStore {
                 self.done.clone(),
             ));
         });
-    }
-
-    /// Sends a notification outside any transaction (after the commit it announces). A lost
-    /// notification costs a poll interval, so a failure is only logged.
-    async fn notify(&self, channel: &str, payload: &str) {
-        let sent = sqlx::query("SELECT pg_notify($1, $2)")
-            .bind(channel)
-            .bind(payload)
-            .execute(&self.pool)
-            .await;
-        if let Err(e) = sent {
-            tracing::debug!(error = %e, channel, "NOTIFY failed");
-        }
-    }
-
-    async fn notify_done(
-        tx: &mut Transaction<'static, Postgres>,
-        id: &str,
-        status: SagaStatus,
-    ) -> Result<()> {
-        sqlx::query("SELECT pg_notify($1, $2)")
-            .bind(DONE_CHANNEL)
-            .bind(format!("{id} {status}"))
-            .execute(&mut **tx)
-            .await
-            .db()?;
-        Ok(())
-    }
-
-    async fn notify_due(tx: &mut Transaction<'static, Postgres>) -> Result<()> {
-        sqlx::query("SELECT pg_notify($1, '')")
-            .bind(CHANNEL)
-            .execute(&mut **tx)
-            .await
-            .db()?;
-        Ok(())
     }
 
     /// Loads sagas with their steps, in the order of `ids`; a row that does not parse comes
@@ -319,47 +278,6 @@ impl PgStore {
             .iter()
             .filter_map(|id| by_id.remove(&id.to_string()).map(|s| (*id, s)))
             .collect())
-    }
-
-    async fn load_one(conn: &mut sqlx::PgConnection, id: Uuid) -> Result<Option<Saga>> {
-        match Self::load_many(conn, &[id]).await?.pop() {
-            Some((_, saga)) => saga.map(Some),
-            None => Ok(None),
-        }
-    }
-
-    /// Locks the saga row for the rest of the transaction and loads it.
-    async fn lock_saga(tx: &mut Transaction<'static, Postgres>, id: Uuid) -> Result<Saga> {
-        let found = sqlx::query("SELECT 1 FROM sagas WHERE id = $1::uuid FOR UPDATE")
-            .bind(id.to_string())
-            .fetch_optional(&mut **tx)
-            .await
-            .db()?;
-        if found.is_none() {
-            return Err(StoreError::NotFound(id));
-        }
-        let conn: &mut sqlx::PgConnection = tx;
-        Self::load_one(&mut *conn, id)
-            .await?
-            .ok_or(StoreError::NotFound(id))
-    }
-
-    async fn reload(&self, id: Uuid) -> Result<Saga> {
-        self.read_one(id).await?.ok_or(StoreError::NotFound(id))
-    }
-
-    /// Reads a saga and its steps from one snapshot: under READ COMMITTED two statements could
-    /// straddle a commit and pair the saga of one write with the steps of the next.
-    async fn read_one(&self, id: Uuid) -> Result<Option<Saga>> {
-        let mut tx = self
-            .pool
-            .begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            .await
-            .db()?;
-        let conn: &mut sqlx::PgConnection = &mut tx;
-        let saga = Self::load_one(conn, id).await?;
-        tx.commit().await.db()?;
-        Ok(saga)
     }
 }
 
@@ -446,7 +364,26 @@ pub(crate) async fn insert_saga_rows(
 }
 
 #[async_trait]
-impl Store for PgStore {
+impl SqlBackend for PgStore {
+    fn reader(&self) -> Reader<'_> {
+        Reader::Postgres(&self.pool)
+    }
+
+    async fn begin(&self) -> Result<Tx> {
+        let mut tx = self.pool.begin().await.db()?;
+        let now: i64 = sqlx::query_scalar("SELECT saga_now_ms()")
+            .fetch_one(&mut *tx)
+            .await
+            .db()?;
+        Ok(Tx::postgres(tx, now))
+    }
+
+    async fn commit(&self, tx: Tx) -> Result<()> {
+        tx.commit().await?;
+        self.commits.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
     async fn migrate(&self) -> Result<()> {
         sqlx::migrate!("../migrations/postgres")
             .run(&self.pool)
@@ -491,26 +428,6 @@ impl Store for PgStore {
         self.commit(tx).await
     }
 
-    async fn deregister_worker(&self, worker: &str) -> Result<()> {
-        let mut tx = self.pool.begin().await.db()?;
-        sqlx::query(
-            "UPDATE sagas SET lease_owner = NULL, lease_expires_at = NULL WHERE lease_owner = $1",
-        )
-        .bind(worker)
-        .execute(&mut *tx)
-        .await
-        .db()?;
-        sqlx::query(
-            "UPDATE workers SET stopped_at = saga_now_ms(), heartbeat_at = saga_now_ms() WHERE id = $1",
-        )
-        .bind(worker)
-        .execute(&mut *tx)
-        .await.db()?;
-        // The released sagas are due: another process may take them at once.
-        Self::notify_due(&mut tx).await?;
-        self.commit(tx).await
-    }
-
     async fn create_saga(&self, new: NewSaga) -> Result<Saga> {
         // The insert notifies `saga_due`, delivered on commit.
         self.queue.create(new, None).await
@@ -518,90 +435,6 @@ impl Store for PgStore {
 
     async fn create_saga_leased(&self, new: NewSaga, lease: &LeaseRequest) -> Result<Claimed> {
         self.queue.create_leased(new, lease).await
-    }
-
-    async fn get_saga(&self, id: Uuid) -> Result<Option<Saga>> {
-        self.read_one(id).await
-    }
-
-    async fn saga_status(&self, id: Uuid) -> Result<Option<SagaStatus>> {
-        let status: Option<String> =
-            sqlx::query_scalar("SELECT status FROM sagas WHERE id = $1::uuid")
-                .bind(id.to_string())
-                .fetch_optional(&self.pool)
-                .await
-                .db()?;
-        status.map(|s| parse_enum(&id.to_string(), &s)).transpose()
-    }
-
-    async fn saga_ids_with_prefix(
-        &self,
-        prefix: &crate::model::IdPrefix,
-        limit: u32,
-    ) -> Result<Vec<Uuid>> {
-        // `uuid` compares byte by byte, that is in the order of its hexadecimal digits.
-        let ids: Vec<String> = sqlx::query_scalar(
-            "SELECT id::text FROM sagas WHERE id >= $1::uuid AND id <= $2::uuid \
-             ORDER BY id LIMIT $3",
-        )
-        .bind(prefix.low().to_string())
-        .bind(prefix.high().to_string())
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await
-        .db()?;
-        crate::store::rows::parse_ids(&ids)
-    }
-
-    async fn list_sagas(&self, filter: &ListFilter) -> Result<SagaPage> {
-        let limit = filter.limit.clamp(1, MAX_PAGE);
-        let mut q = QueryBuilder::<Postgres>::new(
-            "SELECT id::text AS id, name, version, status, needs_attention, blocked, error, \
-             created_at, updated_at FROM sagas WHERE TRUE",
-        );
-        if let Some(status) = filter.status {
-            q.push(" AND status = ").push_bind(status.as_str());
-        }
-        if let Some(name) = &filter.name {
-            q.push(" AND name = ").push_bind(name.clone());
-        }
-        if filter.needs_attention {
-            q.push(" AND needs_attention");
-        }
-        if let Some(cursor) = filter.cursor {
-            q.push(" AND id < ")
-                .push_bind(cursor.to_string())
-                .push("::uuid");
-        }
-        q.push(" ORDER BY id DESC LIMIT ")
-            .push_bind(i64::from(limit) + 1);
-        let rows = q.build().fetch_all(&self.pool).await.db()?;
-        page_from_rows(&rows, limit)
-    }
-
-    async fn events(&self, id: Uuid) -> Result<Vec<Event>> {
-        let rows = sqlx::query(
-            "SELECT id, ROW_NUMBER() OVER (ORDER BY id) AS seq, at, type, step, data::text AS data \
-             FROM events WHERE saga_id = $1::uuid ORDER BY id",
-        )
-        .bind(id.to_string())
-        .fetch_all(&self.pool)
-        .await.db()?;
-        let saga = id.to_string();
-        rows.iter().map(|row| event_from_row(row, &saga)).collect()
-    }
-
-    async fn attempts(&self, id: Uuid) -> Result<Vec<Attempt>> {
-        let rows = sqlx::query(
-            "SELECT a.step_idx, s.name, a.phase, a.attempt, a.worker, a.lease_epoch, a.started_at, \
-             a.ended_at, a.outcome, a.error FROM attempts a \
-             JOIN steps s ON s.saga_id = a.saga_id AND s.idx = a.step_idx \
-             WHERE a.saga_id = $1::uuid ORDER BY a.started_at, a.step_idx, a.phase, a.attempt",
-        )
-        .bind(id.to_string())
-        .fetch_all(&self.pool)
-        .await.db()?;
-        rows.iter().map(attempt_from_row).collect()
     }
 
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Vec<Claimed>> {
@@ -679,25 +512,6 @@ impl Store for PgStore {
         self.queue.apply(lease.clone(), t.clone()).await
     }
 
-    async fn release_lease(&self, lease: &Lease) -> Result<()> {
-        let released = sqlx::query(
-            "UPDATE sagas SET lease_owner = NULL, lease_expires_at = NULL \
-             WHERE id = $1::uuid AND lease_owner = $2 AND lease_epoch = $3",
-        )
-        .bind(lease.saga_id.to_string())
-        .bind(&lease.owner)
-        .bind(lease.epoch)
-        .execute(&self.pool)
-        .await
-        .db()?
-        .rows_affected();
-        if released == 0 {
-            return Err(StoreError::LeaseLost(lease.saga_id));
-        }
-        self.notify(CHANNEL, "").await;
-        Ok(())
-    }
-
     async fn mark_blocked(&self, definitions: &[String]) -> Result<u64> {
         let mut tx = self.pool.begin().await.db()?;
         // Blocked means no live worker has the definition, not only this one: workers of
@@ -755,176 +569,6 @@ impl Store for PgStore {
         .fetch_one(&self.pool)
         .await
         .db()?)
-    }
-
-    async fn request_cancel(&self, id: Uuid) -> Result<CancelOutcome> {
-        let mut tx = self.pool.begin().await.db()?;
-        let row =
-            sqlx::query("SELECT status, pivot_reached FROM sagas WHERE id = $1::uuid FOR UPDATE")
-                .bind(id.to_string())
-                .fetch_optional(&mut *tx)
-                .await
-                .db()?
-                .ok_or(StoreError::NotFound(id))?;
-        let status: SagaStatus =
-            parse_enum(&id.to_string(), &row.try_get::<String, _>("status").db()?)?;
-        let pivot_reached: bool = row.try_get("pivot_reached").db()?;
-        let outcome = if let Some(refusal) = cancel_refusal(status, pivot_reached) {
-            refusal
-        } else {
-            sqlx::query(
-                "UPDATE sagas SET cancel_requested = TRUE, updated_at = saga_now_ms(), \
-                 next_run_at = LEAST(COALESCE(next_run_at, saga_now_ms()), saga_now_ms()) \
-                 WHERE id = $1::uuid",
-            )
-            .bind(id.to_string())
-            .execute(&mut *tx)
-            .await
-            .db()?;
-            insert_event(
-                &mut tx,
-                &id.to_string(),
-                "saga.cancel_requested",
-                None,
-                &serde_json::json!({}),
-            )
-            .await?;
-            Self::notify_due(&mut tx).await?;
-            CancelOutcome::Accepted
-        };
-        self.commit(tx).await?;
-        Ok(outcome)
-    }
-
-    async fn abort(&self, id: Uuid, reason: &str, actor: &str) -> Result<Saga> {
-        let mut tx = self.pool.begin().await.db()?;
-        let saga = Self::lock_saga(&mut tx, id).await?;
-        check_abort(&saga)?;
-        sqlx::query(
-            "UPDATE sagas SET status = 'ABORTED', next_run_at = NULL, lease_owner = NULL, \
-             lease_expires_at = NULL, lease_epoch = lease_epoch + 1, updated_at = saga_now_ms(), \
-             error = COALESCE(error, $2) WHERE id = $1::uuid",
-        )
-        .bind(id.to_string())
-        .bind(format!("aborted: {reason}"))
-        .execute(&mut *tx)
-        .await
-        .db()?;
-        let data =
-            serde_json::json!({"reason": reason, "actor": actor, "previous_status": saga.status});
-        insert_event(&mut tx, &id.to_string(), "saga.aborted", None, &data).await?;
-        Self::notify_done(&mut tx, &id.to_string(), SagaStatus::Aborted).await?;
-        self.commit(tx).await?;
-        self.reload(id).await
-    }
-
-    async fn retry_now(&self, id: Uuid, actor: &str) -> Result<Saga> {
-        let mut tx = self.pool.begin().await.db()?;
-        let saga = Self::lock_saga(&mut tx, id).await?;
-        match plan_retry(&saga)? {
-            RetryPlan::Failed(failed) => {
-                sqlx::query(
-                    "UPDATE steps SET status = 'RETRYING' WHERE saga_id = $1::uuid AND idx = $2",
-                )
-                .bind(id.to_string())
-                .bind(i64::from(failed.index))
-                .execute(&mut *tx)
-                .await
-                .db()?;
-                sqlx::query(
-                    "UPDATE sagas SET status = 'RUNNING', next_run_at = saga_now_ms(), needs_attention = FALSE, \
-                     lease_owner = NULL, lease_expires_at = NULL, lease_epoch = lease_epoch + 1, \
-                     updated_at = saga_now_ms() WHERE id = $1::uuid",
-                )
-                .bind(id.to_string())
-                .execute(&mut *tx)
-                .await.db()?;
-                let data = serde_json::json!({"actor": actor, "step": failed.name});
-                insert_event(
-                    &mut tx,
-                    &id.to_string(),
-                    "saga.retried",
-                    Some(&failed.name),
-                    &data,
-                )
-                .await?;
-            }
-            RetryPlan::DueNow => {
-                sqlx::query(
-                    "UPDATE sagas SET next_run_at = saga_now_ms(), updated_at = saga_now_ms() \
-                     WHERE id = $1::uuid AND (next_run_at IS NULL OR next_run_at > saga_now_ms())",
-                )
-                .bind(id.to_string())
-                .execute(&mut *tx)
-                .await
-                .db()?;
-                let data = serde_json::json!({"actor": actor});
-                insert_event(
-                    &mut tx,
-                    &id.to_string(),
-                    "saga.retry_requested",
-                    None,
-                    &data,
-                )
-                .await?;
-            }
-        }
-        Self::notify_due(&mut tx).await?;
-        self.commit(tx).await?;
-        self.reload(id).await
-    }
-
-    async fn mark_compensated(
-        &self,
-        id: Uuid,
-        step: &str,
-        reason: &str,
-        actor: &str,
-    ) -> Result<Saga> {
-        let mut tx = self.pool.begin().await.db()?;
-        let saga = Self::lock_saga(&mut tx, id).await?;
-        let record = check_mark_compensated(&saga, id, step)?;
-        sqlx::query(
-            "UPDATE steps SET comp_status = 'MANUAL', comp_ended_at = saga_now_ms() \
-             WHERE saga_id = $1::uuid AND idx = $2",
-        )
-        .bind(id.to_string())
-        .bind(i64::from(record.index))
-        .execute(&mut *tx)
-        .await
-        .db()?;
-        sqlx::query(
-            "UPDATE sagas SET needs_attention = FALSE, next_run_at = saga_now_ms(), lease_owner = NULL, \
-             lease_expires_at = NULL, lease_epoch = lease_epoch + 1, updated_at = saga_now_ms() \
-             WHERE id = $1::uuid",
-        )
-        .bind(id.to_string())
-        .execute(&mut *tx)
-        .await.db()?;
-        let data = serde_json::json!({"reason": reason, "actor": actor});
-        insert_event(
-            &mut tx,
-            &id.to_string(),
-            "step.marked_compensated",
-            Some(step),
-            &data,
-        )
-        .await?;
-        Self::notify_due(&mut tx).await?;
-        self.commit(tx).await?;
-        self.reload(id).await
-    }
-
-    async fn workers(&self) -> Result<Vec<crate::model::Worker>> {
-        let rows = sqlx::query(
-            "SELECT w.id, w.host, w.pid, w.started_at, w.heartbeat_at, w.stopped_at, \
-             (SELECT COUNT(*) FROM sagas s WHERE s.lease_owner = w.id) AS leases \
-             FROM workers w ORDER BY w.started_at DESC LIMIT 100",
-        )
-        .fetch_all(&self.pool)
-        .await
-        .db()?;
-        rows.iter().map(worker_from_row).collect()
     }
 
     fn due_signal(&self) -> Option<Arc<Notify>> {

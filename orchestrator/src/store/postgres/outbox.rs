@@ -18,13 +18,12 @@ use sqlx::Row;
 use uuid::Uuid;
 
 use super::PgStore;
-use crate::model::Millis;
 use crate::store::idempotency::Callback;
 use crate::store::outbox::{
-    millis, short_error, state_of, ClaimedDelivery, Delivery, DeliveryOutcome, DeliveryState,
-    NewDelivery, OutboxEvent, OutboxPosition, OutboxStore, TargetKind,
+    millis, ClaimedDelivery, NewDelivery, OutboxEvent, OutboxPosition, TargetKind,
 };
 use crate::store::rows::corrupt;
+use crate::store::shared::SqlOutbox;
 use crate::store::Result;
 use crate::store::SqlxResultExt;
 
@@ -50,22 +49,7 @@ fn event_from_row(row: &PgRow) -> Result<OutboxEvent> {
 }
 
 #[async_trait]
-impl OutboxStore for PgStore {
-    async fn relay_cursor(&self, name: &str) -> Result<OutboxPosition> {
-        let row = sqlx::query("SELECT tx, event_id FROM relay_cursors WHERE name = $1")
-            .bind(name)
-            .fetch_optional(self.pool())
-            .await
-            .db()?;
-        Ok(match row {
-            Some(row) => OutboxPosition {
-                tx: row.try_get("tx").db()?,
-                event_id: row.try_get("event_id").db()?,
-            },
-            None => OutboxPosition::default(),
-        })
-    }
-
+impl SqlOutbox for PgStore {
     async fn outbox_after(&self, after: OutboxPosition, limit: u32) -> Result<Vec<OutboxEvent>> {
         let rows = sqlx::query(
             "SELECT e.id AS event_id, e.tx::text::bigint AS tx, e.saga_id::text AS saga_id, \
@@ -212,104 +196,5 @@ impl OutboxStore for PgStore {
         }
         tx.commit().await.db()?;
         Ok(claimed)
-    }
-
-    async fn finish_delivery(
-        &self,
-        event_id: i64,
-        target: &str,
-        attempt: u32,
-        outcome: &DeliveryOutcome,
-    ) -> Result<()> {
-        let fence = " WHERE event_id = $1 AND target = $2 AND attempts = $3 \
-                     AND delivered_at IS NULL AND failed_at IS NULL";
-        let attempt = i32::try_from(attempt).unwrap_or(i32::MAX);
-        match outcome {
-            DeliveryOutcome::Delivered { status } => {
-                sqlx::query(&format!(
-                    "UPDATE webhook_deliveries SET delivered_at = saga_now_ms(), last_status = $4, \
-                     last_error = NULL{fence}"
-                ))
-                .bind(event_id)
-                .bind(target)
-                .bind(attempt)
-                .bind(i32::from(*status))
-                .execute(self.pool())
-                .await
-                .db()?;
-            }
-            DeliveryOutcome::Failed {
-                status,
-                error,
-                retry_in,
-            } => {
-                sqlx::query(&format!(
-                    "UPDATE webhook_deliveries SET \
-                     next_attempt_at = saga_now_ms() + COALESCE($4, 0), \
-                     failed_at = CASE WHEN $4::bigint IS NULL THEN saga_now_ms() END, \
-                     last_status = $5, last_error = $6{fence}"
-                ))
-                .bind(event_id)
-                .bind(target)
-                .bind(attempt)
-                .bind(retry_in.map(millis))
-                .bind(status.map(i32::from))
-                .bind(short_error(error))
-                .execute(self.pool())
-                .await
-                .db()?;
-            }
-        }
-        Ok(())
-    }
-
-    async fn deliveries(&self, saga: Uuid) -> Result<Vec<Delivery>> {
-        let rows = sqlx::query(
-            "SELECT d.event_id, e.type, d.target, d.kind, d.attempts, d.next_attempt_at, \
-             d.delivered_at, d.failed_at, d.last_status, d.last_error \
-             FROM webhook_deliveries d JOIN events e ON e.id = d.event_id \
-             WHERE d.saga_id = $1::uuid ORDER BY d.event_id, d.target",
-        )
-        .bind(saga.to_string())
-        .fetch_all(self.pool())
-        .await
-        .db()?;
-        rows.iter()
-            .map(|row| {
-                let delivered_at: Option<Millis> = row.try_get("delivered_at").db()?;
-                let failed_at: Option<Millis> = row.try_get("failed_at").db()?;
-                let state = state_of(delivered_at, failed_at);
-                let kind: String = row.try_get("kind").db()?;
-                let attempts: i32 = row.try_get("attempts").db()?;
-                let status: Option<i32> = row.try_get("last_status").db()?;
-                Ok(Delivery {
-                    event_id: row.try_get("event_id").db()?,
-                    kind: row.try_get("type").db()?,
-                    target: row.try_get("target").db()?,
-                    target_kind: TargetKind::parse(&kind),
-                    state,
-                    attempts: u32::try_from(attempts).unwrap_or(0),
-                    next_attempt_at: (state == DeliveryState::Pending)
-                        .then(|| row.try_get("next_attempt_at"))
-                        .transpose()
-                        .db()?,
-                    delivered_at,
-                    last_status: status.and_then(|s| u16::try_from(s).ok()),
-                    last_error: row.try_get("last_error").db()?,
-                })
-            })
-            .collect()
-    }
-
-    async fn outbox_lag(&self, name: &str) -> Result<i64> {
-        let lag: Option<i64> = sqlx::query_scalar(
-            "SELECT (SELECT COALESCE(MAX(id), 0) FROM events) - \
-             COALESCE((SELECT event_id FROM relay_cursors WHERE name = $1), 0)",
-        )
-        .bind(name)
-        .fetch_one(self.pool())
-        .await
-        .db()?;
-        Ok(lag.unwrap_or(0).max(0))
     }
 }

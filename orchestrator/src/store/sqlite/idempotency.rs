@@ -11,10 +11,10 @@ use super::writer_rows::{create_callback, create_saga};
 use super::SqliteStore;
 use crate::model::{Millis, Saga};
 use crate::store::idempotency::{
-    retention_ms, Callback, IdempotencyKey, IdempotencyStore, IdempotentStart, KeyedItem,
-    SavedResponse, StoredKey,
+    retention_ms, Callback, IdempotencyKey, IdempotentStart, KeyedItem, SavedResponse, StoredKey,
 };
 use crate::store::rows::new_saga_record;
+use crate::store::shared::SqlStarts;
 use crate::store::write_queue::BoxFuture;
 use crate::store::SqlxResultExt;
 use crate::store::{LeaseRequest, NewSaga, Result};
@@ -125,7 +125,7 @@ fn keyed_start(db: &Connection, now: Millis, item: &KeyedItem) -> Result<Idempot
 }
 
 #[async_trait]
-impl IdempotencyStore for SqliteStore {
+impl SqlStarts for SqliteStore {
     async fn create_saga_idempotent(
         &self,
         key: &IdempotencyKey,
@@ -193,21 +193,5 @@ impl IdempotencyStore for SqliteStore {
                 })
             })
             .await
-    }
-
-    async fn sweep_idempotency(&self, now: Millis) -> Result<u64> {
-        let mut tx = self
-            .writer_pool()
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .db()?;
-        let deleted = sqlx::query("DELETE FROM idempotency_keys WHERE expires_at <= ?1")
-            .bind(now)
-            .execute(&mut *tx)
-            .await
-            .db()?
-            .rows_affected();
-        tx.commit().await.db()?;
-        Ok(deleted)
     }
 }

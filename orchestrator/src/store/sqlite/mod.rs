@@ -20,7 +20,7 @@ use serde_json::Value;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
-use sqlx::{QueryBuilder, Row, Sqlite, Transaction};
+use sqlx::{Row, Sqlite, Transaction};
 use uuid::Uuid;
 
 pub(crate) mod handle;
@@ -30,19 +30,15 @@ pub(crate) mod writer;
 mod writer_rows;
 
 use crate::clock::{Clock, SystemClock};
-use crate::model::{Attempt, Event, ListFilter, Millis, Saga, SagaPage, SagaStatus};
-use crate::store::rows::{
-    attempt_from_row, corrupt, event_from_row, page_from_rows, parse_enum, saga_from_row,
-    step_from_row, worker_from_row,
-};
-use crate::store::rules::{
-    cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan,
-};
+use crate::model::{Millis, Saga};
+use crate::store::rows::{corrupt, saga_from_row, step_from_row};
+use crate::store::shared::sql::{Reader, Tx};
+use crate::store::shared::SqlBackend;
 use crate::store::write_queue::{Backend, WriteQueue};
 use crate::store::SqlxResultExt;
 use crate::store::{
-    Applied, CancelOutcome, ClaimRequest, Claimed, Lease, LeaseRequest, NewSaga, Result, Store,
-    StoreError, Transition, WorkerInfo,
+    Applied, ClaimRequest, Claimed, Lease, LeaseRequest, NewSaga, Result, StoreError, Transition,
+    WorkerInfo,
 };
 
 /// How hard SQLite works to keep a commit on power loss.
@@ -56,9 +52,6 @@ pub enum SqliteDurability {
     /// but a power loss or OS crash may lose the last commits before a checkpoint.
     Normal,
 }
-
-/// The largest page a list returns.
-const MAX_PAGE: u32 = 1000;
 
 /// The SQLite implementation of [`Store`].
 pub struct SqliteStore {
@@ -259,7 +252,7 @@ impl SqliteStore {
             clock,
             commits: std::sync::atomic::AtomicU64::new(0),
         };
-        store.migrate().await?;
+        SqlBackend::migrate(&store).await?;
         Ok(store)
     }
 
@@ -276,20 +269,6 @@ impl SqliteStore {
         self.commits
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Ok(())
-    }
-
-    /// Reads a saga and its steps from one snapshot (in a read transaction of its own: two
-    /// separate reads could straddle a commit and pair the saga of one write with the steps
-    /// of the next).
-    async fn load_saga(pool: &SqlitePool, id: Uuid) -> Result<Option<Saga>> {
-        let mut tx = pool.begin().await.db()?;
-        let saga = match Self::require_saga(&mut tx, id).await {
-            Ok(saga) => Some(saga),
-            Err(StoreError::NotFound(_)) => None,
-            Err(e) => return Err(e),
-        };
-        tx.commit().await.db()?;
-        Ok(saga)
     }
 
     /// Reads a saga and its steps on `conn`, whose transaction gives them one snapshot.
@@ -310,12 +289,6 @@ impl SqliteStore {
             .map(step_from_row)
             .collect::<Result<Vec<_>>>()?;
         saga_from_row(&row, steps)
-    }
-
-    async fn reload(&self, id: Uuid) -> Result<Saga> {
-        Self::load_saga(&self.writer, id)
-            .await?
-            .ok_or(StoreError::NotFound(id))
     }
 
     /// The writer pool, for the idempotency and outbox stores (`BEGIN IMMEDIATE` writes).
@@ -357,14 +330,6 @@ fn split_durability(url: &str) -> Result<(String, SqliteDurability)> {
     };
     Ok((base, durability))
 }
-
-const WORKERS_SQL: &str =
-    "SELECT w.id, w.host, w.pid, w.started_at, w.heartbeat_at, w.stopped_at, \
-     (SELECT COUNT(*) FROM sagas s WHERE s.lease_owner = w.id) AS leases \
-     FROM workers w ORDER BY w.started_at DESC LIMIT 100";
-
-const SAGA_COLUMNS: &str = "id, name, version, definition_hash, status, needs_attention, blocked, \
-     cancel_requested, pivot_reached, input, output, error, next_run_at, lease_owner, lease_epoch, created_at, updated_at";
 
 const SELECT_SAGA: &str = "SELECT id, name, version, definition_hash, status, needs_attention, blocked, \
      cancel_requested, pivot_reached, input, output, error, next_run_at, lease_owner, lease_epoch, lease_expires_at, \
@@ -467,7 +432,23 @@ async fn claim_on(
 }
 
 #[async_trait]
-impl Store for SqliteStore {
+impl SqlBackend for SqliteStore {
+    fn reader(&self) -> Reader<'_> {
+        Reader::Sqlite(&self.reader)
+    }
+
+    async fn begin(&self) -> Result<Tx> {
+        let tx = self.begin_write().await?;
+        Ok(Tx::sqlite(tx, self.now_ms()))
+    }
+
+    async fn commit(&self, tx: Tx) -> Result<()> {
+        tx.commit().await?;
+        self.commits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
     async fn migrate(&self) -> Result<()> {
         sqlx::migrate!("../migrations/sqlite")
             .run(&self.writer)
@@ -555,119 +536,12 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn deregister_worker(&self, worker: &str) -> Result<()> {
-        let now = self.now_ms();
-        let mut tx = self.begin_write().await?;
-        sqlx::query(
-            "UPDATE sagas SET lease_owner = NULL, lease_expires_at = NULL WHERE lease_owner = ?1",
-        )
-        .bind(worker)
-        .execute(&mut *tx)
-        .await
-        .db()?;
-        sqlx::query("UPDATE workers SET stopped_at = ?2, heartbeat_at = ?2 WHERE id = ?1")
-            .bind(worker)
-            .bind(now)
-            .execute(&mut *tx)
-            .await
-            .db()?;
-        self.commit(tx).await?;
-        if let Some(file) = self
-            .engine_lock
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
-            let _ = file.unlock();
-        }
-        Ok(())
-    }
-
     async fn create_saga(&self, new: NewSaga) -> Result<Saga> {
         self.queue.create(new, None).await
     }
 
     async fn create_saga_leased(&self, new: NewSaga, lease: &LeaseRequest) -> Result<Claimed> {
         self.queue.create_leased(new, lease).await
-    }
-
-    async fn get_saga(&self, id: Uuid) -> Result<Option<Saga>> {
-        Self::load_saga(&self.reader, id).await
-    }
-
-    async fn saga_status(&self, id: Uuid) -> Result<Option<SagaStatus>> {
-        let status: Option<String> = sqlx::query_scalar("SELECT status FROM sagas WHERE id = ?")
-            .bind(id.to_string())
-            .fetch_optional(&self.reader)
-            .await
-            .db()?;
-        status.map(|s| parse_enum(&id.to_string(), &s)).transpose()
-    }
-
-    async fn saga_ids_with_prefix(
-        &self,
-        prefix: &crate::model::IdPrefix,
-        limit: u32,
-    ) -> Result<Vec<Uuid>> {
-        // Ids are stored as lower-case hyphenated text, which sorts like the id's digits.
-        let ids: Vec<String> = sqlx::query_scalar(
-            "SELECT id FROM sagas WHERE id >= ?1 AND id <= ?2 ORDER BY id LIMIT ?3",
-        )
-        .bind(prefix.low().to_string())
-        .bind(prefix.high().to_string())
-        .bind(i64::from(limit))
-        .fetch_all(&self.reader)
-        .await
-        .db()?;
-        crate::store::rows::parse_ids(&ids)
-    }
-
-    async fn list_sagas(&self, filter: &ListFilter) -> Result<SagaPage> {
-        let limit = filter.limit.clamp(1, MAX_PAGE);
-        let mut q =
-            QueryBuilder::<Sqlite>::new(format!("SELECT {SAGA_COLUMNS} FROM sagas WHERE 1=1"));
-        if let Some(status) = filter.status {
-            q.push(" AND status = ").push_bind(status.as_str());
-        }
-        if let Some(name) = &filter.name {
-            q.push(" AND name = ").push_bind(name.clone());
-        }
-        if filter.needs_attention {
-            q.push(" AND needs_attention = 1");
-        }
-        if let Some(cursor) = filter.cursor {
-            q.push(" AND id < ").push_bind(cursor.to_string());
-        }
-        q.push(" ORDER BY id DESC LIMIT ")
-            .push_bind(i64::from(limit) + 1);
-        let rows = q.build().fetch_all(&self.reader).await.db()?;
-        page_from_rows(&rows, limit)
-    }
-
-    async fn events(&self, id: Uuid) -> Result<Vec<Event>> {
-        let rows = sqlx::query(
-            "SELECT id, ROW_NUMBER() OVER (ORDER BY id) AS seq, at, type, step, data \
-             FROM events WHERE saga_id = ?1 ORDER BY id",
-        )
-        .bind(id.to_string())
-        .fetch_all(&self.reader)
-        .await
-        .db()?;
-        let saga = id.to_string();
-        rows.iter().map(|row| event_from_row(row, &saga)).collect()
-    }
-
-    async fn attempts(&self, id: Uuid) -> Result<Vec<Attempt>> {
-        let rows = sqlx::query(
-            "SELECT a.step_idx, s.name, a.phase, a.attempt, a.worker, a.lease_epoch, a.started_at, \
-             a.ended_at, a.outcome, a.error FROM attempts a \
-             JOIN steps s ON s.saga_id = a.saga_id AND s.idx = a.step_idx \
-             WHERE a.saga_id = ?1 ORDER BY a.started_at, a.step_idx, a.phase, a.attempt",
-        )
-        .bind(id.to_string())
-        .fetch_all(&self.reader)
-        .await.db()?;
-        rows.iter().map(attempt_from_row).collect()
     }
 
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Vec<Claimed>> {
@@ -686,24 +560,6 @@ impl Store for SqliteStore {
 
     async fn apply(&self, lease: &Lease, t: &Transition) -> Result<Applied> {
         self.queue.apply(lease.clone(), t.clone()).await
-    }
-
-    async fn release_lease(&self, lease: &Lease) -> Result<()> {
-        let released = sqlx::query(
-            "UPDATE sagas SET lease_owner = NULL, lease_expires_at = NULL \
-             WHERE id = ?1 AND lease_owner = ?2 AND lease_epoch = ?3",
-        )
-        .bind(lease.saga_id.to_string())
-        .bind(&lease.owner)
-        .bind(lease.epoch)
-        .execute(&self.writer)
-        .await
-        .db()?
-        .rows_affected();
-        if released == 0 {
-            return Err(StoreError::LeaseLost(lease.saga_id));
-        }
-        Ok(())
     }
 
     async fn mark_blocked(&self, definitions: &[String]) -> Result<u64> {
@@ -759,177 +615,15 @@ impl Store for SqliteStore {
         Ok(due)
     }
 
-    async fn request_cancel(&self, id: Uuid) -> Result<CancelOutcome> {
-        let now = self.now_ms();
-        let mut tx = self.begin_write().await?;
-        let row = sqlx::query("SELECT status, pivot_reached FROM sagas WHERE id = ?1")
-            .bind(id.to_string())
-            .fetch_optional(&mut *tx)
-            .await
-            .db()?
-            .ok_or(StoreError::NotFound(id))?;
-        let status: SagaStatus =
-            parse_enum(&id.to_string(), &row.try_get::<String, _>("status").db()?)?;
-        let pivot_reached: bool = row.try_get("pivot_reached").db()?;
-        let outcome = if let Some(refusal) = cancel_refusal(status, pivot_reached) {
-            refusal
-        } else {
-            sqlx::query(
-                "UPDATE sagas SET cancel_requested = 1, updated_at = ?2, \
-                 next_run_at = MIN(COALESCE(next_run_at, ?2), ?2) WHERE id = ?1",
-            )
-            .bind(id.to_string())
-            .bind(now)
-            .execute(&mut *tx)
-            .await
-            .db()?;
-            insert_event(
-                &mut tx,
-                &id.to_string(),
-                now,
-                "saga.cancel_requested",
-                None,
-                &serde_json::json!({}),
-            )
-            .await?;
-            CancelOutcome::Accepted
-        };
-        self.commit(tx).await?;
-        Ok(outcome)
-    }
-
-    async fn abort(&self, id: Uuid, reason: &str, actor: &str) -> Result<Saga> {
-        let now = self.now_ms();
-        let mut tx = self.begin_write().await?;
-        let saga = Self::require_saga(&mut tx, id).await?;
-        check_abort(&saga)?;
-        sqlx::query(
-            "UPDATE sagas SET status = 'ABORTED', next_run_at = NULL, lease_owner = NULL, \
-             lease_expires_at = NULL, lease_epoch = lease_epoch + 1, updated_at = ?2, \
-             error = COALESCE(error, ?3) WHERE id = ?1",
-        )
-        .bind(id.to_string())
-        .bind(now)
-        .bind(format!("aborted: {reason}"))
-        .execute(&mut *tx)
-        .await
-        .db()?;
-        let data =
-            serde_json::json!({"reason": reason, "actor": actor, "previous_status": saga.status});
-        insert_event(&mut tx, &id.to_string(), now, "saga.aborted", None, &data).await?;
-        self.commit(tx).await?;
-        self.reload(id).await
-    }
-
-    async fn retry_now(&self, id: Uuid, actor: &str) -> Result<Saga> {
-        let now = self.now_ms();
-        let mut tx = self.begin_write().await?;
-        let saga = Self::require_saga(&mut tx, id).await?;
-        match plan_retry(&saga)? {
-            RetryPlan::Failed(failed) => {
-                sqlx::query("UPDATE steps SET status = 'RETRYING' WHERE saga_id = ?1 AND idx = ?2")
-                    .bind(id.to_string())
-                    .bind(i64::from(failed.index))
-                    .execute(&mut *tx)
-                    .await
-                    .db()?;
-                sqlx::query(
-                    "UPDATE sagas SET status = 'RUNNING', next_run_at = ?2, needs_attention = 0, \
-                     lease_owner = NULL, lease_expires_at = NULL, lease_epoch = lease_epoch + 1, \
-                     updated_at = ?2 WHERE id = ?1",
-                )
-                .bind(id.to_string())
-                .bind(now)
-                .execute(&mut *tx)
-                .await
-                .db()?;
-                let data = serde_json::json!({"actor": actor, "step": failed.name});
-                insert_event(
-                    &mut tx,
-                    &id.to_string(),
-                    now,
-                    "saga.retried",
-                    Some(&failed.name),
-                    &data,
-                )
-                .await?;
-            }
-            RetryPlan::DueNow => {
-                sqlx::query(
-                    "UPDATE sagas SET next_run_at = ?2, updated_at = ?2 \
-                     WHERE id = ?1 AND (next_run_at IS NULL OR next_run_at > ?2)",
-                )
-                .bind(id.to_string())
-                .bind(now)
-                .execute(&mut *tx)
-                .await
-                .db()?;
-                let data = serde_json::json!({"actor": actor});
-                insert_event(
-                    &mut tx,
-                    &id.to_string(),
-                    now,
-                    "saga.retry_requested",
-                    None,
-                    &data,
-                )
-                .await?;
-            }
+    fn deregistered(&self) {
+        if let Some(file) = self
+            .engine_lock
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            let _ = file.unlock();
         }
-        self.commit(tx).await?;
-        self.reload(id).await
-    }
-
-    async fn mark_compensated(
-        &self,
-        id: Uuid,
-        step: &str,
-        reason: &str,
-        actor: &str,
-    ) -> Result<Saga> {
-        let now = self.now_ms();
-        let mut tx = self.begin_write().await?;
-        let saga = Self::require_saga(&mut tx, id).await?;
-        let record = check_mark_compensated(&saga, id, step)?;
-        sqlx::query(
-            "UPDATE steps SET comp_status = 'MANUAL', comp_ended_at = ?3 WHERE saga_id = ?1 AND idx = ?2",
-        )
-        .bind(id.to_string())
-        .bind(i64::from(record.index))
-        .bind(now)
-        .execute(&mut *tx)
-        .await.db()?;
-        // Take the saga from whichever worker holds it (its next write fails on the epoch) and
-        // make it due, so the engine carries on with the remaining compensations.
-        sqlx::query(
-            "UPDATE sagas SET needs_attention = 0, next_run_at = ?2, lease_owner = NULL, \
-             lease_expires_at = NULL, lease_epoch = lease_epoch + 1, updated_at = ?2 WHERE id = ?1",
-        )
-        .bind(id.to_string())
-        .bind(now)
-        .execute(&mut *tx)
-        .await
-        .db()?;
-        let data = serde_json::json!({"reason": reason, "actor": actor});
-        insert_event(
-            &mut tx,
-            &id.to_string(),
-            now,
-            "step.marked_compensated",
-            Some(step),
-            &data,
-        )
-        .await?;
-        self.commit(tx).await?;
-        self.reload(id).await
-    }
-
-    async fn workers(&self) -> Result<Vec<crate::model::Worker>> {
-        let rows = sqlx::query(WORKERS_SQL)
-            .fetch_all(&self.reader)
-            .await
-            .db()?;
-        rows.iter().map(worker_from_row).collect()
     }
 
     fn commits(&self) -> u64 {

@@ -12,13 +12,12 @@ use sqlx::{QueryBuilder, Row, Sqlite};
 use uuid::Uuid;
 
 use super::SqliteStore;
-use crate::model::Millis;
 use crate::store::idempotency::Callback;
 use crate::store::outbox::{
-    millis, short_error, state_of, ClaimedDelivery, Delivery, DeliveryOutcome, NewDelivery,
-    OutboxEvent, OutboxPosition, OutboxStore, TargetKind,
+    millis, ClaimedDelivery, NewDelivery, OutboxEvent, OutboxPosition, TargetKind,
 };
 use crate::store::rows::corrupt;
+use crate::store::shared::SqlOutbox;
 use crate::store::SqlxResultExt;
 use crate::store::{Result, Store};
 
@@ -44,20 +43,7 @@ fn event_from_row(row: &SqliteRow) -> Result<OutboxEvent> {
 }
 
 #[async_trait]
-impl OutboxStore for SqliteStore {
-    async fn relay_cursor(&self, name: &str) -> Result<OutboxPosition> {
-        let id: Option<i64> =
-            sqlx::query_scalar("SELECT event_id FROM relay_cursors WHERE name = ?1")
-                .bind(name)
-                .fetch_optional(self.reader_pool())
-                .await
-                .db()?;
-        Ok(OutboxPosition {
-            tx: 0,
-            event_id: id.unwrap_or(0),
-        })
-    }
-
+impl SqlOutbox for SqliteStore {
     async fn outbox_after(&self, after: OutboxPosition, limit: u32) -> Result<Vec<OutboxEvent>> {
         let rows = sqlx::query(
             "SELECT e.id AS event_id, e.saga_id, s.name AS saga_name, e.at, e.type, e.step, e.data \
@@ -214,114 +200,5 @@ impl OutboxStore for SqliteStore {
         }
         tx.commit().await.db()?;
         Ok(claimed)
-    }
-
-    async fn finish_delivery(
-        &self,
-        event_id: i64,
-        target: &str,
-        attempt: u32,
-        outcome: &DeliveryOutcome,
-    ) -> Result<()> {
-        let now = Store::now(self).await?;
-        let mut tx = self
-            .writer_pool()
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .db()?;
-        let fence = " WHERE event_id = ?1 AND target = ?2 AND attempts = ?3 \
-                     AND delivered_at IS NULL AND failed_at IS NULL";
-        match outcome {
-            DeliveryOutcome::Delivered { status } => {
-                sqlx::query(&format!(
-                    "UPDATE webhook_deliveries SET delivered_at = ?4, last_status = ?5, \
-                     last_error = NULL{fence}"
-                ))
-                .bind(event_id)
-                .bind(target)
-                .bind(i64::from(attempt))
-                .bind(now)
-                .bind(i64::from(*status))
-                .execute(&mut *tx)
-                .await
-                .db()?;
-            }
-            DeliveryOutcome::Failed {
-                status,
-                error,
-                retry_in,
-            } => {
-                let (next, failed) = match retry_in {
-                    Some(d) => (now.saturating_add(millis(*d)), None),
-                    None => (now, Some(now)),
-                };
-                sqlx::query(&format!(
-                    "UPDATE webhook_deliveries SET next_attempt_at = ?4, failed_at = ?5, \
-                     last_status = ?6, last_error = ?7{fence}"
-                ))
-                .bind(event_id)
-                .bind(target)
-                .bind(i64::from(attempt))
-                .bind(next)
-                .bind(failed)
-                .bind(status.map(i64::from))
-                .bind(short_error(error))
-                .execute(&mut *tx)
-                .await
-                .db()?;
-            }
-        }
-        tx.commit().await.db()?;
-        Ok(())
-    }
-
-    async fn deliveries(&self, saga: Uuid) -> Result<Vec<Delivery>> {
-        let rows = sqlx::query(
-            "SELECT d.event_id, e.type, d.target, d.kind, d.attempts, d.next_attempt_at, \
-             d.delivered_at, d.failed_at, d.last_status, d.last_error \
-             FROM webhook_deliveries d JOIN events e ON e.id = d.event_id \
-             WHERE d.saga_id = ?1 ORDER BY d.event_id, d.target",
-        )
-        .bind(saga.to_string())
-        .fetch_all(self.reader_pool())
-        .await
-        .db()?;
-        rows.iter()
-            .map(|row| {
-                let delivered_at: Option<Millis> = row.try_get("delivered_at").db()?;
-                let failed_at: Option<Millis> = row.try_get("failed_at").db()?;
-                let state = state_of(delivered_at, failed_at);
-                let kind: String = row.try_get("kind").db()?;
-                let attempts: i64 = row.try_get("attempts").db()?;
-                let status: Option<i64> = row.try_get("last_status").db()?;
-                Ok(Delivery {
-                    event_id: row.try_get("event_id").db()?,
-                    kind: row.try_get("type").db()?,
-                    target: row.try_get("target").db()?,
-                    target_kind: TargetKind::parse(&kind),
-                    state,
-                    attempts: u32::try_from(attempts).unwrap_or(u32::MAX),
-                    next_attempt_at: (state == crate::store::outbox::DeliveryState::Pending)
-                        .then(|| row.try_get("next_attempt_at"))
-                        .transpose()
-                        .db()?,
-                    delivered_at,
-                    last_status: status.and_then(|s| u16::try_from(s).ok()),
-                    last_error: row.try_get("last_error").db()?,
-                })
-            })
-            .collect()
-    }
-
-    async fn outbox_lag(&self, name: &str) -> Result<i64> {
-        let lag: Option<i64> = sqlx::query_scalar(
-            "SELECT (SELECT COALESCE(MAX(id), 0) FROM events) - \
-             COALESCE((SELECT event_id FROM relay_cursors WHERE name = ?1), 0)",
-        )
-        .bind(name)
-        .fetch_one(self.reader_pool())
-        .await
-        .db()?;
-        Ok(lag.unwrap_or(0).max(0))
     }
 }

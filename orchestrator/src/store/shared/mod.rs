@@ -1,0 +1,378 @@
+//! The store written once for both databases, over what each one provides ([`SqlBackend`]).
+//!
+//! [`Store`], [`IdempotencyStore`] and [`OutboxStore`] are implemented here, for every
+//! [`SqlBackend`]: the operator commands ([`operator`]), the reads ([`reads`]), the parts of the
+//! outbox ([`outbox`]) and of the worker and key bookkeeping that are the same everywhere run
+//! the same statements ([`sql`]) on either database. Each backend keeps only what truly differs:
+//! how it connects, its batch writer behind the write queue (the engine's hot path: creates,
+//! transitions and, on SQLite, keyed starts), how workers claim sagas and find due ones, and how
+//! the outbox is read in commit order.
+
+pub(crate) mod operator;
+pub(crate) mod outbox;
+pub(crate) mod reads;
+pub(crate) mod sql;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::{broadcast, Notify};
+use uuid::Uuid;
+
+use sql::{Arg, Reader, Tx};
+
+use crate::model::{Attempt, Event, IdPrefix, ListFilter, Millis, Saga, SagaPage, SagaStatus};
+use crate::store::idempotency::{
+    Callback, IdempotencyKey, IdempotencyStore, IdempotentStart, SavedResponse,
+};
+use crate::store::outbox::{
+    ClaimedDelivery, Delivery, DeliveryOutcome, NewDelivery, OutboxEvent, OutboxPosition,
+    OutboxStore,
+};
+use crate::store::{
+    Applied, CancelOutcome, ClaimRequest, Claimed, Lease, LeaseRequest, NewSaga, Result, Store,
+    StoreError, Transition, WorkerInfo,
+};
+
+/// What one database provides to the shared store: its connections and transactions, and the
+/// operations whose statements or mechanics differ between databases. Each method that shares
+/// a name with one of [`Store`]'s has the same contract as that one.
+#[async_trait]
+pub(crate) trait SqlBackend: SqlStarts + SqlOutbox + Send + Sync + 'static {
+    /// Where reads outside a transaction go.
+    fn reader(&self) -> Reader<'_>;
+
+    /// Opens a write transaction (taking SQLite's write lock up front), with the time its
+    /// writes record: the database's clock on PostgreSQL, the store's clock on SQLite.
+    async fn begin(&self) -> Result<Tx>;
+
+    /// Commits a transaction from [`SqlBackend::begin`], counting it in [`Store::commits`].
+    async fn commit(&self, tx: Tx) -> Result<()>;
+
+    /// As [`Store::migrate`].
+    async fn migrate(&self) -> Result<()>;
+    /// As [`Store::register_worker`].
+    async fn register_worker(&self, worker: &WorkerInfo) -> Result<()>;
+    /// As [`Store::heartbeat`].
+    async fn heartbeat(&self, worker: &str, lease_ttl_ms: i64) -> Result<()>;
+    /// Called once [`Store::deregister_worker`] has committed: what else the backend gives up
+    /// (SQLite: the engine lock on the file).
+    fn deregistered(&self) {}
+    /// As [`Store::create_saga`].
+    async fn create_saga(&self, new: NewSaga) -> Result<Saga>;
+    /// As [`Store::create_saga_leased`].
+    async fn create_saga_leased(&self, new: NewSaga, lease: &LeaseRequest) -> Result<Claimed>;
+    /// As [`Store::claim`].
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Vec<Claimed>>;
+    /// As [`Store::apply`].
+    async fn apply(&self, lease: &Lease, transition: &Transition) -> Result<Applied>;
+    /// As [`Store::mark_blocked`].
+    async fn mark_blocked(&self, definitions: &[String]) -> Result<u64>;
+    /// As [`Store::next_due`].
+    async fn next_due(&self, definitions: &[String]) -> Result<Option<Millis>>;
+    /// As [`Store::due_now`].
+    async fn due_now(&self, definitions: &[String]) -> Result<bool>;
+    /// As [`Store::due_signal`].
+    fn due_signal(&self) -> Option<Arc<Notify>> {
+        None
+    }
+    /// As [`Store::finished_signal`].
+    fn finished_signal(&self) -> Option<broadcast::Receiver<(Uuid, SagaStatus)>> {
+        None
+    }
+    /// As [`Store::commits`].
+    fn commits(&self) -> u64;
+    /// As [`Store::now`].
+    async fn now(&self) -> Result<Millis>;
+}
+
+/// What a database does its own way for idempotent starts (see [`IdempotencyStore`]).
+#[async_trait]
+pub(crate) trait SqlStarts {
+    /// As [`IdempotencyStore::create_saga_idempotent`].
+    async fn create_saga_idempotent(
+        &self,
+        key: &IdempotencyKey,
+        new: NewSaga,
+        callback: Option<&Callback>,
+        response: Option<&SavedResponse>,
+        lease: Option<&LeaseRequest>,
+    ) -> Result<IdempotentStart>;
+    /// As [`IdempotencyStore::create_saga_with_callback`].
+    async fn create_saga_with_callback(
+        &self,
+        new: NewSaga,
+        callback: &Callback,
+        lease: Option<&LeaseRequest>,
+    ) -> Result<Saga>;
+    /// As [`IdempotencyStore::complete_idempotent`].
+    async fn complete_idempotent(
+        &self,
+        scope: &str,
+        key: &str,
+        response: &SavedResponse,
+    ) -> Result<()>;
+}
+
+/// What a database does its own way in the outbox (see [`OutboxStore`]): reading events in
+/// commit order, moving a relay's cursor with the deliveries it enqueues, claiming deliveries.
+#[async_trait]
+pub(crate) trait SqlOutbox {
+    /// As [`OutboxStore::outbox_after`].
+    async fn outbox_after(&self, after: OutboxPosition, limit: u32) -> Result<Vec<OutboxEvent>>;
+    /// As [`OutboxStore::saga_callbacks`].
+    async fn saga_callbacks(&self, sagas: &[Uuid]) -> Result<HashMap<Uuid, Callback>>;
+    /// As [`OutboxStore::advance_relay`].
+    async fn advance_relay(
+        &self,
+        name: &str,
+        from: OutboxPosition,
+        to: OutboxPosition,
+        deliveries: &[NewDelivery],
+    ) -> Result<bool>;
+    /// As [`OutboxStore::claim_deliveries`].
+    async fn claim_deliveries(&self, limit: u32, lease: Duration) -> Result<Vec<ClaimedDelivery>>;
+}
+
+#[async_trait]
+impl<B: SqlBackend> Store for B {
+    async fn migrate(&self) -> Result<()> {
+        SqlBackend::migrate(self).await
+    }
+
+    async fn register_worker(&self, worker: &WorkerInfo) -> Result<()> {
+        SqlBackend::register_worker(self, worker).await
+    }
+
+    async fn heartbeat(&self, worker: &str, lease_ttl_ms: i64) -> Result<()> {
+        SqlBackend::heartbeat(self, worker, lease_ttl_ms).await
+    }
+
+    async fn deregister_worker(&self, worker: &str) -> Result<()> {
+        let mut tx = self.begin().await?;
+        let now = tx.now();
+        tx.exec(
+            "UPDATE sagas SET lease_owner = NULL, lease_expires_at = NULL WHERE lease_owner = $1",
+            &[Arg::Str(worker)],
+        )
+        .await?;
+        tx.exec(
+            "UPDATE workers SET stopped_at = $2, heartbeat_at = $2 WHERE id = $1",
+            &[Arg::Str(worker), Arg::Int(now)],
+        )
+        .await?;
+        // The released sagas are due: another process may take them at once.
+        tx.announce_due().await?;
+        SqlBackend::commit(self, tx).await?;
+        self.deregistered();
+        Ok(())
+    }
+
+    async fn create_saga(&self, new: NewSaga) -> Result<Saga> {
+        SqlBackend::create_saga(self, new).await
+    }
+
+    async fn create_saga_leased(&self, new: NewSaga, lease: &LeaseRequest) -> Result<Claimed> {
+        SqlBackend::create_saga_leased(self, new, lease).await
+    }
+
+    async fn get_saga(&self, id: Uuid) -> Result<Option<Saga>> {
+        reads::get_saga(self.reader(), id).await
+    }
+
+    async fn saga_status(&self, id: Uuid) -> Result<Option<SagaStatus>> {
+        reads::saga_status(self.reader(), id).await
+    }
+
+    async fn list_sagas(&self, filter: &ListFilter) -> Result<SagaPage> {
+        reads::list_sagas(self.reader(), filter).await
+    }
+
+    async fn saga_ids_with_prefix(&self, prefix: &IdPrefix, limit: u32) -> Result<Vec<Uuid>> {
+        reads::saga_ids_with_prefix(self.reader(), prefix, limit).await
+    }
+
+    async fn events(&self, id: Uuid) -> Result<Vec<Event>> {
+        reads::events(self.reader(), id).await
+    }
+
+    async fn attempts(&self, id: Uuid) -> Result<Vec<Attempt>> {
+        reads::attempts(self.reader(), id).await
+    }
+
+    async fn claim(&self, req: ClaimRequest<'_>) -> Result<Vec<Claimed>> {
+        SqlBackend::claim(self, req).await
+    }
+
+    async fn apply(&self, lease: &Lease, transition: &Transition) -> Result<Applied> {
+        SqlBackend::apply(self, lease, transition).await
+    }
+
+    async fn release_lease(&self, lease: &Lease) -> Result<()> {
+        let mut tx = self.begin().await?;
+        let released = tx
+            .exec(
+                "UPDATE sagas SET lease_owner = NULL, lease_expires_at = NULL \
+                 WHERE id = $1 AND lease_owner = $2 AND lease_epoch = $3",
+                &[
+                    Arg::Id(lease.saga_id),
+                    Arg::Str(&lease.owner),
+                    Arg::Int(lease.epoch),
+                ],
+            )
+            .await?;
+        if released == 0 {
+            SqlBackend::commit(self, tx).await?;
+            return Err(StoreError::LeaseLost(lease.saga_id));
+        }
+        tx.announce_due().await?;
+        SqlBackend::commit(self, tx).await
+    }
+
+    async fn mark_blocked(&self, definitions: &[String]) -> Result<u64> {
+        SqlBackend::mark_blocked(self, definitions).await
+    }
+
+    async fn next_due(&self, definitions: &[String]) -> Result<Option<Millis>> {
+        SqlBackend::next_due(self, definitions).await
+    }
+
+    async fn due_now(&self, definitions: &[String]) -> Result<bool> {
+        SqlBackend::due_now(self, definitions).await
+    }
+
+    async fn request_cancel(&self, id: Uuid) -> Result<CancelOutcome> {
+        operator::request_cancel(self, id).await
+    }
+
+    async fn abort(&self, id: Uuid, reason: &str, actor: &str) -> Result<Saga> {
+        operator::abort(self, id, reason, actor).await
+    }
+
+    async fn retry_now(&self, id: Uuid, actor: &str) -> Result<Saga> {
+        operator::retry_now(self, id, actor).await
+    }
+
+    async fn mark_compensated(
+        &self,
+        id: Uuid,
+        step: &str,
+        reason: &str,
+        actor: &str,
+    ) -> Result<Saga> {
+        operator::mark_compensated(self, id, step, reason, actor).await
+    }
+
+    async fn workers(&self) -> Result<Vec<crate::model::Worker>> {
+        reads::workers(self.reader()).await
+    }
+
+    fn due_signal(&self) -> Option<Arc<Notify>> {
+        SqlBackend::due_signal(self)
+    }
+
+    fn finished_signal(&self) -> Option<broadcast::Receiver<(Uuid, SagaStatus)>> {
+        SqlBackend::finished_signal(self)
+    }
+
+    fn commits(&self) -> u64 {
+        SqlBackend::commits(self)
+    }
+
+    async fn now(&self) -> Result<Millis> {
+        SqlBackend::now(self).await
+    }
+}
+
+#[async_trait]
+impl<B: SqlBackend> IdempotencyStore for B {
+    async fn create_saga_idempotent(
+        &self,
+        key: &IdempotencyKey,
+        new: NewSaga,
+        callback: Option<&Callback>,
+        response: Option<&SavedResponse>,
+        lease: Option<&LeaseRequest>,
+    ) -> Result<IdempotentStart> {
+        SqlStarts::create_saga_idempotent(self, key, new, callback, response, lease).await
+    }
+
+    async fn create_saga_with_callback(
+        &self,
+        new: NewSaga,
+        callback: &Callback,
+        lease: Option<&LeaseRequest>,
+    ) -> Result<Saga> {
+        SqlStarts::create_saga_with_callback(self, new, callback, lease).await
+    }
+
+    async fn complete_idempotent(
+        &self,
+        scope: &str,
+        key: &str,
+        response: &SavedResponse,
+    ) -> Result<()> {
+        SqlStarts::complete_idempotent(self, scope, key, response).await
+    }
+
+    async fn sweep_idempotency(&self, now: Millis) -> Result<u64> {
+        let mut tx = self.begin().await?;
+        let deleted = tx
+            .exec(
+                "DELETE FROM idempotency_keys WHERE expires_at <= $1",
+                &[Arg::Int(now)],
+            )
+            .await?;
+        SqlBackend::commit(self, tx).await?;
+        Ok(deleted)
+    }
+}
+
+#[async_trait]
+impl<B: SqlBackend> OutboxStore for B {
+    async fn relay_cursor(&self, name: &str) -> Result<OutboxPosition> {
+        outbox::relay_cursor(self.reader(), name).await
+    }
+
+    async fn outbox_after(&self, after: OutboxPosition, limit: u32) -> Result<Vec<OutboxEvent>> {
+        SqlOutbox::outbox_after(self, after, limit).await
+    }
+
+    async fn saga_callbacks(&self, sagas: &[Uuid]) -> Result<HashMap<Uuid, Callback>> {
+        SqlOutbox::saga_callbacks(self, sagas).await
+    }
+
+    async fn advance_relay(
+        &self,
+        name: &str,
+        from: OutboxPosition,
+        to: OutboxPosition,
+        deliveries: &[NewDelivery],
+    ) -> Result<bool> {
+        SqlOutbox::advance_relay(self, name, from, to, deliveries).await
+    }
+
+    async fn claim_deliveries(&self, limit: u32, lease: Duration) -> Result<Vec<ClaimedDelivery>> {
+        SqlOutbox::claim_deliveries(self, limit, lease).await
+    }
+
+    async fn finish_delivery(
+        &self,
+        event_id: i64,
+        target: &str,
+        attempt: u32,
+        outcome: &DeliveryOutcome,
+    ) -> Result<()> {
+        outbox::finish_delivery(self, event_id, target, attempt, outcome).await
+    }
+
+    async fn deliveries(&self, saga: Uuid) -> Result<Vec<Delivery>> {
+        outbox::deliveries(self.reader(), saga).await
+    }
+
+    async fn outbox_lag(&self, name: &str) -> Result<i64> {
+        outbox::outbox_lag(self.reader(), name).await
+    }
+}

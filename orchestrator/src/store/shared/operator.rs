@@ -1,0 +1,199 @@
+//! The operator commands (cancel, abort, retry, mark-compensated), written once for both
+//! databases: each loads the saga inside its write transaction, asks [`crate::store::rules`]
+//! whether the command applies, and writes the saga, its steps and an audit event together.
+//!
+//! A command that takes a saga over (abort, retry of a failed step, mark-compensated) clears its
+//! lease and bumps its epoch: a worker still driving it fails its next write on the fence and
+//! stops, and the engine claims it afresh from what the command wrote.
+
+use serde_json::json;
+use uuid::Uuid;
+
+use super::reads::load_saga;
+use super::sql::{Arg, Tx};
+use super::SqlBackend;
+use crate::model::{Saga, SagaStatus};
+use crate::store::rows::{parse_enum, LogRow};
+use crate::store::rules::{
+    cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan,
+};
+use crate::store::{CancelOutcome, Result, StoreError};
+
+/// Appends an event to a saga's history (and so to the outbox), at the transaction's time.
+pub(crate) async fn insert_event(
+    tx: &mut Tx,
+    saga: Uuid,
+    kind: &str,
+    step: Option<&str>,
+    data: &serde_json::Value,
+) -> Result<()> {
+    let now = tx.now();
+    tx.exec(
+        "INSERT INTO events (saga_id, at, type, step, data) VALUES ($1, $2, $3, $4, $5::jsonb)",
+        &[
+            Arg::Id(saga),
+            Arg::Int(now),
+            Arg::Str(kind),
+            Arg::OptStr(step),
+            Arg::Json(data),
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// The saga, locked for the rest of the transaction.
+async fn lock_and_load(tx: &mut Tx, id: Uuid) -> Result<Saga> {
+    if !tx.lock_saga(id).await? {
+        return Err(StoreError::NotFound(id));
+    }
+    load_saga(tx, id).await?.ok_or(StoreError::NotFound(id))
+}
+
+/// Clears the lease and bumps the epoch: whoever drove the saga loses it at its next write.
+const TAKE_OVER: &str =
+    "lease_owner = NULL, lease_expires_at = NULL, lease_epoch = lease_epoch + 1";
+
+/// Requests cancellation: recorded once; refused when terminal, compensating or past the pivot.
+pub(crate) async fn request_cancel<B: SqlBackend>(store: &B, id: Uuid) -> Result<CancelOutcome> {
+    let mut tx = store.begin().await?;
+    tx.lock_saga(id).await?;
+    let row = tx
+        .opt(
+            "SELECT status, pivot_reached, cancel_requested FROM sagas WHERE id = $1",
+            &[Arg::Id(id)],
+        )
+        .await?
+        .ok_or(StoreError::NotFound(id))?;
+    let status: SagaStatus = parse_enum(&id.to_string(), &row.get::<String>("status")?)?;
+    if let Some(refusal) = cancel_refusal(status, row.get("pivot_reached")?) {
+        store.commit(tx).await?;
+        return Ok(refusal);
+    }
+    // A second request changes nothing and records nothing: the first is still pending.
+    if !row.get::<bool>("cancel_requested")? {
+        let now = tx.now();
+        tx.exec(
+            "UPDATE sagas SET cancel_requested = TRUE, updated_at = $2, \
+             next_run_at = CASE WHEN next_run_at < $2 THEN next_run_at ELSE $2 END \
+             WHERE id = $1",
+            &[Arg::Id(id), Arg::Int(now)],
+        )
+        .await?;
+        insert_event(&mut tx, id, "saga.cancel_requested", None, &json!({})).await?;
+        tx.announce_due().await?;
+    }
+    store.commit(tx).await?;
+    Ok(CancelOutcome::Accepted)
+}
+
+/// Stops driving a saga without compensating; audited with `reason` and `actor`.
+pub(crate) async fn abort<B: SqlBackend>(
+    store: &B,
+    id: Uuid,
+    reason: &str,
+    actor: &str,
+) -> Result<Saga> {
+    let mut tx = store.begin().await?;
+    let saga = lock_and_load(&mut tx, id).await?;
+    check_abort(&saga)?;
+    let now = tx.now();
+    let error = format!("aborted: {reason}");
+    tx.exec(
+        &format!(
+            "UPDATE sagas SET status = 'ABORTED', next_run_at = NULL, {TAKE_OVER}, \
+             updated_at = $2, error = COALESCE(error, $3) WHERE id = $1"
+        ),
+        &[Arg::Id(id), Arg::Int(now), Arg::Str(&error)],
+    )
+    .await?;
+    let data = json!({"reason": reason, "actor": actor, "previous_status": saga.status});
+    insert_event(&mut tx, id, "saga.aborted", None, &data).await?;
+    tx.announce_finished(id, SagaStatus::Aborted).await?;
+    store.commit(tx).await?;
+    reload(store, id).await
+}
+
+/// Makes a waiting retry happen now; on a `FAILED` saga, gives the failed step another attempt.
+pub(crate) async fn retry_now<B: SqlBackend>(store: &B, id: Uuid, actor: &str) -> Result<Saga> {
+    let mut tx = store.begin().await?;
+    let saga = lock_and_load(&mut tx, id).await?;
+    let now = tx.now();
+    match plan_retry(&saga)? {
+        RetryPlan::Failed(failed) => {
+            tx.exec(
+                "UPDATE steps SET status = 'RETRYING' WHERE saga_id = $1 AND idx = $2",
+                &[Arg::Id(id), Arg::Int(i64::from(failed.index))],
+            )
+            .await?;
+            tx.exec(
+                &format!(
+                    "UPDATE sagas SET status = 'RUNNING', next_run_at = $2, \
+                     needs_attention = FALSE, {TAKE_OVER}, updated_at = $2 WHERE id = $1"
+                ),
+                &[Arg::Id(id), Arg::Int(now)],
+            )
+            .await?;
+            let data = json!({"actor": actor, "step": failed.name});
+            insert_event(&mut tx, id, "saga.retried", Some(&failed.name), &data).await?;
+        }
+        RetryPlan::DueNow => {
+            tx.exec(
+                "UPDATE sagas SET next_run_at = $2, updated_at = $2 \
+                 WHERE id = $1 AND (next_run_at IS NULL OR next_run_at > $2)",
+                &[Arg::Id(id), Arg::Int(now)],
+            )
+            .await?;
+            let data = json!({"actor": actor});
+            insert_event(&mut tx, id, "saga.retry_requested", None, &data).await?;
+        }
+    }
+    tx.announce_due().await?;
+    store.commit(tx).await?;
+    reload(store, id).await
+}
+
+/// Records that an operator did a stuck compensation by hand, and lets the engine carry on
+/// with the remaining ones; audited with `reason` and `actor`.
+pub(crate) async fn mark_compensated<B: SqlBackend>(
+    store: &B,
+    id: Uuid,
+    step: &str,
+    reason: &str,
+    actor: &str,
+) -> Result<Saga> {
+    let mut tx = store.begin().await?;
+    let saga = lock_and_load(&mut tx, id).await?;
+    let record = check_mark_compensated(&saga, id, step)?;
+    let now = tx.now();
+    tx.exec(
+        "UPDATE steps SET comp_status = 'MANUAL', comp_ended_at = $3 \
+         WHERE saga_id = $1 AND idx = $2",
+        &[
+            Arg::Id(id),
+            Arg::Int(i64::from(record.index)),
+            Arg::Int(now),
+        ],
+    )
+    .await?;
+    tx.exec(
+        &format!(
+            "UPDATE sagas SET needs_attention = FALSE, next_run_at = $2, {TAKE_OVER}, \
+             updated_at = $2 WHERE id = $1"
+        ),
+        &[Arg::Id(id), Arg::Int(now)],
+    )
+    .await?;
+    let data = json!({"reason": reason, "actor": actor});
+    insert_event(&mut tx, id, "step.marked_compensated", Some(step), &data).await?;
+    tx.announce_due().await?;
+    store.commit(tx).await?;
+    reload(store, id).await
+}
+
+/// The saga as the command left it.
+async fn reload<B: SqlBackend>(store: &B, id: Uuid) -> Result<Saga> {
+    super::reads::get_saga(store.reader(), id)
+        .await?
+        .ok_or(StoreError::NotFound(id))
+}

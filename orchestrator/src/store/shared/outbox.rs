@@ -1,0 +1,149 @@
+//! The parts of the outbox both databases write the same way: a relay's cursor, the end of a
+//! delivery attempt, a saga's deliveries and a relay's lag. Reading events in commit order,
+//! moving the cursor with the deliveries it enqueues, and claiming deliveries differ (see each
+//! backend's `outbox.rs`).
+
+use uuid::Uuid;
+
+use super::sql::{Arg, Reader};
+use super::SqlBackend;
+use crate::model::Millis;
+use crate::store::outbox::{
+    millis, short_error, state_of, Delivery, DeliveryOutcome, DeliveryState, OutboxPosition,
+    TargetKind,
+};
+use crate::store::rows::LogRow;
+use crate::store::Result;
+
+/// Where relay `name` stands (the start of the log if it never ran).
+pub(crate) async fn relay_cursor(reader: Reader<'_>, name: &str) -> Result<OutboxPosition> {
+    let row = reader
+        .opt(
+            "SELECT tx, event_id FROM relay_cursors WHERE name = $1",
+            &[Arg::Str(name)],
+        )
+        .await?;
+    Ok(match row {
+        Some(row) => OutboxPosition {
+            tx: row.get("tx")?,
+            event_id: row.get("event_id")?,
+        },
+        None => OutboxPosition::default(),
+    })
+}
+
+/// Records how an attempt went, if it is still the delivery's latest (fenced on the attempt
+/// number, so a sender whose claim ran out cannot overwrite its successor's outcome).
+pub(crate) async fn finish_delivery<B: SqlBackend>(
+    store: &B,
+    event_id: i64,
+    target: &str,
+    attempt: u32,
+    outcome: &DeliveryOutcome,
+) -> Result<()> {
+    const FENCE: &str = " WHERE event_id = $1 AND target = $2 AND attempts = $3 \
+                         AND delivered_at IS NULL AND failed_at IS NULL";
+    let mut tx = store.begin().await?;
+    let now = tx.now();
+    let fence = [
+        Arg::Int(event_id),
+        Arg::Str(target),
+        Arg::Int(i64::from(attempt)),
+    ];
+    match outcome {
+        DeliveryOutcome::Delivered { status } => {
+            let [a, b, c] = fence;
+            tx.exec(
+                &format!(
+                    "UPDATE webhook_deliveries SET delivered_at = $4, last_status = $5, \
+                     last_error = NULL{FENCE}"
+                ),
+                &[a, b, c, Arg::Int(now), Arg::Int(i64::from(*status))],
+            )
+            .await?;
+        }
+        DeliveryOutcome::Failed {
+            status,
+            error,
+            retry_in,
+        } => {
+            let (next, failed) = match retry_in {
+                Some(d) => (now.saturating_add(millis(*d)), None),
+                None => (now, Some(now)),
+            };
+            let error = short_error(error);
+            let [a, b, c] = fence;
+            tx.exec(
+                &format!(
+                    "UPDATE webhook_deliveries SET next_attempt_at = $4, failed_at = $5, \
+                     last_status = $6, last_error = $7{FENCE}"
+                ),
+                &[
+                    a,
+                    b,
+                    c,
+                    Arg::Int(next),
+                    Arg::OptInt(failed),
+                    Arg::OptInt(status.map(i64::from)),
+                    Arg::Str(&error),
+                ],
+            )
+            .await?;
+        }
+    }
+    store.commit(tx).await
+}
+
+/// A saga's webhook deliveries, by event and target.
+pub(crate) async fn deliveries(reader: Reader<'_>, saga: Uuid) -> Result<Vec<Delivery>> {
+    let rows = reader
+        .all(
+            "SELECT d.event_id, e.type, d.target, d.kind, d.attempts::bigint AS attempts, \
+             d.next_attempt_at, d.delivered_at, d.failed_at, \
+             d.last_status::bigint AS last_status, d.last_error \
+             FROM webhook_deliveries d JOIN events e ON e.id = d.event_id \
+             WHERE d.saga_id = $1 ORDER BY d.event_id, d.target",
+            &[Arg::Id(saga)],
+        )
+        .await?;
+    rows.iter()
+        .map(|row| {
+            let delivered_at: Option<Millis> = row.get("delivered_at")?;
+            let state = state_of(delivered_at, row.get("failed_at")?);
+            let attempts: i64 = row.get("attempts")?;
+            let status: Option<i64> = row.get("last_status")?;
+            Ok(Delivery {
+                event_id: row.get("event_id")?,
+                kind: row.get("type")?,
+                target: row.get("target")?,
+                target_kind: TargetKind::parse(&row.get::<String>("kind")?),
+                state,
+                attempts: u32::try_from(attempts).unwrap_or(0),
+                next_attempt_at: if state == DeliveryState::Pending {
+                    row.get("next_attempt_at")?
+                } else {
+                    None
+                },
+                delivered_at,
+                last_status: status.and_then(|s| u16::try_from(s).ok()),
+                last_error: row.get("last_error")?,
+            })
+        })
+        .collect()
+}
+
+/// How many events relay `name` has still to read.
+pub(crate) async fn outbox_lag(reader: Reader<'_>, name: &str) -> Result<i64> {
+    let row = reader
+        .opt(
+            "SELECT (SELECT COALESCE(MAX(id), 0) FROM events) - \
+             COALESCE((SELECT event_id FROM relay_cursors WHERE name = $1), 0) AS lag",
+            &[Arg::Str(name)],
+        )
+        .await?;
+    let lag: Option<i64> = match row {
+        Some(row) => row.get("lag")?,
+        None => None,
+    };
+    Ok(lag.unwrap_or(0).max(0))
+}

@@ -1,0 +1,156 @@
+//! Reading the step log back, written once for both databases: a saga with its steps, pages of
+//! sagas, a saga's events and attempts, the workers.
+
+use uuid::Uuid;
+
+use super::sql::{Arg, Reader, Row, Tx};
+use crate::model::{
+    Attempt, Event, IdPrefix, ListFilter, Saga, SagaPage, SagaStatus, StepRecord, Worker,
+};
+use crate::store::rows::{
+    attempt_from_row, event_from_row, page_from_rows, parse_enum, parse_ids, saga_from_row,
+    step_from_row, worker_from_row, LogRow,
+};
+use crate::store::Result;
+
+/// The largest page a list returns.
+const MAX_PAGE: u32 = 1000;
+
+const SELECT_SAGA: &str = "SELECT id::text AS id, name, version, definition_hash, status, \
+     needs_attention, blocked, cancel_requested, pivot_reached, input::text AS input, \
+     output::text AS output, error, next_run_at, lease_owner, lease_epoch, lease_expires_at, \
+     created_at, updated_at FROM sagas WHERE id = $1";
+
+const SELECT_STEPS: &str = "SELECT saga_id::text AS saga_id, idx, name, kind, status, attempts, \
+     last_error, outcome_unknown, output::text AS output, started_at, ended_at, comp_status, \
+     comp_attempts, comp_last_error, comp_outcome_unknown, comp_started_at, comp_ended_at \
+     FROM steps WHERE saga_id = $1 ORDER BY idx";
+
+/// A saga and its steps, read inside `tx` (whose snapshot pairs the saga with its own steps).
+pub(crate) async fn load_saga(tx: &mut Tx, id: Uuid) -> Result<Option<Saga>> {
+    let Some(row) = tx.opt(SELECT_SAGA, &[Arg::Id(id)]).await? else {
+        return Ok(None);
+    };
+    let steps = tx.all(SELECT_STEPS, &[Arg::Id(id)]).await?;
+    let steps = steps
+        .iter()
+        .map(step_from_row)
+        .collect::<Result<Vec<StepRecord>>>()?;
+    saga_from_row(&row, steps).map(Some)
+}
+
+/// A saga and its steps from one snapshot: two separate reads could straddle a commit and pair
+/// the saga of one write with the steps of the next.
+pub(crate) async fn get_saga(reader: Reader<'_>, id: Uuid) -> Result<Option<Saga>> {
+    let mut tx = reader.snapshot().await?;
+    let saga = load_saga(&mut tx, id).await?;
+    tx.commit().await?;
+    Ok(saga)
+}
+
+/// Only a saga's status (one key lookup).
+pub(crate) async fn saga_status(reader: Reader<'_>, id: Uuid) -> Result<Option<SagaStatus>> {
+    let row = reader
+        .opt("SELECT status FROM sagas WHERE id = $1", &[Arg::Id(id)])
+        .await?;
+    row.map(|row| parse_enum(&id.to_string(), &row.get::<String>("status")?))
+        .transpose()
+}
+
+/// The ids in `prefix`'s range, in id order: ids compare in the order of their hexadecimal
+/// digits in both databases (lower-case hyphenated text on SQLite, bytes of a `uuid` on
+/// PostgreSQL).
+pub(crate) async fn saga_ids_with_prefix(
+    reader: Reader<'_>,
+    prefix: &IdPrefix,
+    limit: u32,
+) -> Result<Vec<Uuid>> {
+    let rows = reader
+        .all(
+            "SELECT id::text AS id FROM sagas WHERE id >= $1 AND id <= $2 ORDER BY id LIMIT $3",
+            &[
+                Arg::Id(prefix.low()),
+                Arg::Id(prefix.high()),
+                Arg::Int(i64::from(limit)),
+            ],
+        )
+        .await?;
+    let ids = rows
+        .iter()
+        .map(|row| row.get::<String>("id"))
+        .collect::<Result<Vec<_>>>()?;
+    parse_ids(&ids)
+}
+
+/// A page of sagas, newest first, after the filter's cursor. Only the conditions the filter
+/// sets are in the text, so each can use its index (`sagas_status`, `sagas_name`,
+/// `sagas_attention`).
+pub(crate) async fn list_sagas(reader: Reader<'_>, filter: &ListFilter) -> Result<SagaPage> {
+    /// Appends `AND <condition> $n`, `$n` being `arg`'s place.
+    fn and<'a>(sql: &mut String, args: &mut Vec<Arg<'a>>, condition: &str, arg: Arg<'a>) {
+        args.push(arg);
+        sql.push_str(&format!(" AND {condition} ${}", args.len()));
+    }
+    let limit = filter.limit.clamp(1, MAX_PAGE);
+    let mut sql = String::from(
+        "SELECT id::text AS id, name, version, status, needs_attention, blocked, error, \
+         created_at, updated_at FROM sagas WHERE TRUE",
+    );
+    let mut args = Vec::new();
+    if let Some(status) = filter.status {
+        and(&mut sql, &mut args, "status =", Arg::Str(status.as_str()));
+    }
+    if let Some(name) = &filter.name {
+        and(&mut sql, &mut args, "name =", Arg::Str(name));
+    }
+    if filter.needs_attention {
+        sql.push_str(reader.dialect().needs_attention());
+    }
+    if let Some(cursor) = filter.cursor {
+        and(&mut sql, &mut args, "id <", Arg::Id(cursor));
+    }
+    args.push(Arg::Int(i64::from(limit) + 1));
+    sql.push_str(&format!(" ORDER BY id DESC LIMIT ${}", args.len()));
+    let rows: Vec<Row> = reader.all(&sql, &args).await?;
+    page_from_rows(&rows, limit)
+}
+
+/// A saga's event history, oldest first.
+pub(crate) async fn events(reader: Reader<'_>, id: Uuid) -> Result<Vec<Event>> {
+    let rows = reader
+        .all(
+            "SELECT id, ROW_NUMBER() OVER (ORDER BY id) AS seq, at, type, step, \
+             data::text AS data FROM events WHERE saga_id = $1 ORDER BY id",
+            &[Arg::Id(id)],
+        )
+        .await?;
+    let saga = id.to_string();
+    rows.iter().map(|row| event_from_row(row, &saga)).collect()
+}
+
+/// A saga's attempt log, in the order attempts started.
+pub(crate) async fn attempts(reader: Reader<'_>, id: Uuid) -> Result<Vec<Attempt>> {
+    let rows = reader
+        .all(
+            "SELECT a.step_idx, s.name, a.phase, a.attempt, a.worker, a.lease_epoch, \
+             a.started_at, a.ended_at, a.outcome, a.error FROM attempts a \
+             JOIN steps s ON s.saga_id = a.saga_id AND s.idx = a.step_idx \
+             WHERE a.saga_id = $1 ORDER BY a.started_at, a.step_idx, a.phase, a.attempt",
+            &[Arg::Id(id)],
+        )
+        .await?;
+    rows.iter().map(attempt_from_row).collect()
+}
+
+/// The orchestrator processes, newest first, with the leases each holds.
+pub(crate) async fn workers(reader: Reader<'_>) -> Result<Vec<Worker>> {
+    let rows = reader
+        .all(
+            "SELECT w.id, w.host, w.pid, w.started_at, w.heartbeat_at, w.stopped_at, \
+             (SELECT COUNT(*) FROM sagas s WHERE s.lease_owner = w.id) AS leases \
+             FROM workers w ORDER BY w.started_at DESC LIMIT 100",
+            &[],
+        )
+        .await?;
+    rows.iter().map(worker_from_row).collect()
+}

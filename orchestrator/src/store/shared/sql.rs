@@ -1,0 +1,330 @@
+//! One statement text for both databases: the small dialect the shared store code is written in,
+//! and the connections, transactions and rows it runs on.
+//!
+//! A statement is written for PostgreSQL, with numbered parameters (`$1`) and the casts
+//! PostgreSQL needs (`$1::jsonb`, `id::text`); SQLite runs the same text with the casts removed
+//! (it accepts `$1` parameters, `TRUE`/`FALSE` and `RETURNING` as they are). What the two cannot
+//! share is not hidden here but kept out of the text: the time of a write is a bound parameter
+//! taken when its transaction begins ([`Tx::now`]; the database's clock on PostgreSQL, the
+//! store's on SQLite), row locks are [`Tx::lock_saga`], and wake-ups of other processes are
+//! [`Tx::announce_due`] and [`Tx::announce_finished`].
+//!
+//! Values are bound from [`Arg`]s, each the same type in both databases' columns: ids are
+//! `uuid` on PostgreSQL and text on SQLite, JSON `jsonb` and text.
+
+use std::borrow::Cow;
+
+use serde_json::Value;
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::query::Query;
+use sqlx::sqlite::{SqliteArguments, SqliteRow};
+use sqlx::{Postgres, Sqlite, Transaction};
+use uuid::Uuid;
+
+use crate::model::{Millis, SagaStatus};
+use crate::store::rows::{Column, LogRow};
+use crate::store::{Result, SqlxResultExt};
+
+/// The PostgreSQL channel that wakes engines when a saga becomes due.
+pub(crate) const DUE_CHANNEL: &str = "saga_due";
+
+/// The PostgreSQL channel announcing `ID STATUS` when a saga ends.
+pub(crate) const DONE_CHANNEL: &str = "saga_done";
+
+/// Which database a statement runs on, for the few fragments whose text cannot be shared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dialect {
+    /// SQLite.
+    Sqlite,
+    /// PostgreSQL.
+    Postgres,
+}
+
+impl Dialect {
+    /// The condition "needs attention", spelt as the partial index `sagas_attention` of each
+    /// database's migrations is, so that the planner can use it.
+    pub(crate) fn needs_attention(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => " AND needs_attention = 1",
+            Dialect::Postgres => " AND needs_attention",
+        }
+    }
+}
+
+/// A value bound to a statement's parameter.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Arg<'a> {
+    /// A saga id.
+    Id(Uuid),
+    /// Text.
+    Str(&'a str),
+    /// Text or `NULL`.
+    OptStr(Option<&'a str>),
+    /// An integer (times are milliseconds).
+    Int(i64),
+    /// An integer or `NULL`.
+    OptInt(Option<i64>),
+    /// A JSON document (the parameter carries a `::jsonb` cast in the text).
+    Json(&'a Value),
+}
+
+/// The statement text for SQLite: the PostgreSQL text without its `::type` casts.
+fn sqlite_text(sql: &str) -> Cow<'_, str> {
+    if !sql.contains("::") {
+        return Cow::Borrowed(sql);
+    }
+    let mut out = String::with_capacity(sql.len());
+    let mut rest = sql;
+    while let Some(at) = rest.find("::") {
+        out.push_str(&rest[..at]);
+        let after = &rest[at + 2..];
+        let skip = after
+            .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '[' || c == ']'))
+            .unwrap_or(after.len());
+        rest = &after[skip..];
+    }
+    out.push_str(rest);
+    Cow::Owned(out)
+}
+
+fn sqlite_query<'q>(sql: &'q str, args: &[Arg<'q>]) -> Query<'q, Sqlite, SqliteArguments<'q>> {
+    let mut q = sqlx::query(sql);
+    for arg in args {
+        q = match *arg {
+            Arg::Id(id) => q.bind(id.to_string()),
+            Arg::Str(s) => q.bind(s),
+            Arg::OptStr(s) => q.bind(s),
+            Arg::Int(i) => q.bind(i),
+            Arg::OptInt(i) => q.bind(i),
+            Arg::Json(v) => q.bind(v.to_string()),
+        };
+    }
+    q
+}
+
+fn pg_query<'q>(sql: &'q str, args: &[Arg<'q>]) -> Query<'q, Postgres, PgArguments> {
+    let mut q = sqlx::query(sql);
+    for arg in args {
+        q = match *arg {
+            Arg::Id(id) => q.bind(id),
+            Arg::Str(s) => q.bind(s),
+            Arg::OptStr(s) => q.bind(s),
+            Arg::Int(i) => q.bind(i),
+            Arg::OptInt(i) => q.bind(i),
+            Arg::Json(v) => q.bind(v.to_string()),
+        };
+    }
+    q
+}
+
+/// A row of either database.
+pub(crate) enum Row {
+    /// From SQLite.
+    Sqlite(SqliteRow),
+    /// From PostgreSQL.
+    Postgres(PgRow),
+}
+
+impl LogRow for Row {
+    fn get<T: Column>(&self, name: &str) -> Result<T> {
+        match self {
+            Row::Sqlite(row) => row.get(name),
+            Row::Postgres(row) => row.get(name),
+        }
+    }
+}
+
+/// A pool to read from outside any transaction.
+#[derive(Clone, Copy)]
+pub(crate) enum Reader<'a> {
+    /// SQLite's read-only pool.
+    Sqlite(&'a sqlx::SqlitePool),
+    /// The PostgreSQL pool.
+    Postgres(&'a sqlx::PgPool),
+}
+
+impl Reader<'_> {
+    /// The database it reads.
+    pub(crate) fn dialect(&self) -> Dialect {
+        match self {
+            Reader::Sqlite(_) => Dialect::Sqlite,
+            Reader::Postgres(_) => Dialect::Postgres,
+        }
+    }
+
+    /// Every row `sql` returns.
+    pub(crate) async fn all(&self, sql: &str, args: &[Arg<'_>]) -> Result<Vec<Row>> {
+        Ok(match *self {
+            Reader::Sqlite(pool) => {
+                let text = sqlite_text(sql);
+                let rows = sqlite_query(&text, args).fetch_all(pool).await.db()?;
+                rows.into_iter().map(Row::Sqlite).collect()
+            }
+            Reader::Postgres(pool) => {
+                let rows = pg_query(sql, args).fetch_all(pool).await.db()?;
+                rows.into_iter().map(Row::Postgres).collect()
+            }
+        })
+    }
+
+    /// The row `sql` returns, if any.
+    pub(crate) async fn opt(&self, sql: &str, args: &[Arg<'_>]) -> Result<Option<Row>> {
+        Ok(self.all(sql, args).await?.into_iter().next())
+    }
+
+    /// A read transaction: its statements see one snapshot.
+    pub(crate) async fn snapshot(&self) -> Result<Tx> {
+        Ok(match *self {
+            Reader::Sqlite(p) => Tx::sqlite(p.begin().await.db()?, 0),
+            Reader::Postgres(p) => Tx::postgres(
+                p.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                    .await
+                    .db()?,
+                0,
+            ),
+        })
+    }
+}
+
+enum TxConn {
+    Sqlite(Transaction<'static, Sqlite>),
+    Postgres(Transaction<'static, Postgres>),
+}
+
+/// An open transaction of either database, with the time its writes record.
+pub(crate) struct Tx {
+    conn: TxConn,
+    now: Millis,
+}
+
+impl Tx {
+    /// A SQLite transaction whose writes record `now`.
+    pub(crate) fn sqlite(tx: Transaction<'static, Sqlite>, now: Millis) -> Self {
+        Self {
+            conn: TxConn::Sqlite(tx),
+            now,
+        }
+    }
+
+    /// A PostgreSQL transaction whose writes record `now`.
+    pub(crate) fn postgres(tx: Transaction<'static, Postgres>, now: Millis) -> Self {
+        Self {
+            conn: TxConn::Postgres(tx),
+            now,
+        }
+    }
+
+    /// The time this transaction's writes record.
+    pub(crate) fn now(&self) -> Millis {
+        self.now
+    }
+
+    /// Every row `sql` returns.
+    pub(crate) async fn all(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<Vec<Row>> {
+        Ok(match &mut self.conn {
+            TxConn::Sqlite(tx) => {
+                let text = sqlite_text(sql);
+                sqlite_query(&text, args)
+                    .fetch_all(&mut **tx)
+                    .await
+                    .db()?
+                    .into_iter()
+                    .map(Row::Sqlite)
+                    .collect()
+            }
+            TxConn::Postgres(tx) => pg_query(sql, args)
+                .fetch_all(&mut **tx)
+                .await
+                .db()?
+                .into_iter()
+                .map(Row::Postgres)
+                .collect(),
+        })
+    }
+
+    /// The row `sql` returns, if any.
+    pub(crate) async fn opt(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<Option<Row>> {
+        Ok(self.all(sql, args).await?.into_iter().next())
+    }
+
+    /// Runs `sql`; how many rows it changed.
+    pub(crate) async fn exec(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<u64> {
+        Ok(match &mut self.conn {
+            TxConn::Sqlite(tx) => {
+                let text = sqlite_text(sql);
+                sqlite_query(&text, args)
+                    .execute(&mut **tx)
+                    .await
+                    .db()?
+                    .rows_affected()
+            }
+            TxConn::Postgres(tx) => pg_query(sql, args)
+                .execute(&mut **tx)
+                .await
+                .db()?
+                .rows_affected(),
+        })
+    }
+
+    /// Locks the saga's row until the end of the transaction (PostgreSQL; a SQLite write
+    /// transaction holds the database's one write lock already); whether the saga exists.
+    pub(crate) async fn lock_saga(&mut self, id: Uuid) -> Result<bool> {
+        match self.conn {
+            TxConn::Sqlite(_) => Ok(true),
+            TxConn::Postgres(_) => Ok(self
+                .opt(
+                    "SELECT 1 AS one FROM sagas WHERE id = $1 FOR UPDATE",
+                    &[Arg::Id(id)],
+                )
+                .await?
+                .is_some()),
+        }
+    }
+
+    /// Wakes the engines of other processes on commit: a saga became due (PostgreSQL's
+    /// `NOTIFY`; SQLite has one engine, which polls).
+    pub(crate) async fn announce_due(&mut self) -> Result<()> {
+        if let TxConn::Postgres(_) = self.conn {
+            self.exec("SELECT pg_notify($1, '')", &[Arg::Str(DUE_CHANNEL)])
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Tells waiters in other processes, on commit, that saga `id` ended with `status`.
+    pub(crate) async fn announce_finished(&mut self, id: Uuid, status: SagaStatus) -> Result<()> {
+        if let TxConn::Postgres(_) = self.conn {
+            let payload = format!("{id} {status}");
+            self.exec(
+                "SELECT pg_notify($1, $2)",
+                &[Arg::Str(DONE_CHANNEL), Arg::Str(&payload)],
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Commits.
+    pub(crate) async fn commit(self) -> Result<()> {
+        match self.conn {
+            TxConn::Sqlite(tx) => tx.commit().await.db(),
+            TxConn::Postgres(tx) => tx.commit().await.db(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sqlite_text;
+
+    #[test]
+    fn sqlite_text_drops_casts_and_keeps_the_rest() {
+        assert_eq!(
+            sqlite_text(
+                "SELECT id::text AS id FROM s WHERE id = ANY($1::uuid[]) AND d = $2::jsonb"
+            ),
+            "SELECT id AS id FROM s WHERE id = ANY($1) AND d = $2"
+        );
+        assert_eq!(sqlite_text("SELECT 1"), "SELECT 1");
+    }
+}
