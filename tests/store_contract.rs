@@ -803,7 +803,10 @@ async fn a_second_cancel_is_accepted_and_records_nothing_more() {
         .into_iter()
         .filter(|kind| kind == "saga.cancel_requested")
         .count();
-    assert_eq!(requested, 1, "one request recorded, however often it is made");
+    assert_eq!(
+        requested, 1,
+        "one request recorded, however often it is made"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------

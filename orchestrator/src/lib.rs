@@ -7,13 +7,38 @@
 //!
 //! ## Modules
 //!
+//! The layers run one way: [`saga_dsl`] ← [`model`] ← [`store`] ← [`engine`] ← [`http`] /
+//! [`cli`] / [`server`].
+//!
 //! - [`model`]: the records of the step log (sagas, steps, attempts, events).
-//! - [`store`]: the [`Store`](store::Store) trait and its SQLite implementation.
-//! - [`engine`]: claiming, leasing and driving sagas; [`engine::plan`] holds the rules.
-//! - [`http`]: the HTTP API (axum).
+//! - [`store`]: the [`Store`] trait and its two implementations, [`store::SqliteStore`] and
+//!   [`store::PgStore`].
+//! - [`engine`]: starting, claiming, leasing and driving sagas; [`engine::plan`] holds the rules.
+//! - [`http`]: the HTTP API (axum); [`server`]: the library entry point that runs it all.
 //! - [`cli`]: the operator commands shared by `saga` and application binaries.
 //! - [`webhooks`]: the outbox relay and its signed webhook deliveries.
 //! - [`consumer`]: the idempotent-consumer helper for participants' own handlers.
+//!
+//! ## Where to look
+//!
+//! - **Where a step's status is written.** The engine's driver (`engine::driver`) turns each
+//!   decision into a [`store::Transition`] (the write-ahead before a call, the result after it)
+//!   and hands it to [`Store::apply`]. Both stores queue it in the write queue
+//!   (`store::write_queue`), which commits the waiting writes of many sagas in one transaction
+//!   through the backend's batch writer: `store::sqlite::writer_rows` (prepared statements, row
+//!   by row) or `store::postgres::writer` (one statement over column arrays).
+//! - **Where a lease is checked.** In those writers, by the saga row's update: `WHERE id = …
+//!   AND lease_owner = … AND lease_epoch = …` (`FENCE` in `store::sqlite::writer_rows`, the
+//!   `fenced` CTE in `store::postgres::writer`); a saga's other rows are written only if it
+//!   matched. A claim bumps the epoch (each backend's `claim`), and so do the operator commands
+//!   that take a saga over (`store::shared::operator`).
+//! - **Where a compensation is scheduled.** [`engine::plan::settle`] turns the saga to
+//!   `COMPENSATING` after a permanent failure or an accepted cancel, and
+//!   [`engine::plan::next_call`] then picks the highest step still needing compensation; the
+//!   driver writes it ahead and runs it like an action.
+//! - **What differs between SQLite and PostgreSQL.** Only what is in `store::sqlite` and
+//!   `store::postgres`: connecting, the batch writer, claims and due scans, keyed starts,
+//!   reading the outbox in commit order. Everything else is written once in `store::shared`.
 
 pub mod cli;
 pub mod client;

@@ -7,7 +7,7 @@
 //! slot. A heartbeat task extends the leases the process holds. On shutdown it stops claiming,
 //! lets every driver finish the call in flight and record its result, and releases the leases.
 //!
-//! The per-saga logic lives in [`driver`]; the rules that decide what comes next are pure
+//! The per-saga logic lives in `driver`; the rules that decide what comes next are pure
 //! functions in [`plan`], tested without a database.
 
 mod driver;

@@ -216,7 +216,7 @@ impl Engine {
     /// once a worker of this process frees or [`Engine::run`] (here or in another process
     /// sharing the database) claims it.
     ///
-    /// With a key, SPEC §4's rules apply: see the [module](self) and the errors
+    /// With a key, SPEC §4's rules apply: see the `engine::start` module and the errors
     /// [`StartError::KeyInProgress`] and [`StartError::KeyReused`].
     pub async fn start(&self, request: StartRequest) -> Result<StartOutcome, StartError> {
         let StartRequest {

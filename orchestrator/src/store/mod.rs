@@ -6,9 +6,22 @@
 //! [`StoreError::LeaseLost`]. The events a transition carries are written in the same transaction,
 //! so the event table doubles as a transactional outbox.
 //!
-//! A transition is a value, not a closure over a connection: a store may later coalesce the
-//! transitions of many sagas into one commit (group commit) without the engine noticing, as long
-//! as it reports each one durable only once its transaction has committed.
+//! A transition is a value, not a closure over a connection: the store coalesces the
+//! transitions of many sagas into one commit (group commit) without the engine noticing, and
+//! reports each one durable only once its transaction has committed.
+//!
+//! The code is laid out by role:
+//!
+//! - this module: the contract ([`Store`], [`Transition`] and the records it writes, [`Lease`]);
+//!   [`idempotency`] and [`outbox`]: the contracts of keyed starts and of the outbox; `error`:
+//!   [`StoreError`], refusals apart from the opaque [`BackendError`];
+//! - `write_queue`: the group-commit queue every engine write goes through, and the batch
+//!   writer each backend plugs into it;
+//! - `shared`: everything written once for both databases (operator commands, reads, lease
+//!   release, the key sweeper, parts of the outbox), over the small dialect of `shared::sql`;
+//! - `sqlite`, `postgres`: only what differs (connection setup, the batch writer, claims and
+//!   due scans, keyed starts, the outbox's commit-order reads);
+//! - `rows`: decoding rows of either database; `rules`: the checks of operator commands.
 
 mod error;
 pub mod idempotency;

@@ -78,7 +78,7 @@ fn writer_pool(opts: PgConnectOptions) -> PgPool {
         .connect_lazy_with(opts)
 }
 
-/// The PostgreSQL implementation of [`Store`].
+/// The PostgreSQL implementation of [`Store`](crate::store::Store).
 pub struct PgStore {
     pool: PgPool,
     commits: AtomicU64,

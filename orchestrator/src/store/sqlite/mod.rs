@@ -53,7 +53,7 @@ pub enum SqliteDurability {
     Normal,
 }
 
-/// The SQLite implementation of [`Store`].
+/// The SQLite implementation of [`Store`](crate::store::Store).
 pub struct SqliteStore {
     writer: SqlitePool,
     reader: SqlitePool,
