@@ -25,6 +25,7 @@ use uuid::Uuid;
 
 pub(crate) mod handle;
 mod idempotency;
+mod keyed;
 mod outbox;
 pub(crate) mod writer;
 mod writer_rows;
@@ -236,7 +237,7 @@ impl SqliteStore {
                     db_clock: false,
                     apply: writer::apply_batch_boxed,
                     create: writer::insert_sagas_boxed,
-                    keyed: Some(idempotency::keyed_starts_boxed),
+                    keyed: Some(writer::keyed_starts_boxed),
                     // One writer connection: SQLite serialises writers anyway.
                     writers: 1,
                     // (With one writer there is nobody to commit beside.)

@@ -1,13 +1,14 @@
 //! The write queue's calls on SQLite: creates and transitions, written row by row on the
-//! writer's handle ([`super::writer_rows`]) with its kept statements, atomically.
+//! writer's handle ([`super::writer_rows`], [`super::keyed`]) with its kept statements,
+//! atomically.
 
 use sqlx::SqliteConnection;
 
 use super::handle::{exec, in_savepoint, with_statements, Statements};
-use super::idempotency::keyed_rows;
+use super::keyed::keyed_rows;
 use super::writer_rows;
 use crate::model::Millis;
-use crate::store::idempotency::KeyedItem;
+use crate::store::idempotency::{IdempotentStart, KeyedItem};
 use crate::store::write_queue::batch::{Item, NewItem};
 use crate::store::write_queue::{BoxFuture, Whole};
 use crate::store::{Applied, Result};
@@ -60,6 +61,29 @@ pub(crate) async fn insert_sagas(
         in_savepoint(db, "create_sagas", |db| writer_rows::create(db, now, items))
     })
     .await
+}
+
+/// [`keyed_starts`] as a plain function pointer for the write queue.
+pub(crate) fn keyed_starts_boxed<'c>(
+    conn: &'c mut SqliteConnection,
+    statements: &'c mut Statements,
+    now: Millis,
+    items: &'c [KeyedItem],
+) -> BoxFuture<'c, Result<Vec<Result<IdempotentStart>>>> {
+    Box::pin(keyed_starts(conn, statements, now, items))
+}
+
+/// Runs a batch of idempotent starts inside the writer's transaction, in batch order (of two
+/// starts with one key the first wins), each in a savepoint of its own: its key, saga and
+/// callback are written together or not at all, and a start that fails (a saga id collision)
+/// fails alone.
+async fn keyed_starts(
+    conn: &mut SqliteConnection,
+    statements: &mut Statements,
+    now: Millis,
+    items: &[KeyedItem],
+) -> Result<Vec<Result<IdempotentStart>>> {
+    with_statements(conn, statements, |db| Ok(keyed_rows(db, now, items))).await
 }
 
 /// [`whole_batch`] as a plain function pointer for the write queue.
