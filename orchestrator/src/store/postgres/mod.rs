@@ -35,7 +35,7 @@ use crate::store::rows::{
 use crate::store::rules::{
     cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan,
 };
-use crate::store::write_queue::{Backend, WriteQueue};
+use crate::store::write_queue::{Tuning, WriteQueue};
 use crate::store::SqlxResultExt;
 use crate::store::{
     Applied, CancelOutcome, ClaimRequest, Claimed, Lease, LeaseRequest, NewSaga, Result, Store,
@@ -198,18 +198,13 @@ impl PgStore {
         let store = Self {
             queue: WriteQueue::start(
                 writer_pool(opts),
-                Backend {
-                    begin: "BEGIN; SELECT saga_now_ms()",
-                    db_clock: true,
-                    apply: writer::apply_batch_boxed,
-                    create: writer::insert_sagas_boxed,
-                    keyed: None,
-                    whole: Some(writer::whole_batch_boxed),
+                Tuning {
                     keep_connection: true,
                     checkpoint: None,
                     writers: WRITERS,
                     parallel_from: PARALLEL_FROM,
                 },
+                |_| writer::PgWriter,
                 Arc::new(crate::clock::SystemClock),
             ),
             pool,

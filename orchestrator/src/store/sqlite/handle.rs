@@ -7,9 +7,8 @@
 //! the statements it prepared and leaves the connection open.
 
 use rusqlite::Connection;
-use sqlx::{Sqlite, SqliteConnection, SqlitePool};
+use sqlx::{SqliteConnection, SqlitePool};
 
-use crate::store::write_queue::WriterCache;
 use crate::store::SqlxResultExt;
 use crate::store::{Result, StoreError};
 
@@ -63,8 +62,9 @@ pub(crate) struct Statements {
     _pool: SqlitePool,
 }
 
-impl WriterCache<Sqlite> for Statements {
-    fn new(pool: &SqlitePool) -> Self {
+impl Statements {
+    /// None yet, for the writer that takes its connections from `pool`.
+    pub(crate) fn new(pool: &SqlitePool) -> Self {
         Self {
             db: None,
             _pool: pool.clone(),

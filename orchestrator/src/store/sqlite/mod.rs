@@ -39,7 +39,7 @@ use crate::store::rows::{
 use crate::store::rules::{
     cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan,
 };
-use crate::store::write_queue::{Backend, WriteQueue};
+use crate::store::write_queue::{Checkpoint, Tuning, WriteQueue};
 use crate::store::SqlxResultExt;
 use crate::store::{
     Applied, CancelOutcome, ClaimRequest, Claimed, Lease, LeaseRequest, NewSaga, Result, Store,
@@ -232,25 +232,23 @@ impl SqliteStore {
             checkpointer,
             queue: WriteQueue::start(
                 writer.clone(),
-                Backend {
-                    begin: "BEGIN IMMEDIATE",
-                    db_clock: false,
-                    apply: writer::apply_batch_boxed,
-                    create: writer::insert_sagas_boxed,
-                    keyed: Some(writer::keyed_starts_boxed),
+                Tuning {
                     // One writer connection: SQLite serialises writers anyway.
                     writers: 1,
                     // (With one writer there is nobody to commit beside.)
                     parallel_from: usize::MAX,
-                    whole: Some(writer::whole_batch_boxed),
                     keep_connection: false,
                     // The background checkpoints copy most of the WAL, but while commits keep
                     // coming they never finish it, so the WAL never starts over: it grows without
                     // bound and every commit appends to new file space. A checkpoint by the
                     // writer itself, between batches, copies the few frames left; the next
                     // commit then rewrites the WAL from its start.
-                    checkpoint: Some(("PRAGMA wal_checkpoint(PASSIVE)", 64)),
+                    checkpoint: Some(Checkpoint {
+                        sql: "PRAGMA wal_checkpoint(PASSIVE)",
+                        every: 64,
+                    }),
                 },
+                writer::SqliteWriter::new,
                 clock.clone(),
             ),
             writer,

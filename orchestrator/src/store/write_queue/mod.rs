@@ -23,10 +23,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use sqlx::pool::PoolConnection;
-use sqlx::{Database, Executor, Pool, Row};
+use sqlx::{Database, Executor, Pool};
 use tokio::sync::{mpsc, oneshot};
 
 pub(crate) mod batch;
+mod writer;
+
+pub(crate) use writer::{BatchWriter, Checkpoint, Tuning, Whole};
 
 use crate::clock::Clock;
 use crate::model::Millis;
@@ -49,67 +52,6 @@ type Run<DB> = Box<
 
 /// Reports to a closure job's caller once the outcome of the commit carrying it is known.
 type Finish = Box<dyn FnOnce(Result<()>) + Send>;
-
-/// Applies transitions set-based on a connection (see [`batch`]), atomically: on `Err`
-/// nothing of the call remains and the transaction goes on. The flag says whether other writes
-/// share the transaction (else the call may rely on the transaction's rollback).
-pub(crate) type ApplyFn<DB, C> = for<'c> fn(
-    &'c mut <DB as Database>::Connection,
-    &'c mut C,
-    Millis,
-    &'c [Item],
-    bool,
-) -> BoxFuture<'c, Result<Vec<Result<Applied>>>>;
-
-/// Creates sagas set-based on a connection (see [`batch`]), atomically like
-/// [`ApplyFn`].
-pub(crate) type CreateFn<DB, C> = for<'c> fn(
-    &'c mut <DB as Database>::Connection,
-    &'c mut C,
-    Millis,
-    &'c [NewItem],
-    bool,
-) -> BoxFuture<'c, Result<()>>;
-
-/// Creates sagas, runs idempotent starts (only a backend that queues them, see
-/// [`Backend::keyed`], is given any) and applies transitions in one transaction of its own, in
-/// one round trip, at the given time or (backends on the database clock) its own; on `Err`
-/// nothing was committed, though a transaction may still be open.
-pub(crate) type WholeFn<DB, C> = for<'c> fn(
-    &'c mut <DB as Database>::Connection,
-    &'c mut C,
-    Millis,
-    &'c [Item],
-    &'c [NewItem],
-    &'c [KeyedItem],
-) -> BoxFuture<'c, Result<Whole>>;
-
-/// What a one-round batch ([`WholeFn`]) did: each transition's result, each idempotent
-/// start's result, and the batch's time.
-pub(crate) type Whole = (Vec<Result<Applied>>, Vec<Result<IdempotentStart>>, Millis);
-
-/// Runs idempotent starts set-based on a connection, atomically for each start (its key, saga
-/// and callback are written together or not at all); one result per start, in order. On `Err`
-/// nothing of the call remains.
-pub(crate) type KeyedFn<DB, C> = for<'c> fn(
-    &'c mut <DB as Database>::Connection,
-    &'c mut C,
-    Millis,
-    &'c [KeyedItem],
-) -> BoxFuture<'c, Result<Vec<Result<IdempotentStart>>>>;
-
-/// What a writer keeps from one batch to the next for its connection: the SQLite store's
-/// prepared statements ((`sqlite::handle::Statements`)); nothing on PostgreSQL,
-/// whose driver caches its own. The writer functions of [`Backend`] get it beside the
-/// connection.
-pub(crate) trait WriterCache<DB: Database>: Send + 'static {
-    /// An empty cache for a writer that takes its connections from `pool`.
-    fn new(pool: &Pool<DB>) -> Self;
-}
-
-impl<DB: Database> WriterCache<DB> for () {
-    fn new(_: &Pool<DB>) -> Self {}
-}
 
 /// A queued write.
 enum Job<DB: Database> {
@@ -134,39 +76,6 @@ enum Job<DB: Database> {
 
 /// The most writes one transaction carries.
 const MAX_BATCH: usize = 512;
-
-/// How the queue talks to one backend, whose writers keep a `C` between batches.
-pub(crate) struct Backend<DB: Database, C = ()> {
-    /// Opens a write transaction (`BEGIN IMMEDIATE` on SQLite: take the write lock up front);
-    /// with `db_clock`, also returns the database's time in the same round trip.
-    pub(crate) begin: &'static str,
-    /// The batch's time comes from the database clock (`begin` returns it), not the process's.
-    pub(crate) db_clock: bool,
-    /// The set-based transition writer.
-    pub(crate) apply: ApplyFn<DB, C>,
-    /// The set-based saga creator.
-    pub(crate) create: CreateFn<DB, C>,
-    /// The set-based idempotent start, where the backend sends those through the queue (SQLite,
-    /// whose one writer connection would otherwise run them one by one); `None` refuses them.
-    pub(crate) keyed: Option<KeyedFn<DB, C>>,
-    /// Keep the connection between batches instead of returning it to the pool (which may test
-    /// it on every acquire); it goes back after a failed batch, so a broken one is replaced.
-    /// Only where the pool has connections to spare: SQLite's one writer is shared.
-    pub(crate) keep_connection: bool,
-    /// The one-round path for batches without closures (creates, transitions and, where the
-    /// backend queues them, idempotent starts), where the backend can send a whole transaction
-    /// at once.
-    pub(crate) whole: Option<WholeFn<DB, C>>,
-    /// A statement the writer runs between batches every so many commits, outside any
-    /// transaction (SQLite: a checkpoint by the writer itself, see `sqlite.rs`).
-    pub(crate) checkpoint: Option<(&'static str, u32)>,
-    /// How many writer tasks take batches from the queue, each with its own connection.
-    pub(crate) writers: usize,
-    /// A writer starts a batch while another runs one only once at least this many writes
-    /// wait: a second transaction beside the first pays off when the first writer cannot keep
-    /// up, and otherwise only splits the batch in two (twice the commits for the same work).
-    pub(crate) parallel_from: usize,
-}
 
 /// How many writers are running a batch, and a signal when one finishes.
 #[derive(Default)]
@@ -198,24 +107,24 @@ fn stopped() -> StoreError {
 impl<DB: Database> WriteQueue<DB>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'r> i64: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
-    usize: sqlx::ColumnIndex<DB::Row>,
 {
-    /// Starts the writer tasks over `pool`.
-    pub(crate) fn start<C: WriterCache<DB>>(
+    /// Starts `tuning.writers` writer tasks over `pool`, each with a writer of its own made by
+    /// `new_writer`.
+    pub(crate) fn start<W: BatchWriter<DB>>(
         pool: Pool<DB>,
-        backend: Backend<DB, C>,
+        tuning: Tuning,
+        new_writer: impl Fn(&Pool<DB>) -> W,
         clock: Arc<dyn Clock>,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let commits = Arc::new(AtomicU64::new(0));
         let rx = Arc::new(tokio::sync::Mutex::new(rx));
-        let backend = Arc::new(backend);
         let turns = Arc::new(Turns::default());
-        for _ in 0..backend.writers.max(1) {
+        for _ in 0..tuning.writers.max(1) {
             tokio::spawn(writer(
                 pool.clone(),
-                backend.clone(),
+                new_writer(&pool),
+                tuning,
                 clock.clone(),
                 Queue {
                     rx: rx.clone(),
@@ -378,21 +287,21 @@ async fn next_batch<'q, DB: Database>(
     Some((jobs, Busy(turns)))
 }
 
-async fn writer<DB: Database, C: WriterCache<DB>>(
+/// One writer task: takes batches from `queue` and runs them on a connection of `pool` with
+/// `writer`, until the queue is closed.
+async fn writer<DB: Database, W: BatchWriter<DB>>(
     pool: Pool<DB>,
-    backend: Arc<Backend<DB, C>>,
+    mut writer: W,
+    tuning: Tuning,
     clock: Arc<dyn Clock>,
     queue: Queue<DB>,
     commits: Arc<AtomicU64>,
 ) where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'r> i64: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
-    usize: sqlx::ColumnIndex<DB::Row>,
 {
     let mut held: Option<PoolConnection<DB>> = None;
-    let mut cache = C::new(&pool);
     let mut since_checkpoint = 0;
-    while let Some((jobs, busy)) = next_batch(&queue, backend.parallel_from).await {
+    while let Some((jobs, busy)) = next_batch(&queue, tuning.parallel_from).await {
         let mut runs = Vec::new();
         let mut finishes = Vec::new();
         let mut items = Vec::new();
@@ -432,7 +341,7 @@ async fn writer<DB: Database, C: WriterCache<DB>>(
             keyed: &keyed,
         };
         let outcome = match &mut conn {
-            Ok(conn) => run_batch(conn, &mut cache, &backend, &*clock, batch).await,
+            Ok(conn) => run_batch(conn, &mut writer, &*clock, batch).await,
             Err(e) => Err(shared_failure(e)),
         };
         let ok = outcome.is_ok();
@@ -481,7 +390,7 @@ async fn writer<DB: Database, C: WriterCache<DB>>(
         drop(busy);
         if let Ok(mut conn) = conn {
             // After the replies: the callers do not wait for it.
-            if let Some((sql, every)) = backend.checkpoint {
+            if let Some(Checkpoint { sql, every }) = tuning.checkpoint {
                 // Idle: nothing waiting (and no other writer taking a batch).
                 let idle = queue.rx.try_lock().is_ok_and(|rx| rx.is_empty());
                 if (since_checkpoint >= every && idle) || since_checkpoint >= 4 * every {
@@ -491,7 +400,7 @@ async fn writer<DB: Database, C: WriterCache<DB>>(
                     }
                 }
             }
-            if backend.keep_connection && ok {
+            if tuning.keep_connection && ok {
                 held = Some(conn);
             }
         }
@@ -523,33 +432,23 @@ fn created_record(item: NewItem, now: Millis) -> Saga {
     new_saga_record(item.new, now, item.lease.map(|l| l.owner))
 }
 
-/// Runs one batch in one transaction: `(committed, result of each transition)`. On `Err`
-/// nothing of the batch was committed.
-async fn run_batch<DB: Database, C>(
+/// Runs one batch in one transaction. On `Err` nothing of the batch was committed.
+async fn run_batch<DB: Database, W: BatchWriter<DB>>(
     conn: &mut DB::Connection,
-    cache: &mut C,
-    backend: &Backend<DB, C>,
+    writer: &mut W,
     clock: &dyn Clock,
     batch: Batch<'_, DB>,
 ) -> Result<Outcome>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'r> i64: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
-    usize: sqlx::ColumnIndex<DB::Row>,
 {
-    let one_round = batch.runs.is_empty() && (batch.keyed.is_empty() || backend.keyed.is_some());
-    if let (true, Some(whole)) = (one_round, backend.whole) {
-        match whole(
-            conn,
-            cache,
-            clock.now_ms(),
-            batch.items,
-            batch.news,
-            batch.keyed,
-        )
-        .await
+    if batch.runs.is_empty() {
+        match writer
+            .whole(conn, clock.now_ms(), batch.items, batch.news, batch.keyed)
+            .await
         {
-            Ok((applied, starts, now)) => {
+            None => {}
+            Some(Ok((applied, starts, now))) => {
                 return Ok(Outcome {
                     committed: true,
                     applied,
@@ -557,32 +456,22 @@ where
                     starts,
                 })
             }
-            Err(e) => {
+            Some(Err(e)) => {
                 // Nothing of it committed; the long way isolates the write at fault.
                 let _ = exec::<DB>(conn, "ROLLBACK").await;
                 tracing::debug!(error = %e, "one-round batch failed; taking the long way");
             }
         }
     }
-    let begun = if backend.db_clock {
-        conn.fetch_one(backend.begin)
-            .await
-            .and_then(|row| row.try_get(0))
-            .map_err(StoreError::from_sqlx)
-    } else {
-        exec::<DB>(conn, backend.begin)
-            .await
-            .map(|()| clock.now_ms())
-    };
-    let now = match begun {
-        Ok(now) => now,
+    let now = match writer.begin(conn).await {
+        Ok(db_now) => db_now.unwrap_or_else(|| clock.now_ms()),
         Err(e) => {
             // In case the transaction opened before the failure.
             let _ = exec::<DB>(conn, "ROLLBACK").await;
             return Err(e);
         }
     };
-    match run_jobs(conn, cache, backend, now, batch).await {
+    match run_jobs(conn, writer, now, batch).await {
         Ok(outcome) if outcome.committed => match exec::<DB>(conn, "COMMIT").await {
             Ok(()) => Ok(outcome),
             Err(e) => {
@@ -605,10 +494,9 @@ where
 /// Runs the creates, the idempotent starts, the closures (each in a savepoint when the batch
 /// holds several writes) and the transitions; `committed` in the outcome says whether any of
 /// them wrote something.
-async fn run_jobs<DB: Database, C>(
+async fn run_jobs<DB: Database, W: BatchWriter<DB>>(
     conn: &mut DB::Connection,
-    cache: &mut C,
-    backend: &Backend<DB, C>,
+    writer: &mut W,
     now: Millis,
     batch: Batch<'_, DB>,
 ) -> Result<Outcome>
@@ -623,19 +511,12 @@ where
     } = batch;
     let alone = runs.len() + items.len() + news.len() + keyed.len() == 1;
     let mut any_ok = false;
-    let creates = create_all(conn, cache, backend, now, news, alone).await?;
+    let creates = create_all(conn, writer, now, news, alone).await?;
     any_ok |= creates.iter().any(Result::is_ok);
-    let starts = match (keyed.is_empty(), backend.keyed) {
-        (true, _) => Vec::new(),
-        (false, Some(f)) => f(conn, cache, now, keyed).await?,
-        (false, None) => keyed
-            .iter()
-            .map(|_| {
-                Err(StoreError::io(
-                    "this store does not queue idempotent starts",
-                ))
-            })
-            .collect(),
+    let starts = if keyed.is_empty() {
+        Vec::new()
+    } else {
+        writer.keyed(conn, now, keyed).await?
     };
     any_ok |= starts.iter().any(Result::is_ok);
     for run in runs {
@@ -659,7 +540,7 @@ where
             starts,
         });
     }
-    let applied = match (backend.apply)(conn, cache, now, items, !alone).await {
+    let applied = match writer.apply(conn, now, items, !alone).await {
         Ok(applied) => applied,
         // Alone: its statement error is its own (the transaction is then rolled back, nothing
         // else being in it).
@@ -669,7 +550,10 @@ where
             tracing::debug!(error = %e, "set-based apply failed; applying one by one");
             let mut applied = Vec::with_capacity(items.len());
             for item in items {
-                match (backend.apply)(conn, cache, now, std::slice::from_ref(item), true).await {
+                match writer
+                    .apply(conn, now, std::slice::from_ref(item), true)
+                    .await
+                {
                     Ok(mut one) => applied.push(
                         one.pop()
                             .unwrap_or(Err(StoreError::LeaseLost(item.0.saga_id))),
@@ -691,10 +575,9 @@ where
 
 /// Creates the batch's new sagas set-based; if that fails (an id collision), one by one so the
 /// bad one fails alone. Each result is the creation time.
-async fn create_all<DB: Database, C>(
+async fn create_all<DB: Database, W: BatchWriter<DB>>(
     conn: &mut DB::Connection,
-    cache: &mut C,
-    backend: &Backend<DB, C>,
+    writer: &mut W,
     now: Millis,
     news: &[NewItem],
     alone: bool,
@@ -707,18 +590,20 @@ where
     }
     if alone {
         // Its error is its own; the transaction is then rolled back.
-        return Ok(vec![(backend.create)(conn, cache, now, news, false)
+        return Ok(vec![writer
+            .create(conn, now, news, false)
             .await
             .map(|()| now)]);
     }
-    match (backend.create)(conn, cache, now, news, true).await {
+    match writer.create(conn, now, news, true).await {
         Ok(()) => Ok(news.iter().map(|_| Ok(now)).collect()),
         Err(e) => {
             tracing::debug!(error = %e, "set-based create failed; creating one by one");
             let mut out = Vec::with_capacity(news.len());
             for item in news {
-                let one =
-                    (backend.create)(conn, cache, now, std::slice::from_ref(item), true).await;
+                let one = writer
+                    .create(conn, now, std::slice::from_ref(item), true)
+                    .await;
                 out.push(one.map(|()| now));
             }
             Ok(out)
