@@ -4,7 +4,7 @@
 
 use rusqlite::{params, Connection, OptionalExtension};
 
-use super::handle::{exec, from_rusqlite, in_savepoint};
+use super::stmt::{exec, from_rusqlite, in_savepoint};
 use super::writer_rows::{create_callback, create_saga};
 use crate::model::Millis;
 use crate::store::idempotency::{retention_ms, IdempotentStart, KeyedItem, StoredKey};

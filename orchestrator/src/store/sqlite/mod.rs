@@ -27,6 +27,7 @@ pub(crate) mod handle;
 mod idempotency;
 mod keyed;
 mod outbox;
+mod stmt;
 pub(crate) mod writer;
 mod writer_rows;
 

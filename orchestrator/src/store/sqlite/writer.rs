@@ -4,8 +4,9 @@
 
 use sqlx::{Executor, Sqlite, SqliteConnection, SqlitePool};
 
-use super::handle::{exec, in_savepoint, with_statements, Statements};
+use super::handle::{with_statements, Statements};
 use super::keyed::keyed_rows;
+use super::stmt::{exec, in_savepoint};
 use super::writer_rows;
 use crate::model::Millis;
 use crate::store::idempotency::{IdempotentStart, KeyedItem};

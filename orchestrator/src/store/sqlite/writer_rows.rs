@@ -12,7 +12,7 @@
 use rusqlite::{params, Connection, OptionalExtension};
 use uuid::Uuid;
 
-use super::handle::{exec, from_rusqlite};
+use super::stmt::{exec, from_rusqlite};
 use crate::model::{definition_key, Millis, PhaseRecord};
 use crate::store::idempotency::Callback;
 use crate::store::rows::{comp_status_for, first_attempt};
