@@ -1,13 +1,13 @@
 //! Statements run through SQLite's own API (rusqlite) on a handle borrowed from the driver
-//! ([`super::handle`]): one statement, a savepoint around a closure, and SQLite's errors as
+//! (`handle.rs`): one statement, a savepoint around a closure, and SQLite's errors as
 //! store errors.
 
 use rusqlite::Connection;
 
 use crate::store::{Result, StoreError};
 
-/// Runs `sql` with `params`, prepared once per connection made over the handle (see
-/// [`super::handle`]); the rows it changed.
+/// Runs `sql` with `params`, prepared once per connection made over the handle; the rows it
+/// changed.
 pub(crate) fn exec<P: rusqlite::Params>(db: &Connection, sql: &str, params: P) -> Result<usize> {
     db.prepare_cached(sql)
         .and_then(|mut st| st.execute(params))
