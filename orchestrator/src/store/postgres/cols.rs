@@ -3,7 +3,7 @@
 //!
 //! The arrays replace JSON documents that the server had to parse, field by field, for every
 //! row (and, for a JSON object, once per field read): under load the writer's backend is the
-//! limit, and parsing was a fifth of its time. Each table's columns are listed once, as
+//! limit, and parsing took much of its time (see BENCHMARKS.md). Each table's columns are listed once, as
 //! [`Cols`], so the statement's `unnest` and the binding code cannot disagree on their order.
 
 use std::collections::HashMap;

@@ -31,7 +31,7 @@ use crate::model::{Millis, Saga, SagaStatus, StepRecord};
 use crate::store::rows::{corrupt, saga_from_row, step_from_row};
 use crate::store::shared::sql::{Reader, Tx};
 use crate::store::shared::SqlBackend;
-use crate::store::write_queue::{Backend, WriteQueue};
+use crate::store::write_queue::{Tuning, WriteQueue};
 use crate::store::SqlxResultExt;
 use crate::store::{
     Applied, ClaimRequest, Claimed, Lease, LeaseRequest, NewSaga, Result, StoreError, Transition,
@@ -193,18 +193,13 @@ impl PgStore {
         let store = Self {
             queue: WriteQueue::start(
                 writer_pool(opts),
-                Backend {
-                    begin: "BEGIN; SELECT saga_now_ms()",
-                    db_clock: true,
-                    apply: writer::apply_batch_boxed,
-                    create: writer::insert_sagas_boxed,
-                    keyed: None,
-                    whole: Some(writer::whole_batch_boxed),
+                Tuning {
                     keep_connection: true,
                     checkpoint: None,
                     writers: WRITERS,
                     parallel_from: PARALLEL_FROM,
                 },
+                |_| writer::PgWriter,
                 Arc::new(crate::clock::SystemClock),
             ),
             pool,

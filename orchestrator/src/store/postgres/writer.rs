@@ -9,7 +9,7 @@
 
 use std::sync::LazyLock;
 
-use sqlx::{Executor, PgConnection};
+use sqlx::{Executor, PgConnection, Postgres};
 
 use super::cols::{
     ApplyCols, CreateCols, Params, EVENTS, FINISHES, NEW_SAGAS, NEW_STEPS, SAGAS, STARTS, STEPS,
@@ -18,7 +18,7 @@ use crate::model::Millis;
 use crate::store::idempotency::KeyedItem;
 use crate::store::rows::LogRow;
 use crate::store::write_queue::batch::{self, unreadable, Item, NewItem};
-use crate::store::write_queue::{BoxFuture, Whole};
+use crate::store::write_queue::{BatchWriter, Whole};
 use crate::store::SqlxResultExt;
 use crate::store::{Applied, LeaseRequest, NewSaga, Result, StoreError};
 
@@ -207,19 +207,8 @@ async fn close<T>(conn: &mut PgConnection, guarded: bool, result: Result<T>) -> 
     result
 }
 
-/// [`apply_batch`] as a plain function pointer for the write queue.
-pub(crate) fn apply_batch_boxed<'c>(
-    conn: &'c mut PgConnection,
-    _: &'c mut (),
-    now: Millis,
-    items: &'c [Item],
-    guarded: bool,
-) -> BoxFuture<'c, Result<Vec<Result<Applied>>>> {
-    Box::pin(apply_batch(conn, now, items, guarded))
-}
-
 /// Applies `items` inside the caller's transaction, atomically; one result per item, in order.
-pub(crate) async fn apply_batch(
+async fn apply_batch(
     conn: &mut PgConnection,
     now: Millis,
     items: &[Item],
@@ -245,32 +234,10 @@ async fn results(
     batch::results::<sqlx::Postgres>(conn, REFUSED, items, fenced).await
 }
 
-/// [`whole_batch`] as a plain function pointer for the write queue.
-///
-/// PostgreSQL does not queue idempotent starts (its backend has no `keyed`), so it is given
-/// none.
-pub(crate) fn whole_batch_boxed<'c>(
-    conn: &'c mut PgConnection,
-    _: &'c mut (),
-    _now: Millis,
-    items: &'c [Item],
-    news: &'c [NewItem],
-    keyed: &'c [KeyedItem],
-) -> BoxFuture<'c, Result<Whole>> {
-    debug_assert!(
-        keyed.is_empty(),
-        "PostgreSQL's write queue carries no keyed starts"
-    );
-    Box::pin(async move {
-        let (applied, now) = whole_batch(conn, items, news).await?;
-        Ok((applied, Vec::new(), now))
-    })
-}
-
 /// Creates `news` and applies `items` as one statement outside any transaction block: its own
 /// transaction, one round trip, on the database clock. On `Err` nothing was committed and the
 /// caller takes the long way, which isolates a write that breaks a statement.
-pub(crate) async fn whole_batch(
+async fn whole_batch(
     conn: &mut PgConnection,
     items: &[Item],
     news: &[NewItem],
@@ -318,19 +285,8 @@ pub(crate) async fn insert_saga(
     Ok(())
 }
 
-/// [`insert_sagas`] as a plain function pointer for the write queue.
-pub(crate) fn insert_sagas_boxed<'c>(
-    conn: &'c mut PgConnection,
-    _: &'c mut (),
-    now: Millis,
-    items: &'c [NewItem],
-    guarded: bool,
-) -> BoxFuture<'c, Result<()>> {
-    Box::pin(insert_sagas(conn, now, items, guarded))
-}
-
 /// Creates sagas, their steps and their `saga.started` events, atomically.
-pub(crate) async fn insert_sagas(
+async fn insert_sagas(
     conn: &mut PgConnection,
     now: Millis,
     items: &[NewItem],
@@ -345,4 +301,57 @@ pub(crate) async fn insert_sagas(
         .map(|_| ())
         .db();
     close(conn, guarded, done).await
+}
+
+/// The batch writer of one writer task. It keeps nothing between batches: the driver keeps the
+/// prepared statements on each connection.
+pub(crate) struct PgWriter;
+
+impl BatchWriter<Postgres> for PgWriter {
+    /// `BEGIN`, and the database's time in the same round trip: leases expire on the database
+    /// clock.
+    async fn begin(&mut self, conn: &mut PgConnection) -> Result<Option<Millis>> {
+        let row = conn.fetch_one("BEGIN; SELECT saga_now_ms()").await.db()?;
+        Ok(Some(sqlx::Row::try_get(&row, 0).db()?))
+    }
+
+    async fn apply(
+        &mut self,
+        conn: &mut PgConnection,
+        now: Millis,
+        items: &[Item],
+        shared: bool,
+    ) -> Result<Vec<Result<Applied>>> {
+        apply_batch(conn, now, items, shared).await
+    }
+
+    async fn create(
+        &mut self,
+        conn: &mut PgConnection,
+        now: Millis,
+        news: &[NewItem],
+        shared: bool,
+    ) -> Result<()> {
+        insert_sagas(conn, now, news, shared).await
+    }
+
+    /// A batch without idempotent starts (this store runs those on a connection of their own,
+    /// not through the queue), on the database clock: `now` is not used.
+    async fn whole(
+        &mut self,
+        conn: &mut PgConnection,
+        _now: Millis,
+        items: &[Item],
+        news: &[NewItem],
+        keyed: &[KeyedItem],
+    ) -> Option<Result<Whole>> {
+        if !keyed.is_empty() {
+            return None;
+        }
+        Some(
+            whole_batch(conn, items, news)
+                .await
+                .map(|(applied, now)| (applied, Vec::new(), now)),
+        )
+    }
 }

@@ -1,17 +1,34 @@
-//! Borrowing the SQLite handle of an sqlx connection to run statements through SQLite's own API
-//! ([`on_handle`]), and the writer's statements kept on its handle between batches
-//! ([`Statements`], [`with_statements`]).
+//! Lending the SQLite handle of an sqlx connection to rusqlite, to run statements through
+//! SQLite's own API on it ([`on_handle`]), and the writer's statements kept on its handle
+//! between batches ([`Statements`], [`with_statements`]).
 //!
-//! While a task holds the handle ([`SqliteConnection::lock_handle`]) the driver's thread keeps
-//! off it. A `rusqlite` connection made over the handle does not own it: dropping it finalizes
-//! the statements it prepared and leaves the connection open.
+//! Every `unsafe` of the crate is in this module, behind the safe functions above and
+//! [`widen_lookaside`]. They rest on these invariants:
+//!
+//! 1. **The handle is used only while locked.** sqlx's [`SqliteConnection::lock_handle`] keeps
+//!    the driver's own thread off the handle until the lock is dropped; the raw handle, and any
+//!    rusqlite connection over it, is used only while that lock is held, on the thread holding
+//!    it (`on_locked`).
+//! 2. **rusqlite never owns the handle.** `Connection::from_handle` makes a connection that
+//!    does not close the handle: dropping it finalizes the statements it prepared and leaves
+//!    the handle to sqlx, which alone closes it.
+//! 3. **Kept statements outlive no handle.** A rusqlite connection kept between calls (in
+//!    [`Statements`]) is only stored meanwhile; it is used again only on the same handle (by
+//!    address), locked again, and otherwise dropped. It is dropped before the handle can close:
+//!    [`Statements`] holds the writer's pool, which keeps its connection open until then (SQLite
+//!    refuses to close a connection with statements left, and sqlx panics if it cannot).
+//! 4. **One SQLite library.** sqlx-sqlite and rusqlite link the same `libsqlite3-sys`, so a
+//!    handle one opened is a handle of the library the other calls. Cargo links one crate per
+//!    native library; the tests below check the lock file and the running library.
+
+#![allow(unsafe_code)]
 
 use rusqlite::Connection;
-use sqlx::{Sqlite, SqliteConnection, SqlitePool};
+use sqlx::{SqliteConnection, SqlitePool};
 
-use crate::store::write_queue::WriterCache;
+use super::stmt::from_rusqlite;
+use crate::store::Result;
 use crate::store::SqlxResultExt;
-use crate::store::{Result, StoreError};
 
 /// Distinct statements one writer keeps prepared (the writer's rows, savepoints and
 /// transaction statements number about twenty; past this the least recently used is
@@ -20,21 +37,21 @@ const KEPT_STATEMENTS: usize = 48;
 
 /// Lookaside memory of the writer's connection, slots and their size in bytes: SQLite's own
 /// allocator for a connection's small objects. The kept statements hold on to theirs, and with
-/// the default 40 slots the statements' runs then fell back on `malloc`: ~2.5 times the calls,
-/// which took back most of what keeping them saved. 600 KB for the one writer connection.
+/// the default 40 slots their runs fell back on `malloc` for much of what keeping them saved
+/// (see BENCHMARKS.md).
 const WRITER_LOOKASIDE: (i32, i32) = (500, 1200);
 
 /// Gives the writer's connection, new and not yet used, the lookaside memory its kept
 /// statements need ([`WRITER_LOOKASIDE`]). If SQLite refuses (lookaside already in use), the
 /// connection keeps the default: slower, not wrong.
-#[allow(unsafe_code)]
 pub(crate) async fn widen_lookaside(conn: &mut SqliteConnection) -> sqlx::Result<()> {
     // The connection's setup statements, kept by the driver, hold lookaside slots.
     sqlx::Connection::clear_cached_statements(conn).await?;
     let mut locked = conn.lock_handle().await?;
     let raw = locked.as_raw_handle().as_ptr();
     let (slots, size) = WRITER_LOOKASIDE;
-    // SAFETY: the handle is locked; with a null buffer SQLite allocates the slots itself.
+    // SAFETY: invariant 1 (the handle is locked while `raw` is used); with a null buffer
+    // SQLite allocates the slots itself.
     let rc = unsafe {
         rusqlite::ffi::sqlite3_db_config(
             raw,
@@ -51,20 +68,20 @@ pub(crate) async fn widen_lookaside(conn: &mut SqliteConnection) -> sqlx::Result
 }
 
 /// The step-log writer's statements, prepared on its connection's handle once and kept from one
-/// batch to the next. Preparing them again for every batch cost about a tenth of the writer's
-/// throughput (SQLite's parser and code generator, for each of some twenty statements).
+/// batch to the next: preparing them again for every batch is SQLite's parser and code
+/// generator for each of some twenty statements (see BENCHMARKS.md).
 pub(crate) struct Statements {
     /// The handle's address, and a connection over it that owns the statements it prepared.
     db: Option<(usize, Connection)>,
-    /// Keeps the writer's pool, and so its connection, open until `db` has finalized them:
-    /// SQLite will not close a connection that still has prepared statements (and sqlx panics
-    /// when its close fails). Fields drop in declaration order, `db` first. The writer pool is
-    /// never closed otherwise: it has no idle timeout or lifetime, and nothing calls `close`.
+    /// Keeps the writer's pool, and so its connection, open until `db` has finalized them
+    /// (invariant 3). Fields drop in declaration order, `db` first. The writer pool is never
+    /// closed otherwise: it has no idle timeout or lifetime, and nothing calls `close`.
     _pool: SqlitePool,
 }
 
-impl WriterCache<Sqlite> for Statements {
-    fn new(pool: &SqlitePool) -> Self {
+impl Statements {
+    /// None yet, for the writer that takes its connections from `pool`.
+    pub(crate) fn new(pool: &SqlitePool) -> Self {
         Self {
             db: None,
             _pool: pool.clone(),
@@ -73,14 +90,13 @@ impl WriterCache<Sqlite> for Statements {
 }
 
 /// Runs `f` on the SQLite handle of `conn`, with statements prepared for this call only.
-#[allow(unsafe_code)]
 pub(crate) async fn on_handle<T>(
     conn: &mut SqliteConnection,
     f: impl FnOnce(&Connection) -> Result<T>,
 ) -> Result<T> {
     on_locked(conn, |raw| {
-        // SAFETY: the handle is locked for this call (see `on_locked`); `db` is dropped, its
-        // statements finalized, before the lock is released.
+        // SAFETY: invariants 1 and 2; `db` is dropped, its statements finalized, before the
+        // lock is released.
         let db = unsafe { Connection::from_handle(raw) }.map_err(from_rusqlite)?;
         f(&db)
     })
@@ -89,7 +105,6 @@ pub(crate) async fn on_handle<T>(
 
 /// Runs `f` on the SQLite handle of `conn` with the writer's kept statements: those prepared
 /// on this handle before are used again, and what `f` prepares is kept.
-#[allow(unsafe_code)]
 pub(crate) async fn with_statements<T>(
     conn: &mut SqliteConnection,
     statements: &mut Statements,
@@ -103,8 +118,8 @@ pub(crate) async fn with_statements<T>(
                 // Statements of another handle: finalized here. That handle is still open
                 // (SQLite does not close a connection with statements left), if no longer used.
                 drop(other);
-                // SAFETY: as in `on_handle`; between calls `db` is only kept, never used, and
-                // it is used again only on this same handle, locked again.
+                // SAFETY: invariants 1 to 3: kept in `statements` until the next call on this
+                // same handle, locked again.
                 let db = unsafe { Connection::from_handle(raw) }.map_err(from_rusqlite)?;
                 db.set_prepared_statement_cache_capacity(KEPT_STATEMENTS);
                 db
@@ -118,13 +133,12 @@ pub(crate) async fn with_statements<T>(
 }
 
 /// Runs `f` with the raw SQLite handle of `conn`, on this thread, while the driver's thread
-/// keeps off it.
+/// keeps off it (invariant 1).
 ///
 /// `f` may wait for the disk (a batch's commit) and holds this runtime thread meanwhile, while
 /// the runtime's other threads run the other tasks; the store has one writer, so one thread at
 /// most is held so. This is deliberate: handing the thread's tasks to another one first
-/// (`block_in_place`) cost a thread hand-off per batch, measured at 13–22 % of the throughput
-/// at 1 and 16 sagas in flight and 16 % of HTTP starts (BENCHMARKS.md).
+/// (`block_in_place`) cost a thread hand-off per batch (see BENCHMARKS.md).
 async fn on_locked<T>(
     conn: &mut SqliteConnection,
     f: impl FnOnce(*mut rusqlite::ffi::sqlite3) -> Result<T>,
@@ -134,45 +148,6 @@ async fn on_locked<T>(
     let out = f(raw);
     drop(locked);
     out
-}
-
-/// Runs `sql` with `params`, prepared once per connection made over the handle (see
-/// [`on_handle`], [`with_statements`]); the rows it changed.
-pub(crate) fn exec<P: rusqlite::Params>(db: &Connection, sql: &str, params: P) -> Result<usize> {
-    db.prepare_cached(sql)
-        .and_then(|mut st| st.execute(params))
-        .map_err(from_rusqlite)
-}
-
-/// `f` inside the savepoint `name`: on `Err` everything it wrote is undone and the enclosing
-/// transaction goes on without it.
-pub(crate) fn in_savepoint<T>(
-    db: &Connection,
-    name: &str,
-    f: impl FnOnce(&Connection) -> Result<T>,
-) -> Result<T> {
-    exec(db, &format!("SAVEPOINT {name}"), [])?;
-    match f(db) {
-        Ok(out) => {
-            exec(db, &format!("RELEASE {name}"), [])?;
-            Ok(out)
-        }
-        Err(e) => {
-            db.execute_batch(&format!("ROLLBACK TO {name}; RELEASE {name}"))
-                .map_err(from_rusqlite)?;
-            Err(e)
-        }
-    }
-}
-
-/// A failed SQLite call as a store error, keeping its extended result code (busy and locked
-/// are transient).
-pub(crate) fn from_rusqlite(e: rusqlite::Error) -> StoreError {
-    let code = match &e {
-        rusqlite::Error::SqliteFailure(f, _) => Some(f.extended_code),
-        _ => None,
-    };
-    StoreError::sqlite(code, &e.to_string(), Some(Box::new(e)))
 }
 
 #[cfg(test)]
@@ -185,49 +160,27 @@ mod tests {
     use crate::model::StepKindName;
     use crate::store::{NewSaga, SqliteStore, Store};
 
-    #[test]
-    fn busy_and_locked_are_transient_whatever_the_extended_code_and_a_constraint_is_not() {
-        let err = |code| StoreError::sqlite(Some(code), "", None);
-        // SQLITE_BUSY, SQLITE_BUSY_SNAPSHOT, SQLITE_BUSY_TIMEOUT, SQLITE_LOCKED.
-        for code in [5, 517, 773, 6] {
-            assert!(err(code).is_transient(), "{code}");
-        }
-        // SQLITE_CONSTRAINT_PRIMARYKEY, SQLITE_IOERR, SQLITE_READONLY.
-        for code in [1555, 10, 8] {
-            assert!(!err(code).is_transient(), "{code}");
-        }
-    }
-
-    #[test]
-    fn a_failed_call_keeps_sqlites_extended_code() {
-        let db = Connection::open_in_memory().unwrap();
-        db.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY); INSERT INTO t VALUES (1)")
-            .unwrap();
-        let e = db
-            .execute("INSERT INTO t VALUES (1)", [])
-            .map_err(from_rusqlite)
-            .unwrap_err();
-        assert_eq!(e.backend().and_then(|b| b.code()), Some("1555"), "{e:?}");
-    }
-
     /// Statements prepared on the connection of `pool` and not finalized, once the driver's
     /// own are cleared.
-    #[allow(unsafe_code)]
     async fn statements_left(pool: &SqlitePool) -> usize {
         let mut conn = pool.acquire().await.unwrap();
         sqlx::Connection::clear_cached_statements(&mut *conn)
             .await
             .unwrap();
-        let mut locked = conn.lock_handle().await.unwrap();
-        let raw = locked.as_raw_handle().as_ptr();
-        let mut count = 0;
-        // SAFETY: the handle is locked; `sqlite3_next_stmt` only walks its statement list.
-        let mut st = unsafe { rusqlite::ffi::sqlite3_next_stmt(raw, std::ptr::null_mut()) };
-        while !st.is_null() {
-            count += 1;
-            st = unsafe { rusqlite::ffi::sqlite3_next_stmt(raw, st) };
-        }
-        count
+        on_locked(&mut conn, |raw| {
+            let mut count = 0;
+            // SAFETY: invariant 1 (the handle is locked); `sqlite3_next_stmt` only walks the
+            // handle's list of statements.
+            let mut st = unsafe { rusqlite::ffi::sqlite3_next_stmt(raw, std::ptr::null_mut()) };
+            while !st.is_null() {
+                count += 1;
+                // SAFETY: as above; `st` is a statement of this handle.
+                st = unsafe { rusqlite::ffi::sqlite3_next_stmt(raw, st) };
+            }
+            Ok(count)
+        })
+        .await
+        .unwrap()
     }
 
     fn new_saga() -> NewSaga {
@@ -273,5 +226,70 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         pool.close().await;
+    }
+
+    /// The packages of the workspace's lock file, each as its `name` and the first word of
+    /// each of its dependencies.
+    fn locked_packages() -> Vec<(&'static str, Vec<&'static str>)> {
+        let lock = include_str!("../../../../Cargo.lock");
+        lock.split("[[package]]")
+            .skip(1)
+            .map(|package| {
+                let name = package
+                    .lines()
+                    .find_map(|l| l.strip_prefix("name = \""))
+                    .and_then(|l| l.strip_suffix('"'))
+                    .unwrap_or_default();
+                let deps = package
+                    .split_once("dependencies = [")
+                    .map(|(_, rest)| rest.split(']').next().unwrap_or_default())
+                    .unwrap_or_default()
+                    .lines()
+                    .filter_map(|l| l.trim().trim_end_matches(',').strip_prefix('"'))
+                    .filter_map(|d| d.trim_end_matches('"').split(' ').next())
+                    .collect();
+                (name, deps)
+            })
+            .collect()
+    }
+
+    /// Invariant 4: one `libsqlite3-sys` in the build, and both drivers on it. Upgrading one
+    /// of sqlx and rusqlite alone to a release on another `libsqlite3-sys` fails here (or, as
+    /// cargo links only one crate per native library, in the build).
+    #[test]
+    fn sqlx_and_rusqlite_depend_on_the_one_libsqlite3_sys() {
+        let packages = locked_packages();
+        let named = |name: &'static str| packages.iter().filter(move |(n, _)| *n == name);
+        assert_eq!(named("libsqlite3-sys").count(), 1, "one libsqlite3-sys");
+        for driver in ["sqlx-sqlite", "rusqlite"] {
+            let mut found = named(driver).peekable();
+            assert!(found.peek().is_some(), "{driver} is in Cargo.lock");
+            for (_, deps) in found {
+                assert!(
+                    deps.contains(&"libsqlite3-sys"),
+                    "{driver} depends on libsqlite3-sys: {deps:?}"
+                );
+            }
+        }
+    }
+
+    /// Invariant 4 as the running program sees it: the SQLite that rusqlite calls is the one
+    /// behind sqlx's connections, borrowed handle included.
+    #[tokio::test]
+    async fn sqlx_and_rusqlite_run_the_same_sqlite() {
+        let pool = SqlitePool::connect("sqlite::memory:").await.unwrap();
+        let through_sqlx: String = sqlx::query_scalar("SELECT sqlite_version()")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(through_sqlx, rusqlite::version());
+        let mut conn = pool.acquire().await.unwrap();
+        let borrowed = on_handle(&mut conn, |db| {
+            db.query_row("SELECT sqlite_version()", [], |r| r.get::<_, String>(0))
+                .map_err(from_rusqlite)
+        })
+        .await
+        .unwrap();
+        assert_eq!(borrowed, through_sqlx);
     }
 }

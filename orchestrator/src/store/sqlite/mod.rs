@@ -25,7 +25,9 @@ use uuid::Uuid;
 
 pub(crate) mod handle;
 mod idempotency;
+mod keyed;
 mod outbox;
+mod stmt;
 pub(crate) mod writer;
 mod writer_rows;
 
@@ -34,7 +36,7 @@ use crate::model::{Millis, Saga};
 use crate::store::rows::{corrupt, saga_from_row, step_from_row};
 use crate::store::shared::sql::{Reader, Tx};
 use crate::store::shared::SqlBackend;
-use crate::store::write_queue::{Backend, WriteQueue};
+use crate::store::write_queue::{Checkpoint, Tuning, WriteQueue};
 use crate::store::SqlxResultExt;
 use crate::store::{
     Applied, ClaimRequest, Claimed, Lease, LeaseRequest, NewSaga, Result, StoreError, Transition,
@@ -224,25 +226,23 @@ impl SqliteStore {
             checkpointer,
             queue: WriteQueue::start(
                 writer.clone(),
-                Backend {
-                    begin: "BEGIN IMMEDIATE",
-                    db_clock: false,
-                    apply: writer::apply_batch_boxed,
-                    create: writer::insert_sagas_boxed,
-                    keyed: Some(idempotency::keyed_starts_boxed),
+                Tuning {
                     // One writer connection: SQLite serialises writers anyway.
                     writers: 1,
                     // (With one writer there is nobody to commit beside.)
                     parallel_from: usize::MAX,
-                    whole: Some(writer::whole_batch_boxed),
                     keep_connection: false,
                     // The background checkpoints copy most of the WAL, but while commits keep
                     // coming they never finish it, so the WAL never starts over: it grows without
                     // bound and every commit appends to new file space. A checkpoint by the
                     // writer itself, between batches, copies the few frames left; the next
                     // commit then rewrites the WAL from its start.
-                    checkpoint: Some(("PRAGMA wal_checkpoint(PASSIVE)", 64)),
+                    checkpoint: Some(Checkpoint {
+                        sql: "PRAGMA wal_checkpoint(PASSIVE)",
+                        every: 64,
+                    }),
                 },
+                writer::SqliteWriter::new,
                 clock.clone(),
             ),
             writer,

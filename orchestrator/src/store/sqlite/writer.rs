@@ -1,99 +1,103 @@
-//! The write queue's calls on SQLite: creates and transitions, written row by row on the
-//! writer's handle ([`super::writer_rows`]) with its kept statements, atomically.
+//! The write queue's writer on SQLite: creates, idempotent starts and transitions, written row
+//! by row on the writer's handle ([`super::writer_rows`], [`super::keyed`]) with the
+//! statements it keeps, atomically.
 
-use sqlx::SqliteConnection;
+use sqlx::{Executor, Sqlite, SqliteConnection, SqlitePool};
 
-use super::handle::{exec, in_savepoint, with_statements, Statements};
-use super::idempotency::keyed_rows;
+use super::handle::{with_statements, Statements};
+use super::keyed::keyed_rows;
+use super::stmt::{exec, in_savepoint};
 use super::writer_rows;
 use crate::model::Millis;
-use crate::store::idempotency::KeyedItem;
+use crate::store::idempotency::{IdempotentStart, KeyedItem};
 use crate::store::write_queue::batch::{Item, NewItem};
-use crate::store::write_queue::{BoxFuture, Whole};
+use crate::store::write_queue::{BatchWriter, Whole};
+use crate::store::SqlxResultExt;
 use crate::store::{Applied, Result};
 
-/// [`apply_batch`] as a plain function pointer for the write queue (always in its own
-/// savepoint: on SQLite that costs nothing measurable).
-pub(crate) fn apply_batch_boxed<'c>(
-    conn: &'c mut SqliteConnection,
-    statements: &'c mut Statements,
-    now: Millis,
-    items: &'c [Item],
-    _guarded: bool,
-) -> BoxFuture<'c, Result<Vec<Result<Applied>>>> {
-    Box::pin(apply_batch(conn, statements, now, items))
+/// The batch writer of one writer task, with the statements it prepared on the writer's handle
+/// and keeps from one batch to the next.
+pub(crate) struct SqliteWriter {
+    statements: Statements,
 }
 
-/// Applies `items` inside the caller's transaction, atomically; one result per item, in order.
-pub(crate) async fn apply_batch(
-    conn: &mut SqliteConnection,
-    statements: &mut Statements,
-    now: Millis,
-    items: &[Item],
-) -> Result<Vec<Result<Applied>>> {
-    with_statements(conn, statements, |db| {
-        in_savepoint(db, "apply", |db| writer_rows::apply(db, now, items))
-    })
-    .await
+impl SqliteWriter {
+    /// A writer for the connections of `pool`, with no statement prepared yet.
+    pub(crate) fn new(pool: &SqlitePool) -> Self {
+        Self {
+            statements: Statements::new(pool),
+        }
+    }
 }
 
-/// [`insert_sagas`] as a plain function pointer for the write queue (always in its own
-/// savepoint, as [`apply_batch_boxed`]).
-pub(crate) fn insert_sagas_boxed<'c>(
-    conn: &'c mut SqliteConnection,
-    statements: &'c mut Statements,
-    now: Millis,
-    items: &'c [NewItem],
-    _guarded: bool,
-) -> BoxFuture<'c, Result<()>> {
-    Box::pin(insert_sagas(conn, statements, now, items))
-}
+/// Each call runs in its own savepoint, shared or not: on SQLite that costs nothing measurable.
+impl BatchWriter<Sqlite> for SqliteWriter {
+    /// `BEGIN IMMEDIATE`: the write lock up front; the batch runs on the process's clock.
+    async fn begin(&mut self, conn: &mut SqliteConnection) -> Result<Option<Millis>> {
+        conn.execute("BEGIN IMMEDIATE").await.db()?;
+        Ok(None)
+    }
 
-/// Creates sagas, their steps and their `saga.started` events, atomically.
-pub(crate) async fn insert_sagas(
-    conn: &mut SqliteConnection,
-    statements: &mut Statements,
-    now: Millis,
-    items: &[NewItem],
-) -> Result<()> {
-    with_statements(conn, statements, |db| {
-        in_savepoint(db, "create_sagas", |db| writer_rows::create(db, now, items))
-    })
-    .await
-}
+    async fn apply(
+        &mut self,
+        conn: &mut SqliteConnection,
+        now: Millis,
+        items: &[Item],
+        _shared: bool,
+    ) -> Result<Vec<Result<Applied>>> {
+        with_statements(conn, &mut self.statements, |db| {
+            in_savepoint(db, "apply", |db| writer_rows::apply(db, now, items))
+        })
+        .await
+    }
 
-/// [`whole_batch`] as a plain function pointer for the write queue.
-pub(crate) fn whole_batch_boxed<'c>(
-    conn: &'c mut SqliteConnection,
-    statements: &'c mut Statements,
-    now: Millis,
-    items: &'c [Item],
-    news: &'c [NewItem],
-    keyed: &'c [KeyedItem],
-) -> BoxFuture<'c, Result<Whole>> {
-    Box::pin(whole_batch(conn, statements, now, items, news, keyed))
-}
+    async fn create(
+        &mut self,
+        conn: &mut SqliteConnection,
+        now: Millis,
+        news: &[NewItem],
+        _shared: bool,
+    ) -> Result<()> {
+        with_statements(conn, &mut self.statements, |db| {
+            in_savepoint(db, "create_sagas", |db| writer_rows::create(db, now, news))
+        })
+        .await
+    }
 
-/// Creates `news`, runs the idempotent starts `keyed` (each in a savepoint, so that one that
-/// fails fails alone, as on the long way) and applies `items` in one transaction of its own, in
-/// one borrowing of the handle: `BEGIN`, the rows, `COMMIT`. On `Err` nothing was committed;
-/// the caller rolls back and takes the long way, which isolates a write that breaks a
-/// statement.
-pub(crate) async fn whole_batch(
-    conn: &mut SqliteConnection,
-    statements: &mut Statements,
-    now: Millis,
-    items: &[Item],
-    news: &[NewItem],
-    keyed: &[KeyedItem],
-) -> Result<Whole> {
-    with_statements(conn, statements, |db| {
-        exec(db, "BEGIN IMMEDIATE", [])?;
-        writer_rows::create(db, now, news)?;
-        let starts = keyed_rows(db, now, keyed);
-        let applied = writer_rows::apply(db, now, items)?;
-        exec(db, "COMMIT", [])?;
-        Ok((applied, starts, now))
-    })
-    .await
+    /// In batch order (of two starts with one key the first wins), each in a savepoint of its
+    /// own ([`keyed_rows`]).
+    async fn keyed(
+        &mut self,
+        conn: &mut SqliteConnection,
+        now: Millis,
+        items: &[KeyedItem],
+    ) -> Result<Vec<Result<IdempotentStart>>> {
+        with_statements(conn, &mut self.statements, |db| {
+            Ok(keyed_rows(db, now, items))
+        })
+        .await
+    }
+
+    /// Every batch without closures, in one borrowing of the handle: `BEGIN`, the rows,
+    /// `COMMIT`. Each idempotent start is in a savepoint, so that one that fails fails alone,
+    /// as on the long way.
+    async fn whole(
+        &mut self,
+        conn: &mut SqliteConnection,
+        now: Millis,
+        items: &[Item],
+        news: &[NewItem],
+        keyed: &[KeyedItem],
+    ) -> Option<Result<Whole>> {
+        let whole = with_statements(conn, &mut self.statements, |db| {
+            exec(db, "BEGIN IMMEDIATE", [])?;
+            writer_rows::create(db, now, news)?;
+            let starts = keyed_rows(db, now, keyed);
+            let applied = writer_rows::apply(db, now, items)?;
+            exec(db, "COMMIT", [])?;
+            Ok((applied, starts, now))
+        })
+        .await;
+        Some(whole)
+    }
 }

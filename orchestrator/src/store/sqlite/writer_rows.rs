@@ -3,8 +3,8 @@
 //!
 //! The driver (sqlx) runs every statement on a thread of its own. A batch sent to it as one
 //! text costs one hop there, but its rows must then travel as JSON arrays that SQLite unpacks
-//! field by field: measured at a quarter of the writer thread's time, the thread that limits
-//! throughput. Here the batch's task borrows the connection's handle instead
+//! field by field, on the writer thread, the thread that limits throughput (see
+//! BENCHMARKS.md). Here the batch's task borrows the connection's handle instead
 //! ([`super::handle`]: the driver's thread waits meanwhile) and binds each row's values
 //! to a small statement, prepared once on the writer's handle and kept. Each transition's fence
 //! is the first statement of its rows, so its result is known without reading anything back.
@@ -12,7 +12,7 @@
 use rusqlite::{params, Connection, OptionalExtension};
 use uuid::Uuid;
 
-use super::handle::{exec, from_rusqlite};
+use super::stmt::{exec, from_rusqlite};
 use crate::model::{definition_key, Millis, PhaseRecord};
 use crate::store::idempotency::Callback;
 use crate::store::rows::{comp_status_for, first_attempt};

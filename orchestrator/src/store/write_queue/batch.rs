@@ -10,11 +10,11 @@
 //! - the fence: a saga's rows are written only if its lease owner and epoch still match (and, for
 //!   an action start, no cancel is pending); the `UPDATE sagas` that checks it returns the leases
 //!   that passed, `(saga, epoch)`; for the others one `SELECT` tells a lost lease from a cancel;
-//! - a backend's `apply` and `create` are atomic: on `Err` nothing of the call remains and the
-//!   transaction is still usable, so the caller can retry the items one by one and let the bad
-//!   one fail alone;
-//! - a backend's `whole_batch` writes a batch of only creates and transitions as a transaction of
-//!   its own in one round trip; if it fails, the caller rolls back and takes the long way.
+//! - a writer's `apply` and `create` ([`super::BatchWriter`]) are atomic: on `Err` nothing of
+//!   the call remains and the transaction is still usable, so the caller can retry the items one
+//!   by one and let the bad one fail alone;
+//! - a writer's `whole` writes a batch without closures as a transaction of its own in one round
+//!   trip; if it fails, the caller rolls back and takes the long way.
 //!
 //! The SQL itself is per backend: `postgres::writer` (one statement of data-modifying CTEs) and
 //! `sqlite::writer`, where creates and transitions are not flattened at all but bound row by row to

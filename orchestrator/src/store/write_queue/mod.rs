@@ -16,27 +16,35 @@
 //!   or, if a set-based statement fails, the transitions are applied again one by one;
 //! - no write is reported done before the commit that carries it returned: a caller that got
 //!   `Ok` knows its write is durable.
+//!
+//! Here the queue's API ([`WriteQueue`]) and what it carries ([`Job`]); how writers take their
+//! batches in [`schedule`], how a batch runs in [`execute`]. A backend gives the queue a
+//! [`BatchWriter`], which writes the rows, and a [`Tuning`] ([`writer`]); the items both
+//! backends' writers share are in [`batch`].
 
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use sqlx::pool::PoolConnection;
-use sqlx::{Database, Executor, Pool, Row};
+use sqlx::{Database, Executor, Pool};
 use tokio::sync::{mpsc, oneshot};
 
 pub(crate) mod batch;
+mod execute;
+mod schedule;
+mod writer;
+
+pub(crate) use writer::{BatchWriter, Checkpoint, Tuning, Whole};
 
 use crate::clock::Clock;
 use crate::model::Millis;
 use crate::store::idempotency::{IdempotentStart, KeyedItem};
-use crate::store::rows::new_saga_record;
-use crate::store::SqlxResultExt;
 use crate::store::{
     Applied, Claimed, Lease, LeaseRequest, NewSaga, Result, Saga, StoreError, Transition,
 };
 use batch::{Item, NewItem};
+use schedule::Queue;
 
 /// A boxed future borrowing the writer's connection.
 pub(crate) type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -49,67 +57,6 @@ type Run<DB> = Box<
 
 /// Reports to a closure job's caller once the outcome of the commit carrying it is known.
 type Finish = Box<dyn FnOnce(Result<()>) + Send>;
-
-/// Applies transitions set-based on a connection (see [`batch`]), atomically: on `Err`
-/// nothing of the call remains and the transaction goes on. The flag says whether other writes
-/// share the transaction (else the call may rely on the transaction's rollback).
-pub(crate) type ApplyFn<DB, C> = for<'c> fn(
-    &'c mut <DB as Database>::Connection,
-    &'c mut C,
-    Millis,
-    &'c [Item],
-    bool,
-) -> BoxFuture<'c, Result<Vec<Result<Applied>>>>;
-
-/// Creates sagas set-based on a connection (see [`batch`]), atomically like
-/// [`ApplyFn`].
-pub(crate) type CreateFn<DB, C> = for<'c> fn(
-    &'c mut <DB as Database>::Connection,
-    &'c mut C,
-    Millis,
-    &'c [NewItem],
-    bool,
-) -> BoxFuture<'c, Result<()>>;
-
-/// Creates sagas, runs idempotent starts (only a backend that queues them, see
-/// [`Backend::keyed`], is given any) and applies transitions in one transaction of its own, in
-/// one round trip, at the given time or (backends on the database clock) its own; on `Err`
-/// nothing was committed, though a transaction may still be open.
-pub(crate) type WholeFn<DB, C> = for<'c> fn(
-    &'c mut <DB as Database>::Connection,
-    &'c mut C,
-    Millis,
-    &'c [Item],
-    &'c [NewItem],
-    &'c [KeyedItem],
-) -> BoxFuture<'c, Result<Whole>>;
-
-/// What a one-round batch ([`WholeFn`]) did: each transition's result, each idempotent
-/// start's result, and the batch's time.
-pub(crate) type Whole = (Vec<Result<Applied>>, Vec<Result<IdempotentStart>>, Millis);
-
-/// Runs idempotent starts set-based on a connection, atomically for each start (its key, saga
-/// and callback are written together or not at all); one result per start, in order. On `Err`
-/// nothing of the call remains.
-pub(crate) type KeyedFn<DB, C> = for<'c> fn(
-    &'c mut <DB as Database>::Connection,
-    &'c mut C,
-    Millis,
-    &'c [KeyedItem],
-) -> BoxFuture<'c, Result<Vec<Result<IdempotentStart>>>>;
-
-/// What a writer keeps from one batch to the next for its connection: the SQLite store's
-/// prepared statements ((`sqlite::handle::Statements`)); nothing on PostgreSQL,
-/// whose driver caches its own. The writer functions of [`Backend`] get it beside the
-/// connection.
-pub(crate) trait WriterCache<DB: Database>: Send + 'static {
-    /// An empty cache for a writer that takes its connections from `pool`.
-    fn new(pool: &Pool<DB>) -> Self;
-}
-
-impl<DB: Database> WriterCache<DB> for () {
-    fn new(_: &Pool<DB>) -> Self {}
-}
 
 /// A queued write.
 enum Job<DB: Database> {
@@ -132,65 +79,13 @@ enum Job<DB: Database> {
     },
 }
 
-/// The most writes one transaction carries.
-const MAX_BATCH: usize = 512;
-
-/// How the queue talks to one backend, whose writers keep a `C` between batches.
-pub(crate) struct Backend<DB: Database, C = ()> {
-    /// Opens a write transaction (`BEGIN IMMEDIATE` on SQLite: take the write lock up front);
-    /// with `db_clock`, also returns the database's time in the same round trip.
-    pub(crate) begin: &'static str,
-    /// The batch's time comes from the database clock (`begin` returns it), not the process's.
-    pub(crate) db_clock: bool,
-    /// The set-based transition writer.
-    pub(crate) apply: ApplyFn<DB, C>,
-    /// The set-based saga creator.
-    pub(crate) create: CreateFn<DB, C>,
-    /// The set-based idempotent start, where the backend sends those through the queue (SQLite,
-    /// whose one writer connection would otherwise run them one by one); `None` refuses them.
-    pub(crate) keyed: Option<KeyedFn<DB, C>>,
-    /// Keep the connection between batches instead of returning it to the pool (which may test
-    /// it on every acquire); it goes back after a failed batch, so a broken one is replaced.
-    /// Only where the pool has connections to spare: SQLite's one writer is shared.
-    pub(crate) keep_connection: bool,
-    /// The one-round path for batches without closures (creates, transitions and, where the
-    /// backend queues them, idempotent starts), where the backend can send a whole transaction
-    /// at once.
-    pub(crate) whole: Option<WholeFn<DB, C>>,
-    /// A statement the writer runs between batches every so many commits, outside any
-    /// transaction (SQLite: a checkpoint by the writer itself, see `sqlite.rs`).
-    pub(crate) checkpoint: Option<(&'static str, u32)>,
-    /// How many writer tasks take batches from the queue, each with its own connection.
-    pub(crate) writers: usize,
-    /// A writer starts a batch while another runs one only once at least this many writes
-    /// wait: a second transaction beside the first pays off when the first writer cannot keep
-    /// up, and otherwise only splits the batch in two (twice the commits for the same work).
-    pub(crate) parallel_from: usize,
-}
-
-/// How many writers are running a batch, and a signal when one finishes.
-#[derive(Default)]
-struct Turns {
-    busy: std::sync::atomic::AtomicUsize,
-    finished: tokio::sync::Notify,
-}
-
-/// Marks a writer busy with a batch until dropped.
-struct Busy<'a>(&'a Turns);
-
-impl Drop for Busy<'_> {
-    fn drop(&mut self) {
-        self.0.busy.fetch_sub(1, Ordering::AcqRel);
-        self.0.finished.notify_one();
-    }
-}
-
 /// A queue of writes committed in groups by the writer tasks.
 pub(crate) struct WriteQueue<DB: Database> {
     tx: mpsc::UnboundedSender<Job<DB>>,
     commits: Arc<AtomicU64>,
 }
 
+/// What a write hears once the writer tasks have stopped.
 fn stopped() -> StoreError {
     StoreError::io("the step-log writer has stopped")
 }
@@ -198,29 +93,25 @@ fn stopped() -> StoreError {
 impl<DB: Database> WriteQueue<DB>
 where
     for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'r> i64: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
-    usize: sqlx::ColumnIndex<DB::Row>,
 {
-    /// Starts the writer tasks over `pool`.
-    pub(crate) fn start<C: WriterCache<DB>>(
+    /// Starts `tuning.writers` writer tasks over `pool`, each with a writer of its own made by
+    /// `new_writer`.
+    pub(crate) fn start<W: BatchWriter<DB>>(
         pool: Pool<DB>,
-        backend: Backend<DB, C>,
+        tuning: Tuning,
+        new_writer: impl Fn(&Pool<DB>) -> W,
         clock: Arc<dyn Clock>,
     ) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         let commits = Arc::new(AtomicU64::new(0));
-        let rx = Arc::new(tokio::sync::Mutex::new(rx));
-        let backend = Arc::new(backend);
-        let turns = Arc::new(Turns::default());
-        for _ in 0..backend.writers.max(1) {
-            tokio::spawn(writer(
+        let queue = Queue::new(rx);
+        for _ in 0..tuning.writers.max(1) {
+            tokio::spawn(execute::writer(
                 pool.clone(),
-                backend.clone(),
+                new_writer(&pool),
+                tuning,
                 clock.clone(),
-                Queue {
-                    rx: rx.clone(),
-                    turns: turns.clone(),
-                },
+                queue.clone(),
                 commits.clone(),
             ));
         }
@@ -316,487 +207,5 @@ where
         };
         self.tx.send(job).map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
-    }
-}
-
-/// The same failure for every write of a batch (errors are not `Clone`).
-fn shared_failure(e: &StoreError) -> StoreError {
-    StoreError::commit_failed(e.to_string(), e.is_transient())
-}
-
-async fn exec<DB: Database>(conn: &mut DB::Connection, sql: &str) -> Result<()>
-where
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-{
-    conn.execute(sql).await.db()?;
-    Ok(())
-}
-
-/// The queue as the writers share it.
-struct Queue<DB: Database> {
-    rx: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Job<DB>>>>,
-    turns: Arc<Turns>,
-}
-
-/// Takes the next batch: the first write to come, then every write already waiting, up to
-/// [`MAX_BATCH`]; `None` once the queue is closed. Writers take turns: one waits here while
-/// another runs its batch, and starts its own beside it only once `parallel_from` writes
-/// wait (else when the other finishes). The batch's writer is busy until the guard drops.
-async fn next_batch<'q, DB: Database>(
-    queue: &'q Queue<DB>,
-    parallel_from: usize,
-) -> Option<(Vec<Job<DB>>, Busy<'q>)> {
-    let turns = &*queue.turns;
-    let mut rx = queue.rx.lock().await;
-    let first = rx.recv().await?;
-    let mut jobs = vec![first];
-    loop {
-        while jobs.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(job) => jobs.push(job),
-                Err(_) => break,
-            }
-        }
-        // A writer finishing between this check and the wait below still wakes us: with
-        // nobody waiting yet, `notify_one` keeps its permit for the next wait.
-        let finished = turns.finished.notified();
-        if turns.busy.load(Ordering::Acquire) == 0
-            || jobs.len() >= parallel_from
-            || jobs.len() >= MAX_BATCH
-        {
-            break;
-        }
-        tokio::select! {
-            _ = finished => {}
-            job = rx.recv() => match job {
-                Some(job) => jobs.push(job),
-                None => break,
-            },
-        }
-    }
-    turns.busy.fetch_add(1, Ordering::AcqRel);
-    Some((jobs, Busy(turns)))
-}
-
-async fn writer<DB: Database, C: WriterCache<DB>>(
-    pool: Pool<DB>,
-    backend: Arc<Backend<DB, C>>,
-    clock: Arc<dyn Clock>,
-    queue: Queue<DB>,
-    commits: Arc<AtomicU64>,
-) where
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'r> i64: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
-    usize: sqlx::ColumnIndex<DB::Row>,
-{
-    let mut held: Option<PoolConnection<DB>> = None;
-    let mut cache = C::new(&pool);
-    let mut since_checkpoint = 0;
-    while let Some((jobs, busy)) = next_batch(&queue, backend.parallel_from).await {
-        let mut runs = Vec::new();
-        let mut finishes = Vec::new();
-        let mut items = Vec::new();
-        let mut replies = Vec::new();
-        let mut news = Vec::new();
-        let mut created = Vec::new();
-        let mut keyed = Vec::new();
-        let mut keyed_replies = Vec::new();
-        for job in jobs {
-            match job {
-                Job::Keyed { item, reply } => {
-                    keyed.push(item);
-                    keyed_replies.push(reply);
-                }
-                Job::Create { item, reply } => {
-                    news.push(item);
-                    created.push(reply);
-                }
-                Job::Closure { run, finish } => {
-                    runs.push(run);
-                    finishes.push(finish);
-                }
-                Job::Apply { item, reply } => {
-                    items.push(item);
-                    replies.push(reply);
-                }
-            }
-        }
-        let mut conn = match held.take() {
-            Some(conn) => Ok(conn),
-            None => pool.acquire().await.map_err(StoreError::from_sqlx),
-        };
-        let batch = Batch {
-            runs,
-            items: &items,
-            news: &news,
-            keyed: &keyed,
-        };
-        let outcome = match &mut conn {
-            Ok(conn) => run_batch(conn, &mut cache, &backend, &*clock, batch).await,
-            Err(e) => Err(shared_failure(e)),
-        };
-        let ok = outcome.is_ok();
-        match outcome {
-            Ok(Outcome {
-                committed,
-                applied,
-                creates,
-                starts,
-            }) => {
-                if committed {
-                    since_checkpoint += 1;
-                    commits.fetch_add(1, Ordering::Relaxed);
-                }
-                for f in finishes {
-                    f(Ok(()));
-                }
-                for (reply, result) in replies.into_iter().zip(applied) {
-                    let _ = reply.send(result);
-                }
-                for ((reply, item), result) in created.into_iter().zip(news).zip(creates) {
-                    let _ = reply.send(result.map(|now| created_record(item, now)));
-                }
-                for (reply, result) in keyed_replies.into_iter().zip(starts) {
-                    let _ = reply.send(result);
-                }
-            }
-            Err(e) => {
-                let writes = finishes.len() + replies.len() + created.len() + keyed_replies.len();
-                tracing::warn!(error = %e, writes, "group commit failed");
-                for f in finishes {
-                    f(Err(shared_failure(&e)));
-                }
-                for reply in replies {
-                    let _ = reply.send(Err(shared_failure(&e)));
-                }
-                for reply in created {
-                    let _ = reply.send(Err(shared_failure(&e)));
-                }
-                for reply in keyed_replies {
-                    let _ = reply.send(Err(shared_failure(&e)));
-                }
-            }
-        }
-        // Answered: another writer may start a batch of any size.
-        drop(busy);
-        if let Ok(mut conn) = conn {
-            // After the replies: the callers do not wait for it.
-            if let Some((sql, every)) = backend.checkpoint {
-                // Idle: nothing waiting (and no other writer taking a batch).
-                let idle = queue.rx.try_lock().is_ok_and(|rx| rx.is_empty());
-                if (since_checkpoint >= every && idle) || since_checkpoint >= 4 * every {
-                    since_checkpoint = 0;
-                    if let Err(e) = exec::<DB>(&mut conn, sql).await {
-                        tracing::debug!(error = %e, "checkpoint after a batch failed");
-                    }
-                }
-            }
-            if backend.keep_connection && ok {
-                held = Some(conn);
-            }
-        }
-    }
-}
-
-/// The writes of one batch, by kind.
-struct Batch<'a, DB: Database> {
-    runs: Vec<Run<DB>>,
-    items: &'a [Item],
-    news: &'a [NewItem],
-    keyed: &'a [KeyedItem],
-}
-
-/// What a batch did.
-struct Outcome {
-    /// Anything committed.
-    committed: bool,
-    /// Each transition's result.
-    applied: Vec<Result<Applied>>,
-    /// Each creation's time, or its error.
-    creates: Vec<Result<Millis>>,
-    /// Each idempotent start's result.
-    starts: Vec<Result<IdempotentStart>>,
-}
-
-/// The record of a saga just created, with the lease it was created under.
-fn created_record(item: NewItem, now: Millis) -> Saga {
-    new_saga_record(item.new, now, item.lease.map(|l| l.owner))
-}
-
-/// Runs one batch in one transaction: `(committed, result of each transition)`. On `Err`
-/// nothing of the batch was committed.
-async fn run_batch<DB: Database, C>(
-    conn: &mut DB::Connection,
-    cache: &mut C,
-    backend: &Backend<DB, C>,
-    clock: &dyn Clock,
-    batch: Batch<'_, DB>,
-) -> Result<Outcome>
-where
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-    for<'r> i64: sqlx::Decode<'r, DB> + sqlx::Type<DB>,
-    usize: sqlx::ColumnIndex<DB::Row>,
-{
-    let one_round = batch.runs.is_empty() && (batch.keyed.is_empty() || backend.keyed.is_some());
-    if let (true, Some(whole)) = (one_round, backend.whole) {
-        match whole(
-            conn,
-            cache,
-            clock.now_ms(),
-            batch.items,
-            batch.news,
-            batch.keyed,
-        )
-        .await
-        {
-            Ok((applied, starts, now)) => {
-                return Ok(Outcome {
-                    committed: true,
-                    applied,
-                    creates: batch.news.iter().map(|_| Ok(now)).collect(),
-                    starts,
-                })
-            }
-            Err(e) => {
-                // Nothing of it committed; the long way isolates the write at fault.
-                let _ = exec::<DB>(conn, "ROLLBACK").await;
-                tracing::debug!(error = %e, "one-round batch failed; taking the long way");
-            }
-        }
-    }
-    let begun = if backend.db_clock {
-        conn.fetch_one(backend.begin)
-            .await
-            .and_then(|row| row.try_get(0))
-            .map_err(StoreError::from_sqlx)
-    } else {
-        exec::<DB>(conn, backend.begin)
-            .await
-            .map(|()| clock.now_ms())
-    };
-    let now = match begun {
-        Ok(now) => now,
-        Err(e) => {
-            // In case the transaction opened before the failure.
-            let _ = exec::<DB>(conn, "ROLLBACK").await;
-            return Err(e);
-        }
-    };
-    match run_jobs(conn, cache, backend, now, batch).await {
-        Ok(outcome) if outcome.committed => match exec::<DB>(conn, "COMMIT").await {
-            Ok(()) => Ok(outcome),
-            Err(e) => {
-                let _ = exec::<DB>(conn, "ROLLBACK").await;
-                Err(e)
-            }
-        },
-        Ok(outcome) => {
-            // Nothing succeeded: nothing to commit; each write reports its own error.
-            exec::<DB>(conn, "ROLLBACK").await?;
-            Ok(outcome)
-        }
-        Err(e) => {
-            let _ = exec::<DB>(conn, "ROLLBACK").await;
-            Err(e)
-        }
-    }
-}
-
-/// Runs the creates, the idempotent starts, the closures (each in a savepoint when the batch
-/// holds several writes) and the transitions; `committed` in the outcome says whether any of
-/// them wrote something.
-async fn run_jobs<DB: Database, C>(
-    conn: &mut DB::Connection,
-    cache: &mut C,
-    backend: &Backend<DB, C>,
-    now: Millis,
-    batch: Batch<'_, DB>,
-) -> Result<Outcome>
-where
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-{
-    let Batch {
-        runs,
-        items,
-        news,
-        keyed,
-    } = batch;
-    let alone = runs.len() + items.len() + news.len() + keyed.len() == 1;
-    let mut any_ok = false;
-    let creates = create_all(conn, cache, backend, now, news, alone).await?;
-    any_ok |= creates.iter().any(Result::is_ok);
-    let starts = match (keyed.is_empty(), backend.keyed) {
-        (true, _) => Vec::new(),
-        (false, Some(f)) => f(conn, cache, now, keyed).await?,
-        (false, None) => keyed
-            .iter()
-            .map(|_| {
-                Err(StoreError::io(
-                    "this store does not queue idempotent starts",
-                ))
-            })
-            .collect(),
-    };
-    any_ok |= starts.iter().any(Result::is_ok);
-    for run in runs {
-        if !alone {
-            exec::<DB>(conn, "SAVEPOINT job").await?;
-        }
-        let ok = run(conn, now).await;
-        any_ok |= ok;
-        if !alone {
-            if !ok {
-                exec::<DB>(conn, "ROLLBACK TO SAVEPOINT job").await?;
-            }
-            exec::<DB>(conn, "RELEASE SAVEPOINT job").await?;
-        }
-    }
-    if items.is_empty() {
-        return Ok(Outcome {
-            committed: any_ok,
-            applied: Vec::new(),
-            creates,
-            starts,
-        });
-    }
-    let applied = match (backend.apply)(conn, cache, now, items, !alone).await {
-        Ok(applied) => applied,
-        // Alone: its statement error is its own (the transaction is then rolled back, nothing
-        // else being in it).
-        Err(e) if alone => vec![Err(e)],
-        Err(e) => {
-            // One transition broke a statement: apply them one by one so it fails alone.
-            tracing::debug!(error = %e, "set-based apply failed; applying one by one");
-            let mut applied = Vec::with_capacity(items.len());
-            for item in items {
-                match (backend.apply)(conn, cache, now, std::slice::from_ref(item), true).await {
-                    Ok(mut one) => applied.push(
-                        one.pop()
-                            .unwrap_or(Err(StoreError::LeaseLost(item.0.saga_id))),
-                    ),
-                    Err(e) => applied.push(Err(e)),
-                }
-            }
-            applied
-        }
-    };
-    any_ok |= applied.iter().any(|r| matches!(r, Ok(Applied::Written)));
-    Ok(Outcome {
-        committed: any_ok,
-        applied,
-        creates,
-        starts,
-    })
-}
-
-/// Creates the batch's new sagas set-based; if that fails (an id collision), one by one so the
-/// bad one fails alone. Each result is the creation time.
-async fn create_all<DB: Database, C>(
-    conn: &mut DB::Connection,
-    cache: &mut C,
-    backend: &Backend<DB, C>,
-    now: Millis,
-    news: &[NewItem],
-    alone: bool,
-) -> Result<Vec<Result<Millis>>>
-where
-    for<'c> &'c mut DB::Connection: Executor<'c, Database = DB>,
-{
-    if news.is_empty() {
-        return Ok(Vec::new());
-    }
-    if alone {
-        // Its error is its own; the transaction is then rolled back.
-        return Ok(vec![(backend.create)(conn, cache, now, news, false)
-            .await
-            .map(|()| now)]);
-    }
-    match (backend.create)(conn, cache, now, news, true).await {
-        Ok(()) => Ok(news.iter().map(|_| Ok(now)).collect()),
-        Err(e) => {
-            tracing::debug!(error = %e, "set-based create failed; creating one by one");
-            let mut out = Vec::with_capacity(news.len());
-            for item in news {
-                let one =
-                    (backend.create)(conn, cache, now, std::slice::from_ref(item), true).await;
-                out.push(one.map(|()| now));
-            }
-            Ok(out)
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A write that does nothing, for the queue's bookkeeping alone.
-    fn job() -> Job<sqlx::Sqlite> {
-        Job::Closure {
-            run: Box::new(|_, _| Box::pin(async { true })),
-            finish: Box::new(|_| {}),
-        }
-    }
-
-    fn queue() -> (
-        mpsc::UnboundedSender<Job<sqlx::Sqlite>>,
-        Queue<sqlx::Sqlite>,
-    ) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let queue = Queue {
-            rx: Arc::new(tokio::sync::Mutex::new(rx)),
-            turns: Arc::new(Turns::default()),
-        };
-        (tx, queue)
-    }
-
-    #[tokio::test]
-    async fn an_idle_queue_hands_over_whatever_waits() {
-        let (tx, queue) = queue();
-        for _ in 0..3 {
-            tx.send(job()).ok().unwrap();
-        }
-        let (jobs, _busy) = next_batch(&queue, 32).await.unwrap();
-        assert_eq!(jobs.len(), 3);
-        assert_eq!(queue.turns.busy.load(Ordering::Acquire), 1);
-    }
-
-    #[tokio::test]
-    async fn a_second_writer_waits_for_the_first_unless_enough_writes_wait() {
-        let (tx, queue) = queue();
-        tx.send(job()).ok().unwrap();
-        let (_, first) = next_batch(&queue, 4).await.unwrap();
-        // While the first writer runs its batch, a small batch does not start beside it...
-        for _ in 0..2 {
-            tx.send(job()).ok().unwrap();
-        }
-        let second = next_batch(&queue, 4);
-        tokio::pin!(second);
-        let early = tokio::time::timeout(std::time::Duration::from_millis(50), &mut second).await;
-        assert!(early.is_err(), "a batch of 2 started beside a busy writer");
-        // ...but one of `parallel_from` writes does.
-        for _ in 0..2 {
-            tx.send(job()).ok().unwrap();
-        }
-        let (jobs, _second) = second.await.unwrap();
-        assert_eq!(jobs.len(), 4);
-        assert_eq!(queue.turns.busy.load(Ordering::Acquire), 2);
-        drop(first);
-    }
-
-    #[tokio::test]
-    async fn a_waiting_writer_takes_its_small_batch_once_the_other_finishes() {
-        let (tx, queue) = queue();
-        tx.send(job()).ok().unwrap();
-        let (_, first) = next_batch(&queue, 32).await.unwrap();
-        tx.send(job()).ok().unwrap();
-        let second = next_batch(&queue, 32);
-        tokio::pin!(second);
-        let early = tokio::time::timeout(std::time::Duration::from_millis(50), &mut second).await;
-        assert!(early.is_err());
-        drop(first);
-        let (jobs, _second) = second.await.unwrap();
-        assert_eq!(jobs.len(), 1);
-        assert_eq!(queue.turns.busy.load(Ordering::Acquire), 1);
     }
 }
