@@ -1,7 +1,6 @@
 //! The HTTP API's outer layer over real loopback sockets: bearer auth, the OpenAPI document
 //! (checked against the live router and against `docs/openapi.json`), Prometheus metrics,
-//! `Prefer: wait`, the typed client and its one-key-per-start retries, `saga start` end to end,
-//! and graceful shutdown of the real `example-sagas serve` on SIGTERM.
+//! `Prefer: wait`, the typed client and its one-key-per-start retries and `saga start` end to end.
 //!
 //! Regenerate the committed document with `UPDATE_OPENAPI=1 cargo test --test http_api`.
 
@@ -1020,7 +1019,7 @@ async fn the_client_starts_reads_waits_for_and_cancels_sagas() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Real processes: `saga start` and SIGTERM
+// Real processes: `saga start`
 // ---------------------------------------------------------------------------------------------
 
 /// Runs a binary with the given arguments, without inheriting the API's environment variables.
@@ -1191,78 +1190,4 @@ async fn saga_start_reports_an_unreachable_server() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("cannot reach"), "{stderr}");
     assert!(stderr.contains("5 attempt"), "{stderr}");
-}
-
-#[tokio::test]
-async fn sigterm_finishes_the_step_in_flight_then_the_saga_resumes_on_restart() {
-    let db = TempDb::new();
-    let shop_url = format!("sqlite://{}", db.dir.path().join("shop.db").display());
-    let no_token = [("SAGA_API_TOKEN", "")];
-    let server = Server::spawn(&db.url, db.dir.path(), &no_token, &[]).await;
-    let input = json!({"order_id": "o-term", "user": "ada", "amount": 500,
-                       "simulate": {"delay_ms": 1500}});
-    let id = server.start("place_order", input).await;
-    // The first step is in flight (its effect lands half way through its 1.5 s).
-    server
-        .wait_for(id, Duration::from_secs(20), |s| {
-            s["steps"][0]["status"] == "RUNNING"
-        })
-        .await;
-    server.signal("TERM");
-    let exit = server.wait_exit(Duration::from_secs(30));
-    assert!(exit.success(), "serve exited with {exit:?} on SIGTERM");
-
-    // The step in flight finished and its result was recorded; nothing started after it.
-    let store = db.store().await;
-    let saga = store.get_saga(id).await.unwrap().unwrap();
-    assert!(
-        saga.steps
-            .iter()
-            .all(|s| s.action.status != StepStatus::Running),
-        "{saga:#?}"
-    );
-    assert_eq!(
-        saga.steps[0].action.status,
-        StepStatus::Succeeded,
-        "{saga:#?}"
-    );
-    assert_eq!(
-        saga.steps[1].action.status,
-        StepStatus::Pending,
-        "{saga:#?}"
-    );
-    assert!(
-        saga.lease_owner.is_none(),
-        "the lease was released: {saga:#?}"
-    );
-    let attempts = store.attempts(id).await.unwrap();
-    assert!(
-        attempts.iter().all(|a| a.ended_at.is_some()),
-        "{attempts:#?}"
-    );
-    drop(store);
-
-    // Restarted, the server resumes the saga and completes it, each effect exactly once.
-    let server = Server::spawn(&db.url, db.dir.path(), &no_token, &[]).await;
-    let done = server
-        .wait_for(id, Duration::from_secs(30), |s| s["status"] == "COMPLETED")
-        .await;
-    assert_eq!(done["steps"][0]["attempts"], 1, "{done:#}");
-    drop(server);
-    let out = run(
-        "example-sagas",
-        &["ledger", "--json", "--shop-database-url", &shop_url],
-        db.dir.path(),
-    )
-    .await;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let ledger: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let order = &ledger["o-term"];
-    assert_eq!(order["reserved"], 1, "{ledger:#}");
-    assert_eq!(order["charged"], 1, "{ledger:#}");
-    assert_eq!(order["rider_assigned"], 1, "{ledger:#}");
 }

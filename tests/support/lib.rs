@@ -387,6 +387,22 @@ pub fn bin_path(name: &str) -> std::path::PathBuf {
     path
 }
 
+/// Runs the workspace binary `bin` (see [`bin_path`]) in `cwd` to completion, logging errors
+/// only and without the caller's `SAGA_SERVER`, `SAGA_API_TOKEN` and `DATABASE_URL`, so that it
+/// talks to the server or database its arguments name and to nothing else.
+pub async fn run_bin(bin: &str, args: &[&str], cwd: &std::path::Path) -> std::process::Output {
+    tokio::process::Command::new(bin_path(bin))
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("SAGA_SERVER")
+        .env_remove("SAGA_API_TOKEN")
+        .env_remove("DATABASE_URL")
+        .env("RUST_LOG", "error")
+        .output()
+        .await
+        .unwrap()
+}
+
 /// Waits for `child` to exit, for at most `timeout` (then kills it and fails the test).
 pub fn wait_exit(child: &mut std::process::Child, timeout: Duration) -> std::process::ExitStatus {
     let deadline = std::time::Instant::now() + timeout;
