@@ -1,8 +1,10 @@
 //! Helpers shared by the integration tests: temporary databases, an engine running in the
-//! background, participants that record what was called, and waiting for sagas to settle.
+//! background, participants that record what was called, waiting for sagas to settle, real
+//! processes, and the HTTP harness ([`api`]).
 
 #![allow(missing_docs, clippy::unwrap_used)]
 
+pub mod api;
 pub mod fixtures;
 
 use std::sync::{Arc, Mutex};
@@ -113,6 +115,30 @@ impl TempDb {
         orchestrator::store::open_full(&self.url).await.unwrap()
     }
 
+    /// Has the database removed once this process has exited, however it exits, for a database
+    /// that lives in a `static` (whose `Drop` never runs): a `saga-suite-reaper` process waits
+    /// for its stdin, which this process holds open to the end, then removes the directory and
+    /// drops the PostgreSQL database, if any.
+    // Never waited for: it ends after this process, never leaving a zombie of it behind.
+    #[allow(clippy::zombie_processes)]
+    pub fn remove_after_exit(&self) {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = std::process::Command::new(bin_path("saga-suite-reaper"));
+        cmd.arg(self.dir.path());
+        if let Some(name) = &self.pg_name {
+            cmd.arg(pg_admin_url()).arg(name);
+        }
+        let mut child = cmd
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            // A process group of its own: a Ctrl-C at the terminal stops the tests, not it.
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        // Never closed by hand: the end of this process closes it, which is the signal.
+        std::mem::forget(child.stdin.take());
+    }
+
     /// Runs one SQL statement directly against the database (to corrupt a row on purpose).
     pub async fn execute(&self, sql: &str) {
         if self.pg_name.is_some() {
@@ -136,16 +162,22 @@ impl Default for TempDb {
 impl Drop for TempDb {
     fn drop(&mut self) {
         if let Some(name) = self.pg_name.take() {
-            let admin = pg_admin_url();
-            block_on_side(async move {
-                use sqlx::Connection;
-                if let Ok(mut conn) = sqlx::PgConnection::connect(&admin).await {
-                    let drop = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
-                    let _ = sqlx::Executor::execute(&mut conn, drop.as_str()).await;
-                }
-            });
+            drop_pg_database(&pg_admin_url(), &name);
         }
     }
+}
+
+/// Drops the PostgreSQL database `name` on the server `admin_url` names, closing its
+/// connections first; a database that is gone already, or a server that is down, is no error.
+pub fn drop_pg_database(admin_url: &str, name: &str) {
+    let (admin, name) = (admin_url.to_owned(), name.to_owned());
+    block_on_side(async move {
+        use sqlx::Connection;
+        if let Ok(mut conn) = sqlx::PgConnection::connect(&admin).await {
+            let drop = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+            let _ = sqlx::Executor::execute(&mut conn, drop.as_str()).await;
+        }
+    });
 }
 
 /// Engine settings for tests: short leases and polls so nothing waits long.
