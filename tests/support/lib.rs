@@ -2,7 +2,7 @@
 //! background, participants that record what was called, waiting for sagas to settle, real
 //! processes, and the HTTP harness ([`api`]).
 
-#![allow(missing_docs, clippy::unwrap_used)]
+#![allow(clippy::unwrap_used)]
 
 pub mod api;
 pub mod fixtures;
@@ -47,7 +47,10 @@ fn block_on_side<T: Send + 'static>(f: impl std::future::Future<Output = T> + Se
 /// A fresh, empty saga database for one test: a SQLite file in a temporary directory, or a new
 /// PostgreSQL database (dropped again when this value is dropped).
 pub struct TempDb {
+    /// A temporary directory, removed with this value: the SQLite file's, and free for the
+    /// test's own files (a participant's database, a working directory).
     pub dir: tempfile::TempDir,
+    /// The database's URL (`sqlite://…` or `postgres://…`).
     pub url: String,
     pg_name: Option<String>,
 }
@@ -102,6 +105,7 @@ impl TempDb {
         }
     }
 
+    /// The step log of the database, opened as the engine opens it.
     pub async fn store(&self) -> Arc<dyn Store> {
         if self.pg_name.is_some() {
             orchestrator::store::open(&self.url).await.unwrap()
@@ -194,12 +198,16 @@ pub fn test_config() -> EngineConfig {
 
 /// An engine running in a background task.
 pub struct RunningEngine {
+    /// The engine (a handle: clones share it).
     pub engine: Engine,
+    /// Cancelled to stop the run loop.
     pub shutdown: CancellationToken,
+    /// The run loop's task.
     pub task: JoinHandle<()>,
 }
 
 impl RunningEngine {
+    /// Starts an engine running `registry` over `store` in a task of the current runtime.
     pub fn start(store: Arc<dyn Store>, registry: Registry, config: EngineConfig) -> Self {
         let engine = Engine::new(store, Arc::new(registry), config);
         let shutdown = CancellationToken::new();
@@ -225,6 +233,7 @@ impl RunningEngine {
         }
     }
 
+    /// Stops the run loop and waits for it to end (it lets the steps in flight finish).
     pub async fn stop(self) {
         self.shutdown.cancel();
         self.task.await.unwrap();
@@ -269,6 +278,7 @@ pub fn is(status: SagaStatus) -> impl Fn(&Saga) -> bool {
 pub struct Journal(Arc<Mutex<Vec<(String, String, Uuid)>>>);
 
 impl Journal {
+    /// Records one call.
     pub fn push(&self, step: &str, phase: &str, key: Uuid) {
         self.0
             .lock()
@@ -276,6 +286,7 @@ impl Journal {
             .push((step.to_owned(), phase.to_owned(), key));
     }
 
+    /// Every call so far, in order.
     pub fn calls(&self) -> Vec<(String, String, Uuid)> {
         self.0.lock().unwrap().clone()
     }
@@ -292,8 +303,11 @@ impl Journal {
 /// What one attempt of a scripted action or compensation does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
+    /// Succeeds.
     Ok,
+    /// Fails with a retryable error.
     Retryable,
+    /// Fails with a permanent error.
     Permanent,
     /// Sleeps past the step's timeout: the outcome is unknown to the engine.
     Hang,
@@ -302,13 +316,18 @@ pub enum Outcome {
 /// A step whose attempts follow a script: attempt `n` does `script[n - 1]`, and `Ok` past its end.
 #[derive(Debug, Clone)]
 pub struct ScriptedStep {
+    /// The step's name.
     pub name: String,
+    /// Compensatable, pivot or retriable.
     pub kind: saga_dsl::StepKind,
+    /// What the action's attempts do, in order.
     pub action: Vec<Outcome>,
+    /// What the compensation's attempts do, in order.
     pub compensation: Vec<Outcome>,
 }
 
 impl ScriptedStep {
+    /// A step of `kind` whose every attempt succeeds.
     pub fn new(name: &str, kind: saga_dsl::StepKind) -> Self {
         Self {
             name: name.to_owned(),
@@ -318,11 +337,13 @@ impl ScriptedStep {
         }
     }
 
+    /// The script of the action's attempts.
     pub fn action(mut self, script: &[Outcome]) -> Self {
         self.action = script.to_vec();
         self
     }
 
+    /// The script of the compensation's attempts.
     pub fn compensation(mut self, script: &[Outcome]) -> Self {
         self.compensation = script.to_vec();
         self
@@ -464,7 +485,9 @@ pub fn sigterm(child: &mut std::process::Child) -> std::process::ExitStatus {
 
 /// A real `example-sagas serve` process on loopback, killed with SIGKILL when dropped.
 pub struct Server {
+    /// The process.
     pub child: std::process::Child,
+    /// `http://ADDR`, as the server printed it.
     pub base: String,
 }
 
