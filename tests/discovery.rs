@@ -14,15 +14,13 @@ use std::sync::Arc;
 
 use example_sagas::shop::Shop;
 use orchestrator::client::{ClientError, SagaClient};
-use orchestrator::http::{openapi_json, openapi_json_for, router_with_shutdown, serve, HttpConfig};
+use orchestrator::http::{openapi_json, openapi_json_for, HttpConfig};
 use orchestrator::model::{DefinitionList, ListFilter};
-use orchestrator::Store;
 use reqwest::StatusCode;
 use saga_dsl::Registry;
-use saga_suite::{bin_path, test_config, RunningEngine, Server, TempDb};
+use saga_suite::api::{Api, Harness};
+use saga_suite::{bin_path, Server, TempDb};
 use serde_json::{json, Value};
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 
 const TOKEN: &str = "discovery-token-0123456789";
 
@@ -34,75 +32,18 @@ async fn example_registry(dir: &std::path::Path) -> Registry {
     example_sagas::registry(Arc::new(shop)).unwrap()
 }
 
-/// An engine with the example sagas and the HTTP API over one temporary database.
-struct Api {
-    base: String,
-    http: reqwest::Client,
-    token: Option<String>,
-    store: Arc<dyn Store>,
-    _engine: RunningEngine,
-    shutdown: CancellationToken,
-    server: JoinHandle<std::io::Result<()>>,
-    db: TempDb,
-}
-
-impl Api {
-    async fn start(token: Option<&str>) -> Self {
-        let db = TempDb::new();
-        let stores = db.stores().await;
-        let store = stores.log.clone();
-        let registry = example_registry(db.dir.path()).await;
-        let engine = RunningEngine::start(store.clone(), registry, test_config());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let shutdown = CancellationToken::new();
-        let config = HttpConfig {
-            api_token: token.map(str::to_owned),
-            ..HttpConfig::default()
-        };
-        let router = router_with_shutdown(engine.engine.clone(), config, shutdown.clone());
-        let server = tokio::spawn(serve(listener, router, shutdown.clone()));
-        Self {
-            base: format!("http://{addr}"),
-            http: reqwest::Client::new(),
-            token: token.map(str::to_owned),
-            store,
-            _engine: engine,
-            shutdown,
-            server,
-            db,
-        }
-    }
-
-    /// `GET path` with the server's token, if it has one: status, headers and JSON body.
-    async fn get(&self, path: &str) -> (StatusCode, reqwest::header::HeaderMap, Value) {
-        let mut req = self.http.get(format!("{}{path}", self.base));
-        if let Some(t) = &self.token {
-            req = req.bearer_auth(t);
-        }
-        let resp = req.send().await.unwrap();
-        let status = resp.status();
-        let headers = resp.headers().clone();
-        (status, headers, resp.json().await.unwrap())
-    }
-
-    /// `POST /v1/sagas/{name}` with `body`: status and JSON body.
-    async fn start_saga(&self, name: &str, body: &Value) -> (StatusCode, Value) {
-        let mut req = self
-            .http
-            .post(format!("{}/v1/sagas/{name}", self.base))
-            .json(body);
-        if let Some(t) = &self.token {
-            req = req.bearer_auth(t);
-        }
-        let resp = req.send().await.unwrap();
-        (resp.status(), resp.json().await.unwrap())
-    }
-
-    async fn stop(self) {
-        self.shutdown.cancel();
-        self.server.await.unwrap().unwrap();
-    }
+/// The example sagas over a fresh database (their shop database in its directory) and the HTTP
+/// API over them, wanting `token` if given.
+async fn start(token: Option<&str>) -> (Harness, Api) {
+    let db = TempDb::new();
+    let registry = example_registry(db.dir.path()).await;
+    let harness = Harness::on(db, registry).await;
+    let config = HttpConfig {
+        api_token: token.map(str::to_owned),
+        ..HttpConfig::default()
+    };
+    let api = harness.serve(config).await;
+    (harness, api)
 }
 
 fn keys(v: &Value) -> BTreeSet<&str> {
@@ -150,15 +91,15 @@ fn resolve<'a>(doc: &'a Value, reference: &Value) -> &'a Value {
 
 #[tokio::test]
 async fn definitions_list_every_example_saga_with_its_stages_and_input_schema() {
-    let api = Api::start(None).await;
-    let (status, _, body) = api.get("/v1/definitions").await;
+    let (h, api) = start(None).await;
+    let (status, body) = api.get("/v1/definitions").await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(keys(&body), BTreeSet::from(["definitions"]));
     let defs = body["definitions"].as_array().unwrap();
     // By name, then version.
     let names: Vec<&str> = defs.iter().map(|d| d["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["book_trip", "place_order"]);
-    let registry = example_registry(api.db.dir.path()).await;
+    let registry = example_registry(h.db.dir.path()).await;
     for d in defs {
         assert_eq!(
             keys(d),
@@ -237,7 +178,7 @@ async fn definitions_list_every_example_saga_with_its_stages_and_input_schema() 
 
 #[tokio::test]
 async fn definitions_need_the_token_when_the_server_has_one() {
-    let api = Api::start(Some(TOKEN)).await;
+    let (_h, api) = start(Some(TOKEN)).await;
     let anonymous = api
         .http
         .get(format!("{}/v1/definitions", api.base))
@@ -258,7 +199,7 @@ async fn definitions_need_the_token_when_the_server_has_one() {
         .unwrap();
     assert_eq!(wrong.status(), StatusCode::UNAUTHORIZED);
 
-    let (status, _, body) = api.get("/v1/definitions").await;
+    let (status, body) = api.get("/v1/definitions").await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["definitions"].as_array().unwrap().len(), 2);
 
@@ -277,7 +218,7 @@ async fn definitions_need_the_token_when_the_server_has_one() {
 
 #[tokio::test]
 async fn the_served_openapi_document_has_a_start_route_per_saga_with_its_input_schema() {
-    let api = Api::start(Some(TOKEN)).await;
+    let (h, api) = start(Some(TOKEN)).await;
     // Open, like the generic document.
     let resp = api
         .http
@@ -287,7 +228,7 @@ async fn the_served_openapi_document_has_a_start_route_per_saga_with_its_input_s
         .unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     let text = resp.text().await.unwrap();
-    let registry = example_registry(api.db.dir.path()).await;
+    let registry = example_registry(h.db.dir.path()).await;
     assert_eq!(
         text,
         openapi_json_for(&registry),
@@ -356,7 +297,7 @@ async fn the_served_openapi_document_has_a_start_route_per_saga_with_its_input_s
 
 #[tokio::test]
 async fn a_start_that_does_not_fit_the_input_names_the_field_path() {
-    let api = Api::start(None).await;
+    let (h, api) = start(None).await;
     let good = json!({"order_id": "o-1", "user": "ada", "amount": 1200});
     for (body, message) in [
         (
@@ -381,7 +322,7 @@ async fn a_start_that_does_not_fit_the_input_names_the_field_path() {
             r#"(root): invalid type: string "o-1", expected struct OrderInput"#,
         ),
     ] {
-        let (status, answer) = api.start_saga("place_order", &body).await;
+        let (status, _, answer) = api.post("/v1/sagas/place_order", &body).await;
         assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}: {answer}");
         assert_eq!(answer["error"]["code"], "invalid_input");
         let text = answer["error"]["message"].as_str().unwrap();
@@ -395,14 +336,15 @@ async fn a_start_that_does_not_fit_the_input_names_the_field_path() {
         limit: 10,
         ..ListFilter::default()
     };
-    assert!(api
-        .store
+    assert!(h
+        .stores
+        .log
         .list_sagas(&filter)
         .await
         .unwrap()
         .sagas
         .is_empty());
-    let (status, answer) = api.start_saga("place_order", &good).await;
+    let (status, _, answer) = api.post("/v1/sagas/place_order", &good).await;
     assert_eq!(status, StatusCode::ACCEPTED, "{answer}");
     api.stop().await;
 }

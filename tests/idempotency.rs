@@ -7,187 +7,43 @@
 
 use std::time::Duration;
 
-use orchestrator::http::{router_with_shutdown, serve, HttpConfig};
+use orchestrator::http::HttpConfig;
 use orchestrator::model::{ListFilter, SagaStatus};
-use orchestrator::store::Stores;
 use reqwest::StatusCode;
-use saga_dsl::StepKind::{Compensatable, Pivot};
-use saga_dsl::{JsonSchema, SagaDefinition, Step, StepContext, StepError};
-use saga_suite::{
-    registry_of, scripted_saga, test_config, wait_terminal, Journal, RunningEngine,
-    ScriptedStep as S, TempDb,
-};
-use serde_json::{json, Value};
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
+use saga_dsl::SagaDefinition;
+use saga_suite::api::Harness;
+use saga_suite::{fixtures, registry_of, wait_terminal, Journal};
+use serde_json::json;
 
 const TOKEN: &str = "idem-token-0123456789";
 
-async fn slow_action(_ctx: StepContext) -> Result<Value, StepError> {
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    Ok(json!("slow"))
-}
-
-async fn ok_compensation(_ctx: StepContext) -> Result<(), StepError> {
-    Ok(())
-}
-
-#[derive(serde::Deserialize, JsonSchema)]
-#[schemars(crate = "saga_dsl::schemars")]
-#[allow(dead_code)]
-struct Order {
-    order_id: String,
-}
-
-async fn ok_action(_ctx: StepContext) -> Result<Value, StepError> {
-    Ok(json!({"ok": true}))
-}
-
-/// `s`: two quick steps; `other`: one quick step; `slow`: a 1.5 s step; `typed`: needs an
-/// `{"order_id": …}` input.
+/// From `saga_suite::fixtures`: `s`, three quick steps; `other`, one quick step; `slow`, a
+/// 1.5 s step then a pivot; `typed`, which needs an `{"order_id", "amount"}` input.
 fn definitions() -> Vec<SagaDefinition> {
     let journal = Journal::default();
     vec![
-        scripted_saga(
-            "s",
-            1,
-            &[S::new("a", Compensatable), S::new("b", Pivot)],
-            &journal,
-        ),
-        scripted_saga("other", 1, &[S::new("a", Compensatable)], &journal),
-        SagaDefinition::builder("slow", 1)
-            .step(Step::compensatable("wait", slow_action, ok_compensation))
-            .build()
-            .unwrap(),
-        SagaDefinition::builder("typed", 1)
-            .input::<Order>()
-            .step(Step::compensatable("reserve", ok_action, ok_compensation))
-            .build()
-            .unwrap(),
+        fixtures::succeeds(&journal),
+        fixtures::other(&journal),
+        fixtures::slow(Duration::from_millis(1500)),
+        fixtures::typed(),
     ]
 }
 
-/// One HTTP server over an engine and a temporary database.
-struct Api {
-    base: String,
-    http: reqwest::Client,
-    token: Option<String>,
-    shutdown: CancellationToken,
-    server: JoinHandle<std::io::Result<()>>,
-}
-
-/// An engine with its database, and any number of HTTP servers over them.
-struct Harness {
-    stores: Stores,
-    engine: RunningEngine,
-    db: TempDb,
-}
-
-impl Harness {
-    async fn new() -> Self {
-        let db = TempDb::new();
-        let stores = db.stores().await;
-        let engine = RunningEngine::start(
-            stores.log.clone(),
-            registry_of(definitions()),
-            test_config(),
-        );
-        engine.ready().await;
-        Self { stores, engine, db }
-    }
-
-    async fn api(&self, config: HttpConfig) -> Api {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let shutdown = CancellationToken::new();
-        let token = config.api_token.clone();
-        let router = router_with_shutdown(self.engine.engine.clone(), config, shutdown.clone());
-        let server = tokio::spawn(serve(listener, router, shutdown.clone()));
-        Api {
-            base: format!("http://{addr}"),
-            http: reqwest::Client::new(),
-            token,
-            shutdown,
-            server,
-        }
-    }
-
-    async fn count(&self, name: &str) -> usize {
-        let page = self
-            .stores
-            .log
-            .list_sagas(&ListFilter {
-                name: Some(name.to_owned()),
-                limit: 1000,
-                ..ListFilter::default()
-            })
-            .await
-            .unwrap();
-        page.sagas.len()
-    }
-}
-
-/// An answer: status, headers, body text.
-#[derive(Debug, Clone)]
-struct Answer {
-    status: StatusCode,
-    headers: reqwest::header::HeaderMap,
-    text: String,
-}
-
-impl Answer {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.text).unwrap()
-    }
-
-    fn replayed(&self) -> bool {
-        self.header("idempotent-replayed") == Some("true")
-    }
-}
-
-impl Api {
-    /// `POST /v1/sagas/{name}` with `body` (sent as given, so key order is the caller's) and
-    /// extra headers.
-    async fn start(&self, name: &str, body: &str, headers: &[(&str, &str)]) -> Answer {
-        let mut req = self
-            .http
-            .post(format!("{}/v1/sagas/{name}", self.base))
-            .header("content-type", "application/json")
-            .body(body.to_owned());
-        if let Some(t) = &self.token {
-            req = req.bearer_auth(t);
-        }
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        let resp = req.send().await.unwrap();
-        Answer {
-            status: resp.status(),
-            headers: resp.headers().clone(),
-            text: resp.text().await.unwrap(),
-        }
-    }
-
-    async fn stop(self) {
-        self.shutdown.cancel();
-        self.server.await.unwrap().unwrap();
-    }
+/// An engine over a fresh database; each test puts one or more HTTP servers on it.
+async fn harness() -> Harness {
+    Harness::new(registry_of(definitions())).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn fifty_concurrent_identical_requests_create_exactly_one_saga() {
-    let h = Harness::new().await;
-    let api = h.api(HttpConfig::default()).await;
+    let h = harness().await;
+    let api = h.serve(HttpConfig::default()).await;
     let api = std::sync::Arc::new(api);
     let mut tasks = Vec::new();
     for _ in 0..50 {
         let api = api.clone();
         tasks.push(tokio::spawn(async move {
-            api.start(
+            api.start_raw(
                 "s",
                 r#"{"order": 7, "items": [1, 2]}"#,
                 &[("idempotency-key", "k-50")],
@@ -220,11 +76,11 @@ async fn fifty_concurrent_identical_requests_create_exactly_one_saga() {
 
 #[tokio::test]
 async fn a_retry_replays_the_answer_and_a_different_request_is_422() {
-    let h = Harness::new().await;
-    let api = h.api(HttpConfig::default()).await;
+    let h = harness().await;
+    let api = h.serve(HttpConfig::default()).await;
     let key = [("idempotency-key", "order-1")];
     let first = api
-        .start("s", r#"{"a": 1, "b": {"x": true, "y": [1]}}"#, &key)
+        .start_raw("s", r#"{"a": 1, "b": {"x": true, "y": [1]}}"#, &key)
         .await;
     assert_eq!(first.status, StatusCode::ACCEPTED);
     assert!(!first.replayed());
@@ -233,7 +89,7 @@ async fn a_retry_replays_the_answer_and_a_different_request_is_422() {
 
     // Same request: the same status and body, marked as a replay; nothing new.
     let again = api
-        .start("s", r#"{"a": 1, "b": {"x": true, "y": [1]}}"#, &key)
+        .start_raw("s", r#"{"a": 1, "b": {"x": true, "y": [1]}}"#, &key)
         .await;
     assert_eq!((again.status, &again.text), (first.status, &first.text));
     assert!(again.replayed());
@@ -241,7 +97,7 @@ async fn a_retry_replays_the_answer_and_a_different_request_is_422() {
 
     // Key order and whitespace do not matter; the quoted (RFC 8941) form is the same key.
     let reordered = api
-        .start(
+        .start_raw(
             "s",
             r#"{ "b": {"y": [1], "x": true}, "a": 1 }"#,
             &[("idempotency-key", "\"order-1\"")],
@@ -253,12 +109,12 @@ async fn a_retry_replays_the_answer_and_a_different_request_is_422() {
 
     // A different body, or another saga, with the same key: 422, nothing created.
     let other_body = api
-        .start("s", r#"{"a": 2, "b": {"x": true, "y": [1]}}"#, &key)
+        .start_raw("s", r#"{"a": 2, "b": {"x": true, "y": [1]}}"#, &key)
         .await;
     assert_eq!(other_body.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(other_body.json()["error"]["code"], "idempotency_key_reused");
     let other_saga = api
-        .start("other", r#"{"a": 1, "b": {"x": true, "y": [1]}}"#, &key)
+        .start_raw("other", r#"{"a": 1, "b": {"x": true, "y": [1]}}"#, &key)
         .await;
     assert_eq!(other_saga.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(h.count("s").await, 1);
@@ -266,7 +122,7 @@ async fn a_retry_replays_the_answer_and_a_different_request_is_422() {
 
     // Errors are not saved: a request refused for its input does not use the key up.
     let bad = api
-        .start(
+        .start_raw(
             "typed",
             r#"{"wrong": 1}"#,
             &[("idempotency-key", "typed-1")],
@@ -275,9 +131,9 @@ async fn a_retry_replays_the_answer_and_a_different_request_is_422() {
     assert_eq!(bad.status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(bad.json()["error"]["code"], "invalid_input");
     let fixed = api
-        .start(
+        .start_raw(
             "typed",
-            r#"{"order_id": "o1"}"#,
+            r#"{"order_id": "o1", "amount": 1}"#,
             &[("idempotency-key", "typed-1")],
         )
         .await;
@@ -290,11 +146,11 @@ async fn a_retry_replays_the_answer_and_a_different_request_is_422() {
 
 #[tokio::test]
 async fn malformed_keys_are_400_and_create_nothing() {
-    let h = Harness::new().await;
-    let api = h.api(HttpConfig::default()).await;
+    let h = harness().await;
+    let api = h.serve(HttpConfig::default()).await;
     let long = "k".repeat(256);
     for bad in [long.as_str(), "", "\"\"", "has space", "\"unterminated"] {
-        let a = api.start("s", "{}", &[("idempotency-key", bad)]).await;
+        let a = api.start_raw("s", "{}", &[("idempotency-key", bad)]).await;
         assert_eq!(a.status, StatusCode::BAD_REQUEST, "key {bad:?}: {}", a.text);
         assert_eq!(a.json()["error"]["code"], "bad_request");
     }
@@ -312,11 +168,13 @@ async fn malformed_keys_are_400_and_create_nothing() {
     // 255 characters is fine.
     let max = "k".repeat(255);
     let ok = api
-        .start("s", "{}", &[("idempotency-key", max.as_str())])
+        .start_raw("s", "{}", &[("idempotency-key", max.as_str())])
         .await;
     assert_eq!(ok.status, StatusCode::ACCEPTED);
     // An unknown saga is 404 before the key is looked at.
-    let unknown = api.start("nope", "{}", &[("idempotency-key", "")]).await;
+    let unknown = api
+        .start_raw("nope", "{}", &[("idempotency-key", "")])
+        .await;
     assert_eq!(unknown.status, StatusCode::NOT_FOUND);
     api.stop().await;
     h.engine.stop().await;
@@ -324,14 +182,14 @@ async fn malformed_keys_are_400_and_create_nothing() {
 
 #[tokio::test]
 async fn a_server_may_require_the_key() {
-    let h = Harness::new().await;
+    let h = harness().await;
     let api = h
-        .api(HttpConfig {
+        .serve(HttpConfig {
             require_idempotency_key: true,
             ..HttpConfig::default()
         })
         .await;
-    let missing = api.start("s", "{}", &[]).await;
+    let missing = api.start_raw("s", "{}", &[]).await;
     assert_eq!(missing.status, StatusCode::BAD_REQUEST);
     assert!(
         missing.json()["error"]["message"]
@@ -342,7 +200,7 @@ async fn a_server_may_require_the_key() {
         missing.text
     );
     assert_eq!(h.count("s").await, 0);
-    let with = api.start("s", "{}", &[("idempotency-key", "k")]).await;
+    let with = api.start_raw("s", "{}", &[("idempotency-key", "k")]).await;
     assert_eq!(with.status, StatusCode::ACCEPTED);
     api.stop().await;
     h.engine.stop().await;
@@ -353,17 +211,17 @@ async fn a_server_may_require_the_key() {
 /// server knows one token; each token, were there several, would be its own scope.)
 #[tokio::test]
 async fn keys_are_scoped_per_client() {
-    let h = Harness::new().await;
-    let open = h.api(HttpConfig::default()).await;
+    let h = harness().await;
+    let open = h.serve(HttpConfig::default()).await;
     let authed = h
-        .api(HttpConfig {
+        .serve(HttpConfig {
             api_token: Some(TOKEN.to_owned()),
             ..HttpConfig::default()
         })
         .await;
     let key = [("idempotency-key", "shared-key")];
-    let a = open.start("s", "{}", &key).await;
-    let b = authed.start("s", "{}", &key).await;
+    let a = open.start_raw("s", "{}", &key).await;
+    let b = authed.start_raw("s", "{}", &key).await;
     assert_eq!(
         (a.status, b.status),
         (StatusCode::ACCEPTED, StatusCode::ACCEPTED)
@@ -371,8 +229,8 @@ async fn keys_are_scoped_per_client() {
     assert!(!a.replayed() && !b.replayed());
     assert_ne!(a.json()["id"], b.json()["id"], "two clients, two sagas");
     // Each client replays its own.
-    let a2 = open.start("s", "{}", &key).await;
-    let b2 = authed.start("s", "{}", &key).await;
+    let a2 = open.start_raw("s", "{}", &key).await;
+    let b2 = authed.start_raw("s", "{}", &key).await;
     assert_eq!(a2.json()["id"], a.json()["id"]);
     assert_eq!(b2.json()["id"], b.json()["id"]);
     assert_eq!(h.count("s").await, 2);
@@ -385,12 +243,12 @@ async fn keys_are_scoped_per_client() {
 /// retry meanwhile is `409` with `Retry-After`; afterwards the final `200` is replayed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_retry_while_the_first_request_waits_is_409() {
-    let h = Harness::new().await;
-    let api = std::sync::Arc::new(h.api(HttpConfig::default()).await);
+    let h = harness().await;
+    let api = std::sync::Arc::new(h.serve(HttpConfig::default()).await);
     let first = {
         let api = api.clone();
         tokio::spawn(async move {
-            api.start(
+            api.start_raw(
                 "slow",
                 "{}",
                 &[("idempotency-key", "wait-1"), ("prefer", "wait=20")],
@@ -400,7 +258,7 @@ async fn a_retry_while_the_first_request_waits_is_409() {
     };
     tokio::time::sleep(Duration::from_millis(400)).await;
     let during = api
-        .start("slow", "{}", &[("idempotency-key", "wait-1")])
+        .start_raw("slow", "{}", &[("idempotency-key", "wait-1")])
         .await;
     assert_eq!(during.status, StatusCode::CONFLICT, "{}", during.text);
     assert_eq!(during.header("retry-after"), Some("1"));
@@ -412,7 +270,7 @@ async fn a_retry_while_the_first_request_waits_is_409() {
     assert_eq!(first.header("preference-applied"), Some("wait=20"));
 
     let after = api
-        .start("slow", "{}", &[("idempotency-key", "wait-1")])
+        .start_raw("slow", "{}", &[("idempotency-key", "wait-1")])
         .await;
     assert_eq!(after.status, StatusCode::OK);
     assert!(after.replayed());
@@ -430,14 +288,14 @@ async fn a_retry_while_the_first_request_waits_is_409() {
     )
     .await;
     let orphan = api
-        .start("slow", "{}", &[("idempotency-key", "wait-1")])
+        .start_raw("slow", "{}", &[("idempotency-key", "wait-1")])
         .await;
     assert_eq!(orphan.status, StatusCode::ACCEPTED, "{}", orphan.text);
     assert!(orphan.replayed());
     assert_eq!(orphan.json()["id"], first.json()["id"]);
     assert_eq!(orphan.json()["status"], "COMPLETED");
     let again = api
-        .start("slow", "{}", &[("idempotency-key", "wait-1")])
+        .start_raw("slow", "{}", &[("idempotency-key", "wait-1")])
         .await;
     assert_eq!(again.text, orphan.text);
     assert_eq!(h.count("slow").await, 1);
@@ -447,21 +305,21 @@ async fn a_retry_while_the_first_request_waits_is_409() {
 
 #[tokio::test]
 async fn expired_keys_start_anew_and_are_swept() {
-    let h = Harness::new().await;
+    let h = harness().await;
     let api = h
-        .api(HttpConfig {
+        .serve(HttpConfig {
             idempotency_retention: Duration::from_millis(300),
             ..HttpConfig::default()
         })
         .await;
     let key = [("idempotency-key", "short-lived")];
-    let a = api.start("s", "{}", &key).await;
-    let b = api.start("s", "{}", &key).await;
+    let a = api.start_raw("s", "{}", &key).await;
+    let b = api.start_raw("s", "{}", &key).await;
     assert!(b.replayed());
     assert_eq!(a.json()["id"], b.json()["id"]);
     tokio::time::sleep(Duration::from_millis(400)).await;
     // Expired but not swept yet: the key counts as new.
-    let c = api.start("s", "{}", &key).await;
+    let c = api.start_raw("s", "{}", &key).await;
     assert!(!c.replayed());
     assert_ne!(c.json()["id"], a.json()["id"]);
     assert_eq!(h.count("s").await, 2);
@@ -482,8 +340,8 @@ async fn expired_keys_start_anew_and_are_swept() {
 /// is a replay, not a second saga.
 #[tokio::test]
 async fn the_client_and_the_server_agree_on_keys() {
-    let h = Harness::new().await;
-    let api = h.api(HttpConfig::default()).await;
+    let h = harness().await;
+    let api = h.serve(HttpConfig::default()).await;
     let client = orchestrator::client::SagaClient::new(&api.base, None).unwrap();
     let first = client
         .start("s", &json!({"n": 1}), Some("client-key".to_owned()))
@@ -512,7 +370,7 @@ fn new_other(h: &Harness) -> orchestrator::store::NewSaga {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_burst_of_keyed_starts_creates_one_saga_per_key_and_a_bad_one_fails_alone() {
     use orchestrator::store::{Callback, IdempotencyKey, IdempotentStart, SavedResponse};
-    let h = Harness::new().await;
+    let h = harness().await;
     let existing = h
         .engine
         .engine
@@ -614,7 +472,7 @@ async fn a_burst_of_keyed_starts_creates_one_saga_per_key_and_a_bad_one_fails_al
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_keyed_start_with_a_free_worker_is_created_leased_and_driven_without_a_claim() {
     use orchestrator::{StartKey, StartOutcome, StartRequest};
-    let h = Harness::new().await;
+    let h = harness().await;
     h.engine.ready().await;
     let engine = &h.engine.engine;
     let owner = engine.config().worker_id.clone();

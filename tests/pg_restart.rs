@@ -3,7 +3,8 @@
 //!
 //! This test stops and starts the local PostgreSQL server (it needs `pg_ctlcluster` and the
 //! rights to use it, as in CI), so it lives alone in its own test binary: cargo runs test
-//! binaries one after another, and nothing else is using the server meanwhile.
+//! binaries one after another, and nothing else is using the server meanwhile. The other
+//! process-lifecycle tests are in `crash/` and `pg_scaleout`.
 
 #![allow(clippy::unwrap_used)]
 

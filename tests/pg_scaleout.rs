@@ -1,6 +1,7 @@
 //! Several orchestrator processes on one PostgreSQL database: takeover after a SIGKILL, fencing
 //! of a worker paused past its lease, and one owner at a time, proven from the attempt log and
-//! the participants' ledger. These tests always run on PostgreSQL.
+//! the participants' ledger. These tests always run on PostgreSQL, so they are a binary of
+//! their own rather than a module of `crash/` (which runs once per backend).
 
 #![allow(clippy::unwrap_used)]
 

@@ -77,6 +77,11 @@ pub fn flaky(journal: &Journal) -> SagaDefinition {
     )
 }
 
+/// `other`: one compensatable step that succeeds; a second definition beside `s`.
+pub fn other(journal: &Journal) -> SagaDefinition {
+    scripted_saga("other", 1, &[S::new("a", Compensatable)], journal)
+}
+
 /// `typed`: one step, and the [`Order`] input type.
 pub fn typed() -> SagaDefinition {
     SagaDefinition::builder("typed", 1)

@@ -1,8 +1,10 @@
 //! Helpers shared by the integration tests: temporary databases, an engine running in the
-//! background, participants that record what was called, and waiting for sagas to settle.
+//! background, participants that record what was called, waiting for sagas to settle, real
+//! processes, and the HTTP harness ([`api`]).
 
-#![allow(missing_docs, clippy::unwrap_used)]
+#![allow(clippy::unwrap_used)]
 
+pub mod api;
 pub mod fixtures;
 
 use std::sync::{Arc, Mutex};
@@ -45,7 +47,10 @@ fn block_on_side<T: Send + 'static>(f: impl std::future::Future<Output = T> + Se
 /// A fresh, empty saga database for one test: a SQLite file in a temporary directory, or a new
 /// PostgreSQL database (dropped again when this value is dropped).
 pub struct TempDb {
+    /// A temporary directory, removed with this value: the SQLite file's, and free for the
+    /// test's own files (a participant's database, a working directory).
     pub dir: tempfile::TempDir,
+    /// The database's URL (`sqlite://…` or `postgres://…`).
     pub url: String,
     pg_name: Option<String>,
 }
@@ -100,6 +105,7 @@ impl TempDb {
         }
     }
 
+    /// The step log of the database, opened as the engine opens it.
     pub async fn store(&self) -> Arc<dyn Store> {
         if self.pg_name.is_some() {
             orchestrator::store::open(&self.url).await.unwrap()
@@ -111,6 +117,30 @@ impl TempDb {
     /// The store with all its views (step log, idempotency keys, outbox), as `serve` opens it.
     pub async fn stores(&self) -> orchestrator::store::Stores {
         orchestrator::store::open_full(&self.url).await.unwrap()
+    }
+
+    /// Has the database removed once this process has exited, however it exits, for a database
+    /// that lives in a `static` (whose `Drop` never runs): a `saga-suite-reaper` process waits
+    /// for its stdin, which this process holds open to the end, then removes the directory and
+    /// drops the PostgreSQL database, if any.
+    // Never waited for: it ends after this process, never leaving a zombie of it behind.
+    #[allow(clippy::zombie_processes)]
+    pub fn remove_after_exit(&self) {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = std::process::Command::new(bin_path("saga-suite-reaper"));
+        cmd.arg(self.dir.path());
+        if let Some(name) = &self.pg_name {
+            cmd.arg(pg_admin_url()).arg(name);
+        }
+        let mut child = cmd
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            // A process group of its own: a Ctrl-C at the terminal stops the tests, not it.
+            .process_group(0)
+            .spawn()
+            .unwrap();
+        // Never closed by hand: the end of this process closes it, which is the signal.
+        std::mem::forget(child.stdin.take());
     }
 
     /// Runs one SQL statement directly against the database (to corrupt a row on purpose).
@@ -136,16 +166,22 @@ impl Default for TempDb {
 impl Drop for TempDb {
     fn drop(&mut self) {
         if let Some(name) = self.pg_name.take() {
-            let admin = pg_admin_url();
-            block_on_side(async move {
-                use sqlx::Connection;
-                if let Ok(mut conn) = sqlx::PgConnection::connect(&admin).await {
-                    let drop = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
-                    let _ = sqlx::Executor::execute(&mut conn, drop.as_str()).await;
-                }
-            });
+            drop_pg_database(&pg_admin_url(), &name);
         }
     }
+}
+
+/// Drops the PostgreSQL database `name` on the server `admin_url` names, closing its
+/// connections first; a database that is gone already, or a server that is down, is no error.
+pub fn drop_pg_database(admin_url: &str, name: &str) {
+    let (admin, name) = (admin_url.to_owned(), name.to_owned());
+    block_on_side(async move {
+        use sqlx::Connection;
+        if let Ok(mut conn) = sqlx::PgConnection::connect(&admin).await {
+            let drop = format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)");
+            let _ = sqlx::Executor::execute(&mut conn, drop.as_str()).await;
+        }
+    });
 }
 
 /// Engine settings for tests: short leases and polls so nothing waits long.
@@ -162,12 +198,16 @@ pub fn test_config() -> EngineConfig {
 
 /// An engine running in a background task.
 pub struct RunningEngine {
+    /// The engine (a handle: clones share it).
     pub engine: Engine,
+    /// Cancelled to stop the run loop.
     pub shutdown: CancellationToken,
+    /// The run loop's task.
     pub task: JoinHandle<()>,
 }
 
 impl RunningEngine {
+    /// Starts an engine running `registry` over `store` in a task of the current runtime.
     pub fn start(store: Arc<dyn Store>, registry: Registry, config: EngineConfig) -> Self {
         let engine = Engine::new(store, Arc::new(registry), config);
         let shutdown = CancellationToken::new();
@@ -193,6 +233,7 @@ impl RunningEngine {
         }
     }
 
+    /// Stops the run loop and waits for it to end (it lets the steps in flight finish).
     pub async fn stop(self) {
         self.shutdown.cancel();
         self.task.await.unwrap();
@@ -237,6 +278,7 @@ pub fn is(status: SagaStatus) -> impl Fn(&Saga) -> bool {
 pub struct Journal(Arc<Mutex<Vec<(String, String, Uuid)>>>);
 
 impl Journal {
+    /// Records one call.
     pub fn push(&self, step: &str, phase: &str, key: Uuid) {
         self.0
             .lock()
@@ -244,6 +286,7 @@ impl Journal {
             .push((step.to_owned(), phase.to_owned(), key));
     }
 
+    /// Every call so far, in order.
     pub fn calls(&self) -> Vec<(String, String, Uuid)> {
         self.0.lock().unwrap().clone()
     }
@@ -260,8 +303,11 @@ impl Journal {
 /// What one attempt of a scripted action or compensation does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
+    /// Succeeds.
     Ok,
+    /// Fails with a retryable error.
     Retryable,
+    /// Fails with a permanent error.
     Permanent,
     /// Sleeps past the step's timeout: the outcome is unknown to the engine.
     Hang,
@@ -270,13 +316,18 @@ pub enum Outcome {
 /// A step whose attempts follow a script: attempt `n` does `script[n - 1]`, and `Ok` past its end.
 #[derive(Debug, Clone)]
 pub struct ScriptedStep {
+    /// The step's name.
     pub name: String,
+    /// Compensatable, pivot or retriable.
     pub kind: saga_dsl::StepKind,
+    /// What the action's attempts do, in order.
     pub action: Vec<Outcome>,
+    /// What the compensation's attempts do, in order.
     pub compensation: Vec<Outcome>,
 }
 
 impl ScriptedStep {
+    /// A step of `kind` whose every attempt succeeds.
     pub fn new(name: &str, kind: saga_dsl::StepKind) -> Self {
         Self {
             name: name.to_owned(),
@@ -286,11 +337,13 @@ impl ScriptedStep {
         }
     }
 
+    /// The script of the action's attempts.
     pub fn action(mut self, script: &[Outcome]) -> Self {
         self.action = script.to_vec();
         self
     }
 
+    /// The script of the compensation's attempts.
     pub fn compensation(mut self, script: &[Outcome]) -> Self {
         self.compensation = script.to_vec();
         self
@@ -387,6 +440,22 @@ pub fn bin_path(name: &str) -> std::path::PathBuf {
     path
 }
 
+/// Runs the workspace binary `bin` (see [`bin_path`]) in `cwd` to completion, logging errors
+/// only and without the caller's `SAGA_SERVER`, `SAGA_API_TOKEN` and `DATABASE_URL`, so that it
+/// talks to the server or database its arguments name and to nothing else.
+pub async fn run_bin(bin: &str, args: &[&str], cwd: &std::path::Path) -> std::process::Output {
+    tokio::process::Command::new(bin_path(bin))
+        .args(args)
+        .current_dir(cwd)
+        .env_remove("SAGA_SERVER")
+        .env_remove("SAGA_API_TOKEN")
+        .env_remove("DATABASE_URL")
+        .env("RUST_LOG", "error")
+        .output()
+        .await
+        .unwrap()
+}
+
 /// Waits for `child` to exit, for at most `timeout` (then kills it and fails the test).
 pub fn wait_exit(child: &mut std::process::Child, timeout: Duration) -> std::process::ExitStatus {
     let deadline = std::time::Instant::now() + timeout;
@@ -416,7 +485,9 @@ pub fn sigterm(child: &mut std::process::Child) -> std::process::ExitStatus {
 
 /// A real `example-sagas serve` process on loopback, killed with SIGKILL when dropped.
 pub struct Server {
+    /// The process.
     pub child: std::process::Child,
+    /// `http://ADDR`, as the server printed it.
     pub base: String,
 }
 

@@ -200,7 +200,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
 /// The OpenAPI document of the API, without any application's sagas: `GET /openapi.json`
 /// serves it with a start route per registered saga added ([`openapi_for`]). Generated from
 /// the handlers, so it always matches the router; `docs/openapi.json` is a copy of it
-/// (regenerate with `UPDATE_OPENAPI=1 cargo test --test http_api`).
+/// (regenerate with `UPDATE_OPENAPI=1 cargo test -p saga-suite --test http openapi::`).
 pub fn openapi() -> utoipa::openapi::OpenApi {
     api_routes().into_openapi()
 }

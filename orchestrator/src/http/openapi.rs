@@ -3,7 +3,7 @@
 //! Every route is registered through `utoipa_axum::routes!` from the handler's own
 //! `#[utoipa::path]` attribute (see `api_routes` in `mod.rs`), so the router and the document are
 //! built from the same list: a handler cannot be served without being documented. The test
-//! `tests/http_api.rs` checks the rest (methods, status codes) against the live router, and
+//! `tests/http/openapi.rs` checks the rest (methods, status codes) against the live router, and
 //! that `docs/openapi.json` is this document byte for byte.
 
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};

@@ -1,0 +1,87 @@
+//! `GET /metrics`: the saga and HTTP series in the Prometheus text format.
+
+use reqwest::{Method, StatusCode};
+use saga_suite::api::Api;
+
+use crate::{own, with_token};
+
+/// Whether some sample line of `metric` carries every `label="value"` pair given.
+fn has_sample(text: &str, metric: &str, labels: &[(&str, &str)]) -> bool {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| l.starts_with(&format!("{metric}{{")) || l.starts_with(&format!("{metric} ")))
+        .any(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+}
+
+#[tokio::test]
+async fn metrics_expose_the_saga_and_http_series() {
+    // A server of its own: a token, to count refusals.
+    let api = own(with_token()).await;
+    assert_eq!(api.run_saga("s").await["status"], "COMPLETED");
+    assert_eq!(api.run_saga("fails").await["status"], "COMPENSATED");
+    assert_eq!(api.run_saga("flaky").await["status"], "COMPLETED");
+    let a = Api::send(api.anonymous(Method::GET, "/v1/sagas")).await;
+    assert_eq!(a.status, StatusCode::UNAUTHORIZED);
+
+    let a = Api::send(api.req(Method::GET, "/metrics")).await;
+    assert_eq!(a.status, StatusCode::OK);
+    assert!(a.header("content-type").unwrap().starts_with("text/plain"));
+    let text = a.body.as_str().unwrap().to_owned();
+    let expect: Vec<(&str, Vec<(&str, &str)>)> = vec![
+        ("saga_started_total", vec![("name", "s")]),
+        (
+            "saga_ended_total",
+            vec![("name", "s"), ("status", "COMPLETED")],
+        ),
+        (
+            "saga_ended_total",
+            vec![("name", "fails"), ("status", "COMPENSATED")],
+        ),
+        (
+            "saga_step_duration_seconds_bucket",
+            vec![
+                ("name", "s"),
+                ("step", "a"),
+                ("phase", "action"),
+                ("outcome", "succeeded"),
+            ],
+        ),
+        (
+            "saga_step_duration_seconds_count",
+            vec![("name", "fails"), ("step", "b"), ("outcome", "failed")],
+        ),
+        (
+            "saga_step_retries_total",
+            vec![("name", "flaky"), ("step", "a"), ("phase", "action")],
+        ),
+        (
+            "saga_compensations_total",
+            vec![("name", "fails"), ("step", "a")],
+        ),
+        ("saga_needs_attention", vec![]),
+        (
+            "http_requests_total",
+            vec![
+                ("method", "POST"),
+                ("route", "/v1/sagas/{saga}"),
+                ("status", "200"),
+            ],
+        ),
+        (
+            "http_requests_total",
+            vec![("method", "GET"), ("route", "/v1/sagas"), ("status", "401")],
+        ),
+    ];
+    for (metric, labels) in expect {
+        assert!(
+            has_sample(&text, metric, &labels),
+            "no {metric} sample with {labels:?} in:\n{text}"
+        );
+    }
+    // Raw paths never become labels (a label per saga id would explode the series count).
+    assert!(!text.contains("route=\"/v1/sagas/0"), "{text}");
+}

@@ -1,0 +1,408 @@
+//! The OpenAPI document: the served one against the live router (every route, method and status
+//! documented, and every documented status answered), the committed `docs/openapi.json` against
+//! the code.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use orchestrator::http::{openapi_json, openapi_json_for, HttpConfig};
+use reqwest::{Method, StatusCode};
+use saga_suite::api::Api;
+use saga_suite::registry_of;
+use serde_json::{json, Value};
+
+use crate::{definitions, own, TOKEN};
+
+/// A documented path with its parameters filled in.
+fn concrete(template: &str, saga_id: &str) -> String {
+    template.replace("{saga}", saga_id)
+}
+
+/// The operations of the document: path → method (upper case) → documented statuses.
+fn operations(doc: &Value) -> BTreeMap<String, BTreeMap<String, BTreeSet<u16>>> {
+    let mut ops = BTreeMap::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        let mut methods = BTreeMap::new();
+        for (method, op) in item.as_object().unwrap() {
+            let Some(responses) = op.get("responses").and_then(Value::as_object) else {
+                continue;
+            };
+            let statuses = responses.keys().map(|s| s.parse().unwrap()).collect();
+            methods.insert(method.to_uppercase(), statuses);
+        }
+        ops.insert(path.clone(), methods);
+    }
+    ops
+}
+
+#[tokio::test]
+async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
+    // A server of its own: a token and a small body limit, for their statuses.
+    let api = own(HttpConfig {
+        api_token: Some(TOKEN.to_owned()),
+        body_limit: 4096,
+        ..HttpConfig::default()
+    })
+    .await;
+    let resp = api.http.get(api.url("/openapi.json")).send().await.unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    let content_type = resp.headers()["content-type"].to_str().unwrap().to_owned();
+    assert!(
+        content_type.starts_with("application/json"),
+        "{content_type}"
+    );
+    let text = resp.text().await.unwrap();
+    assert_eq!(
+        text,
+        openapi_json_for(&registry_of(definitions())),
+        "GET /openapi.json is the generated document, with the registry's start routes"
+    );
+    let doc: Value = serde_json::from_str(&text).unwrap();
+    assert!(doc["openapi"].as_str().unwrap().starts_with("3."));
+    let mut ops = operations(&doc);
+    // Each definition has its own start route, a copy of the generic one (tests/discovery.rs
+    // checks them); the router serves it through `/v1/sagas/{saga}`, so it allows POST there.
+    for def in definitions() {
+        let path = format!("/v1/sagas/{}", def.name());
+        let methods = ops.remove(&path);
+        assert_eq!(
+            methods.map(|m| m.into_keys().collect::<Vec<_>>()),
+            Some(vec!["POST".to_owned()]),
+            "{path}"
+        );
+        let a = Api::send(api.req(Method::PATCH, &path)).await;
+        assert_eq!(a.status, StatusCode::METHOD_NOT_ALLOWED, "PATCH {path}");
+        assert!(
+            a.header("allow").unwrap_or_default().contains("POST"),
+            "{path}"
+        );
+    }
+
+    // Every route of SPEC §4 is documented.
+    for (method, path) in [
+        ("POST", "/v1/sagas/{saga}"),
+        ("GET", "/v1/sagas/{saga}"),
+        ("GET", "/v1/sagas"),
+        ("GET", "/v1/sagas/{saga}/events"),
+        ("GET", "/v1/sagas/{saga}/deliveries"),
+        ("POST", "/v1/sagas/{saga}/cancel"),
+        ("GET", "/v1/definitions"),
+        ("GET", "/healthz"),
+        ("GET", "/metrics"),
+        ("GET", "/openapi.json"),
+    ] {
+        assert!(
+            ops.get(path).is_some_and(|m| m.contains_key(method)),
+            "{method} {path} is not in the document"
+        );
+    }
+
+    // The router serves exactly the documented methods on each documented path: a method it
+    // does not serve is a 405 whose `Allow` lists the ones it does.
+    let some_id = uuid::Uuid::now_v7().to_string();
+    for (template, methods) in &ops {
+        let a = Api::send(api.req(Method::PATCH, &concrete(template, &some_id))).await;
+        assert_eq!(a.status, StatusCode::METHOD_NOT_ALLOWED, "PATCH {template}");
+        let allowed: BTreeSet<String> = a
+            .header("allow")
+            .unwrap_or_default()
+            .split(',')
+            .map(|m| m.trim().to_owned())
+            .filter(|m| !m.is_empty() && m != "HEAD")
+            .collect();
+        let documented: BTreeSet<String> = methods.keys().cloned().collect();
+        assert_eq!(allowed, documented, "methods of {template}");
+    }
+    // And an undocumented path is not served.
+    let a = Api::send(api.req(Method::GET, "/v1/other")).await;
+    assert_eq!(a.status, StatusCode::NOT_FOUND);
+
+    // Every status the router answers is documented for its operation, and every documented
+    // status but the server-side ones (500, 503) is answered by some request here.
+    let done = api.run_saga("s").await["id"].as_str().unwrap().to_owned();
+    // Still running when its cancel is probed, however long the probes before it take.
+    let running = api.start_saga("stuck", json!({})).await;
+    let unknown = uuid::Uuid::now_v7().to_string();
+    let big = json!({"pad": "x".repeat(8192)});
+    // A start that waits holds its idempotency key in progress: a retry meanwhile is 409.
+    let waiting = {
+        let req = api
+            .req(Method::POST, "/v1/sagas/stuck")
+            .header("idempotency-key", "probe-in-progress")
+            .header("prefer", "wait=20")
+            .json(&json!({}));
+        tokio::spawn(async move { req.send().await.map(|r| r.status()) })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    type Probe = (
+        &'static str,
+        &'static str,
+        reqwest::RequestBuilder,
+        &'static str,
+    );
+    let probes: Vec<Probe> = vec![
+        (
+            "POST",
+            "/v1/sagas/{saga}",
+            api.req(Method::POST, "/v1/sagas/s").json(&json!({})),
+            "202",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}",
+            api.req(Method::POST, "/v1/sagas/s")
+                .header("prefer", "wait=20")
+                .json(&json!({})),
+            "200",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}",
+            api.req(Method::POST, "/v1/sagas/s")
+                .header("content-type", "application/json")
+                .body("{"),
+            "400",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}",
+            api.anonymous(Method::POST, "/v1/sagas/s").json(&json!({})),
+            "401",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}",
+            api.req(Method::POST, "/v1/sagas/nope").json(&json!({})),
+            "404",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}",
+            api.req(Method::POST, "/v1/sagas/stuck")
+                .header("idempotency-key", "probe-in-progress")
+                .json(&json!({})),
+            "409",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}",
+            api.req(Method::POST, "/v1/sagas/s").json(&big),
+            "413",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}",
+            api.req(Method::POST, "/v1/sagas/s")
+                .header("content-type", "text/plain")
+                .body("{}"),
+            "415",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}",
+            api.req(Method::POST, "/v1/sagas/typed")
+                .json(&json!({"order_id": 7})),
+            "422",
+        ),
+        (
+            "GET",
+            "/v1/sagas/{saga}",
+            api.req(Method::GET, &format!("/v1/sagas/{done}")),
+            "200",
+        ),
+        (
+            "GET",
+            "/v1/sagas/{saga}",
+            api.req(Method::GET, "/v1/sagas/not-a-uuid"),
+            "400",
+        ),
+        (
+            "GET",
+            "/v1/sagas/{saga}",
+            api.anonymous(Method::GET, &format!("/v1/sagas/{done}")),
+            "401",
+        ),
+        (
+            "GET",
+            "/v1/sagas/{saga}",
+            api.req(Method::GET, &format!("/v1/sagas/{unknown}")),
+            "404",
+        ),
+        (
+            "GET",
+            "/v1/sagas",
+            api.req(Method::GET, "/v1/sagas?status=COMPLETED"),
+            "200",
+        ),
+        (
+            "GET",
+            "/v1/sagas",
+            api.req(Method::GET, "/v1/sagas?limit=0"),
+            "400",
+        ),
+        (
+            "GET",
+            "/v1/sagas",
+            api.anonymous(Method::GET, "/v1/sagas"),
+            "401",
+        ),
+        (
+            "GET",
+            "/v1/sagas/{saga}/events",
+            api.req(Method::GET, &format!("/v1/sagas/{done}/events")),
+            "200",
+        ),
+        (
+            "GET",
+            "/v1/sagas/{saga}/events",
+            api.req(Method::GET, "/v1/sagas/x/events"),
+            "400",
+        ),
+        (
+            "GET",
+            "/v1/sagas/{saga}/events",
+            api.anonymous(Method::GET, &format!("/v1/sagas/{done}/events")),
+            "401",
+        ),
+        (
+            "GET",
+            "/v1/sagas/{saga}/events",
+            api.req(Method::GET, &format!("/v1/sagas/{unknown}/events")),
+            "404",
+        ),
+        (
+            "GET",
+            "/v1/sagas/{saga}/deliveries",
+            api.req(Method::GET, &format!("/v1/sagas/{done}/deliveries")),
+            "200",
+        ),
+        (
+            "GET",
+            "/v1/sagas/{saga}/deliveries",
+            api.req(Method::GET, "/v1/sagas/x/deliveries"),
+            "400",
+        ),
+        (
+            "GET",
+            "/v1/sagas/{saga}/deliveries",
+            api.anonymous(Method::GET, &format!("/v1/sagas/{done}/deliveries")),
+            "401",
+        ),
+        (
+            "GET",
+            "/v1/sagas/{saga}/deliveries",
+            api.req(Method::GET, &format!("/v1/sagas/{unknown}/deliveries")),
+            "404",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/cancel",
+            api.req(Method::POST, &format!("/v1/sagas/{running}/cancel")),
+            "202",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/cancel",
+            api.req(Method::POST, "/v1/sagas/x/cancel"),
+            "400",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/cancel",
+            api.anonymous(Method::POST, &format!("/v1/sagas/{done}/cancel")),
+            "401",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/cancel",
+            api.req(Method::POST, &format!("/v1/sagas/{unknown}/cancel")),
+            "404",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/cancel",
+            api.req(Method::POST, &format!("/v1/sagas/{done}/cancel")),
+            "409",
+        ),
+        (
+            "GET",
+            "/v1/definitions",
+            api.req(Method::GET, "/v1/definitions"),
+            "200",
+        ),
+        (
+            "GET",
+            "/v1/definitions",
+            api.anonymous(Method::GET, "/v1/definitions"),
+            "401",
+        ),
+        (
+            "GET",
+            "/healthz",
+            api.anonymous(Method::GET, "/healthz"),
+            "200",
+        ),
+        ("GET", "/metrics", api.req(Method::GET, "/metrics"), "200"),
+        (
+            "GET",
+            "/metrics",
+            api.anonymous(Method::GET, "/metrics"),
+            "401",
+        ),
+        (
+            "GET",
+            "/openapi.json",
+            api.anonymous(Method::GET, "/openapi.json"),
+            "200",
+        ),
+    ];
+    let mut seen: BTreeMap<(String, String), BTreeSet<u16>> = BTreeMap::new();
+    for (method, template, req, want) in probes {
+        let a = Api::send(req).await;
+        let status = a.status.as_u16();
+        assert_eq!(status.to_string(), want, "{method} {template}: {}", a.body);
+        let documented = &ops[template][method];
+        assert!(
+            documented.contains(&status),
+            "{method} {template} answered {status}, not in the document ({documented:?})"
+        );
+        seen.entry((template.to_owned(), method.to_owned()))
+            .or_default()
+            .insert(status);
+    }
+    waiting.abort();
+    for (template, methods) in &ops {
+        for (method, documented) in methods {
+            let seen = seen
+                .get(&(template.clone(), method.clone()))
+                .cloned()
+                .unwrap_or_default();
+            for status in documented {
+                if *status != 500 && *status != 503 {
+                    assert!(
+                        seen.contains(status),
+                        "{method} {template} documents {status}, which no probe produced"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_committed_openapi_document_is_up_to_date() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/openapi.json");
+    let generated = openapi_json();
+    if std::env::var_os("UPDATE_OPENAPI").is_some_and(|v| v == "1") {
+        std::fs::write(&path, &generated).unwrap();
+        return;
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == generated,
+        "{} is out of date with the code: regenerate it with \
+         `UPDATE_OPENAPI=1 cargo test -p saga-suite --test http openapi::the_committed_openapi_document_is_up_to_date` \
+         and commit the result",
+        path.display()
+    );
+}
