@@ -29,7 +29,7 @@ pub(crate) mod writer;
 
 use crate::model::{Millis, Saga, SagaStatus, StepRecord};
 use crate::store::rows::{corrupt, saga_from_row, step_from_row};
-use crate::store::shared::sql::{Reader, Tx};
+use crate::store::shared::sql::{Reader, Tx, DONE_CHANNEL, DUE_CHANNEL};
 use crate::store::shared::SqlBackend;
 use crate::store::write_queue::{Tuning, WriteQueue};
 use crate::store::SqlxResultExt;
@@ -38,11 +38,6 @@ use crate::store::{
     WorkerInfo,
 };
 
-/// Wakes workers: a saga is due. The batch statements (`batch/postgres.rs`) name it too.
-const CHANNEL: &str = "saga_due";
-/// A saga ended (payload: `ID STATUS`). Also named in `batch/postgres.rs`.
-const DONE_CHANNEL: &str = "saga_done";
-
 /// Writer connections of the group commit. Under load the writer's backend is the limit (one
 /// process, one core), so a second one, committing beside it, adds a core's worth of work; at
 /// moderate load it would only halve the batches (BENCHMARKS.md), so it starts a batch beside
@@ -50,8 +45,8 @@ const DONE_CHANNEL: &str = "saga_done";
 const WRITERS: usize = 2;
 
 /// See [`WRITERS`]. A saga has one write in flight at a time, so with up to 32 sagas in
-/// flight the second writer only takes turns (at 16 in flight: 0.5 commits per saga, against
-/// 0.97 for two writers that never wait for each other).
+/// flight the second writer only takes turns: two writers that never wait for each other
+/// split moderate load into twice the commits (BENCHMARKS.md).
 const PARALLEL_FROM: usize = 32;
 
 /// The writer connections' own pool, apart from the readers'.
@@ -311,7 +306,7 @@ async fn listen_loop(
     loop {
         match PgListener::connect_with(&pool).await {
             Ok(mut listener) => {
-                if let Err(e) = listener.listen_all([CHANNEL, DONE_CHANNEL]).await {
+                if let Err(e) = listener.listen_all([DUE_CHANNEL, DONE_CHANNEL]).await {
                     tracing::warn!(error = %e, "LISTEN failed; polling until it works");
                 } else {
                     loop {
@@ -536,18 +531,6 @@ impl SqlBackend for PgStore {
         }
         self.commit(tx).await?;
         Ok(rows.len() as u64)
-    }
-
-    async fn next_due(&self, definitions: &[String]) -> Result<Option<Millis>> {
-        let due: Option<i64> = sqlx::query_scalar(
-            "SELECT MIN(next_run_at) FROM sagas \
-             WHERE next_run_at IS NOT NULL AND lease_owner IS NULL AND definition_key = ANY($1)",
-        )
-        .bind(definitions)
-        .fetch_one(&self.pool)
-        .await
-        .db()?;
-        Ok(due)
     }
 
     async fn due_now(&self, definitions: &[String]) -> Result<bool> {

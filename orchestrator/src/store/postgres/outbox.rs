@@ -8,7 +8,6 @@
 //! - Senders claim with `FOR UPDATE SKIP LOCKED`; a claim pushes the delivery's due time past a
 //!   lease, so a sender that dies mid-send is replaced once the lease runs out.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -18,11 +17,11 @@ use sqlx::Row;
 use uuid::Uuid;
 
 use super::PgStore;
-use crate::store::idempotency::Callback;
 use crate::store::outbox::{
     millis, ClaimedDelivery, NewDelivery, OutboxEvent, OutboxPosition, TargetKind,
 };
 use crate::store::rows::corrupt;
+use crate::store::shared::sql::Tx;
 use crate::store::shared::SqlOutbox;
 use crate::store::Result;
 use crate::store::SqlxResultExt;
@@ -50,6 +49,37 @@ fn event_from_row(row: &PgRow) -> Result<OutboxEvent> {
 
 #[async_trait]
 impl SqlOutbox for PgStore {
+    async fn enqueue_deliveries(&self, tx: &mut Tx, deliveries: &[NewDelivery]) -> Result<()> {
+        if deliveries.is_empty() {
+            return Ok(());
+        }
+        let now = tx.now();
+        let conn = tx
+            .postgres_conn()
+            .expect("a PostgreSQL store's transaction");
+        let events: Vec<i64> = deliveries.iter().map(|d| d.event_id).collect();
+        let targets: Vec<&str> = deliveries.iter().map(|d| d.target.as_str()).collect();
+        let sagas: Vec<Uuid> = deliveries.iter().map(|d| d.saga_id).collect();
+        let kinds: Vec<&str> = deliveries.iter().map(|d| d.kind.as_str()).collect();
+        // One statement for the whole batch: its rows unnested from one array per column.
+        sqlx::query(
+            "INSERT INTO webhook_deliveries (event_id, target, saga_id, kind, next_attempt_at) \
+             SELECT t.event_id, t.target, t.saga_id, t.kind, $5 \
+             FROM UNNEST($1::bigint[], $2::text[], $3::uuid[], $4::text[]) \
+                  AS t(event_id, target, saga_id, kind) \
+             ON CONFLICT (event_id, target) DO NOTHING",
+        )
+        .bind(&events)
+        .bind(&targets)
+        .bind(&sagas)
+        .bind(&kinds)
+        .bind(now)
+        .execute(&mut *conn)
+        .await
+        .db()?;
+        Ok(())
+    }
+
     async fn outbox_after(&self, after: OutboxPosition, limit: u32) -> Result<Vec<OutboxEvent>> {
         let rows = sqlx::query(
             "SELECT e.id AS event_id, e.tx::text::bigint AS tx, e.saga_id::text AS saga_id, \
@@ -66,86 +96,6 @@ impl SqlOutbox for PgStore {
         .await
         .db()?;
         rows.iter().map(event_from_row).collect()
-    }
-
-    async fn saga_callbacks(&self, sagas: &[Uuid]) -> Result<HashMap<Uuid, Callback>> {
-        let ids: Vec<String> = sagas.iter().map(Uuid::to_string).collect();
-        let rows = sqlx::query(
-            "SELECT saga_id::text AS saga_id, url, secret FROM saga_callbacks \
-             WHERE saga_id = ANY($1::uuid[])",
-        )
-        .bind(&ids)
-        .fetch_all(self.pool())
-        .await
-        .db()?;
-        let mut found = HashMap::new();
-        for row in &rows {
-            let saga: String = row.try_get("saga_id").db()?;
-            found.insert(
-                parse_uuid(&saga)?,
-                Callback {
-                    url: row.try_get("url").db()?,
-                    secret: row.try_get("secret").db()?,
-                },
-            );
-        }
-        Ok(found)
-    }
-
-    async fn advance_relay(
-        &self,
-        name: &str,
-        from: OutboxPosition,
-        to: OutboxPosition,
-        deliveries: &[NewDelivery],
-    ) -> Result<bool> {
-        let mut tx = self.pool().begin().await.db()?;
-        sqlx::query(
-            "INSERT INTO relay_cursors (name, tx, event_id, updated_at) \
-             VALUES ($1, 0, 0, saga_now_ms()) ON CONFLICT (name) DO NOTHING",
-        )
-        .bind(name)
-        .execute(&mut *tx)
-        .await
-        .db()?;
-        let moved = sqlx::query(
-            "UPDATE relay_cursors SET tx = $1, event_id = $2, updated_at = saga_now_ms() \
-             WHERE name = $3 AND tx = $4 AND event_id = $5",
-        )
-        .bind(to.tx)
-        .bind(to.event_id)
-        .bind(name)
-        .bind(from.tx)
-        .bind(from.event_id)
-        .execute(&mut *tx)
-        .await
-        .db()?
-        .rows_affected();
-        if moved == 0 {
-            tx.rollback().await.db()?;
-            return Ok(false);
-        }
-        if !deliveries.is_empty() {
-            let events: Vec<i64> = deliveries.iter().map(|d| d.event_id).collect();
-            let targets: Vec<&str> = deliveries.iter().map(|d| d.target.as_str()).collect();
-            let sagas: Vec<String> = deliveries.iter().map(|d| d.saga_id.to_string()).collect();
-            let kinds: Vec<&str> = deliveries.iter().map(|d| d.kind.as_str()).collect();
-            sqlx::query(
-                "INSERT INTO webhook_deliveries (event_id, target, saga_id, kind, next_attempt_at) \
-                 SELECT t.event_id, t.target, t.saga_id, t.kind, saga_now_ms() \
-                 FROM UNNEST($1::bigint[], $2::text[], $3::uuid[], $4::text[]) \
-                      AS t(event_id, target, saga_id, kind) \
-                 ON CONFLICT (event_id, target) DO NOTHING",
-            )
-            .bind(&events)
-            .bind(&targets)
-            .bind(&sagas)
-            .bind(&kinds)
-            .execute(&mut *tx)
-            .await.db()?;
-        }
-        tx.commit().await.db()?;
-        Ok(true)
     }
 
     async fn claim_deliveries(&self, limit: u32, lease: Duration) -> Result<Vec<ClaimedDelivery>> {

@@ -31,6 +31,7 @@ use crate::store::outbox::{
     ClaimedDelivery, Delivery, DeliveryOutcome, NewDelivery, OutboxEvent, OutboxPosition,
     OutboxStore,
 };
+use crate::store::rows::LogRow;
 use crate::store::{
     Applied, CancelOutcome, ClaimRequest, Claimed, Lease, LeaseRequest, NewSaga, Result, Store,
     StoreError, Transition, WorkerInfo,
@@ -70,8 +71,6 @@ pub(crate) trait SqlBackend: SqlStarts + SqlOutbox + Send + Sync + 'static {
     async fn apply(&self, lease: &Lease, transition: &Transition) -> Result<Applied>;
     /// As [`Store::mark_blocked`].
     async fn mark_blocked(&self, definitions: &[String]) -> Result<u64>;
-    /// As [`Store::next_due`].
-    async fn next_due(&self, definitions: &[String]) -> Result<Option<Millis>>;
     /// As [`Store::due_now`].
     async fn due_now(&self, definitions: &[String]) -> Result<bool>;
     /// As [`Store::due_signal`].
@@ -117,21 +116,14 @@ pub(crate) trait SqlStarts {
 }
 
 /// What a database does its own way in the outbox (see [`OutboxStore`]): reading events in
-/// commit order, moving a relay's cursor with the deliveries it enqueues, claiming deliveries.
+/// commit order, enqueuing a relay's deliveries, claiming deliveries.
 #[async_trait]
 pub(crate) trait SqlOutbox {
     /// As [`OutboxStore::outbox_after`].
     async fn outbox_after(&self, after: OutboxPosition, limit: u32) -> Result<Vec<OutboxEvent>>;
-    /// As [`OutboxStore::saga_callbacks`].
-    async fn saga_callbacks(&self, sagas: &[Uuid]) -> Result<HashMap<Uuid, Callback>>;
-    /// As [`OutboxStore::advance_relay`].
-    async fn advance_relay(
-        &self,
-        name: &str,
-        from: OutboxPosition,
-        to: OutboxPosition,
-        deliveries: &[NewDelivery],
-    ) -> Result<bool>;
+    /// Enqueues one delivery row per (event, target) inside a relay's cursor move, stamped
+    /// due at the transaction's time.
+    async fn enqueue_deliveries(&self, tx: &mut Tx, deliveries: &[NewDelivery]) -> Result<()>;
     /// As [`OutboxStore::claim_deliveries`].
     async fn claim_deliveries(&self, limit: u32, lease: Duration) -> Result<Vec<ClaimedDelivery>>;
 }
@@ -224,11 +216,11 @@ impl<B: SqlBackend> Store for B {
             )
             .await?;
         if released == 0 {
-            SqlBackend::commit(self, tx).await?;
+            tx.commit().await?;
             return Err(StoreError::LeaseLost(lease.saga_id));
         }
         tx.announce_due().await?;
-        SqlBackend::commit(self, tx).await
+        tx.commit().await
     }
 
     async fn mark_blocked(&self, definitions: &[String]) -> Result<u64> {
@@ -236,7 +228,19 @@ impl<B: SqlBackend> Store for B {
     }
 
     async fn next_due(&self, definitions: &[String]) -> Result<Option<Millis>> {
-        SqlBackend::next_due(self, definitions).await
+        let row = self
+            .reader()
+            .opt(
+                "SELECT MIN(next_run_at) AS due FROM sagas \
+                 WHERE next_run_at IS NOT NULL AND lease_owner IS NULL \
+                   AND definition_key = ANY($1)",
+                &[Arg::Strs(definitions)],
+            )
+            .await?;
+        Ok(match row {
+            Some(row) => row.get("due")?,
+            None => None,
+        })
     }
 
     async fn due_now(&self, definitions: &[String]) -> Result<bool> {
@@ -325,7 +329,7 @@ impl<B: SqlBackend> IdempotencyStore for B {
                 &[Arg::Int(now)],
             )
             .await?;
-        SqlBackend::commit(self, tx).await?;
+        tx.commit().await?;
         Ok(deleted)
     }
 }
@@ -341,7 +345,7 @@ impl<B: SqlBackend> OutboxStore for B {
     }
 
     async fn saga_callbacks(&self, sagas: &[Uuid]) -> Result<HashMap<Uuid, Callback>> {
-        SqlOutbox::saga_callbacks(self, sagas).await
+        outbox::saga_callbacks(self.reader(), sagas).await
     }
 
     async fn advance_relay(
@@ -351,7 +355,7 @@ impl<B: SqlBackend> OutboxStore for B {
         to: OutboxPosition,
         deliveries: &[NewDelivery],
     ) -> Result<bool> {
-        SqlOutbox::advance_relay(self, name, from, to, deliveries).await
+        outbox::advance_relay(self, name, from, to, deliveries).await
     }
 
     async fn claim_deliveries(&self, limit: u32, lease: Duration) -> Result<Vec<ClaimedDelivery>> {

@@ -1,18 +1,21 @@
-//! The parts of the outbox both databases write the same way: a relay's cursor, the end of a
-//! delivery attempt, a saga's deliveries and a relay's lag. Reading events in commit order,
-//! moving the cursor with the deliveries it enqueues, and claiming deliveries differ (see each
-//! backend's `outbox.rs`).
+//! The parts of the outbox both databases write the same way: a relay's cursor and its moves,
+//! the callbacks of sagas, the end of a delivery attempt, a saga's deliveries and a relay's lag.
+//! Reading events in commit order, enqueuing deliveries in bulk and claiming deliveries differ
+//! (see each backend's `outbox.rs`).
+
+use std::collections::HashMap;
 
 use uuid::Uuid;
 
 use super::sql::{Arg, Reader};
 use super::SqlBackend;
 use crate::model::Millis;
+use crate::store::idempotency::Callback;
 use crate::store::outbox::{
-    millis, short_error, state_of, Delivery, DeliveryOutcome, DeliveryState, OutboxPosition,
-    TargetKind,
+    millis, short_error, state_of, Delivery, DeliveryOutcome, DeliveryState, NewDelivery,
+    OutboxPosition, TargetKind,
 };
-use crate::store::rows::LogRow;
+use crate::store::rows::{corrupt, LogRow};
 use crate::store::Result;
 
 /// Where relay `name` stands (the start of the log if it never ran).
@@ -30,6 +33,70 @@ pub(crate) async fn relay_cursor(reader: Reader<'_>, name: &str) -> Result<Outbo
         },
         None => OutboxPosition::default(),
     })
+}
+
+/// The callbacks registered for `sagas`, by saga.
+pub(crate) async fn saga_callbacks(
+    reader: Reader<'_>,
+    sagas: &[Uuid],
+) -> Result<HashMap<Uuid, Callback>> {
+    let rows = reader
+        .all(
+            "SELECT saga_id::text AS saga_id, url, secret FROM saga_callbacks \
+             WHERE saga_id = ANY($1::uuid[])",
+            &[Arg::Ids(sagas)],
+        )
+        .await?;
+    let mut found = HashMap::with_capacity(rows.len());
+    for row in &rows {
+        let saga: String = row.get("saga_id")?;
+        let id = Uuid::parse_str(&saga).map_err(|e| corrupt(&saga, e))?;
+        let callback = Callback {
+            url: row.get("url")?,
+            secret: row.get("secret")?,
+        };
+        found.insert(id, callback);
+    }
+    Ok(found)
+}
+
+/// Moves relay `name`'s cursor from `from` to `to` (compare-and-set: `false`, and nothing
+/// written, if another relay moved it first) and enqueues `deliveries`, in one transaction.
+pub(crate) async fn advance_relay<B: SqlBackend>(
+    store: &B,
+    name: &str,
+    from: OutboxPosition,
+    to: OutboxPosition,
+    deliveries: &[NewDelivery],
+) -> Result<bool> {
+    let mut tx = store.begin().await?;
+    let now = tx.now();
+    tx.exec(
+        "INSERT INTO relay_cursors (name, tx, event_id, updated_at) VALUES ($1, 0, 0, $2) \
+         ON CONFLICT (name) DO NOTHING",
+        &[Arg::Str(name), Arg::Int(now)],
+    )
+    .await?;
+    let moved = tx
+        .exec(
+            "UPDATE relay_cursors SET tx = $1, event_id = $2, updated_at = $3 \
+             WHERE name = $4 AND tx = $5 AND event_id = $6",
+            &[
+                Arg::Int(to.tx),
+                Arg::Int(to.event_id),
+                Arg::Int(now),
+                Arg::Str(name),
+                Arg::Int(from.tx),
+                Arg::Int(from.event_id),
+            ],
+        )
+        .await?;
+    if moved == 0 {
+        return Ok(false);
+    }
+    store.enqueue_deliveries(&mut tx, deliveries).await?;
+    tx.commit().await?;
+    Ok(true)
 }
 
 /// Records how an attempt went, if it is still the delivery's latest (fenced on the attempt
@@ -91,7 +158,7 @@ pub(crate) async fn finish_delivery<B: SqlBackend>(
             .await?;
         }
     }
-    store.commit(tx).await
+    tx.commit().await
 }
 
 /// A saga's webhook deliveries, by event and target.

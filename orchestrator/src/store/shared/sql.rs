@@ -25,10 +25,12 @@ use crate::model::{Millis, SagaStatus};
 use crate::store::rows::{Column, LogRow};
 use crate::store::{Result, SqlxResultExt};
 
-/// The PostgreSQL channel that wakes engines when a saga becomes due.
+/// The PostgreSQL channel that wakes engines when a saga becomes due (the batch statement of
+/// `postgres::writer` names it too).
 pub(crate) const DUE_CHANNEL: &str = "saga_due";
 
-/// The PostgreSQL channel announcing `ID STATUS` when a saga ends.
+/// The PostgreSQL channel announcing `ID STATUS` when a saga ends (also named by the batch
+/// statement of `postgres::writer`).
 pub(crate) const DONE_CHANNEL: &str = "saga_done";
 
 /// Which database a statement runs on, for the few fragments whose text cannot be shared.
@@ -66,11 +68,17 @@ pub(crate) enum Arg<'a> {
     OptInt(Option<i64>),
     /// A JSON document (the parameter carries a `::jsonb` cast in the text).
     Json(&'a Value),
+    /// A list of ids, for `= ANY($n)`.
+    Ids(&'a [Uuid]),
+    /// A list of texts, for `= ANY($n)`.
+    Strs(&'a [String]),
 }
 
-/// The statement text for SQLite: the PostgreSQL text without its `::type` casts.
+/// The statement text for SQLite: the PostgreSQL text without its `::type` casts, and each
+/// `= ANY($n)` over a list parameter as `IN (SELECT value FROM json_each($n))` (SQLite has no
+/// arrays: a list is bound as a JSON array).
 fn sqlite_text(sql: &str) -> Cow<'_, str> {
-    if !sql.contains("::") {
+    if !sql.contains("::") && !sql.contains("= ANY(") {
         return Cow::Borrowed(sql);
     }
     let mut out = String::with_capacity(sql.len());
@@ -84,7 +92,21 @@ fn sqlite_text(sql: &str) -> Cow<'_, str> {
         rest = &after[skip..];
     }
     out.push_str(rest);
+    while let Some(at) = out.find("= ANY($") {
+        let param_end = out[at..].find(')').map_or(out.len(), |end| at + end);
+        let param = out[at + "= ANY(".len()..param_end].to_owned();
+        out.replace_range(
+            at..=param_end.min(out.len() - 1),
+            &format!("IN (SELECT value FROM json_each({param}))"),
+        );
+    }
     Cow::Owned(out)
+}
+
+/// A list as SQLite binds it: a JSON array of its items as text.
+fn json_list<T: ToString>(items: &[T]) -> String {
+    let texts: Vec<String> = items.iter().map(ToString::to_string).collect();
+    serde_json::Value::from(texts).to_string()
 }
 
 fn sqlite_query<'q>(sql: &'q str, args: &[Arg<'q>]) -> Query<'q, Sqlite, SqliteArguments<'q>> {
@@ -97,6 +119,8 @@ fn sqlite_query<'q>(sql: &'q str, args: &[Arg<'q>]) -> Query<'q, Sqlite, SqliteA
             Arg::Int(i) => q.bind(i),
             Arg::OptInt(i) => q.bind(i),
             Arg::Json(v) => q.bind(v.to_string()),
+            Arg::Ids(ids) => q.bind(json_list(ids)),
+            Arg::Strs(texts) => q.bind(json_list(texts)),
         };
     }
     q
@@ -112,6 +136,8 @@ fn pg_query<'q>(sql: &'q str, args: &[Arg<'q>]) -> Query<'q, Postgres, PgArgumen
             Arg::Int(i) => q.bind(i),
             Arg::OptInt(i) => q.bind(i),
             Arg::Json(v) => q.bind(v.to_string()),
+            Arg::Ids(ids) => q.bind(ids),
+            Arg::Strs(texts) => q.bind(texts),
         };
     }
     q
@@ -266,6 +292,22 @@ impl Tx {
         })
     }
 
+    /// The SQLite connection under the transaction, for a backend's own statements.
+    pub(crate) fn sqlite_conn(&mut self) -> Option<&mut sqlx::SqliteConnection> {
+        match &mut self.conn {
+            TxConn::Sqlite(tx) => Some(&mut **tx),
+            TxConn::Postgres(_) => None,
+        }
+    }
+
+    /// The PostgreSQL connection under the transaction, for a backend's own statements.
+    pub(crate) fn postgres_conn(&mut self) -> Option<&mut sqlx::PgConnection> {
+        match &mut self.conn {
+            TxConn::Postgres(tx) => Some(&mut **tx),
+            TxConn::Sqlite(_) => None,
+        }
+    }
+
     /// Locks the saga's row until the end of the transaction (PostgreSQL; a SQLite write
     /// transaction holds the database's one write lock already); whether the saga exists.
     pub(crate) async fn lock_saga(&mut self, id: Uuid) -> Result<bool> {
@@ -323,8 +365,13 @@ mod tests {
             sqlite_text(
                 "SELECT id::text AS id FROM s WHERE id = ANY($1::uuid[]) AND d = $2::jsonb"
             ),
-            "SELECT id AS id FROM s WHERE id = ANY($1) AND d = $2"
+            "SELECT id AS id FROM s WHERE id IN (SELECT value FROM json_each($1)) AND d = $2"
         );
         assert_eq!(sqlite_text("SELECT 1"), "SELECT 1");
+        assert_eq!(
+            sqlite_text("SELECT a FROM t WHERE k = ANY($1) AND j = ANY($2::uuid[]) LIMIT $3"),
+            "SELECT a FROM t WHERE k IN (SELECT value FROM json_each($1)) \
+             AND j IN (SELECT value FROM json_each($2)) LIMIT $3"
+        );
     }
 }

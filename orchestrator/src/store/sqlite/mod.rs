@@ -164,8 +164,8 @@ impl SqliteStore {
             // The step log's REFERENCES are declared, not enforced (as on PostgreSQL, migration
             // 0004 there): every child row is written with its saga's row, or after the fence
             // or an update of that row in the same transaction, and no saga is deleted. The
-            // check was a probe of `sagas`' key per steps, attempts and events row: about 5 %
-            // of the single writer's instructions (BENCHMARKS.md).
+            // check was a probe of `sagas`' key per steps, attempts and events row, a cost the
+            // single writer paid on every write (BENCHMARKS.md).
             .foreign_keys(false)
             .pragma("temp_store", "memory")
             .pragma("cache_size", "-16000")
@@ -194,8 +194,8 @@ impl SqliteStore {
             .test_before_acquire(false)
             .after_connect(|conn, _| Box::pin(handle::widen_lookaside(conn)))
             // A small page cache for the writer: SQLite sweeps the cache's hash table at the end
-            // of many write transactions, a cost that grows with the cache (measured: 16 MB
-            // cost ~10 % of throughput under group commit). The readers keep the large one.
+            // of many write transactions, a cost that grows with the cache (BENCHMARKS.md). The
+            // readers keep the large one.
             .connect_with(opts.clone().pragma("cache_size", "-2000"))
             .await
             .db()?;
@@ -291,12 +291,12 @@ impl SqliteStore {
         saga_from_row(&row, steps)
     }
 
-    /// The writer pool, for the idempotency and outbox stores (`BEGIN IMMEDIATE` writes).
     /// The group-commit queue, for writes that belong in the engine's commits.
     pub(crate) fn queue(&self) -> &WriteQueue<Sqlite> {
         &self.queue
     }
 
+    /// The writer pool (`BEGIN IMMEDIATE` writes outside the queue).
     pub(crate) fn writer_pool(&self) -> &SqlitePool {
         &self.writer
     }
@@ -586,19 +586,6 @@ impl SqlBackend for SqliteStore {
         }
         self.commit(tx).await?;
         Ok(rows.len() as u64)
-    }
-
-    async fn next_due(&self, definitions: &[String]) -> Result<Option<Millis>> {
-        let row = sqlx::query(
-            "SELECT MIN(next_run_at) AS due FROM sagas \
-             WHERE next_run_at IS NOT NULL AND lease_owner IS NULL \
-               AND definition_key IN (SELECT value FROM json_each(?1))",
-        )
-        .bind(json_list(definitions))
-        .fetch_one(&self.reader)
-        .await
-        .db()?;
-        row.try_get("due").db()
     }
 
     async fn due_now(&self, definitions: &[String]) -> Result<bool> {

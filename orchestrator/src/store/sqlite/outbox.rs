@@ -2,21 +2,20 @@
 //! connection), so event ids are committed in order and the event id alone is the cursor.
 //! Writes are few: one per batch of events read, one per batch of claims, one per attempt.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use serde_json::Value;
 use sqlx::sqlite::SqliteRow;
-use sqlx::{QueryBuilder, Row, Sqlite};
+use sqlx::Row;
 use uuid::Uuid;
 
 use super::SqliteStore;
-use crate::store::idempotency::Callback;
 use crate::store::outbox::{
     millis, ClaimedDelivery, NewDelivery, OutboxEvent, OutboxPosition, TargetKind,
 };
 use crate::store::rows::corrupt;
+use crate::store::shared::sql::Tx;
 use crate::store::shared::SqlOutbox;
 use crate::store::SqlxResultExt;
 use crate::store::{Result, Store};
@@ -44,6 +43,26 @@ fn event_from_row(row: &SqliteRow) -> Result<OutboxEvent> {
 
 #[async_trait]
 impl SqlOutbox for SqliteStore {
+    async fn enqueue_deliveries(&self, tx: &mut Tx, deliveries: &[NewDelivery]) -> Result<()> {
+        let now = tx.now();
+        let conn = tx.sqlite_conn().expect("a SQLite store's transaction");
+        for d in deliveries {
+            sqlx::query(
+                "INSERT INTO webhook_deliveries (event_id, target, saga_id, kind, next_attempt_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (event_id, target) DO NOTHING",
+            )
+            .bind(d.event_id)
+            .bind(&d.target)
+            .bind(d.saga_id.to_string())
+            .bind(d.kind.as_str())
+            .bind(now)
+            .execute(&mut *conn)
+            .await
+            .db()?;
+        }
+        Ok(())
+    }
+
     async fn outbox_after(&self, after: OutboxPosition, limit: u32) -> Result<Vec<OutboxEvent>> {
         let rows = sqlx::query(
             "SELECT e.id AS event_id, e.saga_id, s.name AS saga_name, e.at, e.type, e.step, e.data \
@@ -55,86 +74,6 @@ impl SqlOutbox for SqliteStore {
         .fetch_all(self.reader_pool())
         .await.db()?;
         rows.iter().map(event_from_row).collect()
-    }
-
-    async fn saga_callbacks(&self, sagas: &[Uuid]) -> Result<HashMap<Uuid, Callback>> {
-        let mut found = HashMap::new();
-        for chunk in sagas.chunks(500) {
-            let mut q = QueryBuilder::<Sqlite>::new(
-                "SELECT saga_id, url, secret FROM saga_callbacks WHERE saga_id IN (",
-            );
-            let mut list = q.separated(", ");
-            for id in chunk {
-                list.push_bind(id.to_string());
-            }
-            q.push(")");
-            for row in q.build().fetch_all(self.reader_pool()).await.db()? {
-                let saga: String = row.try_get("saga_id").db()?;
-                found.insert(
-                    parse_uuid(&saga)?,
-                    Callback {
-                        url: row.try_get("url").db()?,
-                        secret: row.try_get("secret").db()?,
-                    },
-                );
-            }
-        }
-        Ok(found)
-    }
-
-    async fn advance_relay(
-        &self,
-        name: &str,
-        from: OutboxPosition,
-        to: OutboxPosition,
-        deliveries: &[NewDelivery],
-    ) -> Result<bool> {
-        let now = Store::now(self).await?;
-        let mut tx = self
-            .writer_pool()
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .db()?;
-        sqlx::query(
-            "INSERT INTO relay_cursors (name, tx, event_id, updated_at) VALUES (?1, 0, 0, ?2) \
-             ON CONFLICT (name) DO NOTHING",
-        )
-        .bind(name)
-        .bind(now)
-        .execute(&mut *tx)
-        .await
-        .db()?;
-        let moved = sqlx::query(
-            "UPDATE relay_cursors SET event_id = ?1, updated_at = ?2 \
-             WHERE name = ?3 AND event_id = ?4",
-        )
-        .bind(to.event_id)
-        .bind(now)
-        .bind(name)
-        .bind(from.event_id)
-        .execute(&mut *tx)
-        .await
-        .db()?
-        .rows_affected();
-        if moved == 0 {
-            tx.rollback().await.db()?;
-            return Ok(false);
-        }
-        for d in deliveries {
-            sqlx::query(
-                "INSERT INTO webhook_deliveries (event_id, target, saga_id, kind, next_attempt_at) \
-                 VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (event_id, target) DO NOTHING",
-            )
-            .bind(d.event_id)
-            .bind(&d.target)
-            .bind(d.saga_id.to_string())
-            .bind(d.kind.as_str())
-            .bind(now)
-            .execute(&mut *tx)
-            .await.db()?;
-        }
-        tx.commit().await.db()?;
-        Ok(true)
     }
 
     async fn claim_deliveries(&self, limit: u32, lease: Duration) -> Result<Vec<ClaimedDelivery>> {
