@@ -11,8 +11,6 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde_json::Value;
-use sqlx::postgres::PgRow;
 use sqlx::Row;
 use uuid::Uuid;
 
@@ -20,32 +18,11 @@ use super::PgStore;
 use crate::store::outbox::{
     millis, ClaimedDelivery, NewDelivery, OutboxEvent, OutboxPosition, TargetKind,
 };
-use crate::store::rows::corrupt;
+use crate::store::rows::outbox_event_from_row;
 use crate::store::shared::sql::Tx;
 use crate::store::shared::SqlOutbox;
 use crate::store::Result;
 use crate::store::SqlxResultExt;
-
-fn parse_uuid(text: &str) -> Result<Uuid> {
-    Uuid::parse_str(text).map_err(|e| corrupt(text, e))
-}
-
-fn event_from_row(row: &PgRow) -> Result<OutboxEvent> {
-    let saga: String = row.try_get("saga_id").db()?;
-    let data: String = row.try_get("data").db()?;
-    Ok(OutboxEvent {
-        position: OutboxPosition {
-            tx: row.try_get("tx").db()?,
-            event_id: row.try_get("event_id").db()?,
-        },
-        saga_id: parse_uuid(&saga)?,
-        saga_name: row.try_get("saga_name").db()?,
-        kind: row.try_get("type").db()?,
-        step: row.try_get("step").db()?,
-        at: row.try_get("at").db()?,
-        data: serde_json::from_str(&data).unwrap_or(Value::Null),
-    })
-}
 
 #[async_trait]
 impl SqlOutbox for PgStore {
@@ -95,7 +72,7 @@ impl SqlOutbox for PgStore {
         .fetch_all(self.pool())
         .await
         .db()?;
-        rows.iter().map(event_from_row).collect()
+        rows.iter().map(outbox_event_from_row).collect()
     }
 
     async fn claim_deliveries(&self, limit: u32, lease: Duration) -> Result<Vec<ClaimedDelivery>> {
@@ -122,7 +99,7 @@ impl SqlOutbox for PgStore {
         .db()?;
         let mut claimed = Vec::with_capacity(rows.len());
         for row in &rows {
-            let event = event_from_row(row)?;
+            let event = outbox_event_from_row(row)?;
             let target: String = row.try_get("target").db()?;
             let kind: String = row.try_get("kind").db()?;
             let attempts: i32 = row.try_get("attempts").db()?;

@@ -5,41 +5,17 @@
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde_json::Value;
-use sqlx::sqlite::SqliteRow;
 use sqlx::Row;
-use uuid::Uuid;
 
 use super::SqliteStore;
 use crate::store::outbox::{
     millis, ClaimedDelivery, NewDelivery, OutboxEvent, OutboxPosition, TargetKind,
 };
-use crate::store::rows::corrupt;
+use crate::store::rows::outbox_event_from_row;
 use crate::store::shared::sql::Tx;
 use crate::store::shared::SqlOutbox;
 use crate::store::SqlxResultExt;
 use crate::store::{Result, Store};
-
-fn parse_uuid(text: &str) -> Result<Uuid> {
-    Uuid::parse_str(text).map_err(|e| corrupt(text, e))
-}
-
-fn event_from_row(row: &SqliteRow) -> Result<OutboxEvent> {
-    let saga: String = row.try_get("saga_id").db()?;
-    let data: String = row.try_get("data").db()?;
-    Ok(OutboxEvent {
-        position: OutboxPosition {
-            tx: 0,
-            event_id: row.try_get("event_id").db()?,
-        },
-        saga_id: parse_uuid(&saga)?,
-        saga_name: row.try_get("saga_name").db()?,
-        kind: row.try_get("type").db()?,
-        step: row.try_get("step").db()?,
-        at: row.try_get("at").db()?,
-        data: serde_json::from_str(&data).unwrap_or(Value::Null),
-    })
-}
 
 #[async_trait]
 impl SqlOutbox for SqliteStore {
@@ -65,7 +41,7 @@ impl SqlOutbox for SqliteStore {
 
     async fn outbox_after(&self, after: OutboxPosition, limit: u32) -> Result<Vec<OutboxEvent>> {
         let rows = sqlx::query(
-            "SELECT e.id AS event_id, e.saga_id, s.name AS saga_name, e.at, e.type, e.step, e.data \
+            "SELECT e.id AS event_id, 0 AS tx, e.saga_id, s.name AS saga_name, e.at, e.type, e.step, e.data \
              FROM events e JOIN sagas s ON s.id = e.saga_id \
              WHERE e.id > ?1 ORDER BY e.id LIMIT ?2",
         )
@@ -73,7 +49,7 @@ impl SqlOutbox for SqliteStore {
         .bind(i64::from(limit))
         .fetch_all(self.reader_pool())
         .await.db()?;
-        rows.iter().map(event_from_row).collect()
+        rows.iter().map(outbox_event_from_row).collect()
     }
 
     async fn claim_deliveries(&self, limit: u32, lease: Duration) -> Result<Vec<ClaimedDelivery>> {
@@ -96,7 +72,7 @@ impl SqlOutbox for SqliteStore {
             .await
             .db()?;
         let rows = sqlx::query(
-            "SELECT d.event_id, d.target, d.kind, d.attempts, e.saga_id, s.name AS saga_name, \
+            "SELECT d.event_id, d.target, d.kind, d.attempts, 0 AS tx, e.saga_id, s.name AS saga_name, \
              e.at, e.type, e.step, e.data, c.secret \
              FROM webhook_deliveries d \
              JOIN events e ON e.id = d.event_id \
@@ -115,7 +91,7 @@ impl SqlOutbox for SqliteStore {
         .db()?;
         let mut claimed = Vec::with_capacity(rows.len());
         for row in &rows {
-            let event = event_from_row(row)?;
+            let event = outbox_event_from_row(row)?;
             let target: String = row.try_get("target").db()?;
             let kind: String = row.try_get("kind").db()?;
             let attempts: i64 = row.try_get("attempts").db()?;
