@@ -8,16 +8,11 @@
 //! - Senders claim with `FOR UPDATE SKIP LOCKED`; a claim pushes the delivery's due time past a
 //!   lease, so a sender that dies mid-send is replaced once the lease runs out.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
-use sqlx::Row;
 use uuid::Uuid;
 
 use super::PgStore;
-use crate::store::outbox::{
-    millis, ClaimedDelivery, NewDelivery, OutboxEvent, OutboxPosition, TargetKind,
-};
+use crate::store::outbox::{NewDelivery, OutboxEvent, OutboxPosition};
 use crate::store::rows::outbox_event_from_row;
 use crate::store::shared::sql::Tx;
 use crate::store::shared::SqlOutbox;
@@ -73,55 +68,5 @@ impl SqlOutbox for PgStore {
         .await
         .db()?;
         rows.iter().map(outbox_event_from_row).collect()
-    }
-
-    async fn claim_deliveries(&self, limit: u32, lease: Duration) -> Result<Vec<ClaimedDelivery>> {
-        let mut tx = self.pool().begin().await.db()?;
-        let rows = sqlx::query(
-            "SELECT d.event_id, d.target, d.kind, d.attempts, e.tx::text::bigint AS tx, \
-             e.saga_id::text AS saga_id, s.name AS saga_name, e.at, e.type, e.step, \
-             e.data::text AS data, c.secret \
-             FROM webhook_deliveries d \
-             JOIN events e ON e.id = d.event_id \
-             JOIN sagas s ON s.id = e.saga_id \
-             LEFT JOIN saga_callbacks c ON c.saga_id = d.saga_id \
-             WHERE d.delivered_at IS NULL AND d.failed_at IS NULL \
-               AND d.next_attempt_at <= (SELECT saga_now_ms()) \
-               AND NOT EXISTS (SELECT 1 FROM webhook_deliveries p \
-                   WHERE p.saga_id = d.saga_id AND p.target = d.target AND p.event_id < d.event_id \
-                     AND p.delivered_at IS NULL AND p.failed_at IS NULL) \
-             ORDER BY d.next_attempt_at, d.event_id LIMIT $1 \
-             FOR UPDATE OF d SKIP LOCKED",
-        )
-        .bind(i64::from(limit))
-        .fetch_all(&mut *tx)
-        .await
-        .db()?;
-        let mut claimed = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let event = outbox_event_from_row(row)?;
-            let target: String = row.try_get("target").db()?;
-            let kind: String = row.try_get("kind").db()?;
-            let attempts: i32 = row.try_get("attempts").db()?;
-            sqlx::query(
-                "UPDATE webhook_deliveries SET attempts = attempts + 1, \
-                 next_attempt_at = saga_now_ms() + $1 WHERE event_id = $2 AND target = $3",
-            )
-            .bind(millis(lease))
-            .bind(event.id())
-            .bind(&target)
-            .execute(&mut *tx)
-            .await
-            .db()?;
-            claimed.push(ClaimedDelivery {
-                event,
-                target,
-                kind: TargetKind::parse(&kind),
-                attempt: u32::try_from(attempts.saturating_add(1)).unwrap_or(u32::MAX),
-                callback_secret: row.try_get("secret").db()?,
-            });
-        }
-        tx.commit().await.db()?;
-        Ok(claimed)
     }
 }

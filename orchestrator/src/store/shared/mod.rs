@@ -116,7 +116,7 @@ pub(crate) trait SqlStarts {
 }
 
 /// What a database does its own way in the outbox (see [`OutboxStore`]): reading events in
-/// commit order, enqueuing a relay's deliveries, claiming deliveries.
+/// commit order, and enqueuing a relay's deliveries.
 #[async_trait]
 pub(crate) trait SqlOutbox {
     /// As [`OutboxStore::outbox_after`].
@@ -124,8 +124,6 @@ pub(crate) trait SqlOutbox {
     /// Enqueues one delivery row per (event, target) inside a relay's cursor move, stamped
     /// due at the transaction's time.
     async fn enqueue_deliveries(&self, tx: &mut Tx, deliveries: &[NewDelivery]) -> Result<()>;
-    /// As [`OutboxStore::claim_deliveries`].
-    async fn claim_deliveries(&self, limit: u32, lease: Duration) -> Result<Vec<ClaimedDelivery>>;
 }
 
 #[async_trait]
@@ -359,7 +357,7 @@ impl<B: SqlBackend> OutboxStore for B {
     }
 
     async fn claim_deliveries(&self, limit: u32, lease: Duration) -> Result<Vec<ClaimedDelivery>> {
-        SqlOutbox::claim_deliveries(self, limit, lease).await
+        outbox::claim_deliveries(self, limit, lease).await
     }
 
     async fn finish_delivery(

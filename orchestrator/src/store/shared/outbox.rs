@@ -1,9 +1,10 @@
 //! The parts of the outbox both databases write the same way: a relay's cursor and its moves,
 //! the callbacks of sagas, the end of a delivery attempt, a saga's deliveries and a relay's lag.
-//! Reading events in commit order, enqueuing deliveries in bulk and claiming deliveries differ
+//! Reading events in commit order and enqueuing deliveries in bulk differ
 //! (see each backend's `outbox.rs`).
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use uuid::Uuid;
 
@@ -12,10 +13,10 @@ use super::SqlBackend;
 use crate::model::Millis;
 use crate::store::idempotency::Callback;
 use crate::store::outbox::{
-    millis, short_error, state_of, Delivery, DeliveryOutcome, DeliveryState, NewDelivery,
-    OutboxPosition, TargetKind,
+    millis, short_error, state_of, ClaimedDelivery, Delivery, DeliveryOutcome, DeliveryState,
+    NewDelivery, OutboxPosition, TargetKind,
 };
-use crate::store::rows::{corrupt, LogRow};
+use crate::store::rows::{corrupt, outbox_event_from_row, LogRow};
 use crate::store::Result;
 
 /// Where relay `name` stands (the start of the log if it never ran).
@@ -97,6 +98,77 @@ pub(crate) async fn advance_relay<B: SqlBackend>(
     store.enqueue_deliveries(&mut tx, deliveries).await?;
     tx.commit().await?;
     Ok(true)
+}
+
+/// Claims up to `limit` due deliveries for `lease`: each one's attempt count goes up (the
+/// attempt's fencing token) and it is not due again before the lease runs out, so a sender
+/// that dies mid-send is replaced then. Never the next event of a saga for a target while an
+/// earlier one is pending.
+pub(crate) async fn claim_deliveries<B: SqlBackend>(
+    store: &B,
+    limit: u32,
+    lease: Duration,
+) -> Result<Vec<ClaimedDelivery>> {
+    // A cheap look first, on a reader: most polls find nothing and need no write transaction.
+    let now = crate::store::Store::now(store).await?;
+    let any = store
+        .reader()
+        .opt(
+            "SELECT 1 AS due FROM webhook_deliveries \
+             WHERE delivered_at IS NULL AND failed_at IS NULL AND next_attempt_at <= $1 LIMIT 1",
+            &[Arg::Int(now)],
+        )
+        .await?;
+    if any.is_none() {
+        return Ok(Vec::new());
+    }
+    let mut tx = store.begin().await?;
+    let now = tx.now();
+    let dialect = tx.dialect();
+    let rows = tx
+        .all(
+            &format!(
+                "SELECT d.event_id, d.target, d.kind, d.attempts::bigint AS attempts, \
+                 {} AS tx, e.saga_id::text AS saga_id, s.name AS saga_name, e.at, e.type, \
+                 e.step, e.data::text AS data, c.secret \
+                 FROM webhook_deliveries d \
+                 JOIN events e ON e.id = d.event_id \
+                 JOIN sagas s ON s.id = e.saga_id \
+                 LEFT JOIN saga_callbacks c ON c.saga_id = d.saga_id \
+                 WHERE d.delivered_at IS NULL AND d.failed_at IS NULL AND d.next_attempt_at <= $1 \
+                   AND NOT EXISTS (SELECT 1 FROM webhook_deliveries p \
+                       WHERE p.saga_id = d.saga_id AND p.target = d.target \
+                         AND p.event_id < d.event_id \
+                         AND p.delivered_at IS NULL AND p.failed_at IS NULL) \
+                 ORDER BY d.next_attempt_at, d.event_id LIMIT $2{}",
+                dialect.event_tx(),
+                dialect.skip_locked("d"),
+            ),
+            &[Arg::Int(now), Arg::Int(i64::from(limit))],
+        )
+        .await?;
+    let due_again = now.saturating_add(millis(lease));
+    let mut claimed = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let event = outbox_event_from_row(row)?;
+        let target: String = row.get("target")?;
+        let attempts: i64 = row.get("attempts")?;
+        tx.exec(
+            "UPDATE webhook_deliveries SET attempts = attempts + 1, next_attempt_at = $1 \
+             WHERE event_id = $2 AND target = $3",
+            &[Arg::Int(due_again), Arg::Int(event.id()), Arg::Str(&target)],
+        )
+        .await?;
+        claimed.push(ClaimedDelivery {
+            event,
+            target,
+            kind: TargetKind::parse(&row.get::<String>("kind")?),
+            attempt: u32::try_from(attempts.saturating_add(1)).unwrap_or(u32::MAX),
+            callback_secret: row.get("secret")?,
+        });
+    }
+    tx.commit().await?;
+    Ok(claimed)
 }
 
 /// Records how an attempt went, if it is still the delivery's latest (fenced on the attempt

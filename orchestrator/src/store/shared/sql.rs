@@ -51,6 +51,25 @@ impl Dialect {
             Dialect::Postgres => " AND needs_attention",
         }
     }
+
+    /// An event's position among commits, as a 64-bit integer (`e` the events table): its
+    /// transaction on PostgreSQL, whose ids can commit out of order; none on SQLite, whose one
+    /// writer commits ids in order.
+    pub(crate) fn event_tx(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => "0",
+            Dialect::Postgres => "e.tx::text::bigint",
+        }
+    }
+
+    /// What a claim of rows others may claim at the same time adds to its `SELECT`: skip the
+    /// rows they locked (PostgreSQL); SQLite's write lock already serialises claims.
+    pub(crate) fn skip_locked(self, table: &str) -> String {
+        match self {
+            Dialect::Sqlite => String::new(),
+            Dialect::Postgres => format!(" FOR UPDATE OF {table} SKIP LOCKED"),
+        }
+    }
 }
 
 /// A value bound to a statement's parameter.
@@ -237,6 +256,14 @@ impl Tx {
         Self {
             conn: TxConn::Postgres(tx),
             now,
+        }
+    }
+
+    /// The database it runs on.
+    pub(crate) fn dialect(&self) -> Dialect {
+        match self.conn {
+            TxConn::Sqlite(_) => Dialect::Sqlite,
+            TxConn::Postgres(_) => Dialect::Postgres,
         }
     }
 

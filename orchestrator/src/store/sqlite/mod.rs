@@ -296,7 +296,8 @@ impl SqliteStore {
         &self.queue
     }
 
-    /// The writer pool (`BEGIN IMMEDIATE` writes outside the queue).
+    /// The writer pool (for tests that borrow its handle).
+    #[cfg(test)]
     pub(crate) fn writer_pool(&self) -> &SqlitePool {
         &self.writer
     }
