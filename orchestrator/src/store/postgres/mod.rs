@@ -355,6 +355,17 @@ pub(crate) async fn insert_saga_rows(
 
 #[async_trait]
 impl SqlBackend for PgStore {
+    // Blocked means no live worker has the definition, not only this one: workers of
+    // different versions may share a database during a rolling deploy.
+    const MARK_BLOCKED: &'static str = "UPDATE sagas SET blocked = TRUE, updated_at = $2 \
+         WHERE next_run_at IS NOT NULL AND next_run_at <= $2 AND NOT blocked \
+           AND (lease_owner IS NULL OR lease_expires_at < $2) \
+           AND definition_key <> ALL($1) \
+           AND definition_key NOT IN ( \
+               SELECT unnest(definitions) FROM workers \
+               WHERE stopped_at IS NULL AND heartbeat_at > $2 - 60000) \
+         RETURNING id::text AS id, definition_key";
+
     fn reader(&self) -> Reader<'_> {
         Reader::Postgres(&self.pool)
     }
@@ -500,37 +511,6 @@ impl SqlBackend for PgStore {
         // one given back while still runnable (shutdown, a long backoff); PostgreSQL delivers
         // them when the transaction commits, so whoever hears one finds the change.
         self.queue.apply(lease.clone(), t.clone()).await
-    }
-
-    async fn mark_blocked(&self, definitions: &[String]) -> Result<u64> {
-        let mut tx = self.pool.begin().await.db()?;
-        // Blocked means no live worker has the definition, not only this one: workers of
-        // different versions may share a database during a rolling deploy.
-        let rows = sqlx::query(
-            "UPDATE sagas SET blocked = TRUE, updated_at = saga_now_ms() \
-             WHERE next_run_at IS NOT NULL AND next_run_at <= saga_now_ms() AND NOT blocked \
-               AND (lease_owner IS NULL OR lease_expires_at < saga_now_ms()) \
-               AND definition_key <> ALL($1) \
-               AND definition_key NOT IN ( \
-                   SELECT unnest(definitions) FROM workers \
-                   WHERE stopped_at IS NULL AND heartbeat_at > saga_now_ms() - 60000) \
-             RETURNING id::text AS id, definition_key",
-        )
-        .bind(definitions)
-        .fetch_all(&mut *tx)
-        .await
-        .db()?;
-        for row in &rows {
-            let id: String = row.try_get("id").db()?;
-            let key: String = row.try_get("definition_key").db()?;
-            let data = serde_json::json!({
-                "definition": key,
-                "reason": "no running orchestrator process has this exact saga definition"
-            });
-            insert_event(&mut tx, &id, "saga.blocked", None, &data).await?;
-        }
-        self.commit(tx).await?;
-        Ok(rows.len() as u64)
     }
 
     async fn due_now(&self, definitions: &[String]) -> Result<bool> {

@@ -31,7 +31,7 @@ use crate::store::outbox::{
     ClaimedDelivery, Delivery, DeliveryOutcome, NewDelivery, OutboxEvent, OutboxPosition,
     OutboxStore,
 };
-use crate::store::rows::LogRow;
+use crate::store::rows::{corrupt, LogRow};
 use crate::store::{
     Applied, CancelOutcome, ClaimRequest, Claimed, Lease, LeaseRequest, NewSaga, Result, Store,
     StoreError, Transition, WorkerInfo,
@@ -69,8 +69,10 @@ pub(crate) trait SqlBackend: SqlStarts + SqlOutbox + Send + Sync + 'static {
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Vec<Claimed>>;
     /// As [`Store::apply`].
     async fn apply(&self, lease: &Lease, transition: &Transition) -> Result<Applied>;
-    /// As [`Store::mark_blocked`].
-    async fn mark_blocked(&self, definitions: &[String]) -> Result<u64>;
+    /// The statement of [`Store::mark_blocked`]: flags the due sagas nobody can run (`$1`
+    /// the definition keys this process has, `$2` the time) and returns their `id` and
+    /// `definition_key`.
+    const MARK_BLOCKED: &'static str;
     /// As [`Store::due_now`].
     async fn due_now(&self, definitions: &[String]) -> Result<bool>;
     /// As [`Store::due_signal`].
@@ -222,7 +224,22 @@ impl<B: SqlBackend> Store for B {
     }
 
     async fn mark_blocked(&self, definitions: &[String]) -> Result<u64> {
-        SqlBackend::mark_blocked(self, definitions).await
+        let mut tx = self.begin().await?;
+        let now = tx.now();
+        let rows = tx
+            .all(Self::MARK_BLOCKED, &[Arg::Strs(definitions), Arg::Int(now)])
+            .await?;
+        for row in &rows {
+            let id: String = row.get("id")?;
+            let id = Uuid::parse_str(&id).map_err(|e| corrupt(&id, e))?;
+            let data = serde_json::json!({
+                "definition": row.get::<String>("definition_key")?,
+                "reason": "no running orchestrator process has this exact saga definition"
+            });
+            operator::insert_event(&mut tx, id, "saga.blocked", None, &data).await?;
+        }
+        SqlBackend::commit(self, tx).await?;
+        Ok(rows.len() as u64)
     }
 
     async fn next_due(&self, definitions: &[String]) -> Result<Option<Millis>> {

@@ -434,6 +434,12 @@ async fn claim_on(
 
 #[async_trait]
 impl SqlBackend for SqliteStore {
+    // One engine runs on the file: blocked means this one lacks the definition.
+    const MARK_BLOCKED: &'static str = "UPDATE sagas SET blocked = TRUE, updated_at = $2 \
+         WHERE next_run_at IS NOT NULL AND next_run_at <= $2 AND blocked = FALSE \
+           AND lease_owner IS NULL AND definition_key NOT IN (SELECT value FROM json_each($1)) \
+         RETURNING id, definition_key";
+
     fn reader(&self) -> Reader<'_> {
         Reader::Sqlite(&self.reader)
     }
@@ -561,32 +567,6 @@ impl SqlBackend for SqliteStore {
 
     async fn apply(&self, lease: &Lease, t: &Transition) -> Result<Applied> {
         self.queue.apply(lease.clone(), t.clone()).await
-    }
-
-    async fn mark_blocked(&self, definitions: &[String]) -> Result<u64> {
-        let now = self.now_ms();
-        let mut tx = self.begin_write().await?;
-        let rows = sqlx::query(
-            "UPDATE sagas SET blocked = 1, updated_at = ?2 \
-             WHERE next_run_at IS NOT NULL AND next_run_at <= ?2 AND blocked = 0 AND lease_owner IS NULL \
-               AND definition_key NOT IN (SELECT value FROM json_each(?1)) \
-             RETURNING id, definition_key",
-        )
-        .bind(json_list(definitions))
-        .bind(now)
-        .fetch_all(&mut *tx)
-        .await.db()?;
-        for row in &rows {
-            let id: String = row.try_get("id").db()?;
-            let key: String = row.try_get("definition_key").db()?;
-            let data = serde_json::json!({
-                "definition": key,
-                "reason": "no running orchestrator process has this exact saga definition"
-            });
-            insert_event(&mut tx, &id, now, "saga.blocked", None, &data).await?;
-        }
-        self.commit(tx).await?;
-        Ok(rows.len() as u64)
     }
 
     async fn due_now(&self, definitions: &[String]) -> Result<bool> {
