@@ -54,7 +54,7 @@ pub(crate) async fn list_definitions(State(state): State<AppState>) -> Json<Defi
 /// It is JSON rather than utoipa's typed document, because the input schemas use JSON Schema
 /// that the typed model cannot hold (see the module documentation).
 ///
-/// [`openapi()`]: crate::http::openapi
+/// [`openapi()`]: fn@crate::http::openapi
 pub fn openapi_for(registry: &Registry) -> Value {
     with_start_routes(&super::openapi(), registry)
 }

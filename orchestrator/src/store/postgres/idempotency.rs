@@ -2,6 +2,8 @@
 //! then the saga, in one transaction. A concurrent transaction inserting the same key waits on
 //! the primary key until the first one commits (then it conflicts, rolls back and reads the
 //! winner's row) or rolls back (then it inserts and creates the saga itself).
+//!
+//! [`IdempotencyStore`]: crate::store::IdempotencyStore
 
 use async_trait::async_trait;
 use sqlx::{Postgres, Transaction};

@@ -7,6 +7,8 @@
 //!   `ON CONFLICT DO NOTHING` would absorb it if they did).
 //! - Senders claim with `FOR UPDATE SKIP LOCKED`; a claim pushes the delivery's due time past a
 //!   lease, so a sender that dies mid-send is replaced once the lease runs out.
+//!
+//! [`OutboxStore`]: crate::store::OutboxStore
 
 use async_trait::async_trait;
 use uuid::Uuid;

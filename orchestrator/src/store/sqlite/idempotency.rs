@@ -2,6 +2,8 @@
 //! single writer connection, so concurrent starts with one key are serialised and the primary
 //! key of `idempotency_keys` decides which one creates the saga. The rows of a queued start
 //! are written by the writer ([`super::keyed`]).
+//!
+//! [`IdempotencyStore`]: crate::store::IdempotencyStore
 
 use async_trait::async_trait;
 

@@ -9,6 +9,8 @@
 //! Only one process may run the engine on a file: [`Store::register_worker`] takes an exclusive
 //! lock on `PATH.lock` and then frees every lease left by a process that died, so a restart
 //! resumes at once instead of waiting for leases to expire.
+//!
+//! [`Store::register_worker`]: crate::store::Store::register_worker
 
 use std::fs::File;
 use std::str::FromStr;

@@ -1,6 +1,8 @@
 //! [`OutboxStore`] on SQLite. Writers are serialised (`BEGIN IMMEDIATE` on the one writer
 //! connection), so event ids are committed in order and the event id alone is the cursor.
 //! Writes are few: one per batch of events read, one per batch of claims, one per attempt.
+//!
+//! [`OutboxStore`]: crate::store::OutboxStore
 
 use async_trait::async_trait;
 
