@@ -464,6 +464,75 @@ async fn cancel_finishes_the_step_in_flight_then_compensates() {
 }
 
 #[tokio::test]
+async fn a_cancel_during_a_call_that_then_backs_off_long_compensates_at_once() {
+    use orchestrator::store::CancelOutcome;
+    use saga_dsl::{SagaDefinition, Step, StepContext, StepError};
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let record = |j: &Journal, slow: bool| {
+        let j = j.clone();
+        move |ctx: StepContext| {
+            let j = j.clone();
+            async move {
+                j.push(ctx.step_name(), ctx.phase().as_str(), ctx.idempotency_key());
+                if slow {
+                    tokio::time::sleep(Duration::from_millis(400)).await;
+                    // A backoff far longer than the engine holds a lease for.
+                    return Err(StepError::retry_after(Duration::from_secs(3600), "busy"));
+                }
+                Ok::<_, StepError>(json!(null))
+            }
+        }
+    };
+    let undo = |j: &Journal| {
+        let j = j.clone();
+        move |ctx: StepContext| {
+            let j = j.clone();
+            async move {
+                j.push(ctx.step_name(), ctx.phase().as_str(), ctx.idempotency_key());
+                Ok::<_, StepError>(())
+            }
+        }
+    };
+    let def = SagaDefinition::builder("s", 1)
+        .step(Step::compensatable("a", record(&j, false), undo(&j)))
+        .step(Step::compensatable("b", record(&j, true), undo(&j)))
+        .build()
+        .unwrap();
+    let eng = RunningEngine::start(store.clone(), registry_of([def]), test_config());
+    let saga = eng.engine.start_saga("s", json!({})).await.unwrap();
+    wait_for(&store, saga.id, Duration::from_secs(5), |s| {
+        s.steps[1].action.status == StepStatus::Running
+    })
+    .await;
+    assert_eq!(
+        store.request_cancel(saga.id).await.unwrap(),
+        CancelOutcome::Accepted
+    );
+    // The call ends in a retry an hour away, written with the lease given up: the cancel must
+    // not wait that hour.
+    let done = wait_for(
+        &store,
+        saga.id,
+        Duration::from_secs(10),
+        is(SagaStatus::Compensated),
+    )
+    .await;
+    assert_eq!(
+        j.names(),
+        ["a:action", "b:action", "a:compensation"],
+        "b failed with a known outcome: only a is compensated"
+    );
+    assert_eq!(
+        done.steps[1].compensation.status,
+        StepStatus::Pending,
+        "b's compensation never ran"
+    );
+    eng.stop().await;
+}
+
+#[tokio::test]
 async fn cancel_before_any_step_runs_nothing() {
     let db = TempDb::new();
     let store = db.store().await;

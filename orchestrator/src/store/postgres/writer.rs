@@ -81,7 +81,10 @@ fn apply_ctes(src: &ApplySources, now: &str) -> String {
     let fenced = "(x.saga_id, x.epoch) IN (SELECT id, epoch FROM fenced)";
     format!(
         "v AS (SELECT * FROM {sagas}), \
-         fenced AS (UPDATE sagas SET status = v.status, next_run_at = v.next_run_at, \
+         fenced AS (UPDATE sagas SET status = v.status, \
+         next_run_at = CASE WHEN v.rel AND v.status = 'RUNNING' AND NOT v.pivot \
+             AND sagas.cancel_requested AND v.next_run_at > {now} THEN {now} \
+             ELSE v.next_run_at END, \
          error = v.error, output = COALESCE(v.output::jsonb, sagas.output), \
          needs_attention = v.attention, pivot_reached = v.pivot, updated_at = {now}, \
          lease_owner = CASE WHEN v.rel THEN NULL ELSE sagas.lease_owner END, \

@@ -21,8 +21,12 @@ use crate::store::{Applied, AttemptChange, Lease, LeaseRequest, NewSaga, Result}
 use saga_dsl::Phase;
 
 /// The fence and the saga's new state: written only while the saga carries the lease (and,
-/// for an action start, no cancel is pending); gives the lease up if asked.
-const FENCE: &str = "UPDATE sagas SET status = ?1, next_run_at = ?2, error = ?3, \
+/// for an action start, no cancel is pending); gives the lease up if asked. A running saga
+/// given up with a cancel pending before its pivot is due at once, whatever wait its driver
+/// wrote (the driver did not know of the cancel): the engine compensates it now.
+const FENCE: &str = "UPDATE sagas SET status = ?1, \
+     next_run_at = CASE WHEN ?8 AND ?1 = 'RUNNING' AND NOT ?6 AND cancel_requested \
+         AND ?2 > ?7 THEN ?7 ELSE ?2 END, error = ?3, \
      output = COALESCE(?4, output), needs_attention = ?5, pivot_reached = ?6, updated_at = ?7, \
      lease_owner = CASE WHEN ?8 THEN NULL ELSE lease_owner END, \
      lease_expires_at = CASE WHEN ?8 THEN NULL ELSE lease_expires_at END \
