@@ -70,19 +70,20 @@ pub(crate) async fn request_cancel<B: SqlBackend>(store: &B, id: Uuid) -> Result
         store.commit(tx).await?;
         return Ok(refusal);
     }
-    // A second request changes nothing and records nothing: the first is still pending.
+    // Due now, so that a worker compensates it; a second request makes it due again (in case
+    // it waits on a timer) but records no second event.
+    let now = tx.now();
+    tx.exec(
+        "UPDATE sagas SET cancel_requested = TRUE, updated_at = $2, \
+         next_run_at = CASE WHEN next_run_at < $2 THEN next_run_at ELSE $2 END \
+         WHERE id = $1",
+        &[Arg::Id(id), Arg::Int(now)],
+    )
+    .await?;
     if !row.get::<bool>("cancel_requested")? {
-        let now = tx.now();
-        tx.exec(
-            "UPDATE sagas SET cancel_requested = TRUE, updated_at = $2, \
-             next_run_at = CASE WHEN next_run_at < $2 THEN next_run_at ELSE $2 END \
-             WHERE id = $1",
-            &[Arg::Id(id), Arg::Int(now)],
-        )
-        .await?;
         insert_event(&mut tx, id, "saga.cancel_requested", None, &json!({})).await?;
-        tx.announce_due().await?;
     }
+    tx.announce_due().await?;
     store.commit(tx).await?;
     Ok(CancelOutcome::Accepted)
 }

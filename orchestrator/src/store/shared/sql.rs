@@ -336,17 +336,27 @@ impl Tx {
     }
 
     /// Locks the saga's row until the end of the transaction (PostgreSQL; a SQLite write
-    /// transaction holds the database's one write lock already); whether the saga exists.
+    /// transaction holds the database's one write lock already); whether the saga exists. On
+    /// PostgreSQL the transaction's time is read again once the lock is held, so that what it
+    /// writes is not older than the write it waited for.
     pub(crate) async fn lock_saga(&mut self, id: Uuid) -> Result<bool> {
         match self.conn {
             TxConn::Sqlite(_) => Ok(true),
-            TxConn::Postgres(_) => Ok(self
-                .opt(
-                    "SELECT 1 AS one FROM sagas WHERE id = $1 FOR UPDATE",
-                    &[Arg::Id(id)],
-                )
-                .await?
-                .is_some()),
+            TxConn::Postgres(_) => {
+                let row = self
+                    .opt(
+                        "SELECT saga_now_ms() AS now FROM sagas WHERE id = $1 FOR UPDATE",
+                        &[Arg::Id(id)],
+                    )
+                    .await?;
+                match row {
+                    Some(row) => {
+                        self.now = row.get("now")?;
+                        Ok(true)
+                    }
+                    None => Ok(false),
+                }
+            }
         }
     }
 
