@@ -1,12 +1,12 @@
 //! The store written once for both databases, over what each one provides ([`SqlBackend`]).
 //!
-//! [`Store`], [`IdempotencyStore`] and [`OutboxStore`] are implemented here, for every
-//! [`SqlBackend`]: the operator commands ([`operator`]), the reads ([`reads`]), the parts of the
-//! outbox ([`outbox`]) and of the worker and key bookkeeping that are the same everywhere run
-//! the same statements ([`sql`]) on either database. Each backend keeps only what truly differs:
-//! how it connects, its batch writer behind the write queue (the engine's hot path: creates,
-//! transitions and, on SQLite, keyed starts), how workers claim sagas and find due ones, and how
-//! the outbox is read in commit order.
+//! [`Store`], [`IdempotencyStore`] and [`OutboxStore`] are implemented here, once, for every
+//! [`SqlBackend`]. What is the same on both databases runs the same statements ([`sql`]): the
+//! operator commands ([`operator`]), the reads ([`reads`]), most of the outbox ([`outbox`]),
+//! releasing leases, deregistering workers, flagging blocked sagas and sweeping expired keys.
+//! Each backend keeps only what truly differs: how it connects, its batch writer behind the
+//! write queue (the engine's hot path: creates, transitions and, on SQLite, keyed starts), how
+//! workers claim sagas and find due ones, and how the outbox is read in commit order.
 
 pub(crate) mod operator;
 pub(crate) mod outbox;
