@@ -18,8 +18,8 @@ use crate::store::outbox::{NewDelivery, OutboxEvent, OutboxPosition};
 use crate::store::rows::outbox_event_from_row;
 use crate::store::shared::sql::Tx;
 use crate::store::shared::SqlOutbox;
-use crate::store::Result;
 use crate::store::SqlxResultExt;
+use crate::store::{Result, StoreError};
 
 #[async_trait]
 impl SqlOutbox for PgStore {
@@ -28,9 +28,9 @@ impl SqlOutbox for PgStore {
             return Ok(());
         }
         let now = tx.now();
-        let conn = tx
-            .postgres_conn()
-            .expect("a PostgreSQL store's transaction");
+        let conn = tx.postgres_conn().ok_or_else(|| {
+            StoreError::io("a PostgreSQL store was given another database's transaction")
+        })?;
         let events: Vec<i64> = deliveries.iter().map(|d| d.event_id).collect();
         let targets: Vec<&str> = deliveries.iter().map(|d| d.target.as_str()).collect();
         let sagas: Vec<Uuid> = deliveries.iter().map(|d| d.saga_id).collect();

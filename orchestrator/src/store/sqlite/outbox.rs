@@ -11,14 +11,16 @@ use crate::store::outbox::{NewDelivery, OutboxEvent, OutboxPosition};
 use crate::store::rows::outbox_event_from_row;
 use crate::store::shared::sql::Tx;
 use crate::store::shared::SqlOutbox;
-use crate::store::Result;
 use crate::store::SqlxResultExt;
+use crate::store::{Result, StoreError};
 
 #[async_trait]
 impl SqlOutbox for SqliteStore {
     async fn enqueue_deliveries(&self, tx: &mut Tx, deliveries: &[NewDelivery]) -> Result<()> {
         let now = tx.now();
-        let conn = tx.sqlite_conn().expect("a SQLite store's transaction");
+        let conn = tx.sqlite_conn().ok_or_else(|| {
+            StoreError::io("a SQLite store was given another database's transaction")
+        })?;
         for d in deliveries {
             sqlx::query(
                 "INSERT INTO webhook_deliveries (event_id, target, saga_id, kind, next_attempt_at) \
