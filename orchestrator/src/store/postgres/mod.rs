@@ -371,12 +371,7 @@ impl SqlBackend for PgStore {
     }
 
     async fn begin(&self) -> Result<Tx> {
-        let mut tx = self.pool.begin().await.db()?;
-        let now: i64 = sqlx::query_scalar("SELECT saga_now_ms()")
-            .fetch_one(&mut *tx)
-            .await
-            .db()?;
-        Ok(Tx::postgres(tx, now))
+        Ok(Tx::postgres(self.pool.begin().await.db()?))
     }
 
     async fn commit(&self, tx: Tx) -> Result<()> {

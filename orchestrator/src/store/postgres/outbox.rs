@@ -27,7 +27,7 @@ impl SqlOutbox for PgStore {
         if deliveries.is_empty() {
             return Ok(());
         }
-        let now = tx.now();
+        let now = tx.now().await?;
         let conn = tx.postgres_conn().ok_or_else(|| {
             StoreError::io("a PostgreSQL store was given another database's transaction")
         })?;

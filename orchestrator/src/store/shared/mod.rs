@@ -45,8 +45,8 @@ pub(crate) trait SqlBackend: SqlStarts + SqlOutbox + Send + Sync + 'static {
     /// Where reads outside a transaction go.
     fn reader(&self) -> Reader<'_>;
 
-    /// Opens a write transaction (taking SQLite's write lock up front), with the time its
-    /// writes record: the database's clock on PostgreSQL, the store's clock on SQLite.
+    /// Opens a write transaction (taking SQLite's write lock up front); [`Tx::now`] is the time
+    /// its writes record: the store's clock on SQLite, the database's on PostgreSQL.
     async fn begin(&self) -> Result<Tx>;
 
     /// Commits a transaction from [`SqlBackend::begin`], counting it in [`Store::commits`].
@@ -144,7 +144,7 @@ impl<B: SqlBackend> Store for B {
 
     async fn deregister_worker(&self, worker: &str) -> Result<()> {
         let mut tx = self.begin().await?;
-        let now = tx.now();
+        let now = tx.now().await?;
         tx.exec(
             "UPDATE sagas SET lease_owner = NULL, lease_expires_at = NULL WHERE lease_owner = $1",
             &[Arg::Str(worker)],
@@ -225,7 +225,7 @@ impl<B: SqlBackend> Store for B {
 
     async fn mark_blocked(&self, definitions: &[String]) -> Result<u64> {
         let mut tx = self.begin().await?;
-        let now = tx.now();
+        let now = tx.now().await?;
         let rows = tx
             .all(Self::MARK_BLOCKED, &[Arg::Strs(definitions), Arg::Int(now)])
             .await?;

@@ -27,7 +27,7 @@ pub(crate) async fn insert_event(
     step: Option<&str>,
     data: &serde_json::Value,
 ) -> Result<()> {
-    let now = tx.now();
+    let now = tx.now().await?;
     tx.exec(
         "INSERT INTO events (saga_id, at, type, step, data) VALUES ($1, $2, $3, $4, $5::jsonb)",
         &[
@@ -72,7 +72,7 @@ pub(crate) async fn request_cancel<B: SqlBackend>(store: &B, id: Uuid) -> Result
     }
     // Due now, so that a worker compensates it; a second request makes it due again (in case
     // it waits on a timer) but records no second event.
-    let now = tx.now();
+    let now = tx.now().await?;
     tx.exec(
         "UPDATE sagas SET cancel_requested = TRUE, updated_at = $2, \
          next_run_at = CASE WHEN next_run_at < $2 THEN next_run_at ELSE $2 END \
@@ -98,7 +98,7 @@ pub(crate) async fn abort<B: SqlBackend>(
     let mut tx = store.begin().await?;
     let saga = lock_and_load(&mut tx, id).await?;
     check_abort(&saga)?;
-    let now = tx.now();
+    let now = tx.now().await?;
     let error = format!("aborted: {reason}");
     tx.exec(
         &format!(
@@ -119,7 +119,7 @@ pub(crate) async fn abort<B: SqlBackend>(
 pub(crate) async fn retry_now<B: SqlBackend>(store: &B, id: Uuid, actor: &str) -> Result<Saga> {
     let mut tx = store.begin().await?;
     let saga = lock_and_load(&mut tx, id).await?;
-    let now = tx.now();
+    let now = tx.now().await?;
     match plan_retry(&saga)? {
         RetryPlan::Failed(failed) => {
             tx.exec(
@@ -166,7 +166,7 @@ pub(crate) async fn mark_compensated<B: SqlBackend>(
     let mut tx = store.begin().await?;
     let saga = lock_and_load(&mut tx, id).await?;
     let record = check_mark_compensated(&saga, id, step)?;
-    let now = tx.now();
+    let now = tx.now().await?;
     tx.exec(
         "UPDATE steps SET comp_status = 'MANUAL', comp_ended_at = $3 \
          WHERE saga_id = $1 AND idx = $2",

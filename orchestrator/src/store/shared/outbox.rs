@@ -71,7 +71,7 @@ pub(crate) async fn advance_relay<B: SqlBackend>(
     deliveries: &[NewDelivery],
 ) -> Result<bool> {
     let mut tx = store.begin().await?;
-    let now = tx.now();
+    let now = tx.now().await?;
     tx.exec(
         "INSERT INTO relay_cursors (name, tx, event_id, updated_at) VALUES ($1, 0, 0, $2) \
          ON CONFLICT (name) DO NOTHING",
@@ -123,7 +123,7 @@ pub(crate) async fn claim_deliveries<B: SqlBackend>(
         return Ok(Vec::new());
     }
     let mut tx = store.begin().await?;
-    let now = tx.now();
+    let now = tx.now().await?;
     let dialect = tx.dialect();
     let rows = tx
         .all(
@@ -183,7 +183,7 @@ pub(crate) async fn finish_delivery<B: SqlBackend>(
     const FENCE: &str = " WHERE event_id = $1 AND target = $2 AND attempts = $3 \
                          AND delivered_at IS NULL AND failed_at IS NULL";
     let mut tx = store.begin().await?;
-    let now = tx.now();
+    let now = tx.now().await?;
     let fence = [
         Arg::Int(event_id),
         Arg::Str(target),

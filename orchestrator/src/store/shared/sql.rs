@@ -4,9 +4,9 @@
 //! A statement is written for PostgreSQL, with numbered parameters (`$1`) and the casts
 //! PostgreSQL needs (`$1::jsonb`, `id::text`); SQLite runs the same text with the casts removed
 //! (it accepts `$1` parameters, `TRUE`/`FALSE` and `RETURNING` as they are). What the two cannot
-//! share is not hidden here but kept out of the text: the time of a write is a bound parameter
-//! taken when its transaction begins ([`Tx::now`]; the database's clock on PostgreSQL, the
-//! store's on SQLite), row locks are [`Tx::lock_saga`], and wake-ups of other processes are
+//! share is not hidden here but kept out of the text: the time of a write is a bound parameter,
+//! one per transaction ([`Tx::now`]: the store's clock when a SQLite transaction begins, the
+//! database's clock read once on PostgreSQL), row locks are [`Tx::lock_saga`], and wake-ups of other processes are
 //! [`Tx::announce_due`] and [`Tx::announce_finished`].
 //!
 //! Values are bound from [`Arg`]s, each the same type in both databases' columns: ids are
@@ -23,7 +23,7 @@ use uuid::Uuid;
 
 use crate::model::{Millis, SagaStatus};
 use crate::store::rows::{Column, LogRow};
-use crate::store::{Result, SqlxResultExt};
+use crate::store::{Result, SqlxResultExt, StoreError};
 
 /// The PostgreSQL channel that wakes engines when a saga becomes due (the batch statement of
 /// `postgres::writer` names it too).
@@ -220,12 +220,11 @@ impl Reader<'_> {
     /// A read transaction: its statements see one snapshot.
     pub(crate) async fn snapshot(&self) -> Result<Tx> {
         Ok(match *self {
-            Reader::Sqlite(p) => Tx::sqlite(p.begin().await.db()?, 0),
+            Reader::Sqlite(p) => Tx::sqlite(p.begin().await.db()?, None),
             Reader::Postgres(p) => Tx::postgres(
                 p.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                     .await
                     .db()?,
-                0,
             ),
         })
     }
@@ -239,23 +238,25 @@ enum TxConn {
 /// An open transaction of either database, with the time its writes record.
 pub(crate) struct Tx {
     conn: TxConn,
-    now: Millis,
+    /// The time its writes record, once known (see [`Tx::now`]).
+    now: Option<Millis>,
 }
 
 impl Tx {
-    /// A SQLite transaction whose writes record `now`.
-    pub(crate) fn sqlite(tx: Transaction<'static, Sqlite>, now: Millis) -> Self {
+    /// A SQLite transaction whose writes record `now` (`None` for a read transaction).
+    pub(crate) fn sqlite(tx: Transaction<'static, Sqlite>, now: Option<Millis>) -> Self {
         Self {
             conn: TxConn::Sqlite(tx),
             now,
         }
     }
 
-    /// A PostgreSQL transaction whose writes record `now`.
-    pub(crate) fn postgres(tx: Transaction<'static, Postgres>, now: Millis) -> Self {
+    /// A PostgreSQL transaction, whose writes record the database's time (read when first
+    /// needed, so a transaction that records none pays no round trip for it).
+    pub(crate) fn postgres(tx: Transaction<'static, Postgres>) -> Self {
         Self {
             conn: TxConn::Postgres(tx),
-            now,
+            now: None,
         }
     }
 
@@ -267,9 +268,24 @@ impl Tx {
         }
     }
 
-    /// The time this transaction's writes record.
-    pub(crate) fn now(&self) -> Millis {
-        self.now
+    /// The time this transaction's writes record: the same for all of them. On PostgreSQL the
+    /// database's clock, read on first use (or when [`Tx::lock_saga`] takes its lock).
+    pub(crate) async fn now(&mut self) -> Result<Millis> {
+        if let Some(now) = self.now {
+            return Ok(now);
+        }
+        let now = match self.conn {
+            TxConn::Postgres(_) => self
+                .opt("SELECT saga_now_ms() AS now", &[])
+                .await?
+                .ok_or_else(|| StoreError::io("saga_now_ms() returned no row"))?
+                .get("now")?,
+            TxConn::Sqlite(_) => {
+                return Err(StoreError::io("a read transaction records no time"));
+            }
+        };
+        self.now = Some(now);
+        Ok(now)
     }
 
     /// Every row `sql` returns.
@@ -351,7 +367,7 @@ impl Tx {
                     .await?;
                 match row {
                     Some(row) => {
-                        self.now = row.get("now")?;
+                        self.now = Some(row.get("now")?);
                         Ok(true)
                     }
                     None => Ok(false),

@@ -448,7 +448,7 @@ impl SqlBackend for SqliteStore {
 
     async fn begin(&self) -> Result<Tx> {
         let tx = self.begin_write().await?;
-        Ok(Tx::sqlite(tx, self.now_ms()))
+        Ok(Tx::sqlite(tx, Some(self.now_ms())))
     }
 
     async fn commit(&self, tx: Tx) -> Result<()> {

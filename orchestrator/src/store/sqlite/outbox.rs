@@ -17,7 +17,7 @@ use crate::store::{Result, StoreError};
 #[async_trait]
 impl SqlOutbox for SqliteStore {
     async fn enqueue_deliveries(&self, tx: &mut Tx, deliveries: &[NewDelivery]) -> Result<()> {
-        let now = tx.now();
+        let now = tx.now().await?;
         let conn = tx.sqlite_conn().ok_or_else(|| {
             StoreError::io("a SQLite store was given another database's transaction")
         })?;
