@@ -11,12 +11,14 @@ use uuid::Uuid;
 
 use super::insert_saga_rows;
 use super::PgStore;
+use crate::model::Millis;
 use crate::model::Saga;
 use crate::store::idempotency::{
-    judge_row, retention_ms, Callback, IdempotencyKey, IdempotentStart, SavedResponse,
+    judge_row, retention_ms, Callback, IdempotencyKey, IdempotencyStore, IdempotentStart,
+    SavedResponse,
 };
 use crate::store::rows::new_saga_record;
-use crate::store::shared::SqlStarts;
+use crate::store::shared;
 use crate::store::SqlxResultExt;
 use crate::store::{LeaseRequest, NewSaga, Result, StoreError};
 
@@ -40,7 +42,7 @@ async fn insert_callback(
 }
 
 #[async_trait]
-impl SqlStarts for PgStore {
+impl IdempotencyStore for PgStore {
     async fn create_saga_idempotent(
         &self,
         key: &IdempotencyKey,
@@ -140,5 +142,9 @@ impl SqlStarts for PgStore {
         .await
         .db()?;
         Ok(())
+    }
+
+    async fn sweep_idempotency(&self, now: Millis) -> Result<u64> {
+        shared::sweep_idempotency(self, now).await
     }
 }

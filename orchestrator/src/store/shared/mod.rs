@@ -1,8 +1,9 @@
 //! The store written once for both databases, over what each one provides ([`SqlBackend`]).
 //!
-//! [`Store`], [`IdempotencyStore`] and [`OutboxStore`] are implemented here, once, for every
-//! [`SqlBackend`]. What is the same on both databases runs the same statements ([`sql`]): the
-//! operator commands ([`operator`]), the reads ([`reads`]), most of the outbox ([`outbox`]),
+//! [`Store`] and [`OutboxStore`] are implemented here, once, for every [`SqlBackend`]; each
+//! backend implements [`IdempotencyStore`] itself (keyed starts differ), calling the shared key
+//! sweeper. What is the same on both databases runs the same statements ([`sql`]): the operator
+//! commands ([`operator`]), the reads ([`reads`]), most of the outbox ([`outbox`]),
 //! releasing leases, deregistering workers, flagging blocked sagas and sweeping expired keys.
 //! Each backend keeps only what truly differs: how it connects, its batch writer behind the
 //! write queue (the engine's hot path: creates, transitions and, on SQLite, keyed starts), how
@@ -24,9 +25,7 @@ use uuid::Uuid;
 use sql::{Arg, Reader, Tx};
 
 use crate::model::{Attempt, Event, IdPrefix, ListFilter, Millis, Saga, SagaPage, SagaStatus};
-use crate::store::idempotency::{
-    Callback, IdempotencyKey, IdempotencyStore, IdempotentStart, SavedResponse,
-};
+use crate::store::idempotency::{Callback, IdempotencyStore};
 use crate::store::outbox::{
     ClaimedDelivery, Delivery, DeliveryOutcome, NewDelivery, OutboxEvent, OutboxPosition,
     OutboxStore,
@@ -41,7 +40,7 @@ use crate::store::{
 /// operations whose statements or mechanics differ between databases. Each method that shares
 /// a name with one of [`Store`]'s has the same contract as that one.
 #[async_trait]
-pub(crate) trait SqlBackend: SqlStarts + SqlOutbox + Send + Sync + 'static {
+pub(crate) trait SqlBackend: IdempotencyStore + SqlOutbox + Send + Sync + 'static {
     /// Where reads outside a transaction go.
     fn reader(&self) -> Reader<'_>;
 
@@ -87,34 +86,6 @@ pub(crate) trait SqlBackend: SqlStarts + SqlOutbox + Send + Sync + 'static {
     fn commits(&self) -> u64;
     /// As [`Store::now`].
     async fn now(&self) -> Result<Millis>;
-}
-
-/// What a database does its own way for idempotent starts (see [`IdempotencyStore`]).
-#[async_trait]
-pub(crate) trait SqlStarts {
-    /// As [`IdempotencyStore::create_saga_idempotent`].
-    async fn create_saga_idempotent(
-        &self,
-        key: &IdempotencyKey,
-        new: NewSaga,
-        callback: Option<&Callback>,
-        response: Option<&SavedResponse>,
-        lease: Option<&LeaseRequest>,
-    ) -> Result<IdempotentStart>;
-    /// As [`IdempotencyStore::create_saga_with_callback`].
-    async fn create_saga_with_callback(
-        &self,
-        new: NewSaga,
-        callback: &Callback,
-        lease: Option<&LeaseRequest>,
-    ) -> Result<Saga>;
-    /// As [`IdempotencyStore::complete_idempotent`].
-    async fn complete_idempotent(
-        &self,
-        scope: &str,
-        key: &str,
-        response: &SavedResponse,
-    ) -> Result<()>;
 }
 
 /// What a database does its own way in the outbox (see [`OutboxStore`]): reading events in
@@ -305,48 +276,19 @@ impl<B: SqlBackend> Store for B {
     }
 }
 
-#[async_trait]
-impl<B: SqlBackend> IdempotencyStore for B {
-    async fn create_saga_idempotent(
-        &self,
-        key: &IdempotencyKey,
-        new: NewSaga,
-        callback: Option<&Callback>,
-        response: Option<&SavedResponse>,
-        lease: Option<&LeaseRequest>,
-    ) -> Result<IdempotentStart> {
-        SqlStarts::create_saga_idempotent(self, key, new, callback, response, lease).await
-    }
-
-    async fn create_saga_with_callback(
-        &self,
-        new: NewSaga,
-        callback: &Callback,
-        lease: Option<&LeaseRequest>,
-    ) -> Result<Saga> {
-        SqlStarts::create_saga_with_callback(self, new, callback, lease).await
-    }
-
-    async fn complete_idempotent(
-        &self,
-        scope: &str,
-        key: &str,
-        response: &SavedResponse,
-    ) -> Result<()> {
-        SqlStarts::complete_idempotent(self, scope, key, response).await
-    }
-
-    async fn sweep_idempotency(&self, now: Millis) -> Result<u64> {
-        let mut tx = self.begin().await?;
-        let deleted = tx
-            .exec(
-                "DELETE FROM idempotency_keys WHERE expires_at <= $1",
-                &[Arg::Int(now)],
-            )
-            .await?;
-        tx.commit().await?;
-        Ok(deleted)
-    }
+/// [`IdempotencyStore::sweep_idempotency`], the same on every database (the rest of keyed
+/// starts is each backend's own: through the write queue on SQLite, a transaction of its own on
+/// PostgreSQL).
+pub(crate) async fn sweep_idempotency<B: SqlBackend>(store: &B, now: Millis) -> Result<u64> {
+    let mut tx = store.begin().await?;
+    let deleted = tx
+        .exec(
+            "DELETE FROM idempotency_keys WHERE expires_at <= $1",
+            &[Arg::Int(now)],
+        )
+        .await?;
+    tx.commit().await?;
+    Ok(deleted)
 }
 
 #[async_trait]

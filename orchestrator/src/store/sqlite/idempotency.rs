@@ -10,17 +10,17 @@ use async_trait::async_trait;
 use super::handle::on_handle;
 use super::writer_rows::{create_callback, create_saga};
 use super::SqliteStore;
-use crate::model::Saga;
+use crate::model::{Millis, Saga};
 use crate::store::idempotency::{
-    Callback, IdempotencyKey, IdempotentStart, KeyedItem, SavedResponse,
+    Callback, IdempotencyKey, IdempotencyStore, IdempotentStart, KeyedItem, SavedResponse,
 };
 use crate::store::rows::new_saga_record;
-use crate::store::shared::SqlStarts;
+use crate::store::shared;
 use crate::store::SqlxResultExt;
 use crate::store::{LeaseRequest, NewSaga, Result};
 
 #[async_trait]
-impl SqlStarts for SqliteStore {
+impl IdempotencyStore for SqliteStore {
     async fn create_saga_idempotent(
         &self,
         key: &IdempotencyKey,
@@ -88,5 +88,9 @@ impl SqlStarts for SqliteStore {
                 })
             })
             .await
+    }
+
+    async fn sweep_idempotency(&self, now: Millis) -> Result<u64> {
+        shared::sweep_idempotency(self, now).await
     }
 }
