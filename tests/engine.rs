@@ -757,6 +757,7 @@ async fn an_interrupted_attempt_is_made_again_with_the_same_key() {
                     phase: saga_dsl::Phase::Action,
                     record: rec,
                     output: None,
+                    wake_at: None,
                 }],
                 attempts: vec![AttemptChange::Start {
                     step_index: 0,

@@ -102,6 +102,7 @@ fn write_ahead(index: u32, attempt: u32) -> Transition {
                 ended_at: None,
             },
             output: None,
+            wake_at: None,
         }],
         attempts: vec![AttemptChange::Start {
             step_index: index,
@@ -130,6 +131,7 @@ fn succeeded(index: u32, attempt: u32) -> Transition {
                 ended_at: Some(2),
             },
             output: Some(json!({"done": index})),
+            wake_at: None,
         }],
         attempts: vec![AttemptChange::Finish {
             step_index: index,
@@ -498,6 +500,7 @@ async fn a_stale_write_sharing_a_batch_with_the_new_owners_write_fails_alone() {
                         phase: Phase::Action,
                         record,
                         output: None,
+                        wake_at: None,
                     }]
                 } else {
                     vec![]

@@ -264,7 +264,12 @@ mod tests {
                     input.clone(),
                     Arc::new(outputs.clone()),
                 );
-                match step.action().run(ctx).await {
+                match step
+                    .action()
+                    .expect("book_trip's steps all call")
+                    .run(ctx)
+                    .await
+                {
                     Ok(out) => break out,
                     Err(e) if e.is_retryable() => attempt += 1,
                     Err(e) => panic!("{e}"),

@@ -148,6 +148,11 @@ wire_enum!(
         Manual = "MANUAL",
         /// Not applicable: a pivot or retriable step has no compensation.
         None = "NONE",
+        /// The step's condition was false when the saga reached it: it never ran and is never
+        /// compensated.
+        Skipped = "SKIPPED",
+        /// A sleep in progress: it ends at the step's `wake_at`.
+        Waiting = "WAITING",
     }
 );
 
@@ -160,6 +165,8 @@ wire_enum!(
         Pivot = "pivot",
         /// After the pivot; retried until it succeeds.
         Retriable = "retriable",
+        /// A durable sleep: calls nothing, compensates nothing.
+        Sleep = "sleep",
     }
 );
 
@@ -169,6 +176,7 @@ impl From<saga_dsl::StepKind> for StepKindName {
             saga_dsl::StepKind::Compensatable => Self::Compensatable,
             saga_dsl::StepKind::Pivot => Self::Pivot,
             saga_dsl::StepKind::Retriable => Self::Retriable,
+            saga_dsl::StepKind::Sleep => Self::Sleep,
         }
     }
 }
@@ -235,6 +243,15 @@ pub struct StepRecord {
     pub action: PhaseRecord,
     /// The action's output, once it succeeded.
     pub output: Option<Value>,
+    /// A sleep's wake time, once it started (absent for steps that call).
+    #[serde(
+        serialize_with = "ser_opt_time",
+        deserialize_with = "de_opt_time",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub wake_at: Option<Millis>,
     /// The compensation (`NONE` for pivot and retriable steps).
     pub compensation: PhaseRecord,
 }

@@ -113,7 +113,7 @@ impl SagaDefinition {
     pub fn point_of_no_return(&self) -> Option<usize> {
         self.steps
             .iter()
-            .position(|s| s.kind != StepKind::Compensatable)
+            .position(|s| matches!(s.kind, StepKind::Pivot | StepKind::Retriable))
     }
 
     /// Checks a saga input against the definition's input type. The error names the field
@@ -235,15 +235,21 @@ impl SagaBuilder {
                 });
             }
         }
-        // Order: compensatable*, pivot?, retriable*.
+        // Order: compensatable*, pivot?, retriable*; sleeps may stand anywhere between.
         let rank = |k: StepKind| match k {
-            StepKind::Compensatable => 0,
-            StepKind::Pivot => 1,
-            StepKind::Retriable => 2,
+            StepKind::Compensatable => Some(0),
+            StepKind::Pivot => Some(1),
+            StepKind::Retriable => Some(2),
+            StepKind::Sleep => None,
         };
-        for pair in self.steps.windows(2) {
-            let (prev, next) = (&pair[0], &pair[1]);
-            let bad = rank(next.kind) < rank(prev.kind)
+        let calls: Vec<(&Step, u8)> = self
+            .steps
+            .iter()
+            .filter_map(|s| rank(s.kind).map(|r| (s, r)))
+            .collect();
+        for pair in calls.windows(2) {
+            let ((prev, prev_rank), (next, next_rank)) = (pair[0], pair[1]);
+            let bad = next_rank < prev_rank
                 || (next.kind == StepKind::Pivot && prev.kind == StepKind::Pivot);
             if bad {
                 return Err(DefinitionError::StepOrder {
@@ -293,7 +299,10 @@ fn step_list_hash(name: &str, version: u32, steps: &[Step]) -> String {
     let mut h = Sha256::new();
     h.update(format!("{name}\n{version}\n"));
     for (i, s) in steps.iter().enumerate() {
-        h.update(format!("{i}:{}:{}\n", s.name, s.kind));
+        // A condition changes what the log may hold (a `SKIPPED` step); it is marked so that
+        // definitions without one keep the hash they always had.
+        let when = if s.is_conditional() { ":when" } else { "" };
+        h.update(format!("{i}:{}:{}{when}\n", s.name, s.kind));
     }
     hex::encode(&h.finalize()[..8])
 }

@@ -2,7 +2,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use serde::Serialize;
@@ -52,7 +52,7 @@ where
     }
 }
 
-/// Garcia-Molina and Salem's step kinds.
+/// Garcia-Molina and Salem's step kinds, and the waits that call nothing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum StepKind {
     /// Has an action and a compensation.
@@ -61,16 +61,25 @@ pub enum StepKind {
     Pivot,
     /// Comes after the pivot; retried forward until it succeeds, never compensated.
     Retriable,
+    /// A durable sleep ([`Step::sleep`]): calls nothing, so it has nothing to compensate, and
+    /// may stand anywhere in the list.
+    Sleep,
 }
 
 impl StepKind {
-    /// `compensatable`, `pivot` or `retriable`, as stored and shown.
+    /// `compensatable`, `pivot`, `retriable` or `sleep`, as stored and shown.
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::Compensatable => "compensatable",
             Self::Pivot => "pivot",
             Self::Retriable => "retriable",
+            Self::Sleep => "sleep",
         }
+    }
+
+    /// Whether a step of this kind calls an action (every kind but a wait).
+    pub const fn calls(self) -> bool {
+        !matches!(self, Self::Sleep)
     }
 }
 
@@ -84,8 +93,23 @@ impl std::fmt::Display for StepKind {
 /// recorded as unknown.
 pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// One step of a saga: build it with [`Step::compensatable`], [`Step::pivot`] or
-/// [`Step::retriable`], then adjust its policies.
+/// A rule computing a `T` from the saga's input and earlier outputs, as a condition
+/// ([`Step::when`]) or a sleep's length or end does.
+type Rule<T> = Arc<dyn Fn(&StepContext) -> Result<T, StepError> + Send + Sync>;
+
+/// How a sleep computes its wake time from the saga's input and earlier outputs.
+#[derive(Clone)]
+enum WakeRule {
+    /// After this long, counted from the moment the sleep starts.
+    For(Rule<Duration>),
+    /// At this instant.
+    Until(Rule<SystemTime>),
+}
+
+/// One step of a saga: build it with [`Step::compensatable`], [`Step::pivot`],
+/// [`Step::retriable`] or one of the sleeps ([`Step::sleep`], [`Step::sleep_for`],
+/// [`Step::sleep_until`]), then adjust its policies and, if it should not always run, give it a
+/// condition ([`Step::when`]).
 ///
 /// ```
 /// use std::time::Duration;
@@ -107,8 +131,10 @@ pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Step {
     pub(crate) name: String,
     pub(crate) kind: StepKind,
-    pub(crate) action: Arc<dyn Action>,
+    pub(crate) action: Option<Arc<dyn Action>>,
     pub(crate) compensation: Option<Arc<dyn Compensation>>,
+    wake: Option<WakeRule>,
+    condition: Option<Rule<bool>>,
     pub(crate) retry: RetryPolicy,
     pub(crate) compensation_retry: RetryPolicy,
     pub(crate) timeout: Duration,
@@ -123,6 +149,7 @@ impl std::fmt::Debug for Step {
             .field("retry", &self.retry)
             .field("compensation_retry", &self.compensation_retry)
             .field("timeout", &self.timeout)
+            .field("conditional", &self.condition.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -131,7 +158,7 @@ impl Step {
     fn with_kind(
         name: impl Into<String>,
         kind: StepKind,
-        action: Arc<dyn Action>,
+        action: Option<Arc<dyn Action>>,
         compensation: Option<Arc<dyn Compensation>>,
         retry: RetryPolicy,
     ) -> Self {
@@ -140,6 +167,8 @@ impl Step {
             kind,
             action,
             compensation,
+            wake: None,
+            condition: None,
             retry,
             compensation_retry: RetryPolicy::forever(),
             timeout: DEFAULT_ATTEMPT_TIMEOUT,
@@ -156,7 +185,7 @@ impl Step {
         Self::with_kind(
             name,
             StepKind::Compensatable,
-            Arc::new(action),
+            Some(Arc::new(action)),
             Some(Arc::new(compensation)),
             RetryPolicy::new(),
         )
@@ -168,7 +197,7 @@ impl Step {
         Self::with_kind(
             name,
             StepKind::Pivot,
-            Arc::new(action),
+            Some(Arc::new(action)),
             None,
             RetryPolicy::new(),
         )
@@ -180,10 +209,109 @@ impl Step {
         Self::with_kind(
             name,
             StepKind::Retriable,
-            Arc::new(action),
+            Some(Arc::new(action)),
             None,
             RetryPolicy::forever(),
         )
+    }
+
+    /// A durable sleep of a fixed `duration`, counted from the moment the saga reaches it.
+    ///
+    /// The wake time is written to the log when the sleep starts; no worker waits meanwhile,
+    /// and a restart neither restarts nor loses the sleep. A cancel of a saga asleep before its
+    /// point of no return compensates it at once. Its output is `null`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use saga_dsl::{Step, StepKind};
+    /// let pause = Step::sleep("cooling_off", Duration::from_secs(600));
+    /// assert_eq!(pause.kind(), StepKind::Sleep);
+    /// ```
+    pub fn sleep(name: impl Into<String>, duration: Duration) -> Self {
+        Self::sleep_for(name, move |_: &StepContext| Ok(duration))
+    }
+
+    /// A durable sleep whose length is computed from the saga's input and earlier outputs when
+    /// the saga reaches it (say, a cooling-off period the order carries). An error fails the
+    /// step as an action's error would.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use saga_dsl::Step;
+    /// #[derive(serde::Deserialize)]
+    /// struct Order { cooling_off_ms: u64 }
+    /// let pause = Step::sleep_for("cooling_off", |ctx| {
+    ///     Ok(Duration::from_millis(ctx.input::<Order>()?.cooling_off_ms))
+    /// });
+    /// assert_eq!(pause.name(), "cooling_off");
+    /// ```
+    pub fn sleep_for(
+        name: impl Into<String>,
+        duration: impl Fn(&StepContext) -> Result<Duration, StepError> + Send + Sync + 'static,
+    ) -> Self {
+        let mut step = Self::with_kind(name, StepKind::Sleep, None, None, RetryPolicy::new());
+        step.wake = Some(WakeRule::For(Arc::new(duration)));
+        step
+    }
+
+    /// A durable sleep until an instant computed from the saga's input and earlier outputs
+    /// (the start of the next business day, a booking's check-in time). An instant already
+    /// past ends the sleep at once.
+    pub fn sleep_until(
+        name: impl Into<String>,
+        instant: impl Fn(&StepContext) -> Result<SystemTime, StepError> + Send + Sync + 'static,
+    ) -> Self {
+        let mut step = Self::with_kind(name, StepKind::Sleep, None, None, RetryPolicy::new());
+        step.wake = Some(WakeRule::Until(Arc::new(instant)));
+        step
+    }
+
+    /// Runs the step only when `condition` holds. The orchestrator asks it when the saga
+    /// reaches the step, with the input and the outputs of the steps before; when it is false
+    /// the step is recorded as `SKIPPED` and is never compensated. An error fails the step as
+    /// an action's error would (a permanent one compensates the steps before).
+    ///
+    /// ```
+    /// use saga_dsl::{Step, StepContext, StepError};
+    /// #[derive(serde::Deserialize)]
+    /// struct Order { amount: i64 }
+    /// async fn review(_: StepContext) -> Result<(), StepError> { Ok(()) }
+    /// async fn withdraw(_: StepContext) -> Result<(), StepError> { Ok(()) }
+    /// let step = Step::compensatable("fraud_review", review, withdraw)
+    ///     .when(|ctx| Ok(ctx.input::<Order>()?.amount >= 10_000));
+    /// assert!(step.is_conditional());
+    /// ```
+    pub fn when(
+        mut self,
+        condition: impl Fn(&StepContext) -> Result<bool, StepError> + Send + Sync + 'static,
+    ) -> Self {
+        self.condition = Some(Arc::new(condition));
+        self
+    }
+
+    /// Whether the step carries a condition ([`Step::when`]).
+    pub fn is_conditional(&self) -> bool {
+        self.condition.is_some()
+    }
+
+    /// Whether the step runs for the saga `ctx` describes: its condition, or `true` without one.
+    pub fn applies(&self, ctx: &StepContext) -> Result<bool, StepError> {
+        self.condition.as_ref().map_or(Ok(true), |c| c(ctx))
+    }
+
+    /// For a sleep, its wake time when it starts at `now`; `None` for a step that calls.
+    pub fn wake_time(
+        &self,
+        ctx: &StepContext,
+        now: SystemTime,
+    ) -> Option<Result<SystemTime, StepError>> {
+        self.wake.as_ref().map(|rule| match rule {
+            WakeRule::For(duration) => duration(ctx).and_then(|d| {
+                now.checked_add(d)
+                    .ok_or_else(|| StepError::permanent(format!("a sleep of {d:?} never ends")))
+            }),
+            WakeRule::Until(instant) => instant(ctx),
+        })
     }
 
     /// The retry policy of the action.
@@ -222,9 +350,9 @@ impl Step {
         self.kind
     }
 
-    /// The action.
-    pub fn action(&self) -> &Arc<dyn Action> {
-        &self.action
+    /// The action; `None` for a sleep, which calls nothing.
+    pub fn action(&self) -> Option<&Arc<dyn Action>> {
+        self.action.as_ref()
     }
 
     /// The compensation, for compensatable steps.

@@ -324,6 +324,10 @@ pub struct ScriptedStep {
     pub action: Vec<Outcome>,
     /// What the compensation's attempts do, in order.
     pub compensation: Vec<Outcome>,
+    /// For a sleep: how long it sleeps.
+    pub sleep: Duration,
+    /// A condition that is always this value (`None`: no condition).
+    pub when: Option<bool>,
 }
 
 impl ScriptedStep {
@@ -334,7 +338,22 @@ impl ScriptedStep {
             kind,
             action: Vec::new(),
             compensation: Vec::new(),
+            sleep: Duration::ZERO,
+            when: None,
         }
+    }
+
+    /// A durable sleep of `duration`.
+    pub fn sleep(name: &str, duration: Duration) -> Self {
+        let mut step = Self::new(name, saga_dsl::StepKind::Sleep);
+        step.sleep = duration;
+        step
+    }
+
+    /// Gives the step a condition that always says `holds`.
+    pub fn when(mut self, holds: bool) -> Self {
+        self.when = Some(holds);
+        self
     }
 
     /// The script of the action's attempts.
@@ -407,6 +426,11 @@ pub fn scripted_saga(
             StepKind::Retriable => {
                 Step::retriable(&s.name, action).retry(fast.with_unlimited_attempts())
             }
+            StepKind::Sleep => Step::sleep(&s.name, s.sleep),
+        };
+        let step = match s.when {
+            Some(holds) => step.when(move |_| Ok(holds)),
+            None => step,
         };
         builder = builder.step(
             step.compensation_retry(fast.with_unlimited_attempts())

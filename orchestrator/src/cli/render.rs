@@ -92,19 +92,37 @@ fn opt_clock_time(ms: Option<Millis>, day_of: Millis) -> String {
 
 /// How long ago, for people: `just now`, `42s ago`, `12 min ago`, `5 h ago`, `3 days ago`.
 pub(crate) fn ago(then: Millis, now: Millis) -> String {
-    let s = (now - then).max(0) / 1000;
+    match span(now - then) {
+        None => "just now".to_owned(),
+        Some(span) => format!("{span} ago"),
+    }
+}
+
+/// A length of time for people (`42s`, `12 min`, `5 h`, `3 days`); `None` under a second.
+fn span(ms: Millis) -> Option<String> {
+    let s = ms.max(0) / 1000;
     match s {
-        0 => "just now".to_owned(),
-        1..=59 => format!("{s}s ago"),
-        60..=3_599 => format!("{} min ago", s / 60),
-        3_600..=172_799 => format!("{} h ago", s / 3600),
-        _ => format!("{} days ago", s / 86_400),
+        0 => None,
+        1..=59 => Some(format!("{s}s")),
+        60..=3_599 => Some(format!("{} min", s / 60)),
+        3_600..=172_799 => Some(format!("{} h", s / 3600)),
+        _ => Some(format!("{} days", s / 86_400)),
     }
 }
 
 /// An absolute time with how long ago it was: `2026-11-30T10:00:00.000Z (12 min ago)`.
 fn time_and_ago(ms: Millis, now: Millis) -> String {
     format!("{} ({})", rfc3339(ms), ago(ms, now))
+}
+
+/// A time to come with how long until it: `2026-11-30T10:00:00.000Z (in 12 min)`; a time
+/// already past reads as [`time_and_ago`].
+fn time_and_in(ms: Millis, now: Millis) -> String {
+    if ms <= now {
+        return time_and_ago(ms, now);
+    }
+    let until = span(ms - now).unwrap_or_else(|| "a moment".to_owned());
+    format!("{} (in {until})", rfc3339(ms))
 }
 
 /// The colour of a status (of a saga, a phase or a flag) on a terminal.
@@ -115,7 +133,7 @@ fn status_colour(text: &str) -> Option<Color> {
         "FAILED" | "UNKNOWN" | "NEEDS" => Some(Color::Red),
         "COMPENSATED" | "MANUAL" | "BLOCKED" => Some(Color::Yellow),
         "ABORTED" => Some(Color::Magenta),
-        "RUNNING" | "COMPENSATING" | "RETRYING" => Some(Color::Cyan),
+        "RUNNING" | "COMPENSATING" | "RETRYING" | "WAITING" => Some(Color::Cyan),
         _ => None,
     }
 }
@@ -456,7 +474,10 @@ fn steps_table(saga: &Saga, now: Millis, layout: &Layout) -> Table {
     let kind = g.column("kind", steps.iter().map(|s| s.kind.to_string()).collect());
     let actions: Vec<String> = steps
         .iter()
-        .map(|s| phase_status(&s.action, live))
+        .map(|s| match (s.action.status, s.wake_at) {
+            (StepStatus::Waiting, Some(at)) => format!("WAITING until {}", time_and_in(at, now)),
+            _ => phase_status(&s.action, live),
+        })
         .collect();
     let action_colours = colours_of(&actions);
     let action = g.column("action", actions);

@@ -174,6 +174,10 @@ impl Driver {
                         self.write(false, true).await?;
                         return Ok(());
                     }
+                    if phase == Phase::Action && self.decide(index, now) {
+                        // Decided without a call: written with whatever comes next.
+                        continue;
+                    }
                     let undo = Undo::of(self, index, phase);
                     let fresh_start = phase == Phase::Action
                         && matches!(
@@ -191,6 +195,120 @@ impl Driver {
                 }
             }
         }
+    }
+
+    /// Decides a step that needs no call now: a condition that is false (`SKIPPED`), a sleep
+    /// that starts (`WAITING` until its wake time) or ends. Returns whether it did; the change
+    /// is kept in memory, to be written with whatever comes next. A condition or wake time that
+    /// cannot be computed fails the step permanently: it depends only on the saga's data, so
+    /// asking again cannot change it.
+    fn decide(&mut self, index: usize, now: Millis) -> bool {
+        let def = self.def.clone();
+        let step = &def.steps()[index];
+        let status = self.saga.steps[index].action.status;
+        if status == StepStatus::Pending && step.is_conditional() {
+            match step.applies(&self.context(index, Phase::Action, 0)) {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.settle_without_call(index, StepStatus::Skipped, None, now);
+                    let event = NewEvent::step("step.skipped", step.name(), json!({}));
+                    self.pending.events.push(event);
+                    return true;
+                }
+                Err(e) => {
+                    self.refuse(
+                        index,
+                        &format!("its condition failed: {}", e.message()),
+                        now,
+                    );
+                    return true;
+                }
+            }
+        }
+        if step.kind().calls() {
+            return false;
+        }
+        if status == StepStatus::Pending {
+            let wake = step
+                .wake_time(&self.context(index, Phase::Action, 0), system_time(now))
+                .unwrap_or_else(|| Err(StepError::permanent("a step that neither calls nor waits")))
+                .and_then(millis);
+            match wake {
+                Ok(at) => {
+                    self.saga.steps[index].wake_at = Some(at);
+                    self.saga.steps[index].action.started_at = Some(now);
+                    self.settle_without_call(index, StepStatus::Waiting, None, now);
+                    self.saga.steps[index].action.ended_at = None;
+                    self.push_action(index, None);
+                    let data = json!({"wake_at": crate::model::rfc3339(at)});
+                    self.pending
+                        .events
+                        .push(NewEvent::step("step.waiting", step.name(), data));
+                }
+                Err(e) => self.refuse(
+                    index,
+                    &format!("its wake time failed: {}", e.message()),
+                    now,
+                ),
+            }
+            return true;
+        }
+        // The sleep is over (the plan asks only once its wake time has come).
+        self.settle_without_call(index, StepStatus::Succeeded, Some(Value::Null), now);
+        let wake_at = self.saga.steps[index].wake_at.map(crate::model::rfc3339);
+        self.pending.events.push(NewEvent::step(
+            "step.succeeded",
+            step.name(),
+            json!({ "wake_at": wake_at }),
+        ));
+        true
+    }
+
+    /// Puts a step's action in `status` at `now` without a call, with `output` if given, and
+    /// queues its update (a sleep's first one is queued by its caller, after its wake time).
+    fn settle_without_call(
+        &mut self,
+        index: usize,
+        status: StepStatus,
+        output: Option<Value>,
+        now: Millis,
+    ) {
+        if self.saga.status == SagaStatus::Queued {
+            self.saga.status = SagaStatus::Running;
+        }
+        let step = &mut self.saga.steps[index];
+        step.action.status = status;
+        step.action.outcome_unknown = false;
+        step.action.ended_at = Some(now);
+        if output.is_some() {
+            step.output.clone_from(&output);
+        }
+        if status != StepStatus::Waiting {
+            self.push_action(index, output);
+        }
+    }
+
+    /// Fails a step that was never called: permanently, with `error`.
+    fn refuse(&mut self, index: usize, error: &str, now: Millis) {
+        self.saga.steps[index].action.last_error = Some(error.to_owned());
+        self.settle_without_call(index, StepStatus::Failed, None, now);
+        let data = json!({"attempt": 0, "error": error, "outcome": "failed"});
+        let name = self.saga.steps[index].name.clone();
+        self.pending
+            .events
+            .push(NewEvent::step("step.failed", &name, data));
+    }
+
+    /// Queues the write of a step's action record as it is now in memory.
+    fn push_action(&mut self, index: usize, output: Option<Value>) {
+        let step = &self.saga.steps[index];
+        self.pending.steps.push(StepUpdate {
+            index: index as u32,
+            phase: Phase::Action,
+            record: step.action.clone(),
+            output,
+            wake_at: step.wake_at,
+        });
     }
 
     /// Makes a call whose write-ahead is committed and keeps its result in memory, to be
@@ -239,7 +357,8 @@ impl Driver {
         if self.saga.status == SagaStatus::Queued {
             self.saga.status = SagaStatus::Running;
         }
-        if phase == Phase::Action && self.def.point_of_no_return() == Some(index) {
+        // At the pivot or after it (a pivot that was skipped leaves the next step to pass it).
+        if phase == Phase::Action && self.def.point_of_no_return().is_some_and(|p| index >= p) {
             self.saga.pivot_reached = true;
         }
         let rec = phase_record_mut(&mut self.saga, index, phase);
@@ -255,6 +374,7 @@ impl Driver {
             phase,
             record: rec.clone(),
             output: None,
+            wake_at: None,
         };
         self.pending.steps.push(update);
         self.pending.attempts.push(AttemptChange::Start {
@@ -265,8 +385,8 @@ impl Driver {
         attempt
     }
 
-    async fn call(&self, index: usize, phase: Phase, attempt: u32) -> CallResult {
-        let step = &self.def.steps()[index];
+    /// What a call of step `index` (or its condition, or its wake time) is told.
+    fn context(&self, index: usize, phase: Phase, attempt: u32) -> StepContext {
         let mut outputs = BTreeMap::new();
         for s in &self.saga.steps {
             let visible = phase == Phase::Compensation || (s.index as usize) < index;
@@ -276,18 +396,29 @@ impl Driver {
                 }
             }
         }
-        let ctx = StepContext::new(
+        StepContext::new(
             self.saga.id,
             index,
-            step.name(),
+            self.def.steps()[index].name(),
             phase,
             attempt,
             self.input.clone(),
             Arc::new(outputs),
-        );
+        )
+    }
+
+    async fn call(&self, index: usize, phase: Phase, attempt: u32) -> CallResult {
+        let step = &self.def.steps()[index];
+        let ctx = self.context(index, phase, attempt);
         let (timeout, mut handle) = match phase {
             Phase::Action => {
-                let action = step.action().clone();
+                let Some(action) = step.action().cloned() else {
+                    // Steps that call nothing are decided without a call (`decide`).
+                    return CallResult::Err {
+                        error: StepError::permanent("step has no action"),
+                        unknown: false,
+                    };
+                };
                 (
                     step.attempt_timeout(),
                     tokio::spawn(async move { action.run(ctx).await }),
@@ -363,6 +494,7 @@ impl Driver {
                     phase,
                     record,
                     output,
+                    wake_at: None,
                 });
                 self.pending.attempts.push(AttemptChange::Finish {
                     step_index: index as u32,
@@ -470,6 +602,7 @@ impl Driver {
             phase,
             record,
             output: None,
+            wake_at: None,
         });
         self.pending.attempts.push(AttemptChange::Finish {
             step_index: index as u32,
@@ -622,4 +755,18 @@ fn phase_record_mut(saga: &mut Saga, index: usize, phase: Phase) -> &mut PhaseRe
         Phase::Action => &mut saga.steps[index].action,
         Phase::Compensation => &mut saga.steps[index].compensation,
     }
+}
+
+/// The engine's clock reading as a `SystemTime`, for a sleep's wake time rule.
+fn system_time(now: Millis) -> std::time::SystemTime {
+    std::time::UNIX_EPOCH + Duration::from_millis(now.max(0) as u64)
+}
+
+/// A wake time in milliseconds since the epoch; an instant before the epoch, or too far to
+/// count, is a permanent error.
+fn millis(at: std::time::SystemTime) -> Result<Millis, StepError> {
+    at.duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .and_then(|d| Millis::try_from(d.as_millis()).ok())
+        .ok_or_else(|| StepError::permanent(format!("{at:?} is not a time to wake at")))
 }

@@ -41,11 +41,7 @@ pub fn settle(saga: &mut Saga, now: Millis) -> Vec<NewEvent> {
                     ));
                     continue;
                 }
-                if saga
-                    .steps
-                    .iter()
-                    .all(|s| s.action.status == StepStatus::Succeeded)
-                {
+                if saga.steps.iter().all(|s| done_forward(s.action.status)) {
                     saga.status = SagaStatus::Completed;
                     saga.next_run_at = None;
                     let mut out = Map::new();
@@ -74,6 +70,9 @@ pub fn settle(saga: &mut Saga, now: Millis) -> Vec<NewEvent> {
                     // outcome is unknown may have: neither way is safe without a person.
                     StepKindName::Pivot => failed.action.status == StepStatus::Failed,
                     StepKindName::Retriable => false,
+                    // A sleep that could not start (its wake time could not be computed)
+                    // changed nothing: back, unless the point of no return is behind.
+                    StepKindName::Sleep => !saga.pivot_reached,
                 };
                 if can_go_back {
                     saga.status = SagaStatus::Compensating;
@@ -107,6 +106,13 @@ pub fn settle(saga: &mut Saga, now: Millis) -> Vec<NewEvent> {
             }
         }
     }
+    // A saga going forward and asleep is due when its sleep ends, whatever else was written.
+    if matches!(saga.status, SagaStatus::Queued | SagaStatus::Running) {
+        if let Some(wake) = sleeping_until(saga) {
+            saga.next_run_at = Some(wake);
+            return events;
+        }
+    }
     // A saga waits only on a retry timer of the phase it is in; otherwise it is due now.
     let waiting = match saga.status {
         SagaStatus::Queued | SagaStatus::Running => saga
@@ -130,10 +136,29 @@ pub fn settle(saga: &mut Saga, now: Millis) -> Vec<NewEvent> {
     events
 }
 
-/// The next call to make, given a settled saga.
+/// Whether an action in `status` lets the saga go past its step: it succeeded, or its
+/// condition was false.
+pub fn done_forward(status: StepStatus) -> bool {
+    matches!(status, StepStatus::Succeeded | StepStatus::Skipped)
+}
+
+/// The wake time of the sleep in progress, if a step sleeps.
+fn sleeping_until(saga: &Saga) -> Option<Millis> {
+    saga.steps
+        .iter()
+        .find(|s| s.action.status == StepStatus::Waiting)
+        .and_then(|s| s.wake_at)
+}
+
+/// The next call to make, given a settled saga. For a step that calls nothing, `Call` means
+/// "decide it now": check its condition, start its sleep, or end the sleep that is due.
 pub fn next_call(saga: &Saga, now: Millis) -> NextCall {
     let due = |saga: &Saga, index: usize, phase: Phase, status: StepStatus| match status {
         StepStatus::Retrying => match saga.next_run_at {
+            Some(at) if at > now => NextCall::Wait(at),
+            _ => NextCall::Call(index, phase),
+        },
+        StepStatus::Waiting => match saga.steps[index].wake_at {
             Some(at) if at > now => NextCall::Wait(at),
             _ => NextCall::Call(index, phase),
         },
@@ -143,7 +168,7 @@ pub fn next_call(saga: &Saga, now: Millis) -> NextCall {
         SagaStatus::Queued | SagaStatus::Running => saga
             .steps
             .iter()
-            .position(|s| s.action.status != StepStatus::Succeeded)
+            .position(|s| !done_forward(s.action.status))
             .map_or(NextCall::Done, |i| {
                 due(saga, i, Phase::Action, saga.steps[i].action.status)
             }),
@@ -192,6 +217,7 @@ mod tests {
             kind,
             action: record,
             output: (action == StepStatus::Succeeded).then(|| json!({ "from": name })),
+            wake_at: None,
             compensation: PhaseRecord::with_status(if kind == Compensatable {
                 StepStatus::Pending
             } else {
@@ -776,5 +802,92 @@ mod tests {
         let once = s.clone();
         assert!(settle(&mut s, NOW).is_empty(), "no event twice");
         assert_eq!(s, once);
+    }
+
+    #[test]
+    fn skipped_steps_count_as_done_and_are_never_compensated() {
+        let mut s = saga(
+            SagaStatus::Running,
+            four(
+                StepStatus::Succeeded,
+                StepStatus::Skipped,
+                StepStatus::Pending,
+                StepStatus::Pending,
+            ),
+        );
+        assert!(settle(&mut s, NOW).is_empty());
+        assert_eq!(next_call(&s, NOW), NextCall::Call(2, Phase::Action));
+        s.steps[2].action.status = StepStatus::Failed;
+        assert_eq!(kinds(&settle(&mut s, NOW)), ["saga.compensating"]);
+        let (order, _) = compensate_all(&mut s);
+        assert_eq!(order, [0], "the skipped step is left alone");
+
+        let mut s = saga(
+            SagaStatus::Running,
+            four(
+                StepStatus::Skipped,
+                StepStatus::Succeeded,
+                StepStatus::Skipped,
+                StepStatus::Succeeded,
+            ),
+        );
+        assert_eq!(kinds(&settle(&mut s, NOW)), ["saga.completed"]);
+    }
+
+    /// Steps `a` (compensatable, succeeded), a sleep `nap` in `status`, and a pivot `p`.
+    fn napping(status: StepStatus, wake_at: Millis) -> Saga {
+        let mut nap = step(1, "nap", StepKindName::Sleep, status);
+        nap.compensation = PhaseRecord::with_status(StepStatus::None);
+        nap.action.outcome_unknown = false;
+        nap.wake_at = Some(wake_at);
+        saga(
+            SagaStatus::Running,
+            vec![
+                step(0, "a", Compensatable, StepStatus::Succeeded),
+                nap,
+                step(2, "p", Pivot, StepStatus::Pending),
+            ],
+        )
+    }
+
+    #[test]
+    fn a_sleeping_saga_is_due_at_its_wake_time_and_then_ends_the_sleep() {
+        let mut s = napping(StepStatus::Waiting, NOW + 5_000);
+        assert!(settle(&mut s, NOW).is_empty());
+        assert_eq!(s.next_run_at, Some(NOW + 5_000), "due when the sleep ends");
+        assert_eq!(next_call(&s, NOW), NextCall::Wait(NOW + 5_000));
+        assert_eq!(
+            next_call(&s, NOW + 5_000),
+            NextCall::Call(1, Phase::Action),
+            "the sleep is ended by its own call"
+        );
+        // Whatever due time was written, the wake time in the log wins.
+        s.next_run_at = Some(NOW);
+        settle(&mut s, NOW);
+        assert_eq!(s.next_run_at, Some(NOW + 5_000));
+    }
+
+    #[test]
+    fn a_cancelled_sleeping_saga_compensates_now_and_leaves_the_sleep_alone() {
+        let mut s = napping(StepStatus::Waiting, NOW + 3_600_000);
+        s.cancel_requested = true;
+        assert_eq!(kinds(&settle(&mut s, NOW)), ["saga.compensating"]);
+        assert_eq!(
+            s.next_run_at,
+            Some(NOW - 10),
+            "due now, not at the wake time"
+        );
+        let (order, events) = compensate_all(&mut s);
+        assert_eq!(order, [0]);
+        assert_eq!(events, ["saga.compensated"]);
+    }
+
+    #[test]
+    fn a_sleep_that_could_not_start_goes_back_before_the_pivot_and_fails_after_it() {
+        let mut s = napping(StepStatus::Failed, NOW);
+        assert_eq!(kinds(&settle(&mut s, NOW)), ["saga.compensating"]);
+        let mut s = napping(StepStatus::Failed, NOW);
+        s.pivot_reached = true;
+        assert_eq!(kinds(&settle(&mut s, NOW)), ["saga.failed"]);
     }
 }

@@ -244,7 +244,12 @@ impl Engine {
         // driven at once: no claim, no wait for the run loop, and no commit of its own for the
         // first write-ahead. Freed unused unless this start creates the saga.
         let slot = self.reserve_slot();
-        new.first_attempt = slot.as_ref().is_some_and(StartSlot::runs_at_once);
+        // A first step that may not call (a sleep, a condition) is decided by the driver.
+        let plain_first = def
+            .steps()
+            .first()
+            .is_some_and(|s| s.kind().calls() && !s.is_conditional());
+        new.first_attempt = plain_first && slot.as_ref().is_some_and(StartSlot::runs_at_once);
         let started = Started {
             id: new.id,
             name: new.name.clone(),

@@ -106,12 +106,12 @@ impl NewSaga {
         }
     }
 
-    /// Whether starting its first action passes the point of no return (the first step is
-    /// not compensatable).
+    /// Whether starting its first action passes the point of no return (the first step is a
+    /// pivot or retriable).
     pub(crate) fn first_is_point_of_no_return(&self) -> bool {
         self.steps
             .first()
-            .is_some_and(|(_, kind)| *kind != StepKindName::Compensatable)
+            .is_some_and(|(_, kind)| matches!(kind, StepKindName::Pivot | StepKindName::Retriable))
     }
 }
 
@@ -184,6 +184,8 @@ pub struct StepUpdate {
     pub record: PhaseRecord,
     /// For a succeeded action: its output.
     pub output: Option<Value>,
+    /// For an action: the step's wake time (a sleep's), written as given, `None` included.
+    pub wake_at: Option<Millis>,
 }
 
 /// A change to the attempt log.

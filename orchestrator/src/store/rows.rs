@@ -131,6 +131,7 @@ pub(super) fn step_from_row<R: LogRow>(row: &R) -> Result<StepRecord> {
             ended_at: row.get("ended_at")?,
         },
         output: parse_json(&saga, row.get("output")?)?,
+        wake_at: row.get("wake_at")?,
         compensation: PhaseRecord {
             status: parse_enum(&saga, &comp_status)?,
             attempts: u32::try_from(comp_attempts).map_err(|e| corrupt(&saga, e))?,
@@ -196,6 +197,7 @@ pub(super) fn new_saga_record(new: NewSaga, now: Millis, owner: Option<String>) 
             kind: *kind,
             action: PhaseRecord::pending(),
             output: None,
+            wake_at: None,
             compensation: PhaseRecord::with_status(comp_status_for(*kind)),
         })
         .collect();

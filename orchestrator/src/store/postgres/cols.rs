@@ -52,6 +52,7 @@ pub(crate) const STEPS: Cols = &[
     ("a_unknown", "boolean"),
     ("a_started", "bigint"),
     ("a_ended", "bigint"),
+    ("a_wake", "bigint"),
     ("output", "text"),
     ("has_c", "boolean"),
     ("c_status", "text"),
@@ -206,6 +207,7 @@ struct StepCols<'a> {
     epoch: Vec<i64>,
     idx: Vec<i64>,
     a: PhaseCols<'a>,
+    wake: Vec<Option<Millis>>,
     output: Vec<Option<String>>,
     c: PhaseCols<'a>,
 }
@@ -313,6 +315,7 @@ impl<'a> ApplyCols<'a> {
             idx: u32,
             a: Option<&'a PhaseRecord>,
             c: Option<&'a PhaseRecord>,
+            wake: Option<Millis>,
             output: Option<String>,
         }
         let mut rows: Vec<Row<'a>> = Vec::new();
@@ -326,6 +329,7 @@ impl<'a> ApplyCols<'a> {
                         idx: u.index,
                         a: None,
                         c: None,
+                        wake: None,
                         output: None,
                     });
                     rows.len() - 1
@@ -334,6 +338,7 @@ impl<'a> ApplyCols<'a> {
                 match u.phase {
                     Phase::Action => {
                         row.a = Some(&u.record);
+                        row.wake = u.wake_at;
                         if let Some(out) = &u.output {
                             row.output = Some(out.to_string());
                         }
@@ -348,6 +353,7 @@ impl<'a> ApplyCols<'a> {
             s.epoch.push(row.epoch);
             s.idx.push(i64::from(row.idx));
             s.a.push(row.a);
+            s.wake.push(row.wake);
             s.output.push(row.output);
             s.c.push(row.c);
         }
@@ -371,7 +377,10 @@ impl<'a> ApplyCols<'a> {
             .bind(&s.rel);
         let st = &self.steps;
         let q = q.bind(&st.saga_id).bind(&st.epoch).bind(&st.idx);
-        let q = st.a.bind(q.bind(&st.a.changed)).bind(&st.output);
+        let q =
+            st.a.bind(q.bind(&st.a.changed))
+                .bind(&st.wake)
+                .bind(&st.output);
         let q = st.c.bind(q.bind(&st.c.changed));
         let f = &self.finishes;
         let q = q

@@ -76,7 +76,10 @@ fn apply_ctes(src: &ApplySources, now: &str) -> String {
             ]
             .map(|(col, field)| phase_col(phase, col, field))
         })
-        .chain(["output = COALESCE(x.output::jsonb, steps.output)".to_owned()])
+        .chain([
+            phase_col("a", "wake_at", "wake"),
+            "output = COALESCE(x.output::jsonb, steps.output)".to_owned(),
+        ])
         .collect();
     let fenced = "(x.saga_id, x.epoch) IN (SELECT id, epoch FROM fenced)";
     format!(

@@ -44,8 +44,8 @@ const FENCE_IN_PLACE: &str = "UPDATE sagas SET error = ?1, pivot_reached = ?2, u
 const REFUSED: &str = "SELECT lease_owner, lease_epoch, cancel_requested FROM sagas WHERE id = ?1";
 
 const ACTION: &str = "UPDATE steps SET status = ?1, attempts = ?2, last_error = ?3, \
-     outcome_unknown = ?4, started_at = ?5, ended_at = ?6, output = COALESCE(?7, output) \
-     WHERE saga_id = ?8 AND idx = ?9";
+     outcome_unknown = ?4, started_at = ?5, ended_at = ?6, output = COALESCE(?7, output), \
+     wake_at = ?10 WHERE saga_id = ?8 AND idx = ?9";
 
 const COMPENSATION: &str = "UPDATE steps SET comp_status = ?1, comp_attempts = ?2, \
      comp_last_error = ?3, comp_outcome_unknown = ?4, comp_started_at = ?5, comp_ended_at = ?6 \
@@ -228,6 +228,7 @@ fn apply_one(db: &Connection, now: Millis, (lease, t): &Item) -> Result<Result<A
                     u.output.as_ref().map(ToString::to_string),
                     id,
                     u.index,
+                    u.wake_at,
                 ],
             ),
             Phase::Compensation => exec(

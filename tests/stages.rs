@@ -1,0 +1,292 @@
+//! Stages that are not plain calls, against a real database (SQLite, or PostgreSQL with
+//! `SAGA_TEST_BACKEND=postgres`): conditions (`SKIPPED` steps) and durable sleeps.
+//! Sleeps across a `kill -9` are in `crash/kill9.rs`.
+
+#![allow(clippy::unwrap_used)]
+
+use std::time::{Duration, Instant};
+
+use orchestrator::model::{SagaStatus, StepStatus};
+use orchestrator::store::CancelOutcome;
+use saga_dsl::StepKind::{Compensatable, Pivot, Retriable};
+use saga_suite::{
+    is, registry_of, scripted_saga, test_config, wait_for, wait_terminal, Journal,
+    Outcome::Permanent, RunningEngine, ScriptedStep as S, TempDb,
+};
+use serde_json::json;
+
+/// Event types of a saga, with their step: `step.skipped:b`.
+async fn events(
+    store: &std::sync::Arc<dyn orchestrator::store::Store>,
+    id: uuid::Uuid,
+) -> Vec<String> {
+    store
+        .events(id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| {
+            format!(
+                "{}{}",
+                e.kind,
+                e.step.map(|s| format!(":{s}")).unwrap_or_default()
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_false_condition_skips_its_step_and_a_true_one_runs_it() {
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let def = scripted_saga(
+        "s",
+        1,
+        &[
+            S::new("a", Compensatable).when(false),
+            S::new("b", Compensatable).when(true),
+            S::new("p", Pivot).when(false),
+            S::new("r", Retriable),
+        ],
+        &j,
+    );
+    let eng = RunningEngine::start(store.clone(), registry_of([def]), test_config());
+    eng.ready().await;
+    let saga = eng.engine.start_saga("s", json!({})).await.unwrap();
+    // A conditional first step is not written ahead with the create: it may not run at all.
+    assert_eq!(saga.steps[0].action.status, StepStatus::Pending);
+    let done = wait_terminal(&store, saga.id).await;
+    assert_eq!(done.status, SagaStatus::Completed);
+    assert_eq!(j.names(), ["b:action", "r:action"]);
+    let statuses: Vec<StepStatus> = done.steps.iter().map(|s| s.action.status).collect();
+    use StepStatus::{Skipped, Succeeded};
+    assert_eq!(statuses, [Skipped, Succeeded, Skipped, Succeeded]);
+    assert_eq!(
+        done.steps[0].action.attempts, 0,
+        "a skipped step was never called"
+    );
+    assert!(
+        done.pivot_reached,
+        "the step after a skipped pivot passes the point of no return"
+    );
+    assert_eq!(done.output.unwrap()["a"], json!(null));
+    let events = events(&store, saga.id).await;
+    assert!(events.contains(&"step.skipped:a".to_owned()), "{events:?}");
+    assert!(events.contains(&"step.skipped:p".to_owned()), "{events:?}");
+    eng.stop().await;
+}
+
+#[tokio::test]
+async fn a_skipped_step_is_never_compensated() {
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let def = scripted_saga(
+        "s",
+        1,
+        &[
+            S::new("a", Compensatable),
+            S::new("b", Compensatable).when(false),
+            S::new("c", Compensatable).action(&[Permanent]),
+        ],
+        &j,
+    );
+    let eng = RunningEngine::start(store.clone(), registry_of([def]), test_config());
+    let saga = eng.engine.start_saga("s", json!({})).await.unwrap();
+    let done = wait_terminal(&store, saga.id).await;
+    assert_eq!(done.status, SagaStatus::Compensated);
+    assert_eq!(j.names(), ["a:action", "c:action", "a:compensation"]);
+    assert_eq!(done.steps[1].action.status, StepStatus::Skipped);
+    assert_eq!(done.steps[1].compensation.status, StepStatus::Pending);
+    eng.stop().await;
+}
+
+#[tokio::test]
+async fn a_condition_that_cannot_be_decided_fails_its_step_and_compensates() {
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let a = saga_suite::scripted_saga("s", 1, &[S::new("a", Compensatable)], &j);
+    let def = saga_dsl::SagaDefinition::builder("s", 1)
+        .step(a.steps()[0].clone())
+        .step(
+            saga_dsl::Step::compensatable(
+                "b",
+                |_: saga_dsl::StepContext| async { Ok(()) },
+                |_: saga_dsl::StepContext| async { Ok(()) },
+            )
+            .when(|ctx| ctx.input::<bool>()),
+        )
+        .build()
+        .unwrap();
+    let eng = RunningEngine::start(store.clone(), registry_of([def]), test_config());
+    let saga = eng
+        .engine
+        .start_saga("s", json!({"not": "a bool"}))
+        .await
+        .unwrap();
+    let done = wait_terminal(&store, saga.id).await;
+    assert_eq!(done.status, SagaStatus::Compensated);
+    assert_eq!(j.names(), ["a:action", "a:compensation"]);
+    assert_eq!(done.steps[1].action.status, StepStatus::Failed);
+    assert_eq!(done.steps[1].action.attempts, 0);
+    let error = done.steps[1].action.last_error.clone().unwrap();
+    assert!(
+        error.starts_with("its condition failed: saga input does not fit"),
+        "{error}"
+    );
+    assert!(done.error.unwrap().starts_with("b: its condition failed"));
+    eng.stop().await;
+}
+
+#[tokio::test]
+async fn a_sleep_holds_no_worker_and_ends_at_its_wake_time() {
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let nap = Duration::from_millis(1500);
+    let def = scripted_saga(
+        "s",
+        1,
+        &[
+            S::new("a", Compensatable),
+            S::sleep("nap", nap),
+            S::new("b", Pivot),
+        ],
+        &j,
+    );
+    let eng = RunningEngine::start(store.clone(), registry_of([def]), test_config());
+    let begun = Instant::now();
+    let saga = eng.engine.start_saga("s", json!({})).await.unwrap();
+    let asleep = wait_for(&store, saga.id, Duration::from_secs(10), |s| {
+        s.steps[1].action.status == StepStatus::Waiting && s.lease_owner.is_none()
+    })
+    .await;
+    // Given back to the log: no worker waits, and the saga is due at its wake time.
+    let wake = asleep.steps[1].wake_at.unwrap();
+    assert_eq!(asleep.next_run_at, Some(wake));
+    assert_eq!(asleep.status, SagaStatus::Running);
+    let started = asleep.steps[1].action.started_at.unwrap();
+    assert_eq!(wake - started, nap.as_millis() as i64);
+    assert_eq!(j.names(), ["a:action"]);
+    let json = serde_json::to_value(&asleep).unwrap();
+    assert_eq!(json["steps"][1]["kind"], "sleep");
+    assert_eq!(json["steps"][1]["status"], "WAITING");
+    assert!(json["steps"][1]["wake_at"].is_string());
+    assert!(
+        json["steps"][0].get("wake_at").is_none(),
+        "only sleeps have one"
+    );
+
+    let done = wait_terminal(&store, saga.id).await;
+    assert!(begun.elapsed() >= nap);
+    assert_eq!(done.status, SagaStatus::Completed);
+    assert_eq!(j.names(), ["a:action", "b:action"]);
+    let step = &done.steps[1];
+    assert_eq!(step.action.status, StepStatus::Succeeded);
+    assert_eq!(step.wake_at, Some(wake), "the wake time stays in the log");
+    assert!(step.action.ended_at.unwrap() >= wake);
+    assert_eq!(step.action.attempts, 0, "a sleep calls nothing");
+    let events = events(&store, saga.id).await;
+    let at = |kind: &str| events.iter().position(|e| e == kind).unwrap();
+    assert!(at("step.waiting:nap") < at("step.succeeded:nap"));
+    eng.stop().await;
+}
+
+#[tokio::test]
+async fn a_sleep_first_and_a_sleep_until_a_past_instant_end_at_once() {
+    let db = TempDb::new();
+    let store = db.store().await;
+    let def = saga_dsl::SagaDefinition::builder("s", 1)
+        .step(saga_dsl::Step::sleep_until("past", |_| {
+            Ok(std::time::SystemTime::now() - Duration::from_secs(3600))
+        }))
+        .step(saga_dsl::Step::pivot(
+            "p",
+            |_: saga_dsl::StepContext| async { Ok("done") },
+        ))
+        .build()
+        .unwrap();
+    let eng = RunningEngine::start(store.clone(), registry_of([def]), test_config());
+    let saga = eng.engine.start_saga("s", json!({})).await.unwrap();
+    let done = wait_terminal(&store, saga.id).await;
+    assert_eq!(done.status, SagaStatus::Completed);
+    let sleep = &done.steps[0];
+    assert_eq!(sleep.action.status, StepStatus::Succeeded);
+    assert!(sleep.wake_at.unwrap() < sleep.action.started_at.unwrap());
+    eng.stop().await;
+}
+
+#[tokio::test]
+async fn a_cancel_during_a_long_sleep_compensates_at_once() {
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let def = scripted_saga(
+        "s",
+        1,
+        &[
+            S::new("a", Compensatable),
+            S::sleep("nap", Duration::from_secs(3600)),
+            S::new("b", Pivot),
+        ],
+        &j,
+    );
+    let eng = RunningEngine::start(store.clone(), registry_of([def]), test_config());
+    let saga = eng.engine.start_saga("s", json!({})).await.unwrap();
+    wait_for(&store, saga.id, Duration::from_secs(10), |s| {
+        s.steps[1].action.status == StepStatus::Waiting && s.lease_owner.is_none()
+    })
+    .await;
+    let asked = Instant::now();
+    assert_eq!(
+        store.request_cancel(saga.id).await.unwrap(),
+        CancelOutcome::Accepted
+    );
+    let done = wait_for(
+        &store,
+        saga.id,
+        Duration::from_secs(10),
+        is(SagaStatus::Compensated),
+    )
+    .await;
+    assert!(
+        asked.elapsed() < Duration::from_secs(5),
+        "not at the wake time"
+    );
+    assert_eq!(j.names(), ["a:action", "a:compensation"]);
+    assert_eq!(done.error.as_deref(), Some("cancelled on request"));
+    eng.stop().await;
+}
+
+#[tokio::test]
+async fn a_sleep_after_the_pivot_cannot_be_cancelled_and_still_ends() {
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let def = scripted_saga(
+        "s",
+        1,
+        &[
+            S::new("p", Pivot),
+            S::sleep("nap", Duration::from_millis(400)),
+            S::new("r", Retriable),
+        ],
+        &j,
+    );
+    let eng = RunningEngine::start(store.clone(), registry_of([def]), test_config());
+    let saga = eng.engine.start_saga("s", json!({})).await.unwrap();
+    wait_for(&store, saga.id, Duration::from_secs(10), |s| {
+        s.steps[1].action.status == StepStatus::Waiting
+    })
+    .await;
+    assert!(matches!(
+        store.request_cancel(saga.id).await.unwrap(),
+        CancelOutcome::PastPivot
+    ));
+    let done = wait_terminal(&store, saga.id).await;
+    assert_eq!(done.status, SagaStatus::Completed);
+    assert_eq!(j.names(), ["p:action", "r:action"]);
+    eng.stop().await;
+}
