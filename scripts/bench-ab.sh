@@ -5,10 +5,11 @@
 # and 64 in flight.
 #
 # Usage: scripts/bench-ab.sh OLD_BINARY NEW_BINARY [RUNS] [SECONDS]
+# SCENARIOS (default `happy`) lists the in-process scenarios, e.g. `SCENARIOS="happy compensate"`.
 # Prints one line per measurement: `ab build=B run=R path=P inflight=N rate=X`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-old="$1"; new="$2"; runs="${3:-3}"; secs="${4:-8}"
+old="$1"; new="$2"; runs="${3:-3}"; secs="${4:-8}"; scenarios="${SCENARIOS:-happy}"
 pid=""
 # A server left running by a failed step would skew every later figure on this machine.
 trap '[ -n "$pid" ] && kill "$pid" 2>/dev/null || true' EXIT
@@ -17,11 +18,14 @@ for run in $(seq 1 "$runs"); do
     order="old new"; [ $((run % 2)) = 0 ] && order="new old"
     for build in $order; do
         bin="$old"; [ "$build" = new ] && bin="$new"
-        for n in 1 16 64; do
-            sagas=$(( n == 1 ? 3000 : 20000 ))
-            rate="$($bin bench --scenario happy --sagas "$sagas" --concurrency "$n" --json \
-                | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["sagas_per_s"]))')"
-            echo "ab build=$build run=$run path=in-process inflight=$n rate=$rate"
+        for scenario in $scenarios; do
+            path=in-process; [ "$scenario" = happy ] || path="in-process-$scenario"
+            for n in 1 16 64; do
+                sagas=$(( n == 1 ? 3000 : 20000 ))
+                rate="$($bin bench --scenario "$scenario" --sagas "$sagas" --concurrency "$n" --json \
+                    | python3 -c 'import json,sys; print(round(json.load(sys.stdin)["sagas_per_s"]))')"
+                echo "ab build=$build run=$run path=$path inflight=$n rate=$rate"
+            done
         done
         for keys in 0 1; do
             dir="$(mktemp -d)"
