@@ -17,6 +17,7 @@
 mod crash_points;
 mod kill9;
 mod sigterm;
+mod stages;
 
 use std::time::Duration;
 

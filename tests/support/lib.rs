@@ -525,7 +525,6 @@ impl Server {
         env: &[(&str, &str)],
         extra_args: &[&str],
     ) -> Self {
-        use std::io::BufRead;
         let mut cmd = std::process::Command::new(bin_path("example-sagas"));
         cmd.arg("serve")
             .arg("--listen")
@@ -548,6 +547,24 @@ impl Server {
         for (k, v) in env {
             cmd.env(k, v);
         }
+        Self::from_command(cmd).await
+    }
+
+    /// Starts `saga-suite-stages` (the sagas of `tests/support/bin/stages.rs`) on the saga
+    /// database `db_url`, and waits until it answers `/healthz`.
+    pub async fn spawn_stages(db_url: &str) -> Self {
+        let mut cmd = std::process::Command::new(bin_path("saga-suite-stages"));
+        cmd.env("DATABASE_URL", db_url)
+            .env("RUST_LOG", "error")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit());
+        Self::from_command(cmd).await
+    }
+
+    /// Spawns `cmd` (its stdout piped), reads `listening on http://ADDR` from it and waits
+    /// until the server answers `/healthz`.
+    async fn from_command(mut cmd: std::process::Command) -> Self {
+        use std::io::BufRead;
         let mut child = cmd.spawn().unwrap();
         let stdout = child.stdout.take().unwrap();
         // The server prints `listening on http://ADDR` once bound.

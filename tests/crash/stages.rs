@@ -1,0 +1,83 @@
+//! SIGKILL of a server whose saga sleeps (`saga-suite-stages`): the wake time in the log holds,
+//! whether the server is back before it or after it.
+
+use std::time::{Duration, Instant};
+
+use saga_suite::{Server, TempDb};
+use serde_json::json;
+
+use crate::{step, LONG};
+
+/// Starts a `nap` of `nap` and kills the server once the saga sleeps; returns the wake time
+/// the log recorded (RFC 3339, which sorts as time does).
+async fn asleep_then_killed(db: &TempDb, nap: Duration) -> (uuid::Uuid, String) {
+    let server = Server::spawn_stages(&db.url).await;
+    let id = server
+        .start("nap", json!({"nap_ms": nap.as_millis() as u64}))
+        .await;
+    let saga = server
+        .wait_for(id, LONG, |s| step(s, "nap")["status"] == "WAITING")
+        .await;
+    assert_eq!(saga["status"], "RUNNING");
+    assert_eq!(
+        saga["lease_owner"],
+        serde_json::Value::Null,
+        "no worker waits"
+    );
+    let wake = step(&saga, "nap")["wake_at"].as_str().unwrap().to_owned();
+    server.kill9();
+    (id, wake)
+}
+
+/// The sleep ended at its wake time, not before and not restarted, and `b` ran after it.
+fn assert_woke_at(saga: &serde_json::Value, wake: &str) {
+    assert_eq!(saga["status"], "COMPLETED", "{saga:#}");
+    let nap = step(saga, "nap");
+    assert_eq!(
+        nap["wake_at"], wake,
+        "the wake time is the one first recorded"
+    );
+    assert!(nap["ended_at"].as_str().unwrap() >= wake, "{nap:#}");
+    assert!(step(saga, "b")["started_at"].as_str().unwrap() >= wake);
+    assert_eq!(step(saga, "a")["attempts"], 1);
+}
+
+#[tokio::test]
+async fn killed_during_a_sleep_and_back_before_its_end_it_wakes_on_time() {
+    let db = TempDb::new();
+    let (id, wake) = asleep_then_killed(&db, Duration::from_secs(4)).await;
+    let server = Server::spawn_stages(&db.url).await;
+    let early = server.saga(id).await;
+    assert_eq!(
+        step(&early, "nap")["status"],
+        "WAITING",
+        "not restarted, not ended early"
+    );
+    let saga = server
+        .wait_for(id, LONG, |s| s["status"] == "COMPLETED")
+        .await;
+    assert_woke_at(&saga, &wake);
+    server.kill9();
+}
+
+#[tokio::test]
+async fn killed_during_a_sleep_that_ends_while_it_is_down_it_wakes_on_restart() {
+    let db = TempDb::new();
+    let nap = Duration::from_millis(1500);
+    let (id, wake) = asleep_then_killed(&db, nap).await;
+    tokio::time::sleep(nap + Duration::from_millis(500)).await;
+    let back = Instant::now();
+    let server = Server::spawn_stages(&db.url).await;
+    let saga = server
+        .wait_for(id, LONG, |s| s["status"] == "COMPLETED")
+        .await;
+    // Due since its wake time: the first claim takes it (the lease of the killed process is
+    // given up at once on SQLite, after its 2-second time to live on PostgreSQL).
+    assert!(
+        back.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        back.elapsed()
+    );
+    assert_woke_at(&saga, &wake);
+    server.kill9();
+}
