@@ -758,6 +758,7 @@ async fn an_interrupted_attempt_is_made_again_with_the_same_key() {
                     record: rec,
                     output: None,
                     wake_at: None,
+                    waiting_for: None,
                 }],
                 attempts: vec![AttemptChange::Start {
                     step_index: 0,

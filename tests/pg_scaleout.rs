@@ -297,3 +297,28 @@ async fn a_deadlock_between_two_writers_is_a_transient_error() {
     drop((a, b));
     pool.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_sent_to_another_process_resumes_a_saga_whose_process_was_killed() {
+    let db = TempDb::postgres();
+    let a = Server::spawn_stages(&db.url).await;
+    let b = Server::spawn_stages(&db.url).await;
+    let id = a.start("approval", json!({})).await;
+    a.wait_for(id, LONG, |s| s["steps"][1]["status"] == "WAITING")
+        .await;
+    a.kill9();
+    // A is gone; B, sharing the database, takes the signal, and whichever engine is free
+    // (B's) finishes the saga.
+    let status = reqwest::Client::new()
+        .post(format!("{}/v1/sagas/{id}/signals/approval", b.base))
+        .json(&json!({"approved": true, "by": "b"}))
+        .send()
+        .await
+        .unwrap()
+        .status();
+    assert_eq!(status.as_u16(), 202);
+    let done = b.wait_for(id, LONG, terminal).await;
+    assert_eq!(done["status"], "COMPLETED", "{done:#}");
+    assert_eq!(done["steps"][1]["output"]["by"], "b");
+    b.kill9();
+}

@@ -1,13 +1,13 @@
 //! Stages that are not plain calls, against a real database (SQLite, or PostgreSQL with
-//! `SAGA_TEST_BACKEND=postgres`): conditions (`SKIPPED` steps) and durable sleeps.
-//! Sleeps across a `kill -9` are in `crash/kill9.rs`.
+//! `SAGA_TEST_BACKEND=postgres`): conditions (`SKIPPED` steps), durable sleeps and waits for
+//! signals. The same across a `kill -9` are in `crash/stages.rs`.
 
 #![allow(clippy::unwrap_used)]
 
 use std::time::{Duration, Instant};
 
 use orchestrator::model::{SagaStatus, StepStatus};
-use orchestrator::store::CancelOutcome;
+use orchestrator::store::{CancelOutcome, SignalOutcome, SignalRequest};
 use saga_dsl::StepKind::{Compensatable, Pivot, Retriable};
 use saga_suite::{
     is, registry_of, scripted_saga, test_config, wait_for, wait_terminal, Journal,
@@ -288,5 +288,267 @@ async fn a_sleep_after_the_pivot_cannot_be_cancelled_and_still_ends() {
     let done = wait_terminal(&store, saga.id).await;
     assert_eq!(done.status, SagaStatus::Completed);
     assert_eq!(j.names(), ["p:action", "r:action"]);
+    eng.stop().await;
+}
+
+/// Sends `payload` as the signal `name` to saga `id`, without an idempotency key.
+async fn signal(
+    store: &std::sync::Arc<dyn orchestrator::store::Store>,
+    id: uuid::Uuid,
+    name: &str,
+    payload: serde_json::Value,
+) -> SignalOutcome {
+    let request = SignalRequest {
+        saga: id,
+        name,
+        payload: &payload,
+        key: None,
+    };
+    store.send_signal(request).await.unwrap()
+}
+
+fn approval_saga(
+    j: &Journal,
+    timeout: Option<(Duration, Option<serde_json::Value>)>,
+) -> saga_dsl::SagaDefinition {
+    let wait = S::signal("await_approval", "approval");
+    let wait = match timeout {
+        Some((t, default)) => wait.timeout(t, default),
+        None => wait,
+    };
+    scripted_saga(
+        "s",
+        1,
+        &[S::new("a", Compensatable), wait, S::new("p", Pivot)],
+        j,
+    )
+}
+
+#[tokio::test]
+async fn a_signal_wait_parks_the_saga_until_the_signal_comes_and_its_payload_is_the_output() {
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let eng = RunningEngine::start(
+        store.clone(),
+        registry_of([approval_saga(&j, None)]),
+        test_config(),
+    );
+    let saga = eng.engine.start_saga("s", json!({})).await.unwrap();
+    let parked = wait_for(&store, saga.id, Duration::from_secs(10), |s| {
+        s.steps[1].action.status == StepStatus::Waiting && s.lease_owner.is_none()
+    })
+    .await;
+    assert_eq!(
+        parked.next_run_at, None,
+        "due only when something happens to it"
+    );
+    assert_eq!(parked.steps[1].waiting_for.as_deref(), Some("approval"));
+    assert_eq!(parked.steps[1].timeout_at, None);
+    let json = serde_json::to_value(&parked).unwrap();
+    assert_eq!(json["steps"][1]["kind"], "signal");
+    assert_eq!(json["steps"][1]["waiting_for"], "approval");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(j.names(), ["a:action"], "nothing runs while it waits");
+
+    let payload = json!({"approved": true, "by": "grace"});
+    assert_eq!(
+        signal(&store, saga.id, "approval", payload.clone()).await,
+        SignalOutcome::Received
+    );
+    let done = wait_terminal(&store, saga.id).await;
+    assert_eq!(done.status, SagaStatus::Completed);
+    assert_eq!(j.names(), ["a:action", "p:action"]);
+    assert_eq!(done.steps[1].output, Some(payload.clone()));
+    assert_eq!(done.output.unwrap()["await_approval"], payload);
+    let events = events(&store, saga.id).await;
+    let at = |kind: &str| events.iter().position(|e| e == kind).unwrap();
+    assert!(at("step.waiting:await_approval") < at("signal.received"));
+    assert!(at("signal.received") < at("step.succeeded:await_approval"));
+    // The first signal of a name wins; the same one again changes nothing.
+    assert_eq!(
+        signal(&store, saga.id, "approval", payload).await,
+        SignalOutcome::AlreadyReceived
+    );
+    assert_eq!(
+        signal(&store, saga.id, "approval", json!({"approved": false})).await,
+        SignalOutcome::Conflict
+    );
+    assert_eq!(
+        signal(&store, saga.id, "other", json!(1)).await,
+        SignalOutcome::Refused(SagaStatus::Completed)
+    );
+    eng.stop().await;
+}
+
+#[tokio::test]
+async fn a_signal_sent_before_the_saga_waits_is_kept_and_taken_when_it_does() {
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let def = scripted_saga(
+        "s",
+        1,
+        &[
+            S::new("a", Compensatable),
+            S::sleep("nap", Duration::from_millis(600)),
+            S::signal("await_approval", "approval"),
+            S::new("p", Pivot),
+        ],
+        &j,
+    );
+    let eng = RunningEngine::start(store.clone(), registry_of([def]), test_config());
+    let saga = eng.engine.start_saga("s", json!({})).await.unwrap();
+    assert_eq!(
+        signal(&store, saga.id, "approval", json!({"early": true})).await,
+        SignalOutcome::Received
+    );
+    let done = wait_terminal(&store, saga.id).await;
+    assert_eq!(done.status, SagaStatus::Completed);
+    assert_eq!(done.steps[2].output, Some(json!({"early": true})));
+    eng.stop().await;
+}
+
+#[tokio::test]
+async fn a_signal_wait_that_times_out_compensates_or_takes_its_default() {
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let short = Some((Duration::from_millis(500), None));
+    let eng = RunningEngine::start(
+        store.clone(),
+        registry_of([approval_saga(&j, short)]),
+        test_config(),
+    );
+    let saga = eng.engine.start_saga("s", json!({})).await.unwrap();
+    let parked = wait_for(&store, saga.id, Duration::from_secs(10), |s| {
+        s.steps[1].action.status == StepStatus::Waiting && s.lease_owner.is_none()
+    })
+    .await;
+    let timeout = parked.steps[1].timeout_at.unwrap();
+    assert_eq!(parked.next_run_at, Some(timeout));
+    assert_eq!(timeout - parked.steps[1].action.started_at.unwrap(), 500);
+    let done = wait_terminal(&store, saga.id).await;
+    assert_eq!(done.status, SagaStatus::Compensated);
+    assert_eq!(j.names(), ["a:action", "a:compensation"]);
+    assert_eq!(
+        done.error.as_deref(),
+        Some("await_approval: no signal \"approval\" came before the timeout")
+    );
+    eng.stop().await;
+
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let default = Some((
+        Duration::from_millis(300),
+        Some(json!({"approved": true, "by": "default"})),
+    ));
+    let eng = RunningEngine::start(
+        store.clone(),
+        registry_of([approval_saga(&j, default)]),
+        test_config(),
+    );
+    let saga = eng.engine.start_saga("s", json!({})).await.unwrap();
+    let done = wait_terminal(&store, saga.id).await;
+    assert_eq!(done.status, SagaStatus::Completed);
+    assert_eq!(
+        done.steps[1].output,
+        Some(json!({"approved": true, "by": "default"}))
+    );
+    eng.stop().await;
+}
+
+#[tokio::test]
+async fn a_refused_payload_fails_the_wait_and_compensates() {
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let eng = RunningEngine::start(
+        store.clone(),
+        registry_of([approval_saga(&j, None)]),
+        test_config(),
+    );
+    let saga = eng.engine.start_saga("s", json!({})).await.unwrap();
+    wait_for(&store, saga.id, Duration::from_secs(10), |s| {
+        s.steps[1].action.status == StepStatus::Waiting
+    })
+    .await;
+    signal(&store, saga.id, "approval", json!({"refuse": true})).await;
+    let done = wait_terminal(&store, saga.id).await;
+    assert_eq!(done.status, SagaStatus::Compensated);
+    assert_eq!(
+        done.error.as_deref(),
+        Some("await_approval: refused by its payload")
+    );
+    assert_eq!(j.names(), ["a:action", "a:compensation"]);
+    eng.stop().await;
+}
+
+#[tokio::test]
+async fn a_cancel_while_waiting_for_a_signal_without_timeout_compensates_at_once() {
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let eng = RunningEngine::start(
+        store.clone(),
+        registry_of([approval_saga(&j, None)]),
+        test_config(),
+    );
+    let saga = eng.engine.start_saga("s", json!({})).await.unwrap();
+    wait_for(&store, saga.id, Duration::from_secs(10), |s| {
+        s.steps[1].action.status == StepStatus::Waiting && s.lease_owner.is_none()
+    })
+    .await;
+    assert_eq!(
+        store.request_cancel(saga.id).await.unwrap(),
+        CancelOutcome::Accepted
+    );
+    let done = wait_for(
+        &store,
+        saga.id,
+        Duration::from_secs(5),
+        is(SagaStatus::Compensated),
+    )
+    .await;
+    assert_eq!(j.names(), ["a:action", "a:compensation"]);
+    assert_eq!(
+        signal(&store, saga.id, "approval", json!({})).await,
+        SignalOutcome::Refused(SagaStatus::Compensated)
+    );
+    assert_eq!(done.error.as_deref(), Some("cancelled on request"));
+    eng.stop().await;
+}
+
+#[tokio::test]
+async fn many_signals_racing_their_waits_are_never_lost() {
+    // Each signal is sent while its saga may be writing its wait: whichever comes first, the
+    // saga ends.
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let eng = RunningEngine::start(
+        store.clone(),
+        registry_of([approval_saga(&j, None)]),
+        test_config(),
+    );
+    let mut ids = Vec::new();
+    for _ in 0..40 {
+        ids.push(eng.engine.start_saga("s", json!({})).await.unwrap().id);
+    }
+    for (n, id) in ids.iter().enumerate() {
+        if n % 3 == 0 {
+            tokio::task::yield_now().await;
+        }
+        signal(&store, *id, "approval", json!({"n": n})).await;
+    }
+    for (n, id) in ids.iter().enumerate() {
+        let done = wait_for(&store, *id, Duration::from_secs(20), |s| {
+            s.status.is_terminal()
+        })
+        .await;
+        assert_eq!(done.status, SagaStatus::Completed, "saga {n}");
+        assert_eq!(done.steps[1].output, Some(json!({"n": n})));
+    }
     eng.stop().await;
 }

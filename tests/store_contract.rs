@@ -103,6 +103,7 @@ fn write_ahead(index: u32, attempt: u32) -> Transition {
             },
             output: None,
             wake_at: None,
+            waiting_for: None,
         }],
         attempts: vec![AttemptChange::Start {
             step_index: index,
@@ -132,6 +133,7 @@ fn succeeded(index: u32, attempt: u32) -> Transition {
             },
             output: Some(json!({"done": index})),
             wake_at: None,
+            waiting_for: None,
         }],
         attempts: vec![AttemptChange::Finish {
             step_index: index,
@@ -501,6 +503,7 @@ async fn a_stale_write_sharing_a_batch_with_the_new_owners_write_fails_alone() {
                         record,
                         output: None,
                         wake_at: None,
+                        waiting_for: None,
                     }]
                 } else {
                     vec![]

@@ -158,6 +158,20 @@ pub struct CancelAccepted {
     pub cancel: String,
 }
 
+/// The answer to a signal.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SignalAccepted {
+    /// The saga id.
+    pub id: Uuid,
+    /// The signal's name.
+    pub signal: String,
+    /// The saga's status when the server answered.
+    pub status: SagaStatus,
+    /// `received` (recorded now) or `already_received` (the same signal came before, or this
+    /// was a replay of a request with the same idempotency key).
+    pub outcome: String,
+}
+
 /// What a start answer must hold (a `202` body, or a whole saga).
 #[derive(Deserialize)]
 struct StartAnswer {
@@ -337,6 +351,33 @@ impl SagaClient {
     pub async fn cancel(&self, id: Uuid) -> Result<CancelAccepted, ClientError> {
         let url = self.url(&["v1", "sagas", &id.to_string(), "cancel"])?;
         let response = self.send(Method::POST, &url, |req| req).await?;
+        decode(&url, response).await
+    }
+
+    /// Sends the signal `name` with `payload` to a saga (`POST /v1/sagas/{id}/signals/{name}`),
+    /// under `idempotency_key` (a fresh one if `None`), so that the retries this client makes
+    /// after a lost answer are replays. Another payload after the first is a `409`
+    /// [`ClientError::Api`] with code `signal_already_received`; an unknown saga or signal a
+    /// `404`; a saga that has ended a `409` with code `conflict`.
+    pub async fn signal(
+        &self,
+        id: Uuid,
+        name: &str,
+        payload: &impl Serialize,
+        idempotency_key: Option<String>,
+    ) -> Result<SignalAccepted, ClientError> {
+        let key = idempotency_key.unwrap_or_else(|| Uuid::new_v4().to_string());
+        let key_header = check_key(&key)?;
+        let body = serde_json::to_vec(payload)
+            .map_err(|e| ClientError::InvalidArgument(format!("the payload is not JSON: {e}")))?;
+        let url = self.url(&["v1", "sagas", &id.to_string(), "signals", name])?;
+        let response = self
+            .send(Method::POST, &url, |req| {
+                req.header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .header(HeaderName::from_static(IDEMPOTENCY_KEY), key_header.clone())
+                    .body(body.clone())
+            })
+            .await?;
         decode(&url, response).await
     }
 

@@ -151,7 +151,8 @@ wire_enum!(
         /// The step's condition was false when the saga reached it: it never ran and is never
         /// compensated.
         Skipped = "SKIPPED",
-        /// A sleep in progress: it ends at the step's `wake_at`.
+        /// A sleep in progress (it ends at the step's `wake_at`), or a wait for a signal (until
+        /// its `timeout_at`, if it has one).
         Waiting = "WAITING",
     }
 );
@@ -167,6 +168,8 @@ wire_enum!(
         Retriable = "retriable",
         /// A durable sleep: calls nothing, compensates nothing.
         Sleep = "sleep",
+        /// A wait for a signal: calls nothing, compensates nothing.
+        Signal = "signal",
     }
 );
 
@@ -177,6 +180,7 @@ impl From<saga_dsl::StepKind> for StepKindName {
             saga_dsl::StepKind::Pivot => Self::Pivot,
             saga_dsl::StepKind::Retriable => Self::Retriable,
             saga_dsl::StepKind::Sleep => Self::Sleep,
+            saga_dsl::StepKind::Signal => Self::Signal,
         }
     }
 }
@@ -243,7 +247,7 @@ pub struct StepRecord {
     pub action: PhaseRecord,
     /// The action's output, once it succeeded.
     pub output: Option<Value>,
-    /// A sleep's wake time, once it started (absent for steps that call).
+    /// A sleep's wake time, once it started (absent for other steps).
     #[serde(
         serialize_with = "ser_opt_time",
         deserialize_with = "de_opt_time",
@@ -252,6 +256,18 @@ pub struct StepRecord {
     )]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub wake_at: Option<Millis>,
+    /// The signal a signal step waits for, once it started waiting (absent for other steps).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
+    /// When a signal step stops waiting, if it waits at most some time.
+    #[serde(
+        serialize_with = "ser_opt_time",
+        deserialize_with = "de_opt_time",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub timeout_at: Option<Millis>,
     /// The compensation (`NONE` for pivot and retriable steps).
     pub compensation: PhaseRecord,
 }
@@ -310,6 +326,14 @@ pub struct Saga {
     pub updated_at: Millis,
     /// The steps, in order.
     pub steps: Vec<StepRecord>,
+}
+
+impl StepRecord {
+    /// When the wait of this step ends: a sleep's wake time or a signal wait's timeout (one
+    /// column in the log).
+    pub fn wait_until(&self) -> Option<Millis> {
+        self.wake_at.or(self.timeout_at)
+    }
 }
 
 impl Saga {

@@ -108,6 +108,11 @@ impl SagaDefinition {
         &self.steps
     }
 
+    /// Whether one of the steps waits for the signal `name`.
+    pub fn waits_for_signal(&self, name: &str) -> bool {
+        self.steps.iter().any(|s| s.signal_name() == Some(name))
+    }
+
     /// The index of the point of no return: the pivot, or else the first retriable step. Once the
     /// step at this index has started, the saga can no longer be cancelled.
     pub fn point_of_no_return(&self) -> Option<usize> {
@@ -235,12 +240,31 @@ impl SagaBuilder {
                 });
             }
         }
-        // Order: compensatable*, pivot?, retriable*; sleeps may stand anywhere between.
+        let mut signals = HashSet::new();
+        for step in &self.steps {
+            let Some(signal) = step.signal_name() else {
+                continue;
+            };
+            let problem = if !valid_ident(signal) {
+                "which is not a valid name: use ASCII letters, digits, '_', '-' or '.'"
+            } else if !signals.insert(signal) {
+                "which an earlier step waits for too; give each wait a signal of its own"
+            } else {
+                continue;
+            };
+            return Err(DefinitionError::BadSignal {
+                saga: self.name,
+                step: step.name.clone(),
+                signal: signal.to_owned(),
+                problem,
+            });
+        }
+        // Order: compensatable*, pivot?, retriable*; waits may stand anywhere between.
         let rank = |k: StepKind| match k {
             StepKind::Compensatable => Some(0),
             StepKind::Pivot => Some(1),
             StepKind::Retriable => Some(2),
-            StepKind::Sleep => None,
+            StepKind::Sleep | StepKind::Signal => None,
         };
         let calls: Vec<(&Step, u8)> = self
             .steps
@@ -302,7 +326,8 @@ fn step_list_hash(name: &str, version: u32, steps: &[Step]) -> String {
         // A condition changes what the log may hold (a `SKIPPED` step); it is marked so that
         // definitions without one keep the hash they always had.
         let when = if s.is_conditional() { ":when" } else { "" };
-        h.update(format!("{i}:{}:{}{when}\n", s.name, s.kind));
+        let signal = s.signal_name().map(|n| format!(":{n}")).unwrap_or_default();
+        h.update(format!("{i}:{}:{}{signal}{when}\n", s.name, s.kind));
     }
     hex::encode(&h.finalize()[..8])
 }

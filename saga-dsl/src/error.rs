@@ -131,6 +131,19 @@ pub enum DefinitionError {
         /// The step it may not follow.
         after: String,
     },
+    /// A signal name is not a valid identifier, or two signal steps wait for the same signal
+    /// (the first signal of a name is the only one a saga takes).
+    #[error("saga {saga}: step {step:?} waits for signal {signal:?}, {problem}")]
+    BadSignal {
+        /// The saga.
+        saga: String,
+        /// The signal step.
+        step: String,
+        /// The signal's name.
+        signal: String,
+        /// What is wrong with it.
+        problem: &'static str,
+    },
     /// The registry already has this name and version.
     #[error("saga {name} version {version} is already registered")]
     AlreadyRegistered {

@@ -64,6 +64,9 @@ pub enum StepKind {
     /// A durable sleep ([`Step::sleep`]): calls nothing, so it has nothing to compensate, and
     /// may stand anywhere in the list.
     Sleep,
+    /// A wait for a signal from outside ([`Step::signal`]): calls nothing, compensates
+    /// nothing, may stand anywhere in the list.
+    Signal,
 }
 
 impl StepKind {
@@ -74,12 +77,13 @@ impl StepKind {
             Self::Pivot => "pivot",
             Self::Retriable => "retriable",
             Self::Sleep => "sleep",
+            Self::Signal => "signal",
         }
     }
 
     /// Whether a step of this kind calls an action (every kind but a wait).
     pub const fn calls(self) -> bool {
-        !matches!(self, Self::Sleep)
+        !matches!(self, Self::Sleep | Self::Signal)
     }
 }
 
@@ -104,6 +108,22 @@ enum WakeRule {
     For(Rule<Duration>),
     /// At this instant.
     Until(Rule<SystemTime>),
+}
+
+/// Checks a signal's payload and turns it into the step's output ([`Step::accept`]).
+type Acceptor = Arc<dyn Fn(&StepContext, Value) -> Result<Value, StepError> + Send + Sync>;
+
+/// What a signal step waits for.
+#[derive(Clone)]
+struct SignalWait {
+    /// The signal's name, as in `POST /v1/sagas/{id}/signals/{signal}`.
+    signal: String,
+    /// How long to wait, counted from the moment the saga reaches the step; forever if `None`.
+    timeout: Option<Rule<Duration>>,
+    /// The output when the timeout passes without a signal; without one the step fails.
+    default: Option<Value>,
+    /// Checks the payload; the identity when `None`.
+    accept: Option<Acceptor>,
 }
 
 /// One step of a saga: build it with [`Step::compensatable`], [`Step::pivot`],
@@ -134,6 +154,7 @@ pub struct Step {
     pub(crate) action: Option<Arc<dyn Action>>,
     pub(crate) compensation: Option<Arc<dyn Compensation>>,
     wake: Option<WakeRule>,
+    signal: Option<SignalWait>,
     condition: Option<Rule<bool>>,
     pub(crate) retry: RetryPolicy,
     pub(crate) compensation_retry: RetryPolicy,
@@ -168,6 +189,7 @@ impl Step {
             action,
             compensation,
             wake: None,
+            signal: None,
             condition: None,
             retry,
             compensation_retry: RetryPolicy::forever(),
@@ -264,6 +286,112 @@ impl Step {
         let mut step = Self::with_kind(name, StepKind::Sleep, None, None, RetryPolicy::new());
         step.wake = Some(WakeRule::Until(Arc::new(instant)));
         step
+    }
+
+    /// A wait for the signal `signal`, sent with `POST /v1/sagas/{id}/signals/{signal}` and a
+    /// JSON payload (a payment provider's webhook, a person's approval). The payload is the
+    /// step's output. A signal sent before the saga reaches the step is kept and taken when it
+    /// does; the first signal of a name wins. No worker waits meanwhile.
+    ///
+    /// Without [`signal_timeout`](Self::signal_timeout) the saga waits as long as it takes (a
+    /// cancel before the point of no return still compensates it at once). When the timeout
+    /// passes, the step takes its [`default_payload`](Self::default_payload) if it has one, and
+    /// otherwise fails permanently (so the steps before are compensated).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use saga_dsl::{Step, StepError};
+    /// let approval = Step::signal("await_approval", "approval")
+    ///     .signal_timeout(Duration::from_secs(3600))
+    ///     .accept(|_ctx, payload| {
+    ///         if payload["approved"] == true {
+    ///             Ok(payload)
+    ///         } else {
+    ///             Err(StepError::permanent(format!("not approved by {}", payload["by"])))
+    ///         }
+    ///     });
+    /// assert_eq!(approval.signal_name(), Some("approval"));
+    /// ```
+    pub fn signal(name: impl Into<String>, signal: impl Into<String>) -> Self {
+        let mut step = Self::with_kind(name, StepKind::Signal, None, None, RetryPolicy::new());
+        step.signal = Some(SignalWait {
+            signal: signal.into(),
+            timeout: None,
+            default: None,
+            accept: None,
+        });
+        step
+    }
+
+    /// For a signal step: wait at most `timeout` (no effect on other steps).
+    pub fn signal_timeout(self, timeout: Duration) -> Self {
+        self.signal_timeout_from(move |_| Ok(timeout))
+    }
+
+    /// For a signal step: wait at most as long as `timeout` computes from the saga's input and
+    /// earlier outputs when the saga reaches the step (an order's own approval window).
+    pub fn signal_timeout_from(
+        mut self,
+        timeout: impl Fn(&StepContext) -> Result<Duration, StepError> + Send + Sync + 'static,
+    ) -> Self {
+        if let Some(wait) = &mut self.signal {
+            wait.timeout = Some(Arc::new(timeout));
+        }
+        self
+    }
+
+    /// For a signal step: the output to go on with when the timeout passes without a signal,
+    /// instead of failing.
+    pub fn default_payload(mut self, payload: Value) -> Self {
+        if let Some(wait) = &mut self.signal {
+            wait.default = Some(payload);
+        }
+        self
+    }
+
+    /// For a signal step: checks the payload that arrived (or the default) and returns the
+    /// step's output; an error fails the step as an action's error would (a permanent one
+    /// compensates the steps before). Without it the payload is the output as it is.
+    pub fn accept(
+        mut self,
+        accept: impl Fn(&StepContext, Value) -> Result<Value, StepError> + Send + Sync + 'static,
+    ) -> Self {
+        if let Some(wait) = &mut self.signal {
+            wait.accept = Some(Arc::new(accept));
+        }
+        self
+    }
+
+    /// For a signal step: the name of the signal it waits for.
+    pub fn signal_name(&self) -> Option<&str> {
+        self.signal.as_ref().map(|w| w.signal.as_str())
+    }
+
+    /// For a signal step that waits at most some time: when it stops waiting, if it starts
+    /// waiting at `now`. `None` for a step that waits forever or is no signal step.
+    pub fn signal_deadline(
+        &self,
+        ctx: &StepContext,
+        now: SystemTime,
+    ) -> Option<Result<SystemTime, StepError>> {
+        let rule = self.signal.as_ref()?.timeout.as_ref()?;
+        Some(rule(ctx).and_then(|d| {
+            now.checked_add(d)
+                .ok_or_else(|| StepError::permanent(format!("a timeout of {d:?} never ends")))
+        }))
+    }
+
+    /// For a signal step: its output when its timeout passes, if it has one.
+    pub fn signal_default(&self) -> Option<&Value> {
+        self.signal.as_ref()?.default.as_ref()
+    }
+
+    /// For a signal step: the output for `payload` (see [`Step::accept`]).
+    pub fn accept_signal(&self, ctx: &StepContext, payload: Value) -> Result<Value, StepError> {
+        match self.signal.as_ref().and_then(|w| w.accept.as_ref()) {
+            Some(accept) => accept(ctx, payload),
+            None => Ok(payload),
+        }
     }
 
     /// Runs the step only when `condition` holds. The orchestrator asks it when the saga

@@ -81,3 +81,58 @@ async fn killed_during_a_sleep_that_ends_while_it_is_down_it_wakes_on_restart() 
     assert_woke_at(&saga, &wake);
     server.kill9();
 }
+
+/// POSTs the signal `approval` to saga `id` at `base`; returns the status code.
+async fn approve(base: &str, id: uuid::Uuid, by: &str) -> u16 {
+    reqwest::Client::new()
+        .post(format!("{base}/v1/sagas/{id}/signals/approval"))
+        .json(&json!({"approved": true, "by": by}))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn killed_while_waiting_for_a_signal_the_signal_sent_after_the_restart_is_taken() {
+    let db = TempDb::new();
+    let server = Server::spawn_stages(&db.url).await;
+    let id = server.start("approval", json!({})).await;
+    server
+        .wait_for(id, LONG, |s| {
+            step(s, "await_approval")["status"] == "WAITING"
+        })
+        .await;
+    server.kill9();
+    // While no server runs, nothing can take the signal; once one is back, it is kept and
+    // taken, whichever process receives it.
+    let server = Server::spawn_stages(&db.url).await;
+    assert_eq!(approve(&server.base, id, "after-restart").await, 202);
+    let saga = server
+        .wait_for(id, LONG, |s| s["status"] == "COMPLETED")
+        .await;
+    assert_eq!(
+        step(&saga, "await_approval")["output"]["by"],
+        "after-restart"
+    );
+    assert_eq!(step(&saga, "a")["attempts"], 1);
+    server.kill9();
+}
+
+#[tokio::test]
+async fn a_signal_received_just_before_a_kill_is_taken_after_the_restart() {
+    // Sent the moment the saga starts (it may not have reached its wait yet), then the server
+    // is killed: the restarted one finds the signal kept and goes on with it.
+    let db = TempDb::new();
+    let server = Server::spawn_stages(&db.url).await;
+    let id = server.start("approval", json!({})).await;
+    assert_eq!(approve(&server.base, id, "early").await, 202);
+    server.kill9();
+    let server = Server::spawn_stages(&db.url).await;
+    let saga = server
+        .wait_for(id, LONG, |s| s["status"] == "COMPLETED")
+        .await;
+    assert_eq!(step(&saga, "await_approval")["output"]["by"], "early");
+    server.kill9();
+}

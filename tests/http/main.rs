@@ -1,5 +1,5 @@
 //! The HTTP API over real loopback sockets, as a client sees it, one module per resource:
-//! sagas (start, read, list, events, cancel), the health check, auth, the OpenAPI document,
+//! sagas (start, read, list, events, cancel), signals, the health check, auth, the OpenAPI document,
 //! metrics, `Prefer: wait`, the typed client with `saga start`, and malformed requests. Every
 //! error is JSON `{"error": {"code", "message"}}`.
 //!
@@ -23,6 +23,7 @@ mod metrics;
 mod openapi;
 mod prefer_wait;
 mod sagas;
+mod signals;
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -41,7 +42,8 @@ const TOKEN: &str = "test-token-0123456789";
 /// steps that succeed; `fails`, whose `b` fails so `a` is compensated; `flaky`, whose `a` fails
 /// once (retryable); `typed`, with the `Order` input; `slow`, a 1.5 s step then a pivot (a
 /// cancel while it runs, a `Prefer: wait` shorter than it); `slow_pivot`, a 600 ms pivot first
-/// (a cancel once it has started is refused); `stuck`, a step that takes ten minutes.
+/// (a cancel once it has started is refused); `stuck`, a step that takes ten minutes;
+/// `approval`, a wait for the signal `approval` between two steps.
 fn definitions() -> Vec<SagaDefinition> {
     let journal = Journal::default();
     vec![
@@ -52,6 +54,7 @@ fn definitions() -> Vec<SagaDefinition> {
         fixtures::slow(Duration::from_millis(1500)),
         fixtures::slow_pivot(Duration::from_millis(600)),
         fixtures::stuck(),
+        fixtures::approval(),
     ]
 }
 

@@ -122,6 +122,9 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
     let done = api.run_saga("s").await["id"].as_str().unwrap().to_owned();
     // Still running when its cancel is probed, however long the probes before it take.
     let running = api.start_saga("stuck", json!({})).await;
+    // Sent its signal by the probes (before or after it reaches its wait).
+    let approving = api.start_saga("approval", json!({})).await;
+    let signal = |id: &str| format!("/v1/sagas/{id}/signals/approval");
     let unknown = uuid::Uuid::now_v7().to_string();
     let big = json!({"pad": "x".repeat(8192)});
     // A start that waits holds its idempotency key in progress: a retry meanwhile is 409.
@@ -323,6 +326,63 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
             "/v1/sagas/{saga}/cancel",
             api.req(Method::POST, &format!("/v1/sagas/{done}/cancel")),
             "409",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/signals/{signal}",
+            api.req(Method::POST, &signal(&approving))
+                .header("idempotency-key", "probe-signal")
+                .json(&json!({"approved": true})),
+            "202",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/signals/{signal}",
+            api.req(Method::POST, "/v1/sagas/x/signals/approval")
+                .json(&json!({})),
+            "400",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/signals/{signal}",
+            api.anonymous(Method::POST, &signal(&approving))
+                .json(&json!({})),
+            "401",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/signals/{signal}",
+            api.req(Method::POST, &signal(&unknown)).json(&json!({})),
+            "404",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/signals/{signal}",
+            api.req(Method::POST, &signal(&approving))
+                .json(&json!({"approved": false})),
+            "409",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/signals/{signal}",
+            api.req(Method::POST, &signal(&approving)).json(&big),
+            "413",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/signals/{signal}",
+            api.req(Method::POST, &signal(&approving))
+                .header("content-type", "text/plain")
+                .body("{}"),
+            "415",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/signals/{signal}",
+            api.req(Method::POST, &signal(&approving))
+                .header("idempotency-key", "probe-signal")
+                .json(&json!({"approved": "later"})),
+            "422",
         ),
         (
             "GET",

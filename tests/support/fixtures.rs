@@ -112,6 +112,25 @@ pub fn slow_pivot(delay: Duration) -> SagaDefinition {
         .unwrap()
 }
 
+/// `approval`: `reserve` (compensatable), `await_approval` (waits for the signal `approval`,
+/// without a timeout; a payload `{"approved": false}` fails it), `ship` (pivot).
+pub fn approval() -> SagaDefinition {
+    SagaDefinition::builder("approval", 1)
+        .step(Step::compensatable("reserve", ok_action, ok_compensation))
+        .step(
+            Step::signal("await_approval", "approval").accept(|_, payload| {
+                if payload["approved"] == false {
+                    Err(saga_dsl::StepError::permanent("not approved"))
+                } else {
+                    Ok(payload)
+                }
+            }),
+        )
+        .step(Step::pivot("ship", ok_action))
+        .build()
+        .unwrap()
+}
+
 /// `stuck`: a step that takes ten minutes (its timeout is longer still).
 pub fn stuck() -> SagaDefinition {
     SagaDefinition::builder("stuck", 1)

@@ -328,6 +328,9 @@ pub struct ScriptedStep {
     pub sleep: Duration,
     /// A condition that is always this value (`None`: no condition).
     pub when: Option<bool>,
+    /// For a signal wait: the signal, how long it waits at most, and its default payload. A
+    /// payload `{"refuse": true}` fails the step permanently.
+    pub signal: Option<(String, Option<Duration>, Option<serde_json::Value>)>,
 }
 
 impl ScriptedStep {
@@ -340,7 +343,24 @@ impl ScriptedStep {
             compensation: Vec::new(),
             sleep: Duration::ZERO,
             when: None,
+            signal: None,
         }
+    }
+
+    /// A wait for `signal`, without a timeout.
+    pub fn signal(name: &str, signal: &str) -> Self {
+        let mut step = Self::new(name, saga_dsl::StepKind::Signal);
+        step.signal = Some((signal.to_owned(), None, None));
+        step
+    }
+
+    /// For a signal wait: waits at most `timeout`, then goes on with `default` if given.
+    pub fn timeout(mut self, timeout: Duration, default: Option<serde_json::Value>) -> Self {
+        if let Some(signal) = &mut self.signal {
+            signal.1 = Some(timeout);
+            signal.2 = default;
+        }
+        self
     }
 
     /// A durable sleep of `duration`.
@@ -427,6 +447,23 @@ pub fn scripted_saga(
                 Step::retriable(&s.name, action).retry(fast.with_unlimited_attempts())
             }
             StepKind::Sleep => Step::sleep(&s.name, s.sleep),
+            StepKind::Signal => {
+                let (signal, timeout, default) = s.signal.clone().unwrap_or_default();
+                let mut step = Step::signal(&s.name, signal).accept(|_, payload| {
+                    if payload["refuse"] == true {
+                        Err(saga_dsl::StepError::permanent("refused by its payload"))
+                    } else {
+                        Ok(payload)
+                    }
+                });
+                if let Some(timeout) = timeout {
+                    step = step.signal_timeout(timeout);
+                }
+                match default {
+                    Some(default) => step.default_payload(default),
+                    None => step,
+                }
+            }
         };
         let step = match s.when {
             Some(holds) => step.when(move |_| Ok(holds)),

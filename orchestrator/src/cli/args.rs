@@ -78,6 +78,9 @@ pub enum AdminCommand {
     Start(StartArgs),
     /// List the saga definitions a server can start: stages, hash and required input.
     Definitions(DefinitionsArgs),
+    /// Send a signal with a JSON payload to a saga through a server's HTTP API (an approval,
+    /// a provider's answer); the saga's signal step takes it.
+    Signal(SignalArgs),
 }
 
 impl AdminCommand {
@@ -106,10 +109,14 @@ impl AdminCommand {
         matches!(self, Self::Migrate)
     }
 
-    /// Whether the command works on the database. `start` and `definitions` do not: they talk
-    /// to a server over HTTP, so no store is opened for them (and no `saga.db` is created).
+    /// Whether the command works on the database. `start`, `definitions` and `signal` do not:
+    /// they talk to a server over HTTP, so no store is opened for them (and no `saga.db` is
+    /// created).
     pub fn needs_database(&self) -> bool {
-        !matches!(self, Self::Start(_) | Self::Definitions(_))
+        !matches!(
+            self,
+            Self::Start(_) | Self::Definitions(_) | Self::Signal(_)
+        )
     }
 }
 
@@ -239,6 +246,35 @@ pub struct StartArgs {
     pub token: Option<String>,
     /// Print JSON: `{"id", "name", "status", "idempotency_key"}`, or with `--wait` the saga
     /// object (as `GET /v1/sagas/{id}`).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `signal ID NAME [--payload JSON] [--server URL] [--idempotency-key K] [--token T] [--json]`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct SignalArgs {
+    /// The saga id (the whole UUID: the server is asked, not the database).
+    pub id: String,
+    /// The signal's name, as the saga's signal step names it (e.g. approval).
+    pub name: String,
+    /// The payload, as JSON (default: null).
+    #[arg(long, value_name = "JSON", default_value = "null")]
+    pub payload: String,
+    /// The server's base URL.
+    #[arg(long, value_name = "URL", env = "SAGA_SERVER", default_value = DEFAULT_SERVER)]
+    pub server: String,
+    /// The idempotency key of this signal (default: a new UUIDv4), sent on every retry.
+    #[arg(long, value_name = "KEY")]
+    pub idempotency_key: Option<String>,
+    /// The server's API token, sent as a bearer token.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "SAGA_API_TOKEN",
+        hide_env_values = true
+    )]
+    pub token: Option<String>,
+    /// Print the answer as JSON: `{"id", "signal", "status", "outcome"}`.
     #[arg(long)]
     pub json: bool,
 }

@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use super::args::{
     AbortArgs, AdminCommand, CancelArgs, EventsArgs, ListArgs, MarkCompensatedArgs, RetryArgs,
-    ShowArgs, StartArgs,
+    ShowArgs, SignalArgs, StartArgs,
 };
 use super::error::CliError;
 use super::render;
@@ -68,7 +68,43 @@ pub async fn run_admin_with(
         // Needs no store; one given is simply not used.
         AdminCommand::Start(a) => run_start(a, out).await,
         AdminCommand::Definitions(a) => super::definitions::run_definitions(a, out).await,
+        AdminCommand::Signal(a) => run_signal(a, out).await,
     }
+}
+
+/// Runs `signal`: sends a signal through the HTTP API at `--server` and prints how it was
+/// taken. Needs no database.
+pub async fn run_signal(a: &SignalArgs, out: &mut impl Write) -> Result<(), CliError> {
+    let id = Uuid::try_parse(a.id.trim()).map_err(|_| {
+        CliError::BadArgument(format!(
+            "invalid saga id {:?}: `signal` asks the server, so give the whole id \
+             (as `saga list` prints it)",
+            a.id
+        ))
+    })?;
+    let payload: serde_json::Value = serde_json::from_str(&a.payload)
+        .map_err(|e| CliError::BadArgument(format!("--payload is not valid JSON: {e}")))?;
+    let client = SagaClient::new(&a.server, a.token.clone()).map_err(client_error)?;
+    let answer = client
+        .signal(id, &a.name, &payload, a.idempotency_key.clone())
+        .await
+        .map_err(client_error)?;
+    if a.json {
+        render::json(out, &answer)?;
+    } else if answer.outcome == "received" {
+        writeln!(
+            out,
+            "signal {} delivered to saga {id} ({}): its signal step takes it",
+            answer.signal, answer.status
+        )?;
+    } else {
+        writeln!(
+            out,
+            "signal {} had already reached saga {id} ({}) with this payload; nothing changed",
+            answer.signal, answer.status
+        )?;
+    }
+    Ok(())
 }
 
 /// Runs `start`: starts a saga through the HTTP API at `--server` and prints its id and status

@@ -68,9 +68,9 @@ use std::sync::Arc;
 pub use args::DefinitionsArgs;
 pub use args::{
     AbortArgs, AdminCommand, CancelArgs, DatabaseArgs, EventsArgs, ListArgs, MarkCompensatedArgs,
-    RetryArgs, ShowArgs, StartArgs, WorkersArgs, DEFAULT_LIST_LIMIT, DEFAULT_SERVER,
+    RetryArgs, ShowArgs, SignalArgs, StartArgs, WorkersArgs, DEFAULT_LIST_LIMIT, DEFAULT_SERVER,
 };
-pub use commands::{actor, run_admin, run_admin_with, run_start, show_with_deliveries};
+pub use commands::{actor, run_admin, run_admin_with, run_signal, run_start, show_with_deliveries};
 pub use definitions::run_definitions;
 pub use error::CliError;
 pub use table::Layout;
@@ -137,7 +137,8 @@ pub async fn open_store_for(cmd: &AdminCommand, url: &str) -> Result<Arc<dyn Sto
 }
 
 /// Opens the database `url` names as [`open_store_for`] does and runs the command on it: the
-/// whole of an admin subcommand, for binaries. `start` runs without opening anything.
+/// whole of an admin subcommand, for binaries. `start`, `definitions` and `signal` run without
+/// opening anything.
 ///
 /// `out` is taken to be standard output: tables fit its width and are coloured if it is a
 /// terminal ([`Layout::for_stdout`]).
@@ -153,6 +154,11 @@ pub async fn open_and_run(
     }
     if let AdminCommand::Definitions(args) = cmd {
         run_definitions(args, out).await?;
+        out.flush()?;
+        return Ok(());
+    }
+    if let AdminCommand::Signal(args) = cmd {
+        run_signal(args, out).await?;
         out.flush()?;
         return Ok(());
     }

@@ -474,10 +474,18 @@ fn steps_table(saga: &Saga, now: Millis, layout: &Layout) -> Table {
     let kind = g.column("kind", steps.iter().map(|s| s.kind.to_string()).collect());
     let actions: Vec<String> = steps
         .iter()
-        .map(|s| match (s.action.status, s.wake_at) {
-            (StepStatus::Waiting, Some(at)) => format!("WAITING until {}", time_and_in(at, now)),
-            _ => phase_status(&s.action, live),
-        })
+        .map(
+            |s| match (s.action.status, &s.waiting_for, s.wait_until()) {
+                (StepStatus::Waiting, Some(signal), Some(at)) => {
+                    format!("WAITING for signal {signal} until {}", time_and_in(at, now))
+                }
+                (StepStatus::Waiting, Some(signal), None) => format!("WAITING for signal {signal}"),
+                (StepStatus::Waiting, None, Some(at)) => {
+                    format!("WAITING until {}", time_and_in(at, now))
+                }
+                _ => phase_status(&s.action, live),
+            },
+        )
         .collect();
     let action_colours = colours_of(&actions);
     let action = g.column("action", actions);

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use saga_dsl::{Phase, SagaDefinition, StepContext, StepError};
+use saga_dsl::{Phase, SagaDefinition, Step, StepContext, StepError, StepKind};
 use serde_json::{json, Value};
 use tokio_retry::strategy::{jitter, ExponentialBackoff};
 use tokio_retry::RetryIf;
@@ -21,7 +21,7 @@ use tracing::Instrument;
 use super::plan::{self, NextCall};
 use super::Inner;
 use crate::failpoint::crash_if_armed;
-use crate::model::{Millis, PhaseRecord, Saga, SagaStatus, StepStatus};
+use crate::model::{rfc3339, Millis, PhaseRecord, Saga, SagaStatus, StepStatus};
 use crate::store::{
     Applied, AttemptChange, Claimed, Lease, NewEvent, SagaUpdate, StepUpdate, StoreError,
     Transition,
@@ -174,9 +174,16 @@ impl Driver {
                         self.write(false, true).await?;
                         return Ok(());
                     }
-                    if phase == Phase::Action && self.decide(index, now) {
-                        // Decided without a call: written with whatever comes next.
-                        continue;
+                    if phase == Phase::Action {
+                        match self.decide(index, now).await? {
+                            Decision::Call => {}
+                            // Written with whatever comes next.
+                            Decision::Decided => continue,
+                            Decision::AwaitSignal(signal) => {
+                                self.await_signal(&signal).await?;
+                                return Ok(());
+                            }
+                        }
                     }
                     let undo = Undo::of(self, index, phase);
                     let fresh_start = phase == Phase::Action
@@ -198,11 +205,11 @@ impl Driver {
     }
 
     /// Decides a step that needs no call now: a condition that is false (`SKIPPED`), a sleep
-    /// that starts (`WAITING` until its wake time) or ends. Returns whether it did; the change
-    /// is kept in memory, to be written with whatever comes next. A condition or wake time that
-    /// cannot be computed fails the step permanently: it depends only on the saga's data, so
-    /// asking again cannot change it.
-    fn decide(&mut self, index: usize, now: Millis) -> bool {
+    /// that starts (`WAITING` until its wake time) or ends, a signal wait that starts, takes
+    /// its signal or times out. Changes are kept in memory, to be written with whatever comes
+    /// next. A condition, wake time or timeout that cannot be computed fails the step
+    /// permanently: it depends only on the saga's data, so asking again cannot change it.
+    async fn decide(&mut self, index: usize, now: Millis) -> Result<Decision, StoreError> {
         let def = self.def.clone();
         let step = &def.steps()[index];
         let status = self.saga.steps[index].action.status;
@@ -213,7 +220,7 @@ impl Driver {
                     self.settle_without_call(index, StepStatus::Skipped, None, now);
                     let event = NewEvent::step("step.skipped", step.name(), json!({}));
                     self.pending.events.push(event);
-                    return true;
+                    return Ok(Decision::Decided);
                 }
                 Err(e) => {
                     self.refuse(
@@ -221,51 +228,164 @@ impl Driver {
                         &format!("its condition failed: {}", e.message()),
                         now,
                     );
-                    return true;
+                    return Ok(Decision::Decided);
                 }
             }
         }
-        if step.kind().calls() {
-            return false;
+        match step.kind() {
+            StepKind::Sleep => self.decide_sleep(step, index, now),
+            StepKind::Signal => return self.decide_signal(step, index, now).await,
+            _ => return Ok(Decision::Call),
         }
-        if status == StepStatus::Pending {
-            let wake = step
-                .wake_time(&self.context(index, Phase::Action, 0), system_time(now))
-                .unwrap_or_else(|| Err(StepError::permanent("a step that neither calls nor waits")))
-                .and_then(millis);
-            match wake {
-                Ok(at) => {
-                    self.saga.steps[index].wake_at = Some(at);
-                    self.saga.steps[index].action.started_at = Some(now);
-                    self.settle_without_call(index, StepStatus::Waiting, None, now);
-                    self.saga.steps[index].action.ended_at = None;
-                    self.push_action(index, None);
-                    let data = json!({"wake_at": crate::model::rfc3339(at)});
-                    self.pending
-                        .events
-                        .push(NewEvent::step("step.waiting", step.name(), data));
-                }
-                Err(e) => self.refuse(
-                    index,
-                    &format!("its wake time failed: {}", e.message()),
-                    now,
-                ),
-            }
-            return true;
-        }
-        // The sleep is over (the plan asks only once its wake time has come).
-        self.settle_without_call(index, StepStatus::Succeeded, Some(Value::Null), now);
-        let wake_at = self.saga.steps[index].wake_at.map(crate::model::rfc3339);
-        self.pending.events.push(NewEvent::step(
-            "step.succeeded",
-            step.name(),
-            json!({ "wake_at": wake_at }),
-        ));
-        true
+        Ok(Decision::Decided)
     }
 
-    /// Puts a step's action in `status` at `now` without a call, with `output` if given, and
-    /// queues its update (a sleep's first one is queued by its caller, after its wake time).
+    /// Starts a sleep, or ends it (the plan asks only once its wake time has come).
+    fn decide_sleep(&mut self, step: &Step, index: usize, now: Millis) {
+        if self.saga.steps[index].action.status != StepStatus::Pending {
+            self.settle_without_call(index, StepStatus::Succeeded, Some(Value::Null), now);
+            let wake_at = self.saga.steps[index].wake_at.map(rfc3339);
+            let data = json!({ "wake_at": wake_at });
+            self.pending
+                .events
+                .push(NewEvent::step("step.succeeded", step.name(), data));
+            return;
+        }
+        let wake = step
+            .wake_time(&self.context(index, Phase::Action, 0), system_time(now))
+            .unwrap_or_else(|| Err(StepError::permanent("a sleep without a wake time")))
+            .and_then(millis);
+        match wake {
+            Ok(at) => {
+                self.saga.steps[index].wake_at = Some(at);
+                self.start_waiting(index, now);
+                let data = json!({"wake_at": rfc3339(at)});
+                self.pending
+                    .events
+                    .push(NewEvent::step("step.waiting", step.name(), data));
+            }
+            Err(e) => self.refuse(
+                index,
+                &format!("its wake time failed: {}", e.message()),
+                now,
+            ),
+        }
+    }
+
+    /// Takes the signal a signal step waits for if it has come; otherwise starts waiting, or
+    /// ends the wait when its timeout has passed (with the default payload, or failing).
+    async fn decide_signal(
+        &mut self,
+        step: &Step,
+        index: usize,
+        now: Millis,
+    ) -> Result<Decision, StoreError> {
+        let signal = step.signal_name().unwrap_or_default().to_owned();
+        let ctx = self.context(index, Phase::Action, 0);
+        let pending = self.saga.steps[index].action.status == StepStatus::Pending;
+        let received = self
+            .inner
+            .store
+            .received_signal(self.saga.id, &signal)
+            .await?;
+        let payload = match received {
+            Some(received) => received.payload,
+            None if pending => {
+                let deadline = step
+                    .signal_deadline(&ctx, system_time(now))
+                    .map(|d| d.and_then(millis))
+                    .transpose();
+                let deadline = match deadline {
+                    Ok(deadline) => deadline,
+                    Err(e) => {
+                        let error = format!("its timeout failed: {}", e.message());
+                        self.refuse(index, &error, now);
+                        return Ok(Decision::Decided);
+                    }
+                };
+                let record = &mut self.saga.steps[index];
+                record.waiting_for = Some(signal.clone());
+                record.timeout_at = deadline;
+                self.start_waiting(index, now);
+                // Due at the timeout, or only when something happens to the saga.
+                self.saga.next_run_at = deadline;
+                let data = json!({"signal": signal, "timeout_at": deadline.map(rfc3339)});
+                self.pending
+                    .events
+                    .push(NewEvent::step("step.waiting", step.name(), data));
+                return Ok(Decision::AwaitSignal(signal));
+            }
+            None => match self.saga.steps[index].timeout_at {
+                Some(at) if at <= now => match step.signal_default() {
+                    Some(default) => default.clone(),
+                    None => {
+                        let error = format!("no signal {signal:?} came before the timeout");
+                        self.refuse(index, &error, now);
+                        return Ok(Decision::Decided);
+                    }
+                },
+                // Woken for another reason; the signal has not come.
+                _ => return Ok(Decision::AwaitSignal(signal)),
+            },
+        };
+        if pending {
+            self.saga.steps[index].action.started_at = Some(now);
+            self.saga.steps[index].waiting_for = Some(signal.clone());
+        }
+        match step.accept_signal(&ctx, payload) {
+            Ok(output) => {
+                self.settle_without_call(index, StepStatus::Succeeded, Some(output), now);
+                let data = json!({"signal": signal});
+                self.pending
+                    .events
+                    .push(NewEvent::step("step.succeeded", step.name(), data));
+            }
+            Err(e) => self.refuse(index, e.message(), now),
+        }
+        Ok(Decision::Decided)
+    }
+
+    /// Marks a wait that starts now as `WAITING` and queues its record.
+    fn start_waiting(&mut self, index: usize, now: Millis) {
+        if self.saga.status == SagaStatus::Queued {
+            self.saga.status = SagaStatus::Running;
+        }
+        let action = &mut self.saga.steps[index].action;
+        action.status = StepStatus::Waiting;
+        action.started_at = Some(now);
+        action.outcome_unknown = false;
+        self.push_action(index, None);
+    }
+
+    /// Gives back a saga whose signal step waits: a signal, its timeout or a cancel makes it
+    /// due again. A signal received while the wait was being written is not lost: its sender
+    /// either saw the wait written (and made the saga due) or wrote it before this check, which
+    /// then makes the saga due.
+    async fn await_signal(&mut self, signal: &str) -> Result<(), StoreError> {
+        self.write(false, true).await?;
+        self.slot.take();
+        self.inner.wake.notify_one();
+        let mut delay = Duration::from_millis(50);
+        loop {
+            match self
+                .inner
+                .store
+                .due_if_signalled(self.saga.id, signal)
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(e) if e.is_transient() && !self.stop.is_cancelled() => {
+                    tracing::warn!(error = %e, "checking for a signal that came meanwhile failed; retrying");
+                }
+                Err(e) => return Err(e),
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    /// Ends a step's action in `status` at `now` without a call, with `output` if given, and
+    /// queues its update.
     fn settle_without_call(
         &mut self,
         index: usize,
@@ -283,9 +403,7 @@ impl Driver {
         if output.is_some() {
             step.output.clone_from(&output);
         }
-        if status != StepStatus::Waiting {
-            self.push_action(index, output);
-        }
+        self.push_action(index, output);
     }
 
     /// Fails a step that was never called: permanently, with `error`.
@@ -307,7 +425,8 @@ impl Driver {
             phase: Phase::Action,
             record: step.action.clone(),
             output,
-            wake_at: step.wake_at,
+            wake_at: step.wait_until(),
+            waiting_for: step.waiting_for.clone(),
         });
     }
 
@@ -375,6 +494,7 @@ impl Driver {
             record: rec.clone(),
             output: None,
             wake_at: None,
+            waiting_for: None,
         };
         self.pending.steps.push(update);
         self.pending.attempts.push(AttemptChange::Start {
@@ -495,6 +615,7 @@ impl Driver {
                     record,
                     output,
                     wake_at: None,
+                    waiting_for: None,
                 });
                 self.pending.attempts.push(AttemptChange::Finish {
                     step_index: index as u32,
@@ -603,6 +724,7 @@ impl Driver {
             record,
             output: None,
             wake_at: None,
+            waiting_for: None,
         });
         self.pending.attempts.push(AttemptChange::Finish {
             step_index: index as u32,
@@ -670,6 +792,16 @@ impl Driver {
         }
         applied
     }
+}
+
+/// What [`Driver::decide`] found for a step that may not need a call.
+enum Decision {
+    /// The step calls its action.
+    Call,
+    /// The step was decided without a call.
+    Decided,
+    /// The step waits for this signal: give the saga back until it comes.
+    AwaitSignal(String),
 }
 
 /// What a write-ahead changes in the driver's memory, to take it back if the write is refused

@@ -70,9 +70,10 @@ pub fn settle(saga: &mut Saga, now: Millis) -> Vec<NewEvent> {
                     // outcome is unknown may have: neither way is safe without a person.
                     StepKindName::Pivot => failed.action.status == StepStatus::Failed,
                     StepKindName::Retriable => false,
-                    // A sleep that could not start (its wake time could not be computed)
-                    // changed nothing: back, unless the point of no return is behind.
-                    StepKindName::Sleep => !saga.pivot_reached,
+                    // A wait that failed (a wake time that could not be computed, a signal
+                    // that did not come or was refused) changed nothing: back, unless the
+                    // point of no return is behind.
+                    StepKindName::Sleep | StepKindName::Signal => !saga.pivot_reached,
                 };
                 if can_go_back {
                     saga.status = SagaStatus::Compensating;
@@ -106,10 +107,15 @@ pub fn settle(saga: &mut Saga, now: Millis) -> Vec<NewEvent> {
             }
         }
     }
-    // A saga going forward and asleep is due when its sleep ends, whatever else was written.
+    // A saga going forward and waiting is due when its wait ends (never, for a signal wait
+    // without a timeout), whatever else was written: a signal or a cancel makes it due.
     if matches!(saga.status, SagaStatus::Queued | SagaStatus::Running) {
-        if let Some(wake) = sleeping_until(saga) {
-            saga.next_run_at = Some(wake);
+        if let Some(step) = saga
+            .steps
+            .iter()
+            .find(|s| s.action.status == StepStatus::Waiting)
+        {
+            saga.next_run_at = step.wait_until();
             return events;
         }
     }
@@ -142,14 +148,6 @@ pub fn done_forward(status: StepStatus) -> bool {
     matches!(status, StepStatus::Succeeded | StepStatus::Skipped)
 }
 
-/// The wake time of the sleep in progress, if a step sleeps.
-fn sleeping_until(saga: &Saga) -> Option<Millis> {
-    saga.steps
-        .iter()
-        .find(|s| s.action.status == StepStatus::Waiting)
-        .and_then(|s| s.wake_at)
-}
-
 /// The next call to make, given a settled saga. For a step that calls nothing, `Call` means
 /// "decide it now": check its condition, start its sleep, or end the sleep that is due.
 pub fn next_call(saga: &Saga, now: Millis) -> NextCall {
@@ -158,6 +156,10 @@ pub fn next_call(saga: &Saga, now: Millis) -> NextCall {
             Some(at) if at > now => NextCall::Wait(at),
             _ => NextCall::Call(index, phase),
         },
+        // A signal wait is decided by the driver, which asks the log whether its signal came.
+        StepStatus::Waiting if saga.steps[index].kind == StepKindName::Signal => {
+            NextCall::Call(index, phase)
+        }
         StepStatus::Waiting => match saga.steps[index].wake_at {
             Some(at) if at > now => NextCall::Wait(at),
             _ => NextCall::Call(index, phase),
@@ -218,6 +220,8 @@ mod tests {
             action: record,
             output: (action == StepStatus::Succeeded).then(|| json!({ "from": name })),
             wake_at: None,
+            waiting_for: None,
+            timeout_at: None,
             compensation: PhaseRecord::with_status(if kind == Compensatable {
                 StepStatus::Pending
             } else {

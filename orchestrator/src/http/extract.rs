@@ -28,12 +28,39 @@ impl<S: Send + Sync> FromRequestParts<S> for SagaId {
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
         let Path(raw) = Path::<String>::from_request_parts(parts, state).await?;
-        Uuid::try_parse(&raw).map(SagaId).map_err(|_| {
-            ApiError::bad_request(format!(
-                "malformed saga id {}: expected a UUID such as \
-                 0190f5b4-7a3c-7cc1-9f5e-2b8d3c4e5f60",
-                quote(&raw)
-            ))
+        saga_id(&raw).map(SagaId)
+    }
+}
+
+/// A saga id from a path segment; `400 bad_request` for anything but a UUID.
+fn saga_id(raw: &str) -> Result<Uuid, ApiError> {
+    Uuid::try_parse(raw).map_err(|_| {
+        ApiError::bad_request(format!(
+            "malformed saga id {}: expected a UUID such as \
+             0190f5b4-7a3c-7cc1-9f5e-2b8d3c4e5f60",
+            quote(raw)
+        ))
+    })
+}
+
+/// The `{saga}` and `{signal}` path segments of `POST /v1/sagas/{saga}/signals/{signal}`.
+#[derive(Debug, Clone)]
+pub(crate) struct SignalPath {
+    /// The saga.
+    pub(crate) saga: Uuid,
+    /// The signal's name.
+    pub(crate) signal: String,
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for SignalPath {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let Path((saga, signal)) =
+            Path::<(String, String)>::from_request_parts(parts, state).await?;
+        Ok(SignalPath {
+            saga: saga_id(&saga)?,
+            signal,
         })
     }
 }

@@ -17,13 +17,13 @@ use uuid::Uuid;
 
 use crate::engine::{StartError, StartKey, StartOutcome, StartRequest, Started};
 use crate::http::error::{quote, ApiError};
-use crate::http::extract::{JsonBody, ListQuery, SagaId, SagaName};
-use crate::http::idempotency::{StartHeaders, IDEMPOTENT_REPLAYED};
+use crate::http::extract::{JsonBody, ListQuery, SagaId, SagaName, SignalPath};
+use crate::http::idempotency::{parse_key, StartHeaders, IDEMPOTENT_REPLAYED};
 use crate::http::openapi::ErrorBody;
 use crate::http::prefer::{applied_headers, Wait};
 use crate::http::state::AppState;
 use crate::model::{Event, Saga, SagaPage, SagaStatus};
-use crate::store::{CancelOutcome, Delivery, SavedResponse};
+use crate::store::{CancelOutcome, Delivery, SavedResponse, SignalOutcome, SignalRequest};
 
 /// The body of `GET /v1/sagas/{id}/events`.
 #[derive(Debug, Serialize, ToSchema)]
@@ -58,6 +58,29 @@ pub(crate) struct Cancelled {
     status: SagaStatus,
     /// How the request was taken.
     cancel: CancelResult,
+}
+
+/// How a signal was taken.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum SignalResult {
+    /// Recorded now: the saga takes it at its signal step.
+    Received,
+    /// The same signal came before (a repeat, or a replay with the same `Idempotency-Key`).
+    AlreadyReceived,
+}
+
+/// The body of `202` to `POST /v1/sagas/{id}/signals/{signal}`.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct SignalAccepted {
+    /// The saga.
+    id: Uuid,
+    /// The signal's name.
+    signal: String,
+    /// The saga's status as of the answer.
+    status: SagaStatus,
+    /// How the signal was taken.
+    outcome: SignalResult,
 }
 
 /// The body of `GET /healthz`.
@@ -560,6 +583,122 @@ pub(crate) async fn cancel_saga(
         cancel,
     };
     Ok((StatusCode::ACCEPTED, Json(body)).into_response())
+}
+
+const SIGNAL_DESCRIPTION: &str = "Delivers the signal `signal` with a JSON payload (the \
+request body) to a saga whose definition waits for it. The payload becomes the output of the \
+saga's signal step. A signal sent before the saga reaches its wait is kept and taken when it \
+does. The first signal of a name wins: the same payload again is `202` with `outcome` \
+`already_received`, another payload is `409 signal_already_received`. With an \
+`Idempotency-Key`, a retry replays `202` (and `Idempotent-Replayed: true`); the same key with \
+another payload is `422 idempotency_key_reused`. A saga that has ended or is compensating \
+takes no signal (`409 conflict`).";
+
+/// `POST /v1/sagas/{id}/signals/{signal}`: delivers a signal. `202` with
+/// `{"id", "signal", "status", "outcome": "received" | "already_received"}`.
+#[utoipa::path(
+    post,
+    path = "/v1/sagas/{saga}/signals/{signal}",
+    tag = "sagas",
+    operation_id = "signal_saga",
+    summary = "Send a signal to a saga",
+    description = SIGNAL_DESCRIPTION,
+    params(
+        ("saga" = Uuid, Path, description = "The saga id"),
+        ("signal" = String, Path, description = "The signal's name, as the definition's signal step names it"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Makes retries of this request safe: a repeat replays 202"),
+    ),
+    request_body(content = serde_json::Value, description = "The payload: any JSON", content_type = "application/json"),
+    security((), ("bearer" = [])),
+    responses(
+        (status = 202, description = "Taken: the saga goes on with it at its signal step", body = SignalAccepted),
+        (status = 400, description = "Malformed saga id, body or Idempotency-Key", body = ErrorBody),
+        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
+        (status = 404, description = "No saga with this id, or its definition waits for no such signal", body = ErrorBody),
+        (status = 409, description = "`signal_already_received`: another payload came first; `conflict`: the saga has ended or is compensating", body = ErrorBody),
+        (status = 413, description = "Payload too large", body = ErrorBody),
+        (status = 415, description = "The body is not JSON", body = ErrorBody),
+        (status = 422, description = "`idempotency_key_reused`: the key came before with another payload", body = ErrorBody),
+        (status = 500, description = "Internal error (details in the server log)",
+         body = ErrorBody),
+        (status = 503, description = "Database unavailable or request timed out",
+         body = ErrorBody),
+    )
+)]
+pub(crate) async fn signal_saga(
+    State(state): State<AppState>,
+    SignalPath { saga: id, signal }: SignalPath,
+    headers: axum::http::HeaderMap,
+    JsonBody(payload): JsonBody,
+) -> Result<Response, ApiError> {
+    let key = parse_key(&headers).map_err(|e| ApiError::bad_request(e.to_string()))?;
+    let saga = find_saga(&state, id).await?;
+    // A definition this process does not have cannot be asked; the signal is kept anyway.
+    let def = state.engine.registry().get(&saga.name, saga.version);
+    if def.is_some_and(|d| d.hash() == saga.definition_hash && !d.waits_for_signal(&signal)) {
+        return Err(ApiError::not_found(format!(
+            "saga {id} ({}) waits for no signal {}",
+            saga.name,
+            quote(&signal)
+        )));
+    }
+    let request = SignalRequest {
+        saga: id,
+        name: &signal,
+        payload: &payload,
+        key: key.as_deref(),
+    };
+    let outcome = match state.engine.store().send_signal(request).await? {
+        SignalOutcome::Received => SignalResult::Received,
+        SignalOutcome::AlreadyReceived => SignalResult::AlreadyReceived,
+        SignalOutcome::Conflict => {
+            return Err(ApiError::new(
+                StatusCode::CONFLICT,
+                "signal_already_received",
+                format!(
+                    "saga {id} already received signal {} with another payload; the first \
+                     one wins",
+                    quote(&signal)
+                ),
+            ))
+        }
+        SignalOutcome::KeyReused => {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "idempotency_key_reused",
+                format!(
+                    "this Idempotency-Key came before with another payload for signal {} of \
+                     saga {id}",
+                    quote(&signal)
+                ),
+            ))
+        }
+        SignalOutcome::Refused(status) => {
+            return Err(ApiError::conflict(format!(
+                "saga {id} is {status}: it takes no signal any more"
+            )))
+        }
+    };
+    let replayed = key.is_some() && matches!(outcome, SignalResult::AlreadyReceived);
+    let status = state
+        .engine
+        .store()
+        .saga_status(id)
+        .await?
+        .unwrap_or(saga.status);
+    let body = SignalAccepted {
+        id,
+        signal,
+        status,
+        outcome,
+    };
+    let mut response = (StatusCode::ACCEPTED, Json(body)).into_response();
+    if replayed {
+        response
+            .headers_mut()
+            .insert(&IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    }
+    Ok(response)
 }
 
 /// `GET /healthz`: `200 {"status": "ok"}` when the store answers a trivial query, else

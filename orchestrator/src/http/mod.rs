@@ -193,6 +193,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(handlers::get_saga, handlers::start_saga))
         .routes(routes!(handlers::saga_events))
         .routes(routes!(handlers::cancel_saga))
+        .routes(routes!(handlers::signal_saga))
         .routes(routes!(handlers::saga_deliveries))
         .routes(routes!(definitions::list_definitions))
 }
@@ -231,6 +232,7 @@ fn to_json(doc: &utoipa::openapi::OpenApi) -> String {
 /// | `GET /v1/sagas?status=&name=&needs_attention=&limit=&cursor=` | a page of sagas, newest first |
 /// | `GET /v1/sagas/{id}/events` | the saga's event history |
 /// | `POST /v1/sagas/{id}/cancel` | request cancellation: `202`, or `409` when too late |
+/// | `POST /v1/sagas/{id}/signals/{signal}` | deliver a signal with a JSON payload: `202` |
 /// | `GET /v1/sagas/{id}/deliveries` | the saga's webhook deliveries |
 /// | `GET /v1/definitions` | the registered definitions: stages, hash, input schema |
 /// | `GET /healthz` | `200` when the store answers, else `503` |

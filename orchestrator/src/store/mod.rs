@@ -30,6 +30,7 @@ mod postgres;
 mod rows;
 mod rules;
 mod shared;
+pub mod signals;
 mod sqlite;
 mod stores;
 mod url;
@@ -47,6 +48,7 @@ pub use error::{BackendError, BackendErrorKind, StoreError};
 pub use idempotency::{Callback, IdempotencyKey, IdempotencyStore, IdempotentStart, SavedResponse};
 pub use outbox::{Delivery, DeliveryState, OutboxStore};
 pub use postgres::PgStore;
+pub use signals::{ReceivedSignal, SignalOutcome, SignalRequest};
 pub use sqlite::{engine_lock_file, sqlite_file, SqliteDurability, SqliteStore};
 pub use stores::{open_full, Stores};
 pub use url::redact_url;
@@ -184,8 +186,11 @@ pub struct StepUpdate {
     pub record: PhaseRecord,
     /// For a succeeded action: its output.
     pub output: Option<Value>,
-    /// For an action: the step's wake time (a sleep's), written as given, `None` included.
+    /// For an action: when the step's wait ends (a sleep's wake time, a signal wait's
+    /// timeout), written as given, `None` included.
     pub wake_at: Option<Millis>,
+    /// For an action: the signal the step waits for, written as given, `None` included.
+    pub waiting_for: Option<String>,
 }
 
 /// A change to the attempt log.
@@ -415,6 +420,19 @@ pub trait Store: IdempotencyStore + OutboxStore + Send + Sync + 'static {
         reason: &str,
         actor: &str,
     ) -> Result<Saga>;
+
+    /// Records a signal for a saga (the first of a name wins), with a `signal.received`
+    /// event, and makes the saga due if a step of it waits for that signal.
+    /// [`StoreError::NotFound`] for an unknown saga.
+    async fn send_signal(&self, request: SignalRequest<'_>) -> Result<SignalOutcome>;
+
+    /// The signal `name` of saga `id`, if it has come.
+    async fn received_signal(&self, id: Uuid, name: &str) -> Result<Option<ReceivedSignal>>;
+
+    /// Makes saga `id` due now if one of its steps waits for the signal `name` and that
+    /// signal has come; returns whether it did. The engine asks after giving back a saga that
+    /// waits for a signal, for one received while it wrote the wait.
+    async fn due_if_signalled(&self, id: Uuid, name: &str) -> Result<bool>;
 
     /// The orchestrator processes recorded in this database, newest first, with the number of
     /// leases each holds.

@@ -118,10 +118,17 @@ pub(super) fn step_from_row<R: LogRow>(row: &R) -> Result<StepRecord> {
     let idx: i64 = row.get("idx")?;
     let attempts: i64 = row.get("attempts")?;
     let comp_attempts: i64 = row.get("comp_attempts")?;
+    let kind: StepKindName = parse_enum(&saga, &kind)?;
+    // One column holds a sleep's wake time and a signal wait's timeout.
+    let wait: Option<Millis> = row.get("wake_at")?;
+    let (wake_at, timeout_at) = match kind {
+        StepKindName::Signal => (None, wait),
+        _ => (wait, None),
+    };
     Ok(StepRecord {
         index: u32::try_from(idx).map_err(|e| corrupt(&saga, e))?,
         name: row.get("name")?,
-        kind: parse_enum(&saga, &kind)?,
+        kind,
         action: PhaseRecord {
             status: parse_enum(&saga, &status)?,
             attempts: u32::try_from(attempts).map_err(|e| corrupt(&saga, e))?,
@@ -131,7 +138,9 @@ pub(super) fn step_from_row<R: LogRow>(row: &R) -> Result<StepRecord> {
             ended_at: row.get("ended_at")?,
         },
         output: parse_json(&saga, row.get("output")?)?,
-        wake_at: row.get("wake_at")?,
+        wake_at,
+        waiting_for: row.get("waiting_for")?,
+        timeout_at,
         compensation: PhaseRecord {
             status: parse_enum(&saga, &comp_status)?,
             attempts: u32::try_from(comp_attempts).map_err(|e| corrupt(&saga, e))?,
@@ -198,6 +207,8 @@ pub(super) fn new_saga_record(new: NewSaga, now: Millis, owner: Option<String>) 
             action: PhaseRecord::pending(),
             output: None,
             wake_at: None,
+            waiting_for: None,
+            timeout_at: None,
             compensation: PhaseRecord::with_status(comp_status_for(*kind)),
         })
         .collect();

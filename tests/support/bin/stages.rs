@@ -5,6 +5,8 @@
 //!
 //! `nap`: input `{"nap_ms": int}`; `a` (compensatable, no-op), `nap` (a durable sleep of
 //! `nap_ms`), `b` (pivot, no-op).
+//! `approval`: `a` (compensatable, no-op), `await_approval` (waits for the signal `approval`),
+//! `b` (pivot, no-op).
 
 use std::time::Duration;
 
@@ -29,7 +31,12 @@ async fn main() -> anyhow::Result<()> {
         }))
         .step(Step::pivot("b", nothing))
         .build()?;
-    Orchestrator::builder(Registry::new().with(nap)?)
+    let approval = SagaDefinition::builder("approval", 1)
+        .step(Step::compensatable("a", nothing, nothing))
+        .step(Step::signal("await_approval", "approval"))
+        .step(Step::pivot("b", nothing))
+        .build()?;
+    Orchestrator::builder(Registry::new().with(nap)?.with(approval)?)
         .listen("127.0.0.1:0")
         .engine_config(EngineConfig {
             lease_ttl: Duration::from_secs(2),

@@ -53,6 +53,7 @@ pub(crate) const STEPS: Cols = &[
     ("a_started", "bigint"),
     ("a_ended", "bigint"),
     ("a_wake", "bigint"),
+    ("a_waiting_for", "text"),
     ("output", "text"),
     ("has_c", "boolean"),
     ("c_status", "text"),
@@ -208,6 +209,7 @@ struct StepCols<'a> {
     idx: Vec<i64>,
     a: PhaseCols<'a>,
     wake: Vec<Option<Millis>>,
+    waiting_for: Vec<Option<&'a str>>,
     output: Vec<Option<String>>,
     c: PhaseCols<'a>,
 }
@@ -316,6 +318,7 @@ impl<'a> ApplyCols<'a> {
             a: Option<&'a PhaseRecord>,
             c: Option<&'a PhaseRecord>,
             wake: Option<Millis>,
+            waiting_for: Option<&'a str>,
             output: Option<String>,
         }
         let mut rows: Vec<Row<'a>> = Vec::new();
@@ -330,6 +333,7 @@ impl<'a> ApplyCols<'a> {
                         a: None,
                         c: None,
                         wake: None,
+                        waiting_for: None,
                         output: None,
                     });
                     rows.len() - 1
@@ -339,6 +343,7 @@ impl<'a> ApplyCols<'a> {
                     Phase::Action => {
                         row.a = Some(&u.record);
                         row.wake = u.wake_at;
+                        row.waiting_for = u.waiting_for.as_deref();
                         if let Some(out) = &u.output {
                             row.output = Some(out.to_string());
                         }
@@ -354,6 +359,7 @@ impl<'a> ApplyCols<'a> {
             s.idx.push(i64::from(row.idx));
             s.a.push(row.a);
             s.wake.push(row.wake);
+            s.waiting_for.push(row.waiting_for);
             s.output.push(row.output);
             s.c.push(row.c);
         }
@@ -380,6 +386,7 @@ impl<'a> ApplyCols<'a> {
         let q =
             st.a.bind(q.bind(&st.a.changed))
                 .bind(&st.wake)
+                .bind(&st.waiting_for)
                 .bind(&st.output);
         let q = st.c.bind(q.bind(&st.c.changed));
         let f = &self.finishes;

@@ -78,6 +78,7 @@ fn apply_ctes(src: &ApplySources, now: &str) -> String {
         })
         .chain([
             phase_col("a", "wake_at", "wake"),
+            phase_col("a", "waiting_for", "waiting_for"),
             "output = COALESCE(x.output::jsonb, steps.output)".to_owned(),
         ])
         .collect();
@@ -86,7 +87,8 @@ fn apply_ctes(src: &ApplySources, now: &str) -> String {
         "v AS (SELECT * FROM {sagas}), \
          fenced AS (UPDATE sagas SET status = v.status, \
          next_run_at = CASE WHEN v.rel AND v.status = 'RUNNING' AND NOT v.pivot \
-             AND sagas.cancel_requested AND v.next_run_at > {now} THEN {now} \
+             AND sagas.cancel_requested AND (v.next_run_at IS NULL OR v.next_run_at > {now}) \
+             THEN {now} \
              ELSE v.next_run_at END, \
          error = v.error, output = COALESCE(v.output::jsonb, sagas.output), \
          needs_attention = v.attention, pivot_reached = v.pivot, updated_at = {now}, \
@@ -97,7 +99,7 @@ fn apply_ctes(src: &ApplySources, now: &str) -> String {
          AND sagas.lease_epoch = v.epoch AND NOT (v.guard AND sagas.cancel_requested) \
          RETURNING sagas.id, sagas.lease_epoch AS epoch, \
          v.status, v.status IN ('COMPLETED', 'COMPENSATED', 'FAILED', 'ABORTED') AS ended, \
-         v.rel AND v.next_run_at IS NOT NULL AS due), \
+         v.rel AND sagas.next_run_at IS NOT NULL AS due), \
          st AS (UPDATE steps SET {step_cols} FROM {steps} \
          WHERE steps.saga_id = x.saga_id AND steps.idx = x.idx AND {fenced}), \
          af AS (UPDATE attempts SET ended_at = {now}, outcome = x.outcome, error = x.error \

@@ -12,6 +12,7 @@
 pub(crate) mod operator;
 pub(crate) mod outbox;
 pub(crate) mod reads;
+pub(crate) mod signals;
 pub(crate) mod sql;
 
 use std::collections::HashMap;
@@ -31,6 +32,7 @@ use crate::store::outbox::{
     OutboxStore,
 };
 use crate::store::rows::{corrupt, LogRow};
+use crate::store::signals::{ReceivedSignal, SignalOutcome, SignalRequest};
 use crate::store::{
     Applied, CancelOutcome, ClaimRequest, Claimed, Lease, LeaseRequest, NewSaga, Result, Store,
     StoreError, Transition, WorkerInfo,
@@ -243,6 +245,18 @@ impl<B: SqlBackend> Store for B {
 
     async fn retry_now(&self, id: Uuid, actor: &str) -> Result<Saga> {
         operator::retry_now(self, id, actor).await
+    }
+
+    async fn send_signal(&self, request: SignalRequest<'_>) -> Result<SignalOutcome> {
+        signals::send(self, request).await
+    }
+
+    async fn received_signal(&self, id: Uuid, name: &str) -> Result<Option<ReceivedSignal>> {
+        signals::received(self.reader(), id, name).await
+    }
+
+    async fn due_if_signalled(&self, id: Uuid, name: &str) -> Result<bool> {
+        signals::due_if_received(self, id, name).await
     }
 
     async fn mark_compensated(

@@ -23,10 +23,11 @@ use saga_dsl::Phase;
 /// The fence and the saga's new state: written only while the saga carries the lease (and,
 /// for an action start, no cancel is pending); gives the lease up if asked. A running saga
 /// given up with a cancel pending before its pivot is due at once, whatever wait its driver
-/// wrote (the driver did not know of the cancel): the engine compensates it now.
+/// wrote (the driver did not know of the cancel; no due time is a wait for a signal): the
+/// engine compensates it now.
 const FENCE: &str = "UPDATE sagas SET status = ?1, \
      next_run_at = CASE WHEN ?8 AND ?1 = 'RUNNING' AND NOT ?6 AND cancel_requested \
-         AND ?2 > ?7 THEN ?7 ELSE ?2 END, error = ?3, \
+         AND (?2 IS NULL OR ?2 > ?7) THEN ?7 ELSE ?2 END, error = ?3, \
      output = COALESCE(?4, output), needs_attention = ?5, pivot_reached = ?6, updated_at = ?7, \
      lease_owner = CASE WHEN ?8 THEN NULL ELSE lease_owner END, \
      lease_expires_at = CASE WHEN ?8 THEN NULL ELSE lease_expires_at END \
@@ -45,7 +46,7 @@ const REFUSED: &str = "SELECT lease_owner, lease_epoch, cancel_requested FROM sa
 
 const ACTION: &str = "UPDATE steps SET status = ?1, attempts = ?2, last_error = ?3, \
      outcome_unknown = ?4, started_at = ?5, ended_at = ?6, output = COALESCE(?7, output), \
-     wake_at = ?10 WHERE saga_id = ?8 AND idx = ?9";
+     wake_at = ?10, waiting_for = ?11 WHERE saga_id = ?8 AND idx = ?9";
 
 const COMPENSATION: &str = "UPDATE steps SET comp_status = ?1, comp_attempts = ?2, \
      comp_last_error = ?3, comp_outcome_unknown = ?4, comp_started_at = ?5, comp_ended_at = ?6 \
@@ -229,6 +230,7 @@ fn apply_one(db: &Connection, now: Millis, (lease, t): &Item) -> Result<Result<A
                     id,
                     u.index,
                     u.wake_at,
+                    u.waiting_for,
                 ],
             ),
             Phase::Compensation => exec(
