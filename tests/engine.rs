@@ -752,6 +752,7 @@ async fn an_interrupted_attempt_is_made_again_with_the_same_key() {
                     needs_attention: false,
                     pivot_reached: false,
                 },
+                new_steps: Vec::new(),
                 steps: vec![StepUpdate {
                     index: 0,
                     phase: saga_dsl::Phase::Action,
@@ -799,6 +800,7 @@ async fn an_interrupted_attempt_is_made_again_with_the_same_key() {
             needs_attention: false,
             pivot_reached: false,
         },
+        new_steps: Vec::new(),
         steps: vec![],
         attempts: vec![],
         events: vec![],

@@ -552,3 +552,295 @@ async fn many_signals_racing_their_waits_are_never_lost() {
     }
     eng.stop().await;
 }
+
+/// `a` (compensatable), the group `g` of `branches`, then `p` (pivot).
+fn group_saga(j: &Journal, group: S) -> saga_dsl::SagaDefinition {
+    scripted_saga(
+        "s",
+        1,
+        &[S::new("a", Compensatable), group, S::new("p", Pivot)],
+        j,
+    )
+}
+
+/// The rows of a saga's branches, by name.
+fn branch<'a>(saga: &'a orchestrator::Saga, name: &str) -> &'a orchestrator::model::StepRecord {
+    saga.steps.iter().find(|s| s.name == name).unwrap()
+}
+
+async fn run_group(
+    group: S,
+    input: serde_json::Value,
+) -> (orchestrator::Saga, Journal, Vec<String>) {
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let eng = RunningEngine::start(
+        store.clone(),
+        registry_of([group_saga(&j, group)]),
+        test_config(),
+    );
+    let saga = eng.engine.start_saga("s", input).await.unwrap();
+    let done = wait_terminal(&store, saga.id).await;
+    let events = events(&store, saga.id).await;
+    eng.stop().await;
+    (done, j, events)
+}
+
+#[tokio::test]
+async fn a_parallel_group_runs_every_branch_and_its_output_is_keyed_by_branch() {
+    let group = S::parallel(
+        "g",
+        vec![
+            S::new("x", Compensatable),
+            S::new("y", Compensatable),
+            S::new("z", Compensatable),
+        ],
+    );
+    let (done, j, events) = run_group(group, json!({})).await;
+    assert_eq!(done.status, SagaStatus::Completed);
+    let mut calls = j.names();
+    calls.sort();
+    assert_eq!(
+        calls,
+        [
+            "a:action",
+            "g/x:action",
+            "g/y:action",
+            "g/z:action",
+            "p:action"
+        ]
+    );
+    assert_eq!(
+        done.steps.len(),
+        6,
+        "a stage row per stage, a row per branch"
+    );
+    assert_eq!(
+        done.steps[1].kind,
+        orchestrator::model::StepKindName::Parallel
+    );
+    let output = done.output.unwrap();
+    assert_eq!(output["g"]["y"], json!({"step": "g/y", "attempt": 1}));
+    assert!(
+        output.get("g/y").is_none(),
+        "the saga's output has stages only"
+    );
+    // Each branch has a key of its own, stable per saga, group, branch and phase.
+    let keys: std::collections::HashSet<_> = j.calls().into_iter().map(|(_, _, key)| key).collect();
+    assert_eq!(keys.len(), 5);
+    let x = j
+        .calls()
+        .into_iter()
+        .find(|(s, _, _)| s == "g/x")
+        .unwrap()
+        .2;
+    assert_eq!(
+        x,
+        saga_dsl::branch_idempotency_key(done.id, "g", "x", saga_dsl::Phase::Action)
+    );
+    assert!(events.contains(&"group.started:g".to_owned()), "{events:?}");
+    assert!(events.contains(&"step.succeeded:g/z".to_owned()));
+    assert!(events.contains(&"step.succeeded:g".to_owned()));
+}
+
+#[tokio::test]
+async fn a_branch_that_fails_compensates_the_others_then_the_stages_before() {
+    let group = S::parallel(
+        "g",
+        vec![
+            S::new("x", Compensatable),
+            S::new("y", Compensatable).action(&[Permanent]),
+            S::new("z", Compensatable).action(&[saga_suite::Outcome::Retryable]),
+        ],
+    );
+    let (done, j, _) = run_group(group, json!({})).await;
+    assert_eq!(done.status, SagaStatus::Compensated);
+    assert_eq!(
+        done.error.as_deref(),
+        Some("g: branch y: scripted permanent failure")
+    );
+    let names = j.names();
+    let at = |call: &str| {
+        names
+            .iter()
+            .position(|n| n == call)
+            .unwrap_or_else(|| panic!("{call} in {names:?}"))
+    };
+    assert!(
+        !names.contains(&"g/y:compensation".to_owned()),
+        "the failed branch had no effect"
+    );
+    assert!(at("g/x:compensation") < at("a:compensation"), "{names:?}");
+    assert!(!names.contains(&"p:action".to_owned()));
+    assert_eq!(branch(&done, "g/y").action.status, StepStatus::Failed);
+    assert_eq!(branch(&done, "g").action.status, StepStatus::Failed);
+    // z either finished (and was compensated) or never retried after y failed.
+    let z = branch(&done, "g/z");
+    if z.action.status == StepStatus::Succeeded {
+        assert!(names.contains(&"g/z:compensation".to_owned()));
+    } else {
+        assert!(!names.contains(&"g/z:compensation".to_owned()), "{z:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_branch_whose_outcome_is_unknown_is_compensated_too() {
+    use saga_suite::Outcome::Hang;
+    let group = S::parallel(
+        "g",
+        vec![
+            S::new("x", Compensatable).action(&[Hang, Hang, Hang]),
+            S::new("y", Compensatable).action(&[Permanent]),
+        ],
+    );
+    let (done, j, _) = run_group(group, json!({})).await;
+    assert_eq!(done.status, SagaStatus::Compensated);
+    let names = j.names();
+    assert!(names.contains(&"g/x:compensation".to_owned()), "{names:?}");
+    assert!(!names.contains(&"g/y:compensation".to_owned()));
+    assert!(branch(&done, "g/x").action.outcome_unknown);
+}
+
+#[tokio::test]
+async fn a_mapped_group_has_a_branch_per_element_at_most_max_concurrency_at_once() {
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let group = S::map("g", "items", S::new("reserve", Compensatable)).max_concurrency(2);
+    let eng = RunningEngine::start(
+        store.clone(),
+        registry_of([group_saga(&j, group)]),
+        test_config(),
+    );
+    let items: Vec<_> = (1..=5)
+        .map(|n| json!({"name": format!("sku-{n}")}))
+        .collect();
+    let saga = eng
+        .engine
+        .start_saga("s", json!({ "items": items }))
+        .await
+        .unwrap();
+    let done = wait_terminal(&store, saga.id).await;
+    assert_eq!(done.status, SagaStatus::Completed);
+    let output = &done.output.clone().unwrap()["g"];
+    assert_eq!(output.as_object().unwrap().len(), 5);
+    assert_eq!(output["sku-3"]["step"], "g/sku-3");
+    // Never more than two branches' calls at once, by the attempt log.
+    let attempts = store.attempts(saga.id).await.unwrap();
+    let spans: Vec<(i64, i64)> = attempts
+        .iter()
+        .filter(|a| a.step.starts_with("g/"))
+        .map(|a| (a.started_at, a.ended_at.unwrap()))
+        .collect();
+    assert_eq!(spans.len(), 5);
+    for &(start, _) in &spans {
+        let overlapping = spans
+            .iter()
+            .filter(|&&(s, e)| s <= start && start < e)
+            .count();
+        assert!(overlapping <= 2, "{spans:?}");
+    }
+    eng.stop().await;
+}
+
+#[tokio::test]
+async fn a_branch_retries_on_its_own_timer_and_the_group_waits_for_it() {
+    let group = S::map("g", "items", S::new("reserve", Compensatable));
+    let input = json!({"items": [
+        {"name": "a1"},
+        {"name": "b2", "script": ["Retryable", "Retryable"]},
+    ]});
+    let (done, _, events) = run_group(group, input).await;
+    assert_eq!(done.status, SagaStatus::Completed);
+    let b2 = branch(&done, "g/b2");
+    assert_eq!(b2.action.attempts, 3);
+    assert_eq!(b2.wake_at, None, "no timer left once it succeeded");
+    assert_eq!(
+        events.iter().filter(|e| *e == "step.retrying:g/b2").count(),
+        2
+    );
+}
+
+#[tokio::test]
+async fn bad_lists_fail_the_group_with_a_clear_error_and_compensate() {
+    let group = || S::map("g", "items", S::new("reserve", Compensatable));
+    let (done, j, _) = run_group(group(), json!({"items": {"not": "a list"}})).await;
+    assert_eq!(done.status, SagaStatus::Compensated);
+    assert_eq!(
+        done.error.as_deref(),
+        Some("g: its branches failed: items is not a list")
+    );
+    assert_eq!(j.names(), ["a:action", "a:compensation"]);
+
+    let many: Vec<_> = (0..10_000)
+        .map(|n| json!({"name": format!("n{n}")}))
+        .collect();
+    let (done, _, _) = run_group(group(), json!({ "items": many })).await;
+    assert_eq!(done.status, SagaStatus::Compensated);
+    assert_eq!(
+        done.error.as_deref(),
+        Some(
+            "g: its branches failed: g maps over 10000 elements; a group has at most 1000 branches"
+        )
+    );
+    assert_eq!(done.steps.len(), 3, "no branch row was written");
+
+    let (done, _, _) = run_group(group(), json!({"items": [{"name": "x"}, {"name": "x"}]})).await;
+    assert!(done
+        .error
+        .unwrap()
+        .ends_with("two elements are both named \"x\""));
+
+    let (done, _, _) = run_group(group(), json!({"items": [{"name": "a/b"}]})).await;
+    assert!(done.error.unwrap().contains("is not a plain name"));
+
+    // An empty list has nothing to do.
+    let (done, j, _) = run_group(group(), json!({"items": []})).await;
+    assert_eq!(done.status, SagaStatus::Completed);
+    assert_eq!(done.output.unwrap()["g"], json!({}));
+    assert_eq!(j.names(), ["a:action", "p:action"]);
+}
+
+#[tokio::test]
+async fn a_cancel_during_a_group_lets_branches_in_flight_finish_then_compensates_them() {
+    use saga_suite::Outcome::Hang;
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    // x hangs once (its first call runs into its timeout) and succeeds on its retry.
+    let group = S::parallel(
+        "g",
+        vec![
+            S::new("x", Compensatable).action(&[Hang]),
+            S::new("y", Compensatable),
+        ],
+    );
+    let eng = RunningEngine::start(
+        store.clone(),
+        registry_of([group_saga(&j, group)]),
+        test_config(),
+    );
+    let saga = eng.engine.start_saga("s", json!({})).await.unwrap();
+    wait_for(&store, saga.id, Duration::from_secs(10), |s| {
+        s.steps
+            .iter()
+            .any(|b| b.name == "g/x" && b.action.status == StepStatus::Running)
+    })
+    .await;
+    assert_eq!(
+        store.request_cancel(saga.id).await.unwrap(),
+        CancelOutcome::Accepted
+    );
+    let done = wait_terminal(&store, saga.id).await;
+    assert_eq!(done.status, SagaStatus::Compensated);
+    let names = j.names();
+    assert!(names.contains(&"g/y:compensation".to_owned()), "{names:?}");
+    assert!(
+        names.contains(&"g/x:compensation".to_owned()),
+        "its outcome was unknown: {names:?}"
+    );
+    assert!(names.contains(&"a:compensation".to_owned()));
+    assert!(!names.contains(&"p:action".to_owned()));
+    eng.stop().await;
+}

@@ -90,6 +90,7 @@ fn saga_update(status: SagaStatus) -> SagaUpdate {
 fn write_ahead(index: u32, attempt: u32) -> Transition {
     Transition {
         saga: saga_update(SagaStatus::Running),
+        new_steps: Vec::new(),
         steps: vec![StepUpdate {
             index,
             phase: Phase::Action,
@@ -120,6 +121,7 @@ fn write_ahead(index: u32, attempt: u32) -> Transition {
 fn succeeded(index: u32, attempt: u32) -> Transition {
     Transition {
         saga: saga_update(SagaStatus::Running),
+        new_steps: Vec::new(),
         steps: vec![StepUpdate {
             index,
             phase: Phase::Action,
@@ -429,6 +431,7 @@ async fn group_commit_fails_only_the_writes_whose_lease_is_lost() {
                     needs_attention: false,
                     pivot_reached: false,
                 },
+                new_steps: Vec::new(),
                 steps: vec![],
                 attempts: vec![],
                 events: vec![NewEvent::saga("test.written", json!({}))],
@@ -496,6 +499,7 @@ async fn a_stale_write_sharing_a_batch_with_the_new_owners_write_fails_alone() {
                     needs_attention: false,
                     pivot_reached: false,
                 },
+                new_steps: Vec::new(),
                 steps: if start_step {
                     vec![StepUpdate {
                         index: 0,
@@ -657,6 +661,7 @@ async fn a_cancel_refuses_the_next_action_start_and_nothing_of_it_is_written() {
             error: Some("cancelled on request".to_owned()),
             ..saga_update(SagaStatus::Compensating)
         },
+        new_steps: Vec::new(),
         steps: vec![],
         attempts: vec![AttemptChange::Start {
             step_index: 0,
@@ -1068,6 +1073,7 @@ async fn a_saga_waiting_on_a_timer_or_ended_is_not_claimed() {
             next_run_at: Some(due),
             ..saga_update(SagaStatus::Running)
         },
+        new_steps: Vec::new(),
         steps: vec![],
         attempts: vec![],
         events: vec![],
@@ -1238,6 +1244,7 @@ async fn list_sagas_filters_by_status_name_and_attention_and_pages_within_them()
             error: Some("x: stuck".to_owned()),
             ..saga_update(SagaStatus::Compensating)
         },
+        new_steps: Vec::new(),
         steps: vec![],
         attempts: vec![],
         events: vec![],

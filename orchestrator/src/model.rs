@@ -170,6 +170,9 @@ wire_enum!(
         Sleep = "sleep",
         /// A wait for a signal: calls nothing, compensates nothing.
         Signal = "signal",
+        /// A parallel group: its branches, rows of their own named `group/branch`, call and
+        /// compensate; the group's row holds the group's status and output.
+        Parallel = "parallel",
     }
 );
 
@@ -181,6 +184,7 @@ impl From<saga_dsl::StepKind> for StepKindName {
             saga_dsl::StepKind::Retriable => Self::Retriable,
             saga_dsl::StepKind::Sleep => Self::Sleep,
             saga_dsl::StepKind::Signal => Self::Signal,
+            saga_dsl::StepKind::Parallel => Self::Parallel,
         }
     }
 }
@@ -329,10 +333,16 @@ pub struct Saga {
 }
 
 impl StepRecord {
-    /// When the wait of this step ends: a sleep's wake time or a signal wait's timeout (one
-    /// column in the log).
+    /// When the wait of this step ends: a sleep's wake time, a signal wait's timeout, or when a
+    /// branch of a parallel group is retried (one column in the log).
     pub fn wait_until(&self) -> Option<Millis> {
         self.wake_at.or(self.timeout_at)
+    }
+
+    /// For a branch of a parallel group (a row named `group/branch`): the group's name and
+    /// the branch's. Stage names have no `/`, so no other row has one.
+    pub fn branch_of(&self) -> Option<(&str, &str)> {
+        self.name.split_once('/')
     }
 }
 

@@ -50,6 +50,29 @@ pub fn idempotency_key(saga_id: Uuid, step_index: usize, phase: Phase) -> Uuid {
     Uuid::new_v5(&saga_id, format!("{step_index}:{phase}").as_bytes())
 }
 
+/// The stable idempotency key of one branch of a parallel group: a UUIDv5 in the saga id's
+/// namespace of `stage/branch` and the phase, the same whatever order the branches were
+/// started or mapped in.
+///
+/// ```
+/// use saga_dsl::{branch_idempotency_key, Phase};
+/// let saga = uuid::Uuid::nil();
+/// let a = branch_idempotency_key(saga, "reserve_items", "sku-1", Phase::Action);
+/// assert_eq!(a, branch_idempotency_key(saga, "reserve_items", "sku-1", Phase::Action));
+/// assert_ne!(a, branch_idempotency_key(saga, "reserve_items", "sku-2", Phase::Action));
+/// ```
+pub fn branch_idempotency_key(saga_id: Uuid, stage: &str, branch: &str, phase: Phase) -> Uuid {
+    Uuid::new_v5(&saga_id, format!("{stage}/{branch}:{phase}").as_bytes())
+}
+
+/// The branch a call belongs to: its name and, for a mapped group, its element.
+#[derive(Debug, Clone)]
+struct BranchOf {
+    stage: Arc<str>,
+    name: Arc<str>,
+    element: Option<Arc<Value>>,
+}
+
 /// Everything an action or a compensation is given when it runs.
 ///
 /// Cheap to clone: the saga input and earlier outputs are shared.
@@ -62,6 +85,7 @@ pub struct StepContext {
     attempt: u32,
     input: Arc<Value>,
     outputs: Arc<BTreeMap<String, Value>>,
+    branch: Option<BranchOf>,
 }
 
 impl StepContext {
@@ -86,7 +110,49 @@ impl StepContext {
             attempt,
             input,
             outputs,
+            branch: None,
         }
+    }
+
+    /// This context, for the branch `branch` of the parallel group `stage` (with its element,
+    /// for a mapped group). The orchestrator does this; the step name of a branch's call is
+    /// `stage/branch`.
+    pub fn for_branch(
+        mut self,
+        stage: impl Into<Arc<str>>,
+        branch: impl Into<Arc<str>>,
+        element: Option<Arc<Value>>,
+    ) -> Self {
+        self.branch = Some(BranchOf {
+            stage: stage.into(),
+            name: branch.into(),
+            element,
+        });
+        self
+    }
+
+    /// In a branch of a parallel group: the branch's name (the element's, in a mapped group).
+    pub fn branch(&self) -> Option<&str> {
+        self.branch.as_ref().map(|b| &*b.name)
+    }
+
+    /// In a branch of a mapped group: its element of the list, as JSON.
+    pub fn raw_element(&self) -> Option<&Value> {
+        self.branch.as_ref()?.element.as_deref()
+    }
+
+    /// In a branch of a mapped group: its element, typed. Missing or mismatched is a permanent
+    /// error.
+    pub fn element<T: DeserializeOwned>(&self) -> Result<T, StepError> {
+        let value = self.raw_element().ok_or_else(|| {
+            StepError::permanent(format!("{} is no mapped branch", self.step_name))
+        })?;
+        T::deserialize(value).map_err(|e| {
+            StepError::permanent(format!(
+                "the element of {} does not fit: {e}",
+                self.step_name
+            ))
+        })
     }
 
     /// The saga's id.
@@ -114,9 +180,18 @@ impl StepContext {
         self.attempt
     }
 
-    /// The stable idempotency key of this (saga, step, phase); see [`idempotency_key`].
+    /// The stable idempotency key of this (saga, step, phase), see [`idempotency_key`]; in a
+    /// branch of a parallel group, of (saga, stage, branch, phase), see
+    /// [`branch_idempotency_key`].
     pub fn idempotency_key(&self) -> Uuid {
-        idempotency_key(self.saga_id, self.step_index, self.phase)
+        self.key_of(self.phase)
+    }
+
+    fn key_of(&self, phase: Phase) -> Uuid {
+        match &self.branch {
+            Some(b) => branch_idempotency_key(self.saga_id, &b.stage, &b.name, phase),
+            None => idempotency_key(self.saga_id, self.step_index, phase),
+        }
     }
 
     /// The saga input as JSON.
@@ -164,6 +239,6 @@ impl StepContext {
     /// The idempotency key the action of this step used; handy in a compensation that must find
     /// what the action did (for example when the action's outcome is unknown).
     pub fn action_key(&self) -> Uuid {
-        idempotency_key(self.saga_id, self.step_index, Phase::Action)
+        self.key_of(Phase::Action)
     }
 }

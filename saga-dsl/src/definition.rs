@@ -118,7 +118,7 @@ impl SagaDefinition {
     pub fn point_of_no_return(&self) -> Option<usize> {
         self.steps
             .iter()
-            .position(|s| matches!(s.kind, StepKind::Pivot | StepKind::Retriable))
+            .position(|s| matches!(s.rank_kind(), Some(StepKind::Pivot | StepKind::Retriable)))
     }
 
     /// Checks a saga input against the definition's input type. The error names the field
@@ -259,27 +259,36 @@ impl SagaBuilder {
                 problem,
             });
         }
-        // Order: compensatable*, pivot?, retriable*; waits may stand anywhere between.
+        for step in self.steps.iter().filter(|s| s.kind == StepKind::Parallel) {
+            if let Some(problem) = group_problem(step) {
+                return Err(DefinitionError::BadGroup {
+                    saga: self.name,
+                    step: step.name.clone(),
+                    problem,
+                });
+            }
+        }
+        // Order: compensatable*, pivot?, retriable*; waits may stand anywhere between, and a
+        // group stands where its branches' kind may.
         let rank = |k: StepKind| match k {
-            StepKind::Compensatable => Some(0),
-            StepKind::Pivot => Some(1),
-            StepKind::Retriable => Some(2),
-            StepKind::Sleep | StepKind::Signal => None,
+            StepKind::Compensatable => 0,
+            StepKind::Pivot => 1,
+            _ => 2,
         };
-        let calls: Vec<(&Step, u8)> = self
+        let calls: Vec<(&Step, StepKind)> = self
             .steps
             .iter()
-            .filter_map(|s| rank(s.kind).map(|r| (s, r)))
+            .filter_map(|s| s.rank_kind().map(|k| (s, k)))
             .collect();
         for pair in calls.windows(2) {
-            let ((prev, prev_rank), (next, next_rank)) = (pair[0], pair[1]);
-            let bad = next_rank < prev_rank
-                || (next.kind == StepKind::Pivot && prev.kind == StepKind::Pivot);
+            let ((prev, prev_kind), (next, next_kind)) = (pair[0], pair[1]);
+            let bad = rank(next_kind) < rank(prev_kind)
+                || (next_kind == StepKind::Pivot && prev_kind == StepKind::Pivot);
             if bad {
                 return Err(DefinitionError::StepOrder {
                     saga: self.name,
                     step: next.name.clone(),
-                    kind: next.kind.as_str(),
+                    kind: next_kind.as_str(),
                     after: prev.name.clone(),
                 });
             }
@@ -294,6 +303,40 @@ impl SagaBuilder {
             input_schema: self.input_schema,
         })
     }
+}
+
+/// What is wrong with a parallel group's branches, if anything.
+fn group_problem(group: &Step) -> Option<String> {
+    let branches = group.group_steps();
+    let Some(first) = branches.first() else {
+        return Some("it has no branches".to_owned());
+    };
+    if !matches!(first.kind, StepKind::Compensatable | StepKind::Retriable) {
+        return Some(format!(
+            "its branch {:?} is {}; branches are compensatable or retriable steps (a group \
+             holds no pivot)",
+            first.name, first.kind
+        ));
+    }
+    let mut seen = HashSet::new();
+    for branch in &branches {
+        if branch.kind != first.kind {
+            return Some(format!(
+                "its branches {:?} and {:?} are of different kinds",
+                first.name, branch.name
+            ));
+        }
+        if group.is_mapped() {
+            continue;
+        }
+        if !valid_ident(&branch.name) {
+            return Some(format!("its branch name {:?} is not valid", branch.name));
+        }
+        if !seen.insert(branch.name.as_str()) {
+            return Some(format!("two of its branches are named {:?}", branch.name));
+        }
+    }
+    None
 }
 
 /// `path: message`, with the path of the value that failed (`items[2].qty`), or
@@ -312,7 +355,7 @@ fn path_message(e: serde_path_to_error::Error<serde_json::Error>) -> String {
     format!("{path}: {message}")
 }
 
-fn valid_ident(s: &str) -> bool {
+pub(crate) fn valid_ident(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 128
         && s.bytes()
@@ -327,7 +370,21 @@ fn step_list_hash(name: &str, version: u32, steps: &[Step]) -> String {
         // definitions without one keep the hash they always had.
         let when = if s.is_conditional() { ":when" } else { "" };
         let signal = s.signal_name().map(|n| format!(":{n}")).unwrap_or_default();
-        h.update(format!("{i}:{}:{}{signal}{when}\n", s.name, s.kind));
+        let branches = if s.kind == StepKind::Parallel {
+            let branches: Vec<String> = s
+                .group_steps()
+                .iter()
+                .map(|b| format!("{}:{}", b.name, b.kind))
+                .collect();
+            let mapped = if s.is_mapped() { "*" } else { "" };
+            format!("[{mapped}{}]", branches.join(","))
+        } else {
+            String::new()
+        };
+        h.update(format!(
+            "{i}:{}:{}{signal}{branches}{when}\n",
+            s.name, s.kind
+        ));
     }
     hex::encode(&h.finalize()[..8])
 }

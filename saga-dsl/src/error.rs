@@ -144,6 +144,17 @@ pub enum DefinitionError {
         /// What is wrong with it.
         problem: &'static str,
     },
+    /// A parallel group without branches, with a pivot among them, with branches of
+    /// different kinds or with two branches of one name.
+    #[error("saga {saga}: parallel group {step:?}: {problem}")]
+    BadGroup {
+        /// The saga.
+        saga: String,
+        /// The group.
+        step: String,
+        /// What is wrong with it.
+        problem: String,
+    },
     /// The registry already has this name and version.
     #[error("saga {name} version {version} is already registered")]
     AlreadyRegistered {

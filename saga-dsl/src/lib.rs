@@ -74,12 +74,15 @@ mod registry;
 mod retry;
 mod step;
 
-pub use context::{idempotency_key, Phase, StepContext};
+pub use context::{branch_idempotency_key, idempotency_key, Phase, StepContext};
 pub use definition::{SagaBuilder, SagaDefinition, INPUT_ROOT};
 pub use error::{DefinitionError, ResultExt, StepError};
 pub use registry::Registry;
 pub use retry::RetryPolicy;
-pub use step::{Action, Compensation, Step, StepKind, DEFAULT_ATTEMPT_TIMEOUT};
+pub use step::{
+    Action, BranchOf, Compensation, Step, StepKind, DEFAULT_ATTEMPT_TIMEOUT,
+    DEFAULT_MAP_CONCURRENCY, MAX_BRANCHES,
+};
 
 /// Re-exported so that step code can name JSON values without its own dependency.
 pub use serde_json::Value;

@@ -67,6 +67,10 @@ pub enum StepKind {
     /// A wait for a signal from outside ([`Step::signal`]): calls nothing, compensates
     /// nothing, may stand anywhere in the list.
     Signal,
+    /// A parallel group ([`Step::parallel`], [`Step::map`]): its branches call, each with its
+    /// own compensation; the group itself calls nothing. It stands where its branches' kind
+    /// (compensatable or retriable) may.
+    Parallel,
 }
 
 impl StepKind {
@@ -78,12 +82,13 @@ impl StepKind {
             Self::Retriable => "retriable",
             Self::Sleep => "sleep",
             Self::Signal => "signal",
+            Self::Parallel => "parallel",
         }
     }
 
-    /// Whether a step of this kind calls an action (every kind but a wait).
+    /// Whether a step of this kind calls an action itself (not a wait, not a group).
     pub const fn calls(self) -> bool {
-        !matches!(self, Self::Sleep | Self::Signal)
+        !matches!(self, Self::Sleep | Self::Signal | Self::Parallel)
     }
 }
 
@@ -126,6 +131,40 @@ struct SignalWait {
     accept: Option<Acceptor>,
 }
 
+/// The most branches one parallel group may have: a mapped list longer than this fails the
+/// group with a clear error rather than flooding the participants and the log.
+pub const MAX_BRANCHES: usize = 1000;
+
+/// How many branches of a mapped group run at once unless [`Step::max_concurrency`] says.
+pub const DEFAULT_MAP_CONCURRENCY: usize = 16;
+
+/// A branch of a parallel group as one saga has it: its name, and its element of the list for
+/// a mapped group.
+pub type BranchOf = (String, Option<Value>);
+
+/// Names a mapped branch after its element.
+type BranchName = Arc<dyn Fn(&Value) -> Result<String, StepError> + Send + Sync>;
+
+/// Where a parallel group's branches come from.
+#[derive(Clone)]
+enum Branches {
+    /// Listed in the definition.
+    Static(Vec<Step>),
+    /// One per element of a list computed when the saga reaches the group.
+    Mapped {
+        list: Rule<Vec<Value>>,
+        name: BranchName,
+        template: Box<Step>,
+    },
+}
+
+/// A parallel group.
+#[derive(Clone)]
+struct Group {
+    branches: Branches,
+    max_concurrency: usize,
+}
+
 /// One step of a saga: build it with [`Step::compensatable`], [`Step::pivot`],
 /// [`Step::retriable`] or one of the sleeps ([`Step::sleep`], [`Step::sleep_for`],
 /// [`Step::sleep_until`]), then adjust its policies and, if it should not always run, give it a
@@ -155,6 +194,7 @@ pub struct Step {
     pub(crate) compensation: Option<Arc<dyn Compensation>>,
     wake: Option<WakeRule>,
     signal: Option<SignalWait>,
+    group: Option<Arc<Group>>,
     condition: Option<Rule<bool>>,
     pub(crate) retry: RetryPolicy,
     pub(crate) compensation_retry: RetryPolicy,
@@ -190,6 +230,7 @@ impl Step {
             compensation,
             wake: None,
             signal: None,
+            group: None,
             condition: None,
             retry,
             compensation_retry: RetryPolicy::forever(),
@@ -392,6 +433,172 @@ impl Step {
             Some(accept) => accept(ctx, payload),
             None => Ok(payload),
         }
+    }
+
+    /// A parallel group of the given branches, started together. Each branch is a step built
+    /// with [`Step::compensatable`] (or, after the pivot, [`Step::retriable`]) whose name names
+    /// the branch; each has its own retry policies, timeout and idempotency key (stable per
+    /// saga, group, branch and phase: [`branch_idempotency_key`](crate::branch_idempotency_key)).
+    ///
+    /// The group succeeds when every branch has; its output is an object keyed by branch name.
+    /// When a branch fails permanently, no branch starts any more, the branches in flight
+    /// finish their call, and then every branch that succeeded or whose outcome is unknown is
+    /// compensated (concurrently), then the steps before in reverse. A group holds no pivot.
+    ///
+    /// ```
+    /// use saga_dsl::{Step, StepContext, StepError, StepKind};
+    /// async fn hold(_: StepContext) -> Result<(), StepError> { Ok(()) }
+    /// async fn release(_: StepContext) -> Result<(), StepError> { Ok(()) }
+    /// let rooms = Step::parallel("book", [
+    ///     Step::compensatable("hotel", hold, release),
+    ///     Step::compensatable("flight", hold, release),
+    /// ]);
+    /// assert_eq!(rooms.kind(), StepKind::Parallel);
+    /// ```
+    pub fn parallel(name: impl Into<String>, branches: impl IntoIterator<Item = Step>) -> Self {
+        let branches: Vec<Step> = branches.into_iter().collect();
+        let mut step = Self::with_kind(name, StepKind::Parallel, None, None, RetryPolicy::new());
+        let max_concurrency = branches.len().max(1);
+        step.group = Some(Arc::new(Group {
+            branches: Branches::Static(branches),
+            max_concurrency,
+        }));
+        step
+    }
+
+    /// A parallel group with one branch per element of the list `list` computes from the saga's
+    /// input and earlier outputs when the saga reaches the group, each branch named by
+    /// `branch_name` from its element and running `branch` (a compensatable or retriable step
+    /// whose own name is not used). The branch's call finds its element with
+    /// [`StepContext::element`]. At most [`DEFAULT_MAP_CONCURRENCY`] branches run at once
+    /// unless [`Step::max_concurrency`] says otherwise; a list of more than [`MAX_BRANCHES`]
+    /// elements, two elements with one name, or a name that is not a plain name
+    /// (ASCII letters, digits, `_`, `-`, `.`) fails the group permanently. An empty list
+    /// succeeds at once. Otherwise as [`Step::parallel`].
+    ///
+    /// ```
+    /// use saga_dsl::{Step, StepContext, StepError};
+    /// #[derive(serde::Deserialize)]
+    /// struct Item { sku: String, qty: u32 }
+    /// async fn reserve(ctx: StepContext) -> Result<(), StepError> {
+    ///     let item: Item = ctx.element()?;
+    ///     Ok(())
+    /// }
+    /// async fn release(_: StepContext) -> Result<(), StepError> { Ok(()) }
+    /// let reserve_items = Step::map(
+    ///     "reserve_items",
+    ///     |ctx| Ok(ctx.raw_input()["items"].as_array().cloned().unwrap_or_default()),
+    ///     |item| Ok(item["sku"].as_str().unwrap_or_default().to_owned()),
+    ///     Step::compensatable("reserve", reserve, release),
+    /// )
+    /// .max_concurrency(8);
+    /// assert_eq!(reserve_items.max_concurrency_of_group(), Some(8));
+    /// ```
+    pub fn map(
+        name: impl Into<String>,
+        list: impl Fn(&StepContext) -> Result<Vec<Value>, StepError> + Send + Sync + 'static,
+        branch_name: impl Fn(&Value) -> Result<String, StepError> + Send + Sync + 'static,
+        branch: Step,
+    ) -> Self {
+        let mut step = Self::with_kind(name, StepKind::Parallel, None, None, RetryPolicy::new());
+        step.group = Some(Arc::new(Group {
+            branches: Branches::Mapped {
+                list: Arc::new(list),
+                name: Arc::new(branch_name),
+                template: Box::new(branch),
+            },
+            max_concurrency: DEFAULT_MAP_CONCURRENCY,
+        }));
+        step
+    }
+
+    /// For a parallel group: how many of its branches run at once (at least 1).
+    pub fn max_concurrency(mut self, n: usize) -> Self {
+        if let Some(group) = &mut self.group {
+            Arc::make_mut(group).max_concurrency = n.max(1);
+        }
+        self
+    }
+
+    /// For a parallel group: how many of its branches run at once; `None` for other steps.
+    pub fn max_concurrency_of_group(&self) -> Option<usize> {
+        self.group.as_ref().map(|g| g.max_concurrency)
+    }
+
+    /// For a parallel group: its branches' names in order (with each one's element, for a
+    /// mapped group), as they are for the saga `ctx` describes. `None` for other steps.
+    pub fn branches(&self, ctx: &StepContext) -> Option<Result<Vec<BranchOf>, StepError>> {
+        let group = self.group.as_ref()?;
+        Some(match &group.branches {
+            Branches::Static(steps) => Ok(steps.iter().map(|s| (s.name.clone(), None)).collect()),
+            Branches::Mapped { list, name, .. } => list(ctx).and_then(|elements| {
+                if elements.len() > MAX_BRANCHES {
+                    return Err(StepError::permanent(format!(
+                        "{} maps over {} elements; a group has at most {MAX_BRANCHES} branches",
+                        self.name,
+                        elements.len()
+                    )));
+                }
+                let mut seen = std::collections::HashSet::new();
+                elements
+                    .into_iter()
+                    .map(|element| {
+                        let branch = name(&element)?;
+                        if !crate::definition::valid_ident(&branch) {
+                            return Err(StepError::permanent(format!(
+                                "{}: the branch name {branch:?} of element {element} is not a \
+                                 plain name (ASCII letters, digits, '_', '-', '.')",
+                                self.name
+                            )));
+                        }
+                        if !seen.insert(branch.clone()) {
+                            return Err(StepError::permanent(format!(
+                                "{}: two elements are both named {branch:?}",
+                                self.name
+                            )));
+                        }
+                        Ok((branch, Some(element)))
+                    })
+                    .collect()
+            }),
+        })
+    }
+
+    /// For a parallel group: the step the branch `branch` runs (for a mapped group, the same
+    /// for every branch). `None` for other steps and unknown branches.
+    pub fn branch(&self, branch: &str) -> Option<&Step> {
+        match &self.group.as_ref()?.branches {
+            Branches::Static(steps) => steps.iter().find(|s| s.name == branch),
+            Branches::Mapped { template, .. } => Some(template),
+        }
+    }
+
+    /// The kind this step ranks as in the order of a definition (compensatable steps, at most
+    /// one pivot, retriable steps): its own, or a group's branches'. `None` for a wait, which
+    /// may stand anywhere.
+    pub fn rank_kind(&self) -> Option<StepKind> {
+        match self.kind {
+            StepKind::Sleep | StepKind::Signal => None,
+            StepKind::Parallel => self.group_steps().first().map(|s| s.kind),
+            kind => Some(kind),
+        }
+    }
+
+    /// A group's branch steps (the template of a mapped one); empty for other steps.
+    pub(crate) fn group_steps(&self) -> Vec<&Step> {
+        match self.group.as_ref().map(|g| &g.branches) {
+            Some(Branches::Static(steps)) => steps.iter().collect(),
+            Some(Branches::Mapped { template, .. }) => vec![template],
+            None => Vec::new(),
+        }
+    }
+
+    /// Whether this group's branches are mapped from a list (rather than listed).
+    pub fn is_mapped(&self) -> bool {
+        matches!(
+            self.group.as_ref().map(|g| &g.branches),
+            Some(Branches::Mapped { .. })
+        )
     }
 
     /// Runs the step only when `condition` holds. The orchestrator asks it when the saga

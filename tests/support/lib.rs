@@ -301,7 +301,7 @@ impl Journal {
 }
 
 /// What one attempt of a scripted action or compensation does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 pub enum Outcome {
     /// Succeeds.
     Ok,
@@ -331,6 +331,13 @@ pub struct ScriptedStep {
     /// For a signal wait: the signal, how long it waits at most, and its default payload. A
     /// payload `{"refuse": true}` fails the step permanently.
     pub signal: Option<(String, Option<Duration>, Option<serde_json::Value>)>,
+    /// For a parallel group: its branches (for a mapped group, the one every branch runs).
+    pub branches: Vec<ScriptedStep>,
+    /// For a mapped group: the input field holding its list; each element names its branch
+    /// by its `name` and may give its action's script as `script`.
+    pub mapped_from: Option<String>,
+    /// For a parallel group: how many branches run at once.
+    pub max_concurrency: Option<usize>,
 }
 
 impl ScriptedStep {
@@ -344,7 +351,31 @@ impl ScriptedStep {
             sleep: Duration::ZERO,
             when: None,
             signal: None,
+            branches: Vec::new(),
+            mapped_from: None,
+            max_concurrency: None,
         }
+    }
+
+    /// A parallel group of `branches`.
+    pub fn parallel(name: &str, branches: Vec<ScriptedStep>) -> Self {
+        let mut step = Self::new(name, saga_dsl::StepKind::Parallel);
+        step.branches = branches;
+        step
+    }
+
+    /// A parallel group with one branch per element of the input's list `field`, each running
+    /// `branch`.
+    pub fn map(name: &str, field: &str, branch: ScriptedStep) -> Self {
+        let mut step = Self::parallel(name, vec![branch]);
+        step.mapped_from = Some(field.to_owned());
+        step
+    }
+
+    /// For a parallel group: at most `n` branches at once.
+    pub fn max_concurrency(mut self, n: usize) -> Self {
+        self.max_concurrency = Some(n);
+        self
     }
 
     /// A wait for `signal`, without a timeout.
@@ -421,61 +452,97 @@ pub fn scripted_saga(
     steps: &[ScriptedStep],
     journal: &Journal,
 ) -> saga_dsl::SagaDefinition {
+    let mut builder = saga_dsl::SagaDefinition::builder(name, version);
+    for s in steps {
+        builder = builder.step(scripted_step(s, journal));
+    }
+    builder.build().unwrap()
+}
+
+/// One scripted step as a step of a definition.
+fn scripted_step(s: &ScriptedStep, journal: &Journal) -> saga_dsl::Step {
     use saga_dsl::{RetryPolicy, Step, StepKind};
     let fast = RetryPolicy::new()
         .with_initial_delay(Duration::from_millis(4))
         .with_max_delay(Duration::from_millis(20))
         .with_max_attempts(3);
-    let mut builder = saga_dsl::SagaDefinition::builder(name, version);
-    for s in steps {
-        let (j, script) = (journal.clone(), Arc::new(s.action.clone()));
-        let action = move |ctx: saga_dsl::StepContext| {
-            let (j, script) = (j.clone(), script.clone());
-            async move { play(&j, &script, &ctx).await }
-        };
-        let (j, script) = (journal.clone(), Arc::new(s.compensation.clone()));
-        let compensation = move |ctx: saga_dsl::StepContext| {
-            let (j, script) = (j.clone(), script.clone());
-            async move { play(&j, &script, &ctx).await.map(|_| ()) }
-        };
-        let step = match s.kind {
-            StepKind::Compensatable => {
-                Step::compensatable(&s.name, action, compensation).retry(fast)
-            }
-            StepKind::Pivot => Step::pivot(&s.name, action).retry(fast),
-            StepKind::Retriable => {
-                Step::retriable(&s.name, action).retry(fast.with_unlimited_attempts())
-            }
-            StepKind::Sleep => Step::sleep(&s.name, s.sleep),
-            StepKind::Signal => {
-                let (signal, timeout, default) = s.signal.clone().unwrap_or_default();
-                let mut step = Step::signal(&s.name, signal).accept(|_, payload| {
-                    if payload["refuse"] == true {
-                        Err(saga_dsl::StepError::permanent("refused by its payload"))
-                    } else {
-                        Ok(payload)
-                    }
-                });
-                if let Some(timeout) = timeout {
-                    step = step.signal_timeout(timeout);
+    let (j, script) = (journal.clone(), Arc::new(s.action.clone()));
+    let action = move |ctx: saga_dsl::StepContext| {
+        let (j, script) = (j.clone(), script.clone());
+        async move {
+            // A mapped branch may carry its own script in its element.
+            let own: Option<Vec<Outcome>> = ctx
+                .raw_element()
+                .and_then(|e| e.get("script"))
+                .and_then(|s| serde_json::from_value(s.clone()).ok());
+            play(&j, own.as_deref().unwrap_or(&script), &ctx).await
+        }
+    };
+    let (j, script) = (journal.clone(), Arc::new(s.compensation.clone()));
+    let compensation = move |ctx: saga_dsl::StepContext| {
+        let (j, script) = (j.clone(), script.clone());
+        async move { play(&j, &script, &ctx).await.map(|_| ()) }
+    };
+    let step = match s.kind {
+        StepKind::Compensatable => Step::compensatable(&s.name, action, compensation).retry(fast),
+        StepKind::Pivot => Step::pivot(&s.name, action).retry(fast),
+        StepKind::Retriable => {
+            Step::retriable(&s.name, action).retry(fast.with_unlimited_attempts())
+        }
+        StepKind::Sleep => Step::sleep(&s.name, s.sleep),
+        StepKind::Signal => {
+            let (signal, timeout, default) = s.signal.clone().unwrap_or_default();
+            let mut step = Step::signal(&s.name, signal).accept(|_, payload| {
+                if payload["refuse"] == true {
+                    Err(saga_dsl::StepError::permanent("refused by its payload"))
+                } else {
+                    Ok(payload)
                 }
-                match default {
-                    Some(default) => step.default_payload(default),
-                    None => step,
-                }
+            });
+            if let Some(timeout) = timeout {
+                step = step.signal_timeout(timeout);
             }
-        };
-        let step = match s.when {
-            Some(holds) => step.when(move |_| Ok(holds)),
-            None => step,
-        };
-        builder = builder.step(
-            step.compensation_retry(fast.with_unlimited_attempts())
-                .timeout(SCRIPT_TIMEOUT)
-                .compensation_timeout(SCRIPT_TIMEOUT),
-        );
-    }
-    builder.build().unwrap()
+            match default {
+                Some(default) => step.default_payload(default),
+                None => step,
+            }
+        }
+        StepKind::Parallel => {
+            let branches: Vec<Step> = s
+                .branches
+                .iter()
+                .map(|b| scripted_step(b, journal))
+                .collect();
+            let step = match &s.mapped_from {
+                // One branch per element of the input's list, named by its `name`.
+                Some(field) => {
+                    let field = field.clone();
+                    Step::map(
+                        &s.name,
+                        move |ctx| {
+                            ctx.raw_input()[&field].as_array().cloned().ok_or_else(|| {
+                                saga_dsl::StepError::permanent(format!("{field} is not a list"))
+                            })
+                        },
+                        |element| Ok(element["name"].as_str().unwrap_or_default().to_owned()),
+                        branches.into_iter().next().unwrap(),
+                    )
+                }
+                None => Step::parallel(&s.name, branches),
+            };
+            match s.max_concurrency {
+                Some(n) => step.max_concurrency(n),
+                None => step,
+            }
+        }
+    };
+    let step = match s.when {
+        Some(holds) => step.when(move |_| Ok(holds)),
+        None => step,
+    };
+    step.compensation_retry(fast.with_unlimited_attempts())
+        .timeout(SCRIPT_TIMEOUT)
+        .compensation_timeout(SCRIPT_TIMEOUT)
 }
 
 /// A registry holding the given definitions.

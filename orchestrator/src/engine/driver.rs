@@ -5,52 +5,39 @@
 //! number, attempt-log row, `outcome_unknown`), and followed by a committed result. To save a
 //! commit per step, the result of one call and the write-ahead of the next share a transaction;
 //! saga-level changes that follow from a result (compensating, completed, …) are folded into the
-//! same transaction too.
+//! same transaction too. The branches of a parallel group run at once ([`super::calls`]): their
+//! write-aheads share one transaction, and their results are written as they come, each with
+//! whatever the plan starts next. Steps that call nothing are decided in [`super::decide`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use saga_dsl::{Phase, SagaDefinition, Step, StepContext, StepError, StepKind};
+use saga_dsl::{Phase, SagaDefinition, Step, StepContext, StepError};
 use serde_json::{json, Value};
 use tokio_retry::strategy::{jitter, ExponentialBackoff};
 use tokio_retry::RetryIf;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use super::calls::{CallResult, InFlight};
+use super::decide::Decision;
 use super::plan::{self, NextCall};
 use super::Inner;
 use crate::failpoint::crash_if_armed;
-use crate::model::{rfc3339, Millis, PhaseRecord, Saga, SagaStatus, StepStatus};
+use crate::model::{Millis, PhaseRecord, Saga, SagaStatus, StepKindName, StepStatus};
 use crate::store::{
-    Applied, AttemptChange, Claimed, Lease, NewEvent, SagaUpdate, StepUpdate, StoreError,
+    Applied, AttemptChange, Claimed, Lease, NewEvent, NewStep, SagaUpdate, StepUpdate, StoreError,
     Transition,
 };
 
 /// Changes made in memory and not yet written.
 #[derive(Debug, Clone, Default)]
-struct Pending {
-    steps: Vec<StepUpdate>,
-    attempts: Vec<AttemptChange>,
-    events: Vec<NewEvent>,
-}
-
-/// The outcome of one call.
-enum CallResult {
-    Ok(Value),
-    Err { error: StepError, unknown: bool },
-}
-
-impl CallResult {
-    /// The outcome as the attempt log names it, for metric labels.
-    fn outcome(&self) -> &'static str {
-        match self {
-            Self::Ok(_) => "succeeded",
-            Self::Err { unknown: true, .. } => "timed_out",
-            Self::Err { error, .. } if error.is_retryable() => "retryable",
-            Self::Err { .. } => "failed",
-        }
-    }
+pub(super) struct Pending {
+    pub(super) new_steps: Vec<NewStep>,
+    pub(super) steps: Vec<StepUpdate>,
+    pub(super) attempts: Vec<AttemptChange>,
+    pub(super) events: Vec<NewEvent>,
 }
 
 /// Drives `claimed` until it no longer needs this worker; logs why it stopped. With `ahead`,
@@ -94,6 +81,7 @@ pub(super) async fn drive(
             stop,
             pending: Pending::default(),
             slot: Some(slot),
+            elements: HashMap::new(),
         };
         match driver.run(ahead).await {
             Ok(()) => {}
@@ -110,36 +98,110 @@ pub(super) async fn drive(
     .await;
 }
 
-struct Driver {
-    inner: Arc<Inner>,
+pub(super) struct Driver {
+    pub(super) inner: Arc<Inner>,
     lease: Lease,
-    saga: Saga,
+    pub(super) saga: Saga,
     def: Arc<SagaDefinition>,
     input: Arc<Value>,
-    stop: CancellationToken,
-    pending: Pending,
+    pub(super) stop: CancellationToken,
+    pub(super) pending: Pending,
     /// This driver's worker slot, given back as soon as the saga needs nothing more from it.
-    slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    pub(super) slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// The elements of the branches of mapped groups, by row name, once computed.
+    pub(super) elements: HashMap<String, Arc<Value>>,
 }
 
 impl Driver {
-    fn now(&self) -> Millis {
+    pub(super) fn now(&self) -> Millis {
         self.inner.clock.now_ms()
     }
 
+    /// The definition, shared.
+    pub(super) fn definition(&self) -> Arc<SagaDefinition> {
+        self.def.clone()
+    }
+
+    /// The definition's step of row `index`: a stage, or a branch of a group (named
+    /// `group/branch`).
+    fn call_site(&self, index: usize) -> Option<&Step> {
+        let steps = self.def.steps();
+        if let Some(step) = steps.get(index) {
+            return Some(step);
+        }
+        let (group, branch) = self.saga.steps.get(index)?.branch_of()?;
+        steps.iter().find(|s| s.name() == group)?.branch(branch)
+    }
+
+    /// The row of the stage that row `index` belongs to (its group, for a branch).
+    fn stage_of(&self, index: usize) -> usize {
+        match self.saga.steps[index].branch_of() {
+            Some((group, _)) => self
+                .def
+                .steps()
+                .iter()
+                .position(|s| s.name() == group)
+                .unwrap_or(index),
+            None => index,
+        }
+    }
+
+    /// The `step` label of a metric about row `index`: its stage's name (a group's for a
+    /// branch, whose names come from data and could be many).
+    fn metric_step(&self, index: usize) -> String {
+        let row = &self.saga.steps[index];
+        row.branch_of()
+            .map_or_else(|| row.name.clone(), |(group, _)| group.to_owned())
+    }
+
+    /// How many branches of the group in row `group` may run at once.
+    fn limit(&self, group: usize) -> usize {
+        self.def
+            .steps()
+            .get(group)
+            .and_then(Step::max_concurrency_of_group)
+            .unwrap_or(usize::MAX)
+    }
+
+    /// Queues the write of row `index`'s `phase` as it is now in memory.
+    pub(super) fn push_update(&mut self, index: usize, phase: Phase, output: Option<Value>) {
+        let step = &self.saga.steps[index];
+        self.pending.steps.push(StepUpdate {
+            index: index as u32,
+            phase,
+            record: phase_record(&self.saga, index, phase).clone(),
+            output,
+            wake_at: step.wait_until(),
+            waiting_for: step.waiting_for.clone(),
+        });
+    }
+
     async fn run(&mut self, ahead: bool) -> Result<(), StoreError> {
+        let mut calls = InFlight::default();
         if ahead {
             // The create recorded this call's write-ahead: its step is running, not interrupted.
             let attempt = self.saga.steps[0].action.attempts;
-            self.call_and_record(0, Phase::Action, attempt).await;
+            self.start_call(&mut calls, 0, Phase::Action, attempt);
         } else {
             self.recover_interrupted();
         }
         loop {
+            if !calls.is_empty() {
+                // Results are kept in memory, to be written with whatever comes next.
+                for done in calls.next_batch().await {
+                    self.finish_call(done);
+                }
+            }
             let now = self.now();
             let events = plan::settle(&mut self.saga, now);
             self.pending.events.extend(events);
-            match plan::next_call(&self.saga, now) {
+            let limit = |group: usize| self.limit(group);
+            let next = plan::next_call_limited(&self.saga, now, &limit);
+            if !calls.is_empty() && matches!(next, NextCall::Done | NextCall::Wait(_)) {
+                // Calls still in flight are waited for before anything ends or waits.
+                continue;
+            }
+            let starts = match next {
                 NextCall::Done => {
                     self.write(false, true).await?;
                     // Free the slot before telling waiters: a caller that starts its next saga
@@ -169,8 +231,17 @@ impl Driver {
                     self.inner.wake.notify_one();
                     return Ok(());
                 }
+                NextCall::Busy if calls.is_empty() => {
+                    // Nothing in flight to wait for: the record is not what this driver made.
+                    tracing::error!(
+                        "the plan waits for calls that are not in flight; giving the saga back"
+                    );
+                    self.write(false, true).await?;
+                    return Ok(());
+                }
+                NextCall::Busy => continue,
                 NextCall::Call(index, phase) => {
-                    if self.stop.is_cancelled() {
+                    if self.stop.is_cancelled() && calls.is_empty() {
                         self.write(false, true).await?;
                         return Ok(());
                     }
@@ -185,264 +256,97 @@ impl Driver {
                             }
                         }
                     }
-                    let undo = Undo::of(self, index, phase);
-                    let fresh_start = phase == Phase::Action
-                        && matches!(
-                            self.saga.steps[index].action.status,
-                            StepStatus::Pending | StepStatus::Retrying
-                        );
-                    let attempt = self.write_ahead(index, phase, now);
-                    if self.write(fresh_start, false).await? == Applied::CancelRequested {
-                        // A cancel arrived before this action could start: do not start it.
-                        undo.apply(self);
-                        self.saga.cancel_requested = true;
-                        continue;
-                    }
-                    self.call_and_record(index, phase, attempt).await;
+                    vec![(index, phase)]
                 }
-            }
-        }
-    }
-
-    /// Decides a step that needs no call now: a condition that is false (`SKIPPED`), a sleep
-    /// that starts (`WAITING` until its wake time) or ends, a signal wait that starts, takes
-    /// its signal or times out. Changes are kept in memory, to be written with whatever comes
-    /// next. A condition, wake time or timeout that cannot be computed fails the step
-    /// permanently: it depends only on the saga's data, so asking again cannot change it.
-    async fn decide(&mut self, index: usize, now: Millis) -> Result<Decision, StoreError> {
-        let def = self.def.clone();
-        let step = &def.steps()[index];
-        let status = self.saga.steps[index].action.status;
-        if status == StepStatus::Pending && step.is_conditional() {
-            match step.applies(&self.context(index, Phase::Action, 0)) {
-                Ok(true) => {}
-                Ok(false) => {
-                    self.settle_without_call(index, StepStatus::Skipped, None, now);
-                    let event = NewEvent::step("step.skipped", step.name(), json!({}));
-                    self.pending.events.push(event);
-                    return Ok(Decision::Decided);
+                NextCall::Branches(list) => list,
+            };
+            if self.stop.is_cancelled() {
+                if calls.is_empty() {
+                    self.write(false, true).await?;
+                    return Ok(());
                 }
-                Err(e) => {
-                    self.refuse(
-                        index,
-                        &format!("its condition failed: {}", e.message()),
-                        now,
-                    );
-                    return Ok(Decision::Decided);
-                }
+                // Shutting down: start nothing more, finish what is in flight.
+                continue;
+            }
+            let undo = Undo::of(self, &starts);
+            let fresh_start = starts.iter().any(|&(index, phase)| {
+                phase == Phase::Action
+                    && matches!(
+                        self.saga.steps[index].action.status,
+                        StepStatus::Pending | StepStatus::Retrying
+                    )
+            });
+            let attempts: Vec<u32> = starts
+                .iter()
+                .map(|&(index, phase)| self.write_ahead(index, phase, now))
+                .collect();
+            if self.write(fresh_start, false).await? == Applied::CancelRequested {
+                // A cancel arrived before these actions could start: do not start them.
+                undo.apply(self);
+                self.saga.cancel_requested = true;
+                continue;
+            }
+            for (&(index, phase), attempt) in starts.iter().zip(attempts) {
+                self.start_call(&mut calls, index, phase, attempt);
             }
         }
-        match step.kind() {
-            StepKind::Sleep => self.decide_sleep(step, index, now),
-            StepKind::Signal => return self.decide_signal(step, index, now).await,
-            _ => return Ok(Decision::Call),
-        }
-        Ok(Decision::Decided)
     }
 
-    /// Starts a sleep, or ends it (the plan asks only once its wake time has come).
-    fn decide_sleep(&mut self, step: &Step, index: usize, now: Millis) {
-        if self.saga.steps[index].action.status != StepStatus::Pending {
-            self.settle_without_call(index, StepStatus::Succeeded, Some(Value::Null), now);
-            let wake_at = self.saga.steps[index].wake_at.map(rfc3339);
-            let data = json!({ "wake_at": wake_at });
-            self.pending
-                .events
-                .push(NewEvent::step("step.succeeded", step.name(), data));
-            return;
-        }
-        let wake = step
-            .wake_time(&self.context(index, Phase::Action, 0), system_time(now))
-            .unwrap_or_else(|| Err(StepError::permanent("a sleep without a wake time")))
-            .and_then(millis);
-        match wake {
-            Ok(at) => {
-                self.saga.steps[index].wake_at = Some(at);
-                self.start_waiting(index, now);
-                let data = json!({"wake_at": rfc3339(at)});
-                self.pending
-                    .events
-                    .push(NewEvent::step("step.waiting", step.name(), data));
-            }
-            Err(e) => self.refuse(
-                index,
-                &format!("its wake time failed: {}", e.message()),
-                now,
-            ),
-        }
-    }
-
-    /// Takes the signal a signal step waits for if it has come; otherwise starts waiting, or
-    /// ends the wait when its timeout has passed (with the default payload, or failing).
-    async fn decide_signal(
-        &mut self,
-        step: &Step,
-        index: usize,
-        now: Millis,
-    ) -> Result<Decision, StoreError> {
-        let signal = step.signal_name().unwrap_or_default().to_owned();
-        let ctx = self.context(index, Phase::Action, 0);
-        let pending = self.saga.steps[index].action.status == StepStatus::Pending;
-        let received = self
-            .inner
-            .store
-            .received_signal(self.saga.id, &signal)
-            .await?;
-        let payload = match received {
-            Some(received) => received.payload,
-            None if pending => {
-                let deadline = step
-                    .signal_deadline(&ctx, system_time(now))
-                    .map(|d| d.and_then(millis))
-                    .transpose();
-                let deadline = match deadline {
-                    Ok(deadline) => deadline,
-                    Err(e) => {
-                        let error = format!("its timeout failed: {}", e.message());
-                        self.refuse(index, &error, now);
-                        return Ok(Decision::Decided);
-                    }
-                };
-                let record = &mut self.saga.steps[index];
-                record.waiting_for = Some(signal.clone());
-                record.timeout_at = deadline;
-                self.start_waiting(index, now);
-                // Due at the timeout, or only when something happens to the saga.
-                self.saga.next_run_at = deadline;
-                let data = json!({"signal": signal, "timeout_at": deadline.map(rfc3339)});
-                self.pending
-                    .events
-                    .push(NewEvent::step("step.waiting", step.name(), data));
-                return Ok(Decision::AwaitSignal(signal));
-            }
-            None => match self.saga.steps[index].timeout_at {
-                Some(at) if at <= now => match step.signal_default() {
-                    Some(default) => default.clone(),
-                    None => {
-                        let error = format!("no signal {signal:?} came before the timeout");
-                        self.refuse(index, &error, now);
-                        return Ok(Decision::Decided);
-                    }
-                },
-                // Woken for another reason; the signal has not come.
-                _ => return Ok(Decision::AwaitSignal(signal)),
-            },
-        };
-        if pending {
-            self.saga.steps[index].action.started_at = Some(now);
-            self.saga.steps[index].waiting_for = Some(signal.clone());
-        }
-        match step.accept_signal(&ctx, payload) {
-            Ok(output) => {
-                self.settle_without_call(index, StepStatus::Succeeded, Some(output), now);
-                let data = json!({"signal": signal});
-                self.pending
-                    .events
-                    .push(NewEvent::step("step.succeeded", step.name(), data));
-            }
-            Err(e) => self.refuse(index, e.message(), now),
-        }
-        Ok(Decision::Decided)
-    }
-
-    /// Marks a wait that starts now as `WAITING` and queues its record.
-    fn start_waiting(&mut self, index: usize, now: Millis) {
-        if self.saga.status == SagaStatus::Queued {
-            self.saga.status = SagaStatus::Running;
-        }
-        let action = &mut self.saga.steps[index].action;
-        action.status = StepStatus::Waiting;
-        action.started_at = Some(now);
-        action.outcome_unknown = false;
-        self.push_action(index, None);
-    }
-
-    /// Gives back a saga whose signal step waits: a signal, its timeout or a cancel makes it
-    /// due again. A signal received while the wait was being written is not lost: its sender
-    /// either saw the wait written (and made the saga due) or wrote it before this check, which
-    /// then makes the saga due.
-    async fn await_signal(&mut self, signal: &str) -> Result<(), StoreError> {
-        self.write(false, true).await?;
-        self.slot.take();
-        self.inner.wake.notify_one();
-        let mut delay = Duration::from_millis(50);
-        loop {
-            match self
-                .inner
-                .store
-                .due_if_signalled(self.saga.id, signal)
-                .await
-            {
-                Ok(_) => return Ok(()),
-                Err(e) if e.is_transient() && !self.stop.is_cancelled() => {
-                    tracing::warn!(error = %e, "checking for a signal that came meanwhile failed; retrying");
-                }
-                Err(e) => return Err(e),
-            }
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_secs(5));
-        }
-    }
-
-    /// Ends a step's action in `status` at `now` without a call, with `output` if given, and
-    /// queues its update.
-    fn settle_without_call(
-        &mut self,
-        index: usize,
-        status: StepStatus,
-        output: Option<Value>,
-        now: Millis,
-    ) {
-        if self.saga.status == SagaStatus::Queued {
-            self.saga.status = SagaStatus::Running;
-        }
-        let step = &mut self.saga.steps[index];
-        step.action.status = status;
-        step.action.outcome_unknown = false;
-        step.action.ended_at = Some(now);
-        if output.is_some() {
-            step.output.clone_from(&output);
-        }
-        self.push_action(index, output);
-    }
-
-    /// Fails a step that was never called: permanently, with `error`.
-    fn refuse(&mut self, index: usize, error: &str, now: Millis) {
-        self.saga.steps[index].action.last_error = Some(error.to_owned());
-        self.settle_without_call(index, StepStatus::Failed, None, now);
-        let data = json!({"attempt": 0, "error": error, "outcome": "failed"});
+    /// Starts a call whose write-ahead is committed.
+    fn start_call(&mut self, calls: &mut InFlight, index: usize, phase: Phase, attempt: u32) {
         let name = self.saga.steps[index].name.clone();
-        self.pending
-            .events
-            .push(NewEvent::step("step.failed", &name, data));
+        crash_if_armed(before_point(phase), &name);
+        let ctx = self.context(index, phase, attempt);
+        let Some(step) = self.call_site(index) else {
+            // A row the definition does not know (a branch of a renamed group): fail it.
+            let error = StepError::permanent(format!("the definition has no step {name}"));
+            calls.start(
+                index,
+                phase,
+                attempt,
+                Duration::ZERO,
+                async move { Err(error) },
+            );
+            return;
+        };
+        match phase {
+            Phase::Action => {
+                let timeout = step.attempt_timeout();
+                match step.action().cloned() {
+                    Some(action) => calls.start(index, phase, attempt, timeout, async move {
+                        action.run(ctx).await
+                    }),
+                    // Steps that call nothing are decided without a call (`decide`).
+                    None => calls.start(index, phase, attempt, timeout, async {
+                        Err(StepError::permanent("step has no action"))
+                    }),
+                }
+            }
+            Phase::Compensation => {
+                let timeout = step.compensation_attempt_timeout();
+                match step.compensation().cloned() {
+                    Some(comp) => calls.start(index, phase, attempt, timeout, async move {
+                        comp.run(ctx).await.map(|()| Value::Null)
+                    }),
+                    // Only compensatable steps are ever compensated (`needs_compensation`).
+                    None => calls.start(index, phase, attempt, timeout, async {
+                        Err(StepError::permanent("step has no compensation"))
+                    }),
+                }
+            }
+        }
     }
 
-    /// Queues the write of a step's action record as it is now in memory.
-    fn push_action(&mut self, index: usize, output: Option<Value>) {
-        let step = &self.saga.steps[index];
-        self.pending.steps.push(StepUpdate {
-            index: index as u32,
-            phase: Phase::Action,
-            record: step.action.clone(),
-            output,
-            wake_at: step.wait_until(),
-            waiting_for: step.waiting_for.clone(),
-        });
-    }
-
-    /// Makes a call whose write-ahead is committed and keeps its result in memory, to be
-    /// written with whatever comes next.
-    async fn call_and_record(&mut self, index: usize, phase: Phase, attempt: u32) {
-        let step_name = self.def.steps()[index].name().to_owned();
-        crash_if_armed(before_point(phase), &step_name);
-        let started = std::time::Instant::now();
-        let result = self.call(index, phase, attempt).await;
+    /// Records a call that ended, in memory, to be written with whatever comes next.
+    fn finish_call(&mut self, done: super::calls::Finished) {
+        let call = done.call;
+        let name = self.saga.steps[call.index].name.clone();
         metrics::histogram!("saga_step_duration_seconds",
-            "name" => self.saga.name.clone(), "step" => step_name.clone(),
-            "phase" => phase.as_str(), "outcome" => result.outcome())
-        .record(started.elapsed().as_secs_f64());
-        crash_if_armed(after_point(phase), &step_name);
-        self.record(index, phase, attempt, result);
+            "name" => self.saga.name.clone(), "step" => self.metric_step(call.index),
+            "phase" => call.phase.as_str(), "outcome" => done.result.outcome())
+        .record(call.started.elapsed().as_secs_f64());
+        crash_if_armed(after_point(call.phase), &name);
+        self.record(call.index, call.phase, call.attempt, done.result);
     }
 
     /// A phase left `RUNNING` by a previous owner was interrupted: its outcome is unknown. Close
@@ -450,6 +354,10 @@ impl Driver {
     fn recover_interrupted(&mut self) {
         let now = self.now();
         for index in 0..self.saga.steps.len() {
+            // A group's own row is `RUNNING` while its branches are: it makes no call.
+            if self.saga.steps[index].kind == StepKindName::Parallel {
+                continue;
+            }
             for phase in [Phase::Action, Phase::Compensation] {
                 let rec = phase_record(&self.saga, index, phase);
                 if rec.status != StepStatus::Running {
@@ -476,9 +384,15 @@ impl Driver {
         if self.saga.status == SagaStatus::Queued {
             self.saga.status = SagaStatus::Running;
         }
-        // At the pivot or after it (a pivot that was skipped leaves the next step to pass it).
-        if phase == Phase::Action && self.def.point_of_no_return().is_some_and(|p| index >= p) {
+        // At the pivot or after it (a pivot that was skipped leaves the next step to pass it;
+        // a branch passes it where its group stands).
+        let stage = self.stage_of(index);
+        if phase == Phase::Action && self.def.point_of_no_return().is_some_and(|p| stage >= p) {
             self.saga.pivot_reached = true;
+        }
+        if self.saga.steps[index].branch_of().is_some() {
+            // A branch's retry timer is over once its next attempt starts.
+            self.saga.steps[index].wake_at = None;
         }
         let rec = phase_record_mut(&mut self.saga, index, phase);
         rec.status = StepStatus::Running;
@@ -488,15 +402,7 @@ impl Driver {
         rec.started_at.get_or_insert(now);
         rec.ended_at = None;
         let attempt = rec.attempts;
-        let update = StepUpdate {
-            index: index as u32,
-            phase,
-            record: rec.clone(),
-            output: None,
-            wake_at: None,
-            waiting_for: None,
-        };
-        self.pending.steps.push(update);
+        self.push_update(index, phase, None);
         self.pending.attempts.push(AttemptChange::Start {
             step_index: index as u32,
             phase,
@@ -505,80 +411,59 @@ impl Driver {
         attempt
     }
 
-    /// What a call of step `index` (or its condition, or its wake time) is told.
-    fn context(&self, index: usize, phase: Phase, attempt: u32) -> StepContext {
+    /// What a call of row `index` (or its condition, its wait, its group's list) is told: the
+    /// outputs of the stages before its own (for a compensation, of every row that succeeded,
+    /// branches included, so that each finds its own action's), and, for a branch, its name
+    /// and element.
+    pub(super) fn context(&self, index: usize, phase: Phase, attempt: u32) -> StepContext {
+        let stage = self.stage_of(index);
         let mut outputs = BTreeMap::new();
         for s in &self.saga.steps {
-            let visible = phase == Phase::Compensation || (s.index as usize) < index;
+            let visible = match phase {
+                Phase::Compensation => true,
+                Phase::Action => s.branch_of().is_none() && (s.index as usize) < stage,
+            };
             if visible && s.action.status == StepStatus::Succeeded {
                 if let Some(out) = &s.output {
                     outputs.insert(s.name.clone(), out.clone());
                 }
             }
         }
-        StepContext::new(
+        let row = &self.saga.steps[index];
+        let ctx = StepContext::new(
             self.saga.id,
             index,
-            self.def.steps()[index].name(),
+            row.name.as_str(),
             phase,
             attempt,
             self.input.clone(),
             Arc::new(outputs),
-        )
+        );
+        match row.branch_of() {
+            Some((group, branch)) => {
+                let element = self.element_of(index);
+                ctx.for_branch(group, branch, element)
+            }
+            None => ctx,
+        }
     }
 
-    async fn call(&self, index: usize, phase: Phase, attempt: u32) -> CallResult {
-        let step = &self.def.steps()[index];
-        let ctx = self.context(index, phase, attempt);
-        let (timeout, mut handle) = match phase {
-            Phase::Action => {
-                let Some(action) = step.action().cloned() else {
-                    // Steps that call nothing are decided without a call (`decide`).
-                    return CallResult::Err {
-                        error: StepError::permanent("step has no action"),
-                        unknown: false,
-                    };
-                };
-                (
-                    step.attempt_timeout(),
-                    tokio::spawn(async move { action.run(ctx).await }),
-                )
-            }
-            Phase::Compensation => {
-                let Some(comp) = step.compensation().cloned() else {
-                    // Only compensatable steps are ever compensated (see `needs_compensation`).
-                    return CallResult::Err {
-                        error: StepError::permanent("step has no compensation"),
-                        unknown: false,
-                    };
-                };
-                (
-                    step.compensation_attempt_timeout(),
-                    tokio::spawn(async move { comp.run(ctx).await.map(|()| Value::Null) }),
-                )
-            }
-        };
-        match tokio::time::timeout(timeout, &mut handle).await {
-            Ok(Ok(Ok(value))) => CallResult::Ok(value),
-            Ok(Ok(Err(error))) => CallResult::Err {
-                error,
-                unknown: false,
-            },
-            Ok(Err(join)) => CallResult::Err {
-                error: StepError::retryable(format!("the {phase} panicked: {join}")),
-                unknown: true,
-            },
-            Err(_) => {
-                handle.abort();
-                CallResult::Err {
-                    error: StepError::retryable(format!(
-                        "timed out after {} ms; outcome unknown",
-                        timeout.as_millis()
-                    )),
-                    unknown: true,
-                }
-            }
+    /// The element of a branch of a mapped group: remembered from its group's start, or
+    /// computed again from the same data (after a restart).
+    fn element_of(&self, index: usize) -> Option<Arc<Value>> {
+        let name = &self.saga.steps[index].name;
+        if let Some(element) = self.elements.get(name) {
+            return Some(element.clone());
         }
+        let stage = self.stage_of(index);
+        let group = self.def.steps().get(stage).filter(|s| s.is_mapped())?;
+        let (_, branch) = self.saga.steps[index].branch_of()?;
+        let ctx = self.context(stage, Phase::Action, 0);
+        let names = group.branches(&ctx)?.ok()?;
+        names
+            .into_iter()
+            .find(|(n, _)| n == branch)
+            .and_then(|(_, element)| element.map(Arc::new))
     }
 
     fn record(&mut self, index: usize, phase: Phase, attempt: u32, result: CallResult) {
@@ -589,7 +474,6 @@ impl Driver {
                 rec.status = StepStatus::Succeeded;
                 rec.outcome_unknown = false;
                 rec.ended_at = Some(now);
-                let record = rec.clone();
                 let step = &mut self.saga.steps[index];
                 let output = (phase == Phase::Action).then(|| {
                     step.output = Some(value.clone());
@@ -599,24 +483,16 @@ impl Driver {
                     Phase::Action => "step.succeeded",
                     Phase::Compensation => "step.compensated",
                 };
+                let name = step.name.clone();
                 if phase == Phase::Compensation {
                     metrics::counter!("saga_compensations_total",
-                        "name" => self.saga.name.clone(), "step" => step.name.clone())
+                        "name" => self.saga.name.clone(), "step" => self.metric_step(index))
                     .increment(1);
                 }
-                self.pending.events.push(NewEvent::step(
-                    kind,
-                    &step.name,
-                    json!({"attempt": attempt}),
-                ));
-                self.pending.steps.push(StepUpdate {
-                    index: index as u32,
-                    phase,
-                    record,
-                    output,
-                    wake_at: None,
-                    waiting_for: None,
-                });
+                self.pending
+                    .events
+                    .push(NewEvent::step(kind, &name, json!({"attempt": attempt})));
+                self.push_update(index, phase, output);
                 self.pending.attempts.push(AttemptChange::Finish {
                     step_index: index as u32,
                     phase,
@@ -651,10 +527,11 @@ impl Driver {
         label: &'static str,
         now: Millis,
     ) {
-        let step_def = &self.def.steps()[index];
-        let policy = match phase {
-            Phase::Action => *step_def.retry_policy(),
-            Phase::Compensation => *step_def.compensation_retry_policy(),
+        let policy = match (self.call_site(index), phase) {
+            (Some(step), Phase::Action) => *step.retry_policy(),
+            (Some(step), Phase::Compensation) => *step.compensation_retry_policy(),
+            // A row the definition does not know: its failure is final.
+            (None, _) => saga_dsl::RetryPolicy::new().with_max_attempts(1),
         };
         let hint = match error {
             StepError::RetryAfter { delay, .. } => *delay,
@@ -697,11 +574,16 @@ impl Driver {
                 json!({"attempt": attempt, "error": error.message(), "outcome": label}),
             ));
         }
-        let record = rec.clone();
         if retry {
-            self.saga.next_run_at = Some(now + delay.as_millis() as i64);
+            let at = now + delay.as_millis() as i64;
+            if self.saga.steps[index].branch_of().is_some() {
+                // Branches retry each on a timer of its own, kept in their rows.
+                self.saga.steps[index].wake_at = Some(at);
+            } else {
+                self.saga.next_run_at = Some(at);
+            }
             metrics::counter!("saga_step_retries_total",
-                "name" => self.saga.name.clone(), "step" => step_name.clone(),
+                "name" => self.saga.name.clone(), "step" => self.metric_step(index),
                 "phase" => phase.as_str())
             .increment(1);
         }
@@ -718,14 +600,7 @@ impl Driver {
             tracing::error!(step = %step_name, attempts = attempt, error = %error, "compensation keeps failing; saga needs attention (still retrying)");
         }
         self.pending.events.extend(events);
-        self.pending.steps.push(StepUpdate {
-            index: index as u32,
-            phase,
-            record,
-            output: None,
-            wake_at: None,
-            waiting_for: None,
-        });
+        self.push_update(index, phase, None);
         self.pending.attempts.push(AttemptChange::Finish {
             step_index: index as u32,
             phase,
@@ -737,7 +612,7 @@ impl Driver {
 
     /// Writes the pending changes and the saga's current fields in one fenced transaction,
     /// retrying briefly when the database is away for a moment.
-    async fn write(
+    pub(super) async fn write(
         &mut self,
         unless_cancelled: bool,
         release: bool,
@@ -754,6 +629,7 @@ impl Driver {
                 needs_attention: self.saga.needs_attention,
                 pivot_reached: self.saga.pivot_reached,
             },
+            new_steps: pending.new_steps,
             steps: pending.steps,
             attempts: pending.attempts,
             events: pending.events,
@@ -785,6 +661,7 @@ impl Driver {
         {
             // Nothing was written: keep the changes so the caller can decide.
             self.pending = Pending {
+                new_steps: transition.new_steps,
                 steps: transition.steps,
                 attempts: transition.attempts,
                 events: transition.events,
@@ -794,47 +671,43 @@ impl Driver {
     }
 }
 
-/// What [`Driver::decide`] found for a step that may not need a call.
-enum Decision {
-    /// The step calls its action.
-    Call,
-    /// The step was decided without a call.
-    Decided,
-    /// The step waits for this signal: give the saga back until it comes.
-    AwaitSignal(String),
-}
-
-/// What a write-ahead changes in the driver's memory, to take it back if the write is refused
+/// What write-aheads change in the driver's memory, to take them back if the write is refused
 /// for a cancel (cheaper than a copy of the whole saga before every call).
 struct Undo {
     status: SagaStatus,
     pivot_reached: bool,
-    index: usize,
-    phase: Phase,
-    record: PhaseRecord,
+    /// Each call's row, phase, record and wait time before its write-ahead.
+    records: Vec<(usize, Phase, PhaseRecord, Option<Millis>)>,
     steps: usize,
     attempts: usize,
 }
 
 impl Undo {
-    fn of(driver: &Driver, index: usize, phase: Phase) -> Self {
+    fn of(driver: &Driver, calls: &[(usize, Phase)]) -> Self {
         Self {
             status: driver.saga.status,
             pivot_reached: driver.saga.pivot_reached,
-            index,
-            phase,
-            record: phase_record(&driver.saga, index, phase).clone(),
+            records: calls
+                .iter()
+                .map(|&(index, phase)| {
+                    let record = phase_record(&driver.saga, index, phase).clone();
+                    (index, phase, record, driver.saga.steps[index].wake_at)
+                })
+                .collect(),
             steps: driver.pending.steps.len(),
             attempts: driver.pending.attempts.len(),
         }
     }
 
-    /// Puts the saga and the pending changes back as they were before the write-ahead (the
-    /// refused write handed the pending changes back, the write-ahead's among them).
+    /// Puts the saga and the pending changes back as they were before the write-aheads (the
+    /// refused write handed the pending changes back, the write-aheads' among them).
     fn apply(self, driver: &mut Driver) {
         driver.saga.status = self.status;
         driver.saga.pivot_reached = self.pivot_reached;
-        *phase_record_mut(&mut driver.saga, self.index, self.phase) = self.record;
+        for (index, phase, record, wake_at) in self.records {
+            *phase_record_mut(&mut driver.saga, index, phase) = record;
+            driver.saga.steps[index].wake_at = wake_at;
+        }
         driver.pending.steps.truncate(self.steps);
         driver.pending.attempts.truncate(self.attempts);
     }
@@ -887,18 +760,4 @@ fn phase_record_mut(saga: &mut Saga, index: usize, phase: Phase) -> &mut PhaseRe
         Phase::Action => &mut saga.steps[index].action,
         Phase::Compensation => &mut saga.steps[index].compensation,
     }
-}
-
-/// The engine's clock reading as a `SystemTime`, for a sleep's wake time rule.
-fn system_time(now: Millis) -> std::time::SystemTime {
-    std::time::UNIX_EPOCH + Duration::from_millis(now.max(0) as u64)
-}
-
-/// A wake time in milliseconds since the epoch; an instant before the epoch, or too far to
-/// count, is a permanent error.
-fn millis(at: std::time::SystemTime) -> Result<Millis, StepError> {
-    at.duration_since(std::time::UNIX_EPOCH)
-        .ok()
-        .and_then(|d| Millis::try_from(d.as_millis()).ok())
-        .ok_or_else(|| StepError::permanent(format!("{at:?} is not a time to wake at")))
 }

@@ -10,6 +10,8 @@
 //! The per-saga logic lives in `driver`; the rules that decide what comes next are pure
 //! functions in [`plan`], tested without a database.
 
+mod calls;
+mod decide;
 mod driver;
 pub mod plan;
 mod start;

@@ -7,19 +7,74 @@
 
 use serde_json::{json, Map, Value};
 
-use crate::model::{needs_compensation, Millis, Saga, SagaStatus, StepKindName, StepStatus};
+use crate::model::{
+    needs_compensation, Millis, Saga, SagaStatus, StepKindName, StepRecord, StepStatus,
+};
 use crate::store::NewEvent;
 use saga_dsl::Phase;
 
 /// What the driver does next.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum NextCall {
-    /// Call this step's action or compensation now.
+    /// Call this step's action or compensation now (or, for a step that calls nothing, decide
+    /// it: a condition, a wait, a parallel group that starts or ends).
     Call(usize, Phase),
+    /// Call these branches of a parallel group now, concurrently (rows, by index).
+    Branches(Vec<(usize, Phase)>),
+    /// Nothing more to start until a call in flight ends.
+    Busy,
     /// Nothing to call before this time (a retry timer).
     Wait(Millis),
     /// The saga is terminal.
     Done,
+}
+
+/// Whether a row is a stage of the definition (not a branch of a parallel group).
+fn is_stage(step: &StepRecord) -> bool {
+    step.branch_of().is_none()
+}
+
+/// The rows of the branches of the group in row `group`, in row order.
+pub fn branches<'a>(saga: &'a Saga, group: usize) -> impl Iterator<Item = &'a StepRecord> + 'a {
+    let name = saga.steps[group].name.as_str();
+    saga.steps
+        .iter()
+        .filter(move |s| s.branch_of().is_some_and(|(stage, _)| stage == name))
+}
+
+/// How a running parallel group stands, from its branches' rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GroupState {
+    /// Every branch succeeded.
+    Succeeded,
+    /// A branch failed for good and none is in flight any more: the first such one.
+    Failed(String),
+    /// Still going.
+    Running,
+}
+
+/// How the running group in row `group` stands.
+pub fn group_state(saga: &Saga, group: usize) -> GroupState {
+    let mut failed = None;
+    let (mut all_succeeded, mut in_flight) = (true, false);
+    for b in branches(saga, group) {
+        match b.action.status {
+            StepStatus::Succeeded => continue,
+            StepStatus::Running => in_flight = true,
+            StepStatus::Failed | StepStatus::Unknown if failed.is_none() => {
+                let (_, name) = b.branch_of().unwrap_or_default();
+                let error = b.action.last_error.as_deref().unwrap_or("failed");
+                failed = Some(format!("branch {name}: {error}"));
+            }
+            _ => {}
+        }
+        all_succeeded = false;
+    }
+    match failed {
+        _ if all_succeeded => GroupState::Succeeded,
+        Some(error) if !in_flight => GroupState::Failed(error),
+        _ => GroupState::Running,
+    }
 }
 
 /// Applies the saga-level consequences of the step records to the saga: starting compensation,
@@ -41,22 +96,26 @@ pub fn settle(saga: &mut Saga, now: Millis) -> Vec<NewEvent> {
                     ));
                     continue;
                 }
-                if saga.steps.iter().all(|s| done_forward(s.action.status)) {
+                if saga
+                    .steps
+                    .iter()
+                    .filter(|s| is_stage(s))
+                    .all(|s| done_forward(s.action.status))
+                {
                     saga.status = SagaStatus::Completed;
                     saga.next_run_at = None;
                     let mut out = Map::new();
-                    for s in &saga.steps {
+                    for s in saga.steps.iter().filter(|s| is_stage(s)) {
                         out.insert(s.name.clone(), s.output.clone().unwrap_or(Value::Null));
                     }
                     saga.output = Some(Value::Object(out));
                     events.push(NewEvent::saga("saga.completed", json!({})));
                     break;
                 }
-                let Some(failed) = saga
-                    .steps
-                    .iter()
-                    .find(|s| matches!(s.action.status, StepStatus::Failed | StepStatus::Unknown))
-                else {
+                let Some(failed) = saga.steps.iter().find(|s| {
+                    is_stage(s)
+                        && matches!(s.action.status, StepStatus::Failed | StepStatus::Unknown)
+                }) else {
                     break;
                 };
                 let reason = format!(
@@ -74,6 +133,9 @@ pub fn settle(saga: &mut Saga, now: Millis) -> Vec<NewEvent> {
                     // that did not come or was refused) changed nothing: back, unless the
                     // point of no return is behind.
                     StepKindName::Sleep | StepKindName::Signal => !saga.pivot_reached,
+                    // A group whose branch failed: its other branches are compensated with
+                    // the steps before, unless the point of no return is behind.
+                    StepKindName::Parallel => !saga.pivot_reached,
                 };
                 if can_go_back {
                     saga.status = SagaStatus::Compensating;
@@ -119,6 +181,23 @@ pub fn settle(saga: &mut Saga, now: Millis) -> Vec<NewEvent> {
             return events;
         }
     }
+    // Branches of a group retry each on a timer of its own: the saga is due at the first.
+    let branch_retry = |phase: Phase| {
+        saga.steps
+            .iter()
+            .filter(|s| !is_stage(s) && record_of(s, phase).status == StepStatus::Retrying)
+            .filter_map(StepRecord::wait_until)
+            .min()
+    };
+    let branch_due = match saga.status {
+        SagaStatus::Queued | SagaStatus::Running => branch_retry(Phase::Action),
+        SagaStatus::Compensating => branch_retry(Phase::Compensation),
+        _ => None,
+    };
+    if let Some(at) = branch_due {
+        saga.next_run_at = Some(at);
+        return events;
+    }
     // A saga waits only on a retry timer of the phase it is in; otherwise it is due now.
     let waiting = match saga.status {
         SagaStatus::Queued | SagaStatus::Running => saga
@@ -148,9 +227,24 @@ pub fn done_forward(status: StepStatus) -> bool {
     matches!(status, StepStatus::Succeeded | StepStatus::Skipped)
 }
 
-/// The next call to make, given a settled saga. For a step that calls nothing, `Call` means
-/// "decide it now": check its condition, start its sleep, or end the sleep that is due.
+/// The record of `phase` of a row.
+fn record_of(step: &StepRecord, phase: Phase) -> &crate::model::PhaseRecord {
+    match phase {
+        Phase::Action => &step.action,
+        Phase::Compensation => &step.compensation,
+    }
+}
+
+/// The next call to make, given a settled saga, with no limit on how many branches of a group
+/// run at once. See [`next_call_limited`].
 pub fn next_call(saga: &Saga, now: Millis) -> NextCall {
+    next_call_limited(saga, now, &|_| usize::MAX)
+}
+
+/// The next call to make, given a settled saga; `limit` says how many branches of the group
+/// in a row may run at once. For a step that calls nothing, `Call` means "decide it now":
+/// check its condition, start or end its wait, start or end its parallel group.
+pub fn next_call_limited(saga: &Saga, now: Millis, limit: &dyn Fn(usize) -> usize) -> NextCall {
     let due = |saga: &Saga, index: usize, phase: Phase, status: StepStatus| match status {
         StepStatus::Retrying => match saga.next_run_at {
             Some(at) if at > now => NextCall::Wait(at),
@@ -167,27 +261,98 @@ pub fn next_call(saga: &Saga, now: Millis) -> NextCall {
         _ => NextCall::Call(index, phase),
     };
     match saga.status {
-        SagaStatus::Queued | SagaStatus::Running => saga
-            .steps
-            .iter()
-            .position(|s| !done_forward(s.action.status))
-            .map_or(NextCall::Done, |i| {
-                due(saga, i, Phase::Action, saga.steps[i].action.status)
-            }),
-        SagaStatus::Compensating => {
-            saga.steps
+        SagaStatus::Queued | SagaStatus::Running => {
+            let Some(i) = saga
+                .steps
                 .iter()
-                .rposition(needs_compensation)
-                .map_or(NextCall::Done, |i| {
-                    due(
-                        saga,
-                        i,
-                        Phase::Compensation,
-                        saga.steps[i].compensation.status,
-                    )
-                })
+                .position(|s| is_stage(s) && !done_forward(s.action.status))
+            else {
+                return NextCall::Done;
+            };
+            let stage = &saga.steps[i];
+            if stage.kind == StepKindName::Parallel && stage.action.status == StepStatus::Running {
+                return match group_state(saga, i) {
+                    GroupState::Running => group_calls(saga, i, Phase::Action, now, limit(i)),
+                    // Its end is decided by the driver, which writes the group's row.
+                    _ => NextCall::Call(i, Phase::Action),
+                };
+            }
+            due(saga, i, Phase::Action, stage.action.status)
+        }
+        SagaStatus::Compensating => {
+            // Stages in reverse; a group's branches together.
+            for i in (0..saga.steps.len()).rev() {
+                let stage = &saga.steps[i];
+                if !is_stage(stage) {
+                    continue;
+                }
+                if stage.kind == StepKindName::Parallel {
+                    match group_calls(saga, i, Phase::Compensation, now, limit(i)) {
+                        NextCall::Done => continue,
+                        next => return next,
+                    }
+                }
+                if needs_compensation(stage) {
+                    return due(saga, i, Phase::Compensation, stage.compensation.status);
+                }
+            }
+            NextCall::Done
         }
         _ => NextCall::Done,
+    }
+}
+
+/// The calls of `phase` of the branches of the group in row `group` that may start now: up to
+/// `limit` in flight; forward, none once a branch failed for good. `Busy` when only calls in
+/// flight remain, `Wait` for the first retry timer, `Done` when no branch needs `phase`.
+fn group_calls(saga: &Saga, group: usize, phase: Phase, now: Millis, limit: usize) -> NextCall {
+    let mut running = 0;
+    let mut ready = Vec::new();
+    let mut later: Option<Millis> = None;
+    let mut failed = false;
+    for b in branches(saga, group) {
+        // A branch whose action is in flight finishes its call before anything else.
+        if b.action.status == StepStatus::Running {
+            running += 1;
+            continue;
+        }
+        let needed = match phase {
+            Phase::Action => !matches!(b.action.status, StepStatus::Succeeded),
+            Phase::Compensation => needs_compensation(b),
+        };
+        if !needed {
+            continue;
+        }
+        let rec = record_of(b, phase);
+        failed |= phase == Phase::Action
+            && matches!(rec.status, StepStatus::Failed | StepStatus::Unknown);
+        match rec.status {
+            StepStatus::Running => running += 1,
+            StepStatus::Retrying => match b.wait_until() {
+                Some(at) if at > now => later = Some(later.map_or(at, |l| l.min(at))),
+                _ => ready.push(b.index as usize),
+            },
+            StepStatus::Pending => ready.push(b.index as usize),
+            _ => {}
+        }
+    }
+    if failed {
+        // No branch starts after a permanent failure; those in flight finish.
+        return if running > 0 {
+            NextCall::Busy
+        } else {
+            NextCall::Done
+        };
+    }
+    let room = limit.saturating_sub(running);
+    if room > 0 && !ready.is_empty() {
+        ready.truncate(room);
+        return NextCall::Branches(ready.into_iter().map(|i| (i, phase)).collect());
+    }
+    match (running, later) {
+        (0, Some(at)) => NextCall::Wait(at),
+        (0, None) => NextCall::Done,
+        _ => NextCall::Busy,
     }
 }
 

@@ -186,11 +186,22 @@ pub struct StepUpdate {
     pub record: PhaseRecord,
     /// For a succeeded action: its output.
     pub output: Option<Value>,
-    /// For an action: when the step's wait ends (a sleep's wake time, a signal wait's
-    /// timeout), written as given, `None` included.
+    /// When the step's wait ends (a sleep's wake time, a signal wait's timeout, a branch's
+    /// next retry), written as given, `None` included.
     pub wake_at: Option<Millis>,
     /// For an action: the signal the step waits for, written as given, `None` included.
     pub waiting_for: Option<String>,
+}
+
+/// A row of a branch of a parallel group, added to a running saga when its group starts.
+#[derive(Debug, Clone)]
+pub struct NewStep {
+    /// Its position: after every row the saga has.
+    pub index: u32,
+    /// `group/branch`.
+    pub name: String,
+    /// The branch's kind (compensatable or retriable).
+    pub kind: StepKindName,
 }
 
 /// A change to the attempt log.
@@ -273,6 +284,9 @@ pub struct SagaUpdate {
 pub struct Transition {
     /// The saga row.
     pub saga: SagaUpdate,
+    /// Rows of branches of a parallel group that starts, inserted `PENDING` before `steps`
+    /// apply (which may write the first branches ahead in the same transition).
+    pub new_steps: Vec<NewStep>,
     /// Step rows that changed (a result and the next write-ahead may share one transition).
     pub steps: Vec<StepUpdate>,
     /// Attempt-log changes.

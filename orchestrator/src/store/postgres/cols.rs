@@ -52,7 +52,7 @@ pub(crate) const STEPS: Cols = &[
     ("a_unknown", "boolean"),
     ("a_started", "bigint"),
     ("a_ended", "bigint"),
-    ("a_wake", "bigint"),
+    ("wake", "bigint"),
     ("a_waiting_for", "text"),
     ("output", "text"),
     ("has_c", "boolean"),
@@ -118,6 +118,64 @@ pub(crate) const NEW_STEPS: Cols = &[
     ("comp_status", "text"),
     ("ahead", "boolean"),
 ];
+
+/// Rows of branches of parallel groups that start (inserted by a statement of their own,
+/// before the batch's, so that the batch may write them ahead).
+pub(crate) const NEW_BRANCHES: Cols = &[
+    ("saga_id", "uuid"),
+    ("owner", "text"),
+    ("epoch", "bigint"),
+    ("guard", "boolean"),
+    ("idx", "bigint"),
+    ("name", "text"),
+    ("kind", "text"),
+    ("comp_status", "text"),
+];
+
+/// The new branch rows of a batch of transitions, as the column arrays of [`NEW_BRANCHES`].
+#[derive(Default)]
+pub(crate) struct NewBranchCols<'a> {
+    saga_id: Vec<Uuid>,
+    owner: Vec<&'a str>,
+    epoch: Vec<i64>,
+    guard: Vec<bool>,
+    idx: Vec<i64>,
+    name: Vec<&'a str>,
+    kind: Vec<&'static str>,
+    comp_status: Vec<&'static str>,
+}
+
+impl<'a> NewBranchCols<'a> {
+    /// The new rows of `items`; `None` when they have none (the usual batch).
+    pub(crate) fn of(items: &'a [Item]) -> Option<Self> {
+        let mut c = Self::default();
+        for (lease, t) in items {
+            for n in &t.new_steps {
+                c.saga_id.push(lease.saga_id);
+                c.owner.push(&lease.owner);
+                c.epoch.push(lease.epoch);
+                c.guard.push(t.unless_cancelled);
+                c.idx.push(i64::from(n.index));
+                c.name.push(&n.name);
+                c.kind.push(n.kind.as_str());
+                c.comp_status.push(comp_status_for(n.kind).as_str());
+            }
+        }
+        (!c.saga_id.is_empty()).then_some(c)
+    }
+
+    /// Binds the columns in the order of [`NEW_BRANCHES`].
+    pub(crate) fn bind<'q>(&'q self, q: PgQuery<'q>) -> PgQuery<'q> {
+        q.bind(&self.saga_id)
+            .bind(&self.owner)
+            .bind(&self.epoch)
+            .bind(&self.guard)
+            .bind(&self.idx)
+            .bind(&self.name)
+            .bind(&self.kind)
+            .bind(&self.comp_status)
+    }
+}
 
 /// Numbers a statement's parameters in the order they are bound.
 #[derive(Debug, Default)]
@@ -348,7 +406,10 @@ impl<'a> ApplyCols<'a> {
                             row.output = Some(out.to_string());
                         }
                     }
-                    Phase::Compensation => row.c = Some(&u.record),
+                    Phase::Compensation => {
+                        row.c = Some(&u.record);
+                        row.wake = u.wake_at;
+                    }
                 }
             }
         }

@@ -12,7 +12,8 @@ use std::sync::LazyLock;
 use sqlx::{Executor, PgConnection, Postgres};
 
 use super::cols::{
-    ApplyCols, CreateCols, Params, EVENTS, FINISHES, NEW_SAGAS, NEW_STEPS, SAGAS, STARTS, STEPS,
+    ApplyCols, CreateCols, NewBranchCols, Params, EVENTS, FINISHES, NEW_BRANCHES, NEW_SAGAS,
+    NEW_STEPS, SAGAS, STARTS, STEPS,
 };
 use crate::model::Millis;
 use crate::store::idempotency::KeyedItem;
@@ -77,7 +78,8 @@ fn apply_ctes(src: &ApplySources, now: &str) -> String {
             .map(|(col, field)| phase_col(phase, col, field))
         })
         .chain([
-            phase_col("a", "wake_at", "wake"),
+            // Either phase may set when the step's wait ends (a branch retries either).
+            "wake_at = CASE WHEN x.has_a OR x.has_c THEN x.wake ELSE steps.wake_at END".to_owned(),
             phase_col("a", "waiting_for", "waiting_for"),
             "output = COALESCE(x.output::jsonb, steps.output)".to_owned(),
         ])
@@ -166,6 +168,22 @@ static APPLY: LazyLock<String> = LazyLock::new(|| {
     format!("WITH {} {FENCED_ROWS}", apply_ctes(&src, &now))
 });
 
+/// Inserts the rows of branches whose group starts, each only if its saga carries the lease
+/// (and, for a guarded transition, no cancel is pending), as the batch's fence will check; a
+/// row already there (inserted by a transition whose fence then refused it) is kept.
+static INSERT_BRANCHES: LazyLock<String> = LazyLock::new(|| {
+    let mut p = Params::default();
+    let (rows, _) = p.unnest(NEW_BRANCHES, "x", false);
+    format!(
+        "INSERT INTO steps (saga_id, idx, name, kind, status, comp_status) \
+         SELECT x.saga_id, x.idx, x.name, x.kind, 'PENDING', x.comp_status FROM {rows} \
+         WHERE EXISTS (SELECT 1 FROM sagas WHERE sagas.id = x.saga_id \
+         AND sagas.lease_owner = x.owner AND sagas.lease_epoch = x.epoch \
+         AND NOT (x.guard AND sagas.cancel_requested)) \
+         ON CONFLICT (saga_id, idx) DO NOTHING"
+    )
+});
+
 /// $1 the refused ids.
 const REFUSED: &str = "SELECT id::text AS id, lease_owner, lease_epoch, cancel_requested \
      FROM sagas WHERE id IN (SELECT value::uuid FROM json_array_elements_text($1::json))";
@@ -224,11 +242,20 @@ async fn apply_batch(
 ) -> Result<Vec<Result<Applied>>> {
     let cols = ApplyCols::of(items);
     open(conn, guarded).await?;
-    let fenced = cols
-        .bind(sqlx::query(&APPLY).bind(now))
-        .fetch_all(&mut *conn)
-        .await
-        .db();
+    let fenced = async {
+        if let Some(branches) = NewBranchCols::of(items) {
+            branches
+                .bind(sqlx::query(&INSERT_BRANCHES))
+                .execute(&mut *conn)
+                .await
+                .db()?;
+        }
+        cols.bind(sqlx::query(&APPLY).bind(now))
+            .fetch_all(&mut *conn)
+            .await
+            .db()
+    }
+    .await;
     let fenced = close(conn, guarded, fenced).await?;
     results(conn, items, &fenced).await
 }
@@ -353,7 +380,9 @@ impl BatchWriter<Postgres> for PgWriter {
         news: &[NewItem],
         keyed: &[KeyedItem],
     ) -> Option<Result<Whole>> {
-        if !keyed.is_empty() {
+        // Rows that branches' write-aheads update must exist before the batch statement runs:
+        // a group that starts takes the long way (once per group).
+        if !keyed.is_empty() || items.iter().any(|(_, t)| !t.new_steps.is_empty()) {
             return None;
         }
         Some(

@@ -49,8 +49,11 @@ const ACTION: &str = "UPDATE steps SET status = ?1, attempts = ?2, last_error = 
      wake_at = ?10, waiting_for = ?11 WHERE saga_id = ?8 AND idx = ?9";
 
 const COMPENSATION: &str = "UPDATE steps SET comp_status = ?1, comp_attempts = ?2, \
-     comp_last_error = ?3, comp_outcome_unknown = ?4, comp_started_at = ?5, comp_ended_at = ?6 \
-     WHERE saga_id = ?7 AND idx = ?8";
+     comp_last_error = ?3, comp_outcome_unknown = ?4, comp_started_at = ?5, comp_ended_at = ?6, \
+     wake_at = ?9 WHERE saga_id = ?7 AND idx = ?8";
+
+const NEW_BRANCH: &str = "INSERT INTO steps (saga_id, idx, name, kind, status, comp_status) \
+     VALUES (?1, ?2, ?3, ?4, 'PENDING', ?5)";
 
 const ATTEMPT_ENDED: &str = "UPDATE attempts SET ended_at = ?1, outcome = ?2, error = ?3 \
      WHERE saga_id = ?4 AND step_idx = ?5 AND phase = ?6 AND attempt = ?7";
@@ -213,6 +216,19 @@ fn apply_one(db: &Connection, now: Millis, (lease, t): &Item) -> Result<Result<A
     if fenced == 0 {
         return refused(db, id, lease);
     }
+    for n in &t.new_steps {
+        exec(
+            db,
+            NEW_BRANCH,
+            params![
+                id,
+                n.index,
+                n.name,
+                n.kind.as_str(),
+                comp_status_for(n.kind).as_str()
+            ],
+        )?;
+    }
     for u in &t.steps {
         let r = &u.record;
         let written = match u.phase {
@@ -245,6 +261,7 @@ fn apply_one(db: &Connection, now: Millis, (lease, t): &Item) -> Result<Result<A
                     r.ended_at,
                     id,
                     u.index,
+                    u.wake_at,
                 ],
             ),
         };

@@ -1,0 +1,128 @@
+//! The calls of a driver in flight: each action or compensation runs as a task of its own (so
+//! a panic or a timeout is an outcome, not a crash of the driver), and several run at once
+//! for the branches of a parallel group.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use saga_dsl::{Phase, StepError};
+use serde_json::Value;
+use tokio::task::{Id, JoinError, JoinSet};
+
+/// The outcome of one call.
+pub(super) enum CallResult {
+    Ok(Value),
+    Err { error: StepError, unknown: bool },
+}
+
+impl CallResult {
+    /// The outcome as the attempt log names it, for metric labels.
+    pub(super) fn outcome(&self) -> &'static str {
+        match self {
+            Self::Ok(_) => "succeeded",
+            Self::Err { unknown: true, .. } => "timed_out",
+            Self::Err { error, .. } if error.is_retryable() => "retryable",
+            Self::Err { .. } => "failed",
+        }
+    }
+}
+
+/// What a task returns: the call's own result, or the timeout that cut it short.
+type TaskResult = Result<Result<Value, StepError>, tokio::time::error::Elapsed>;
+
+/// One call in flight.
+pub(super) struct Call {
+    /// The row of its step.
+    pub(super) index: usize,
+    /// Action or compensation.
+    pub(super) phase: Phase,
+    /// Its attempt number.
+    pub(super) attempt: u32,
+    /// When it started, for the duration metric.
+    pub(super) started: Instant,
+    timeout: Duration,
+}
+
+/// A finished call.
+pub(super) struct Finished {
+    /// Which call.
+    pub(super) call: Call,
+    /// How it went.
+    pub(super) result: CallResult,
+}
+
+/// The calls in flight of one driver.
+#[derive(Default)]
+pub(super) struct InFlight {
+    tasks: JoinSet<TaskResult>,
+    calls: HashMap<Id, Call>,
+}
+
+impl InFlight {
+    /// Whether no call is in flight.
+    pub(super) fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+    }
+
+    /// Starts `run` for the call of row `index` in `phase`, cut short after `timeout`.
+    pub(super) fn start(
+        &mut self,
+        index: usize,
+        phase: Phase,
+        attempt: u32,
+        timeout: Duration,
+        run: impl std::future::Future<Output = Result<Value, StepError>> + Send + 'static,
+    ) {
+        let handle = self
+            .tasks
+            .spawn(async move { tokio::time::timeout(timeout, run).await });
+        let call = Call {
+            index,
+            phase,
+            attempt,
+            started: Instant::now(),
+            timeout,
+        };
+        self.calls.insert(handle.id(), call);
+    }
+
+    /// Waits for the next call to end, then takes every other one that has ended meanwhile,
+    /// so that their results are written together.
+    pub(super) async fn next_batch(&mut self) -> Vec<Finished> {
+        let mut done = Vec::new();
+        if let Some(first) = self.tasks.join_next_with_id().await {
+            done.extend(self.finish(first));
+        }
+        while let Some(next) = self.tasks.try_join_next_with_id() {
+            done.extend(self.finish(next));
+        }
+        done
+    }
+
+    fn finish(&mut self, joined: Result<(Id, TaskResult), JoinError>) -> Option<Finished> {
+        let (id, result) = match joined {
+            Ok((id, result)) => (id, Ok(result)),
+            Err(e) => (e.id(), Err(e)),
+        };
+        let call = self.calls.remove(&id)?;
+        let result = match result {
+            Ok(Ok(Ok(value))) => CallResult::Ok(value),
+            Ok(Ok(Err(error))) => CallResult::Err {
+                error,
+                unknown: false,
+            },
+            Ok(Err(_elapsed)) => CallResult::Err {
+                error: StepError::retryable(format!(
+                    "timed out after {} ms; outcome unknown",
+                    call.timeout.as_millis()
+                )),
+                unknown: true,
+            },
+            Err(join) => CallResult::Err {
+                error: StepError::retryable(format!("the {} panicked: {join}", call.phase)),
+                unknown: true,
+            },
+        };
+        Some(Finished { call, result })
+    }
+}
