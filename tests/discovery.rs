@@ -98,7 +98,7 @@ async fn definitions_list_every_example_saga_with_its_stages_and_input_schema() 
     let defs = body["definitions"].as_array().unwrap();
     // By name, then version.
     let names: Vec<&str> = defs.iter().map(|d| d["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["book_trip", "place_order"]);
+    assert_eq!(names, ["book_trip", "fulfil_order", "place_order"]);
     let registry = example_registry(h.db.dir.path()).await;
     for d in defs {
         assert_eq!(
@@ -129,7 +129,18 @@ async fn definitions_list_every_example_saga_with_its_stages_and_input_schema() 
         json!(["trip_id", "traveller"])
     );
 
-    let place_order = &defs[1];
+    assert_eq!(
+        defs[1]["stages"],
+        json!([
+            {"name": "reserve_items", "kind": "parallel"},
+            {"name": "charge_payment", "kind": "compensatable"},
+            {"name": "await_approval", "kind": "signal"},
+            {"name": "cooling_off", "kind": "sleep"},
+            {"name": "ship", "kind": "pivot"},
+            {"name": "notify_customer", "kind": "retriable"},
+        ])
+    );
+    let place_order = &defs[2];
     assert_eq!(place_order["version"], 1);
     assert_eq!(
         place_order["stages"],
@@ -170,7 +181,7 @@ async fn definitions_list_every_example_saga_with_its_stages_and_input_schema() 
         serde_json::from_value::<DefinitionList>(body.clone()).unwrap()
     );
     assert_eq!(
-        typed.definitions[1].required_fields(),
+        typed.definitions[2].required_fields(),
         ["order_id", "user", "amount"]
     );
     api.stop().await;
@@ -201,10 +212,10 @@ async fn definitions_need_the_token_when_the_server_has_one() {
 
     let (status, body) = api.get("/v1/definitions").await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["definitions"].as_array().unwrap().len(), 2);
+    assert_eq!(body["definitions"].as_array().unwrap().len(), 3);
 
     let with = SagaClient::new(&api.base, Some(TOKEN.to_owned())).unwrap();
-    assert_eq!(with.definitions().await.unwrap().definitions.len(), 2);
+    assert_eq!(with.definitions().await.unwrap().definitions.len(), 3);
     let without = SagaClient::new(&api.base, None).unwrap();
     match without.definitions().await {
         Err(e @ ClientError::Api { .. }) => {

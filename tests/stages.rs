@@ -335,14 +335,13 @@ async fn a_signal_wait_parks_the_saga_until_the_signal_comes_and_its_payload_is_
         test_config(),
     );
     let saga = eng.engine.start_saga("s", json!({})).await.unwrap();
+    // Given back due a lease's time from now, then parked: due only when something happens.
     let parked = wait_for(&store, saga.id, Duration::from_secs(10), |s| {
-        s.steps[1].action.status == StepStatus::Waiting && s.lease_owner.is_none()
+        s.steps[1].action.status == StepStatus::Waiting
+            && s.lease_owner.is_none()
+            && s.next_run_at.is_none()
     })
     .await;
-    assert_eq!(
-        parked.next_run_at, None,
-        "due only when something happens to it"
-    );
     assert_eq!(parked.steps[1].waiting_for.as_deref(), Some("approval"));
     assert_eq!(parked.steps[1].timeout_at, None);
     let json = serde_json::to_value(&parked).unwrap();
@@ -425,6 +424,7 @@ async fn a_signal_wait_that_times_out_compensates_or_takes_its_default() {
         s.steps[1].action.status == StepStatus::Waiting && s.lease_owner.is_none()
     })
     .await;
+    // Given back due at the first of its timeout and a lease's time to live: the timeout.
     let timeout = parked.steps[1].timeout_at.unwrap();
     assert_eq!(parked.next_run_at, Some(timeout));
     assert_eq!(timeout - parked.steps[1].action.started_at.unwrap(), 500);

@@ -26,6 +26,8 @@ pub enum Scenario {
     /// Only starts: each lane starts its next saga as soon as the start returned (the sagas run
     /// in the background meanwhile). The in-process figure to set beside HTTP starts.
     Starts,
+    /// One parallel group of ten no-op branches.
+    Parallel,
 }
 
 /// One benchmark run's figures.
@@ -68,6 +70,7 @@ impl BenchReport {
                 Scenario::Happy => "happy",
                 Scenario::Compensate => "compensate",
                 Scenario::Starts => "starts",
+                Scenario::Parallel => "parallel",
             },
             self.sagas,
             self.concurrency,
@@ -133,10 +136,17 @@ pub struct BenchPlan {
     pub processes: usize,
 }
 
-/// An engine over `store` that runs the benchmark saga.
-pub fn bench_engine(store: Arc<dyn Store>, workers: usize) -> anyhow::Result<Engine> {
+/// An engine over `store` that runs the benchmark saga (and the parallel one, if asked).
+pub fn bench_engine(
+    store: Arc<dyn Store>,
+    workers: usize,
+    parallel: bool,
+) -> anyhow::Result<Engine> {
     let mut registry = Registry::new();
     registry.register(bench_saga()?)?;
+    if parallel {
+        registry.register(bench_parallel_saga()?)?;
+    }
     Ok(Engine::new(
         store,
         Arc::new(registry),
@@ -209,7 +219,7 @@ pub async fn run(store: Arc<dyn Store>, plan: &BenchPlan) -> anyhow::Result<Benc
         plan.processes <= 1 || plan.backend == "postgres",
         "several processes share a database only on PostgreSQL"
     );
-    let engine = bench_engine(store.clone(), plan.workers)?;
+    let engine = bench_engine(store.clone(), plan.workers, scenario == Scenario::Parallel)?;
     let shutdown = CancellationToken::new();
     let runner = {
         let (engine, shutdown) = (engine.clone(), shutdown.clone());
@@ -242,6 +252,7 @@ pub async fn run(store: Arc<dyn Store>, plan: &BenchPlan) -> anyhow::Result<Benc
         Scenario::Happy => 3.0,
         Scenario::Compensate => 5.0,
         Scenario::Starts => 0.0,
+        Scenario::Parallel => 10.0,
     };
     Ok(BenchReport {
         backend: plan.backend.clone(),
@@ -277,11 +288,16 @@ async fn lanes(
                 Scenario::Happy => SagaStatus::Completed,
                 Scenario::Compensate => SagaStatus::Compensated,
                 Scenario::Starts => SagaStatus::Queued,
+                Scenario::Parallel => SagaStatus::Completed,
+            };
+            let name = match scenario {
+                Scenario::Parallel => "bench_parallel",
+                _ => "bench_order",
             };
             let input = json!({"order": "bench", "fail_last": scenario == Scenario::Compensate});
             while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < total {
                 let t = Instant::now();
-                let saga = engine.start_saga("bench_order", input.clone()).await?;
+                let saga = engine.start_saga(name, input.clone()).await?;
                 if scenario == Scenario::Starts {
                     lat.push(t.elapsed());
                     continue;
@@ -336,7 +352,7 @@ pub async fn timers(
     sagas: usize,
     concurrency: usize,
 ) -> anyhow::Result<TimersReport> {
-    let engine = bench_engine(store.clone(), concurrency)?;
+    let engine = bench_engine(store.clone(), concurrency, false)?;
     let shutdown = CancellationToken::new();
     let runner = {
         let (engine, shutdown) = (engine.clone(), shutdown.clone());
@@ -401,4 +417,234 @@ fn proc_status_kb(field: &str) -> f64 {
                 .and_then(|kb| kb.parse::<f64>().ok())
         })
         .unwrap_or(0.0)
+}
+
+/// The parallel benchmark saga: one group of ten no-op branches.
+pub fn bench_parallel_saga() -> Result<SagaDefinition, saga_dsl::DefinitionError> {
+    async fn noop(ctx: StepContext) -> Result<serde_json::Value, StepError> {
+        Ok(json!({"step": ctx.step_name(), "ok": true}))
+    }
+    async fn undo(_ctx: StepContext) -> Result<(), StepError> {
+        Ok(())
+    }
+    let branches = (0..10).map(|n| Step::compensatable(format!("b{n}"), noop, undo));
+    SagaDefinition::builder("bench_parallel", 1)
+        .step(Step::parallel("reserve", branches))
+        .build()
+}
+
+/// The sagas of `bench-waits`: `bench_signal` (a no-op, a wait for the signal `go`, a no-op)
+/// and `bench_sleep` (a sleep until the input's `wake_at_ms`, then a no-op).
+pub fn bench_wait_sagas() -> Result<[SagaDefinition; 2], saga_dsl::DefinitionError> {
+    async fn noop(ctx: StepContext) -> Result<serde_json::Value, StepError> {
+        Ok(json!({"step": ctx.step_name(), "ok": true}))
+    }
+    async fn undo(_ctx: StepContext) -> Result<(), StepError> {
+        Ok(())
+    }
+    let signal = SagaDefinition::builder("bench_signal", 1)
+        .step(Step::compensatable("a", noop, undo))
+        .step(Step::signal("wait", "go"))
+        .step(Step::pivot("b", noop))
+        .build()?;
+    let sleep = SagaDefinition::builder("bench_sleep", 1)
+        .step(Step::sleep_until("nap", |ctx| {
+            let ms = ctx.raw_input()["wake_at_ms"].as_u64().unwrap_or(0);
+            Ok(std::time::UNIX_EPOCH + Duration::from_millis(ms))
+        }))
+        .step(Step::pivot("b", noop))
+        .build()?;
+    Ok([signal, sleep])
+}
+
+/// What `bench-waits` measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct WaitsReport {
+    /// `sqlite` or `postgres`.
+    pub backend: String,
+    /// Sagas parked on a signal wait.
+    pub parked: usize,
+    /// Seconds it took to start and park them all.
+    pub park_seconds: f64,
+    /// Resident memory with all of them parked.
+    pub rss_mb: f64,
+    /// Signals sent, one at a time, each to a parked saga.
+    pub signals: usize,
+    /// Signal sent → its saga ended (the next stage called and the end written), median.
+    pub signal_p50_ms: f64,
+    /// The same, 99th percentile.
+    pub signal_p99_ms: f64,
+    /// Sagas asleep until one common instant.
+    pub sleepers: usize,
+    /// From that instant until the last of them ended, in seconds.
+    pub sleepers_resumed_s: f64,
+}
+
+/// Starts `total` sagas of `name` with `input` in `concurrency` lanes and waits until each is
+/// parked (`parked` says so of its record).
+async fn start_parked(
+    engine: &Engine,
+    store: &Arc<dyn Store>,
+    name: &'static str,
+    input: serde_json::Value,
+    total: usize,
+    concurrency: usize,
+    parked: fn(&orchestrator::Saga) -> bool,
+) -> anyhow::Result<Vec<uuid::Uuid>> {
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..concurrency.max(1) {
+        let (engine, store, next, input) =
+            (engine.clone(), store.clone(), next.clone(), input.clone());
+        set.spawn(async move {
+            let mut ids = Vec::new();
+            while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < total {
+                let saga = engine.start_saga(name, input.clone()).await?;
+                loop {
+                    let s = store
+                        .get_saga(saga.id)
+                        .await?
+                        .ok_or_else(|| anyhow::anyhow!("saga vanished"))?;
+                    if parked(&s) {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                }
+                ids.push(saga.id);
+            }
+            anyhow::Ok(ids)
+        });
+    }
+    let mut ids = Vec::with_capacity(total);
+    while let Some(res) = set.join_next().await {
+        ids.extend(res??);
+    }
+    Ok(ids)
+}
+
+/// Parks `parked` sagas on a wait for a signal and reads this process's memory; sends
+/// `signals` of them their signal one at a time, timing each until its saga ended; then puts
+/// `sleepers` sagas to sleep until one common instant and times how long after it the last one
+/// ended. A waiting saga must cost the database a row, not the process a task.
+pub async fn waits(
+    store: Arc<dyn Store>,
+    backend: &str,
+    parked: usize,
+    signals: usize,
+    sleepers: usize,
+    concurrency: usize,
+) -> anyhow::Result<WaitsReport> {
+    let mut registry = Registry::new();
+    for def in bench_wait_sagas()? {
+        registry.register(def)?;
+    }
+    let engine = Engine::new(
+        store.clone(),
+        Arc::new(registry),
+        EngineConfig {
+            workers: concurrency.max(1),
+            ..EngineConfig::default()
+        },
+    );
+    let shutdown = CancellationToken::new();
+    let runner = {
+        let (engine, shutdown) = (engine.clone(), shutdown.clone());
+        tokio::spawn(async move { engine.run(shutdown).await })
+    };
+    let started = Instant::now();
+    let waiting = |s: &orchestrator::Saga| {
+        s.steps[1].action.status == orchestrator::StepStatus::Waiting
+            && s.lease_owner.is_none()
+            && s.next_run_at.is_none()
+    };
+    let ids = start_parked(
+        &engine,
+        &store,
+        "bench_signal",
+        json!({}),
+        parked,
+        concurrency,
+        waiting,
+    )
+    .await?;
+    let park_seconds = started.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rss_mb = current_rss_mb();
+
+    let mut latencies = Vec::with_capacity(signals);
+    let payload = json!({"go": true});
+    for id in ids.iter().take(signals) {
+        let t = Instant::now();
+        store
+            .send_signal(orchestrator::store::SignalRequest {
+                saga: *id,
+                name: "go",
+                payload: &payload,
+                key: None,
+            })
+            .await?;
+        let status = engine.wait_terminal(*id, Duration::from_secs(60)).await?;
+        anyhow::ensure!(
+            status == Some(SagaStatus::Completed),
+            "saga {id} ended {status:?}"
+        );
+        latencies.push(t.elapsed());
+    }
+    latencies.sort_unstable();
+    let pct = |p: f64| -> f64 {
+        if latencies.is_empty() {
+            return 0.0;
+        }
+        let i = ((latencies.len() as f64 * p).ceil() as usize).clamp(1, latencies.len()) - 1;
+        latencies[i].as_secs_f64() * 1000.0
+    };
+    let (signal_p50_ms, signal_p99_ms) = (pct(0.50), pct(0.99));
+
+    // Every sleeper wakes at the same instant, once all of them are asleep.
+    let now_ms = store.now().await?;
+    let wake_at = now_ms + 5_000 + (sleepers as i64) * 2;
+    let asleep = |s: &orchestrator::Saga| {
+        s.steps[0].action.status == orchestrator::StepStatus::Waiting && s.lease_owner.is_none()
+    };
+    let input = json!({ "wake_at_ms": wake_at });
+    let sleeping = start_parked(
+        &engine,
+        &store,
+        "bench_sleep",
+        input,
+        sleepers,
+        concurrency,
+        asleep,
+    )
+    .await?;
+    anyhow::ensure!(
+        store.now().await? < wake_at,
+        "the sleepers took too long to park"
+    );
+    let mut last = wake_at;
+    for id in &sleeping {
+        let status = engine.wait_terminal(*id, Duration::from_secs(120)).await?;
+        anyhow::ensure!(
+            status == Some(SagaStatus::Completed),
+            "saga {id} ended {status:?}"
+        );
+        let saga = store
+            .get_saga(*id)
+            .await?
+            .ok_or_else(|| anyhow::anyhow!("saga vanished"))?;
+        last = last.max(saga.updated_at);
+    }
+    shutdown.cancel();
+    runner.await??;
+    Ok(WaitsReport {
+        backend: backend.to_owned(),
+        parked,
+        park_seconds,
+        rss_mb,
+        signals,
+        signal_p50_ms,
+        signal_p99_ms,
+        sleepers,
+        sleepers_resumed_s: (last - wake_at) as f64 / 1000.0,
+    })
 }

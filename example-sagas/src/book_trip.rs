@@ -138,7 +138,7 @@ fn book(shop: Arc<Shop>, part: &'static Part) -> impl Action {
             };
             let call = Call {
                 owner: &input.trip_id,
-                effect: part.booked,
+                effect: part.booked.into(),
                 amount: part.price,
                 refusal: part.refusal,
                 output: json!(output),
@@ -159,8 +159,8 @@ fn cancel(shop: Arc<Shop>, part: &'static Part) -> impl Compensation {
                 &input.simulate,
                 part.compensation,
                 &input.trip_id,
-                part.booked,
-                part.cancelled,
+                part.booked.into(),
+                part.cancelled.into(),
             )
             .await
         }
@@ -182,7 +182,7 @@ fn charge_and_confirm(shop: Arc<Shop>) -> impl Action {
             };
             let call = Call {
                 owner: &input.trip_id,
-                effect: Effect::TripCharged,
+                effect: Effect::TripCharged.into(),
                 amount,
                 refusal: "card declined",
                 output: json!(output),
@@ -202,7 +202,7 @@ fn send_itinerary(shop: Arc<Shop>) -> impl Action {
             };
             let call = Call {
                 owner: &input.trip_id,
-                effect: Effect::ItinerarySent,
+                effect: Effect::ItinerarySent.into(),
                 amount: 0,
                 refusal: "mailbox does not exist",
                 output: json!(output),

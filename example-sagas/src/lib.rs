@@ -1,11 +1,14 @@
 //! # example-sagas: runnable examples for the saga orchestrator
 //!
-//! Two realistic sagas, written with [`saga_dsl`]:
+//! Three realistic sagas, written with [`saga_dsl`]:
 //!
 //! - [`place_order`](place_order::place_order) (SPEC §6): reserve stock, charge the payment,
 //!   assign a rider — three compensatable steps, undone in reverse order when a later one fails;
 //! - [`book_trip`](book_trip::book_trip): book a flight, a hotel and a car, then charge and confirm
-//!   the trip (the pivot) and send the itinerary (retriable until it succeeds).
+//!   the trip (the pivot) and send the itinerary (retriable until it succeeds);
+//! - [`fulfil_order`](fulfil_order::fulfil_order) (SPEC §7): reserve every item at once (a
+//!   mapped parallel group), charge, wait for a person's approval when the order needs one (a
+//!   signal), wait out a cooling-off period (a durable sleep), ship (the pivot) and notify.
 //!
 //! Their inputs accept a `"simulate"` object ([`place_order::Simulate`]) that injects permanent
 //! failures, K transient failures, failing compensations and delays, for demos and tests.
@@ -26,6 +29,7 @@ use saga_dsl::{DefinitionError, Registry};
 
 pub mod bench;
 pub mod book_trip;
+pub mod fulfil_order;
 pub mod place_order;
 pub mod shop;
 mod simulate;
@@ -36,6 +40,7 @@ use shop::Shop;
 pub fn registry(shop: Arc<Shop>) -> Result<Registry, DefinitionError> {
     let mut registry = Registry::new();
     registry.register(place_order::place_order(shop.clone())?)?;
-    registry.register(book_trip::book_trip(shop)?)?;
+    registry.register(book_trip::book_trip(shop.clone())?)?;
+    registry.register(fulfil_order::fulfil_order(shop)?)?;
     Ok(registry)
 }

@@ -66,6 +66,23 @@ enum Command {
         #[arg(long, default_value_t = 64)]
         concurrency: usize,
     },
+    /// Measure waits: memory with many sagas parked on a signal, the time from a signal to its
+    /// saga's end, and how soon many sleeps that end at one instant resume (fresh database
+    /// unless `--database-url` names one).
+    BenchWaits {
+        /// Sagas to park on a wait for a signal.
+        #[arg(long, default_value_t = 100_000)]
+        sagas: usize,
+        /// Signals to send, one at a time, to parked sagas.
+        #[arg(long, default_value_t = 1_000)]
+        signals: usize,
+        /// Sagas asleep until one common instant.
+        #[arg(long, default_value_t = 10_000)]
+        sleepers: usize,
+        /// Sagas started at once, and engine workers.
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+    },
     /// A helper process of a multi-process benchmark: runs the benchmark saga's engine until
     /// SIGTERM, then prints its commit count.
     #[command(hide = true)]
@@ -133,6 +150,19 @@ async fn main() -> ExitCode {
         Command::BenchWorker { workers } => bench_worker(&cli, *workers).await,
         Command::BenchTimers { sagas, concurrency } => {
             bench_timers(&cli, *sagas, *concurrency, db_explicit).await
+        }
+        Command::BenchWaits {
+            sagas,
+            signals,
+            sleepers,
+            concurrency,
+        } => {
+            bench_waits(
+                &cli,
+                [*sagas, *signals, *sleepers, *concurrency],
+                db_explicit,
+            )
+            .await
         }
         Command::Admin(cmd) => admin(&cli, cmd).await,
     };
@@ -207,10 +237,18 @@ async fn ledger(cli: &Cli, json: bool) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot open {}", redact_url(&cli.shop_database_url)))?;
     let ledger = shop.ledger().await?;
+    let fulfilments = shop.fulfilment_ledger().await?;
     shop.close().await;
     let mut out = std::io::stdout().lock();
     if json {
-        serde_json::to_writer_pretty(&mut out, &ledger)?;
+        // One object per order id: `place_order`'s six counters, or `fulfil_order`'s keys.
+        let mut all = serde_json::to_value(&ledger)?;
+        if let (Some(all), serde_json::Value::Object(more)) =
+            (all.as_object_mut(), serde_json::to_value(&fulfilments)?)
+        {
+            all.extend(more);
+        }
+        serde_json::to_writer_pretty(&mut out, &all)?;
         writeln!(out)?;
         return Ok(());
     }
@@ -231,6 +269,10 @@ async fn ledger(cli: &Cli, json: bool) -> anyhow::Result<()> {
             e.rider_assigned,
             e.rider_unassigned
         )?;
+    }
+    for (order, effects) in &fulfilments {
+        let effects: Vec<String> = effects.iter().map(|(k, n)| format!("{k}={n}")).collect();
+        writeln!(out, "{order:<24} {}", effects.join(" "))?;
     }
     Ok(())
 }
@@ -272,7 +314,7 @@ async fn bench_worker(cli: &Cli, workers: usize) -> anyhow::Result<()> {
     let store = orchestrator::store::open(&cli.db.database_url)
         .await
         .with_context(|| format!("cannot open {}", redact_url(&cli.db.database_url)))?;
-    let engine = bench::bench_engine(store.clone(), workers)?;
+    let engine = bench::bench_engine(store.clone(), workers, false)?;
     let shutdown = CancellationToken::new();
     tokio::spawn({
         let (signal, shutdown) = (shutdown_signal(), shutdown.clone());
@@ -285,6 +327,39 @@ async fn bench_worker(cli: &Cli, workers: usize) -> anyhow::Result<()> {
     let _ = std::io::stdout().flush();
     engine.run(shutdown).await?;
     println!("commits={}", store.commits());
+    Ok(())
+}
+
+async fn bench_waits(cli: &Cli, counts: [usize; 4], db_explicit: bool) -> anyhow::Result<()> {
+    let [sagas, signals, sleepers, concurrency] = counts;
+    let tmp = tempfile::tempdir()?;
+    let url = if db_explicit {
+        cli.db.database_url.clone()
+    } else {
+        format!("sqlite://{}", tmp.path().join("waits.db").display())
+    };
+    let backend = if url.starts_with("postgres") {
+        "postgres"
+    } else {
+        "sqlite"
+    };
+    let store = orchestrator::store::open(&url)
+        .await
+        .with_context(|| format!("cannot open {}", redact_url(&url)))?;
+    let r = bench::waits(store, backend, sagas, signals, sleepers, concurrency).await?;
+    println!(
+        "waits backend={} parked={} park_seconds={:.1} rss_mb={:.1} signals={} \
+         signal_p50_ms={:.2} signal_p99_ms={:.2} sleepers={} sleepers_resumed_s={:.2}",
+        r.backend,
+        r.parked,
+        r.park_seconds,
+        r.rss_mb,
+        r.signals,
+        r.signal_p50_ms,
+        r.signal_p99_ms,
+        r.sleepers,
+        r.sleepers_resumed_s
+    );
     Ok(())
 }
 

@@ -161,7 +161,7 @@ fn reserve_stock(shop: Arc<Shop>) -> impl Action {
             };
             let call = Call {
                 owner: &input.order_id,
-                effect: Effect::Reserved,
+                effect: Effect::Reserved.into(),
                 amount: 0,
                 refusal: "out of stock",
                 output: json!(output),
@@ -182,7 +182,7 @@ fn charge_payment(shop: Arc<Shop>) -> impl Action {
             };
             let call = Call {
                 owner: &input.order_id,
-                effect: Effect::Charged,
+                effect: Effect::Charged.into(),
                 amount: input.amount,
                 refusal: "card declined",
                 output: json!(output),
@@ -204,7 +204,7 @@ fn assign_rider(shop: Arc<Shop>) -> impl Action {
             };
             let call = Call {
                 owner: &input.order_id,
-                effect: Effect::RiderAssigned,
+                effect: Effect::RiderAssigned.into(),
                 amount: 0,
                 refusal: "no rider within 5 km",
                 output: json!(output),
@@ -233,8 +233,8 @@ fn undo(
                 &input.simulate,
                 name,
                 &input.order_id,
-                action_effect,
-                undo,
+                action_effect.into(),
+                undo.into(),
             )
             .await
         }

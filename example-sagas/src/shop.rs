@@ -46,9 +46,9 @@ pub enum ShopError {
         /// The key.
         key: String,
         /// The effect recorded with it first.
-        stored: Effect,
+        stored: Label,
         /// The effect asked for now.
-        requested: Effect,
+        requested: Label,
     },
 }
 
@@ -111,11 +111,15 @@ pub enum Effect {
     TripCharged,
     /// Travel agency: the itinerary sent to the traveller.
     ItinerarySent,
+    /// Warehouse: an order shipped (`fulfil_order`'s pivot; never undone).
+    Shipped,
+    /// Mail: the customer told.
+    Notified,
 }
 
 impl Effect {
     /// Every effect, in declaration order.
-    pub const ALL: [Self; 14] = [
+    pub const ALL: [Self; 16] = [
         Self::Reserved,
         Self::Released,
         Self::Charged,
@@ -130,6 +134,8 @@ impl Effect {
         Self::CarReturned,
         Self::TripCharged,
         Self::ItinerarySent,
+        Self::Shipped,
+        Self::Notified,
     ];
 
     /// The snake_case name stored in the database.
@@ -149,6 +155,8 @@ impl Effect {
             Self::CarReturned => "car_returned",
             Self::TripCharged => "trip_charged",
             Self::ItinerarySent => "itinerary_sent",
+            Self::Shipped => "shipped",
+            Self::Notified => "notified",
         }
     }
 }
@@ -167,6 +175,57 @@ impl FromStr for Effect {
             .into_iter()
             .find(|e| e.as_str() == s)
             .ok_or_else(|| ShopError::UnknownEffect(s.to_owned()))
+    }
+}
+
+/// An effect as the ledger and the processed keys record it: its kind, and for an effect on one
+/// item of an order, the item (`reserved:sku-1`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Label {
+    /// What happened.
+    pub effect: Effect,
+    /// To which item, if it is about one.
+    pub item: Option<String>,
+}
+
+impl Label {
+    /// `effect` on the item `item`.
+    pub fn item(effect: Effect, item: &str) -> Self {
+        Self {
+            effect,
+            item: Some(item.to_owned()),
+        }
+    }
+
+    /// Whether it belongs to a `fulfil_order` (an effect on an item, shipping, notifying).
+    pub fn is_fulfilment(&self) -> bool {
+        self.item.is_some() || matches!(self.effect, Effect::Shipped | Effect::Notified)
+    }
+}
+
+impl From<Effect> for Label {
+    fn from(effect: Effect) -> Self {
+        Self { effect, item: None }
+    }
+}
+
+impl fmt::Display for Label {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.item {
+            Some(item) => write!(f, "{}:{item}", self.effect),
+            None => write!(f, "{}", self.effect),
+        }
+    }
+}
+
+impl FromStr for Label {
+    type Err = ShopError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.split_once(':') {
+            Some((effect, item)) => Ok(Self::item(effect.parse()?, item)),
+            None => Ok(s.parse::<Effect>()?.into()),
+        }
     }
 }
 
@@ -405,17 +464,19 @@ impl Shop {
     pub async fn apply_once(
         &self,
         key: &str,
-        effect: Effect,
+        effect: impl Into<Label>,
         order_id: &str,
         amount: i64,
         result: Value,
     ) -> Result<Value, ShopError> {
+        let effect: Label = effect.into();
+        let label = effect.to_string();
         let text = result.to_string();
         on_backend!(self, |pool, sql| {
             let mut tx = pool.begin_with(sql.begin).await?;
             let inserted = sqlx::query(sql.insert_key)
                 .bind(key)
-                .bind(effect.as_str())
+                .bind(&label)
                 .bind(order_id)
                 .bind(&text)
                 .execute(&mut *tx)
@@ -424,7 +485,7 @@ impl Shop {
             if inserted == 1 {
                 sqlx::query(sql.insert_ledger)
                     .bind(order_id)
-                    .bind(effect.as_str())
+                    .bind(&label)
                     .bind(key)
                     .bind(amount)
                     .execute(&mut *tx)
@@ -437,7 +498,7 @@ impl Shop {
                 .fetch_one(&mut *tx)
                 .await?;
             tx.commit().await?;
-            let stored: Effect = row.try_get::<String, _>("effect")?.parse()?;
+            let stored: Label = row.try_get::<String, _>("effect")?.parse()?;
             if stored != effect {
                 return Err(ShopError::KeyReused {
                     key: key.to_owned(),
@@ -464,15 +525,17 @@ impl Shop {
         &self,
         key: &str,
         action_key: &str,
-        action_effect: Effect,
-        undo: Effect,
+        action_effect: impl Into<Label>,
+        undo: impl Into<Label>,
         order_id: &str,
     ) -> Result<bool, ShopError> {
+        let (action_effect, undo): (Label, Label) = (action_effect.into(), undo.into());
+        let (action_label, undo_label) = (action_effect.to_string(), undo.to_string());
         on_backend!(self, |pool, sql| {
             let mut tx = pool.begin_with(sql.begin).await?;
             let fresh = sqlx::query(sql.insert_key)
                 .bind(key)
-                .bind(undo.as_str())
+                .bind(&undo_label)
                 .bind(order_id)
                 // Placeholder, rewritten below once the decision is known (same transaction).
                 .bind("null")
@@ -486,7 +549,7 @@ impl Shop {
                     .fetch_one(&mut *tx)
                     .await?;
                 tx.commit().await?;
-                let stored: Effect = row.try_get::<String, _>("effect")?.parse()?;
+                let stored: Label = row.try_get::<String, _>("effect")?.parse()?;
                 if stored != undo {
                     return Err(ShopError::KeyReused {
                         key: key.to_owned(),
@@ -500,7 +563,7 @@ impl Shop {
             let marker = serde_json::json!({ VOIDED_BY: key }).to_string();
             let action_missing = sqlx::query(sql.insert_key)
                 .bind(action_key)
-                .bind(action_effect.as_str())
+                .bind(&action_label)
                 .bind(order_id)
                 .bind(&marker)
                 .execute(&mut *tx)
@@ -519,7 +582,7 @@ impl Shop {
                     .unwrap_or(0);
                 sqlx::query(sql.insert_ledger)
                     .bind(order_id)
-                    .bind(undo.as_str())
+                    .bind(&undo_label)
                     .bind(key)
                     .bind(amount)
                     .execute(&mut *tx)
@@ -542,10 +605,7 @@ impl Shop {
     }
 
     /// Counts ledger rows per (order id, effect), for every order or one.
-    async fn counts(
-        &self,
-        order_id: Option<&str>,
-    ) -> Result<Vec<(String, Effect, u64)>, ShopError> {
+    async fn counts(&self, order_id: Option<&str>) -> Result<Vec<(String, Label, u64)>, ShopError> {
         let rows = on_backend!(self, |pool, sql| {
             let mut out = Vec::new();
             let rows = match order_id {
@@ -568,13 +628,22 @@ impl Shop {
     }
 
     /// Per order id, how many times each `place_order` effect really happened. Orders with no
-    /// `place_order` effect (trips) are left out.
+    /// `place_order` effect (trips) and `fulfil_order` orders are left out.
     pub async fn ledger(&self) -> Result<BTreeMap<String, LedgerEntry>, ShopError> {
+        let counts = self.counts(None).await?;
+        let fulfilments: std::collections::BTreeSet<&str> = counts
+            .iter()
+            .filter(|(_, label, _)| label.is_fulfilment())
+            .map(|(order, _, _)| order.as_str())
+            .collect();
         let mut out: BTreeMap<String, LedgerEntry> = BTreeMap::new();
-        for (order, effect, n) in self.counts(None).await? {
-            let mut entry = out.get(&order).copied().unwrap_or_default();
-            if entry.add(effect, n) {
-                out.insert(order, entry);
+        for (order, label, n) in &counts {
+            if fulfilments.contains(order.as_str()) || label.item.is_some() {
+                continue;
+            }
+            let mut entry = out.get(order).copied().unwrap_or_default();
+            if entry.add(label.effect, *n) {
+                out.insert(order.clone(), entry);
             }
         }
         Ok(out)
@@ -583,18 +652,57 @@ impl Shop {
     /// The `place_order` counters of one order; all zero if it never did anything.
     pub async fn ledger_for(&self, order_id: &str) -> Result<LedgerEntry, ShopError> {
         let mut entry = LedgerEntry::default();
-        for (_, effect, n) in self.counts(Some(order_id)).await? {
-            entry.add(effect, n);
+        for (_, label, n) in self.counts(Some(order_id)).await? {
+            if label.item.is_none() {
+                entry.add(label.effect, n);
+            }
         }
         Ok(entry)
+    }
+
+    /// Per `fulfil_order` order id, how many times each of its effects really happened, by
+    /// ledger key: `reserved:<sku>`, `released:<sku>`, `charged`, `refunded`, `shipped`,
+    /// `notified` (only those that happened).
+    pub async fn fulfilment_ledger(
+        &self,
+    ) -> Result<BTreeMap<String, BTreeMap<String, u64>>, ShopError> {
+        let counts = self.counts(None).await?;
+        let fulfilments: std::collections::BTreeSet<String> = counts
+            .iter()
+            .filter(|(_, label, _)| label.is_fulfilment())
+            .map(|(order, _, _)| order.clone())
+            .collect();
+        let mut out: BTreeMap<String, BTreeMap<String, u64>> = BTreeMap::new();
+        for (order, label, n) in counts {
+            if fulfilments.contains(&order) {
+                *out.entry(order)
+                    .or_default()
+                    .entry(label.to_string())
+                    .or_default() += n;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The `fulfil_order` counters of one order, by ledger key (see
+    /// [`Shop::fulfilment_ledger`]); empty if it never did anything.
+    pub async fn fulfilment_ledger_for(
+        &self,
+        order_id: &str,
+    ) -> Result<BTreeMap<String, u64>, ShopError> {
+        let mut out = BTreeMap::new();
+        for (_, label, n) in self.counts(Some(order_id)).await? {
+            *out.entry(label.to_string()).or_default() += n;
+        }
+        Ok(out)
     }
 
     /// Per trip id, how many times each `book_trip` effect really happened.
     pub async fn trip_ledger(&self) -> Result<BTreeMap<String, TripLedgerEntry>, ShopError> {
         let mut out: BTreeMap<String, TripLedgerEntry> = BTreeMap::new();
-        for (trip, effect, n) in self.counts(None).await? {
+        for (trip, label, n) in self.counts(None).await? {
             let mut entry = out.get(&trip).copied().unwrap_or_default();
-            if entry.add(effect, n) {
+            if label.item.is_none() && entry.add(label.effect, n) {
                 out.insert(trip, entry);
             }
         }
@@ -604,8 +712,10 @@ impl Shop {
     /// The `book_trip` counters of one trip; all zero if it never did anything.
     pub async fn trip_ledger_for(&self, trip_id: &str) -> Result<TripLedgerEntry, ShopError> {
         let mut entry = TripLedgerEntry::default();
-        for (_, effect, n) in self.counts(Some(trip_id)).await? {
-            entry.add(effect, n);
+        for (_, label, n) in self.counts(Some(trip_id)).await? {
+            if label.item.is_none() {
+                entry.add(label.effect, n);
+            }
         }
         Ok(entry)
     }

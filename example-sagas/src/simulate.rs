@@ -8,7 +8,7 @@ use saga_dsl::{JsonSchema, StepContext, StepError};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::shop::{is_voided, Effect, Shop};
+use crate::shop::{is_voided, Label, Shop};
 
 /// The optional `"simulate"` object of an example saga's input.
 ///
@@ -61,7 +61,7 @@ pub(crate) struct Call<'a> {
     /// The business key the ledger groups by (order id, trip id).
     pub owner: &'a str,
     /// The effect.
-    pub effect: Effect,
+    pub effect: Label,
     /// Money moved, in the smallest unit; 0 where meaningless.
     pub amount: i64,
     /// The message of a simulated permanent failure of this step.
@@ -110,8 +110,8 @@ pub(crate) async fn compensate(
     sim: &Simulate,
     compensation: &str,
     owner: &str,
-    action_effect: Effect,
-    undo: Effect,
+    action_effect: Label,
+    undo: Label,
 ) -> Result<(), StepError> {
     sim.first_half().await;
     transient(

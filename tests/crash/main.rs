@@ -15,6 +15,7 @@
 #![allow(clippy::unwrap_used)]
 
 mod crash_points;
+mod fulfil;
 mod kill9;
 mod sigterm;
 mod stages;

@@ -37,15 +37,15 @@ async fn signal(
 async fn a_signal_resumes_the_waiting_saga_with_its_payload() {
     let api = shared();
     let id = waiting(&api).await;
-    let (_, saga) = api.get(&format!("/v1/sagas/{id}")).await;
+    // Parked: due only on a signal or a cancel.
+    let saga = api
+        .wait(&id, |s| {
+            s["next_run_at"] == Value::Null && s["lease_owner"] == Value::Null
+        })
+        .await;
     let wait = &saga["steps"][1];
     assert_eq!(wait["kind"], "signal");
     assert_eq!(wait["waiting_for"], "approval");
-    assert_eq!(
-        saga["next_run_at"],
-        Value::Null,
-        "parked, due only on a signal or a cancel"
-    );
 
     let answer = signal(
         &api,

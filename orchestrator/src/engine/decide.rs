@@ -237,8 +237,6 @@ impl Driver {
                 record.waiting_for = Some(signal.clone());
                 record.timeout_at = deadline;
                 self.start_waiting(index, now);
-                // Due at the timeout, or only when something happens to the saga.
-                self.saga.next_run_at = deadline;
                 let data = json!({"signal": signal, "timeout_at": deadline.map(rfc3339)});
                 self.pending
                     .events
@@ -287,25 +285,39 @@ impl Driver {
         self.push_update(index, Phase::Action, None);
     }
 
-    /// Gives back a saga whose signal step waits: a signal, its timeout or a cancel makes it
-    /// due again. A signal received while the wait was being written is not lost: its sender
-    /// either saw the wait written (and made the saga due) or wrote it before this check, which
-    /// then makes the saga due.
+    /// Gives back a saga whose signal step waits, in two writes. The first gives the lease up
+    /// with the saga due a lease's time to live from now: should this process die before the
+    /// second, the saga is looked at again then. The second
+    /// ([`Store::park_signal_wait`](crate::store::Store::park_signal_wait)) makes it due at
+    /// the timeout (or never), or now if the signal has come meanwhile. A sender locks the
+    /// saga's row and makes it due if its step waits: so whichever of the two comes first, the
+    /// signal is taken.
     pub(super) async fn await_signal(&mut self, signal: &str) -> Result<(), StoreError> {
+        let now = self.now();
+        let deadline = self.saga.steps.iter().find_map(|s| {
+            (s.action.status == StepStatus::Waiting && s.waiting_for.as_deref() == Some(signal))
+                .then_some(s.timeout_at)
+                .flatten()
+        });
+        let ttl = i64::try_from(self.inner.config.lease_ttl.as_millis()).unwrap_or(i64::MAX / 4);
+        let recheck = now.saturating_add(ttl);
+        let recheck = deadline.map_or(recheck, |d| d.min(recheck));
+        self.saga.next_run_at = Some(recheck);
         self.write(false, true).await?;
         self.slot.take();
         self.inner.wake.notify_one();
         let mut delay = Duration::from_millis(50);
         loop {
-            match self
+            let parked = self
                 .inner
                 .store
-                .due_if_signalled(self.saga.id, signal)
-                .await
-            {
+                .park_signal_wait(self.saga.id, signal, recheck, deadline)
+                .await;
+            match parked {
                 Ok(_) => return Ok(()),
+                // The first write stands: the saga is looked at again at `recheck`.
                 Err(e) if e.is_transient() && !self.stop.is_cancelled() => {
-                    tracing::warn!(error = %e, "checking for a signal that came meanwhile failed; retrying");
+                    tracing::warn!(error = %e, "parking a signal wait failed; retrying");
                 }
                 Err(e) => return Err(e),
             }

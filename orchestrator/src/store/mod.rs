@@ -443,10 +443,18 @@ pub trait Store: IdempotencyStore + OutboxStore + Send + Sync + 'static {
     /// The signal `name` of saga `id`, if it has come.
     async fn received_signal(&self, id: Uuid, name: &str) -> Result<Option<ReceivedSignal>>;
 
-    /// Makes saga `id` due now if one of its steps waits for the signal `name` and that
-    /// signal has come; returns whether it did. The engine asks after giving back a saga that
-    /// waits for a signal, for one received while it wrote the wait.
-    async fn due_if_signalled(&self, id: Uuid, name: &str) -> Result<bool>;
+    /// Parks saga `id`, given back (no lease) due at `written` while a step of it waits for the
+    /// signal `name`: due now if that signal has come, else at `deadline` (`None`: only when
+    /// something happens to it). Changes nothing if the saga's due time is no longer `written`
+    /// or it is leased (a signal, a cancel or a claim came first). Returns whether it made the
+    /// saga due now.
+    async fn park_signal_wait(
+        &self,
+        id: Uuid,
+        name: &str,
+        written: Millis,
+        deadline: Option<Millis>,
+    ) -> Result<bool>;
 
     /// The orchestrator processes recorded in this database, newest first, with the number of
     /// leases each holds.

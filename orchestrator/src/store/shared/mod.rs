@@ -193,7 +193,7 @@ impl<B: SqlBackend> Store for B {
             return Err(StoreError::LeaseLost(lease.saga_id));
         }
         tx.announce_due().await?;
-        tx.commit().await
+        SqlBackend::commit(self, tx).await
     }
 
     async fn mark_blocked(&self, definitions: &[String]) -> Result<u64> {
@@ -255,8 +255,14 @@ impl<B: SqlBackend> Store for B {
         signals::received(self.reader(), id, name).await
     }
 
-    async fn due_if_signalled(&self, id: Uuid, name: &str) -> Result<bool> {
-        signals::due_if_received(self, id, name).await
+    async fn park_signal_wait(
+        &self,
+        id: Uuid,
+        name: &str,
+        written: Millis,
+        deadline: Option<Millis>,
+    ) -> Result<bool> {
+        signals::park(self, id, name, written, deadline).await
     }
 
     async fn mark_compensated(

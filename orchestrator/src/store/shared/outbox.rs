@@ -230,7 +230,7 @@ pub(crate) async fn finish_delivery<B: SqlBackend>(
             .await?;
         }
     }
-    tx.commit().await
+    tx.commit().await.map(|_| ())
 }
 
 /// A saga's webhook deliveries, by event and target.

@@ -7,7 +7,7 @@ use uuid::Uuid;
 use super::operator::insert_event;
 use super::sql::{Arg, Reader, Tx};
 use super::SqlBackend;
-use crate::model::SagaStatus;
+use crate::model::{Millis, SagaStatus};
 use crate::store::rows::{parse_enum, parse_json, LogRow};
 use crate::store::signals::{ReceivedSignal, SignalOutcome, SignalRequest};
 use crate::store::{Result, StoreError};
@@ -113,27 +113,37 @@ pub(crate) async fn received(
     }))
 }
 
-/// Makes a saga due now if its step waits for a signal `name` that has come: closes the race of
-/// a signal received while its step was being written as waiting (see [`send`]).
-pub(crate) async fn due_if_received<B: SqlBackend>(
+/// Parks a saga given back while its step waits for the signal `name`: due now if the signal
+/// has come, else at its deadline; only if nothing changed its row since (see
+/// [`crate::store::Store::park_signal_wait`]).
+pub(crate) async fn park<B: SqlBackend>(
     store: &B,
     saga: Uuid,
     name: &str,
+    written: Millis,
+    deadline: Option<Millis>,
 ) -> Result<bool> {
     let mut tx = store.begin().await?;
     let now = tx.now().await?;
-    let due = tx
+    let signalled = tx
+        .opt(
+            "SELECT 1 AS found FROM signals WHERE saga_id = $1 AND name = $2",
+            &[Arg::Id(saga), Arg::Str(name)],
+        )
+        .await?
+        .is_some();
+    let due = if signalled { Some(now) } else { deadline };
+    let changed = tx
         .exec(
-            &format!(
-                "{DUE_IF_WAITING} AND EXISTS (SELECT 1 FROM signals \
-                 WHERE signals.saga_id = $1 AND signals.name = $3)"
-            ),
-            &[Arg::Id(saga), Arg::Int(now), Arg::Str(name)],
+            "UPDATE sagas SET next_run_at = $2 WHERE id = $1 AND next_run_at = $3 \
+             AND lease_owner IS NULL",
+            &[Arg::Id(saga), Arg::OptInt(due), Arg::Int(written)],
         )
         .await?;
-    if due > 0 {
+    let woken = signalled && changed > 0;
+    if woken {
         tx.announce_due().await?;
     }
     store.commit(tx).await?;
-    Ok(due > 0)
+    Ok(woken)
 }

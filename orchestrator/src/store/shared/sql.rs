@@ -240,6 +240,9 @@ pub(crate) struct Tx {
     conn: TxConn,
     /// The time its writes record, once known (see [`Tx::now`]).
     now: Option<Millis>,
+    /// Whether it made a saga due that engines of this process should hear of once it
+    /// commits (SQLite has no notifications; PostgreSQL's are sent by the statement itself).
+    due: bool,
 }
 
 impl Tx {
@@ -248,6 +251,7 @@ impl Tx {
         Self {
             conn: TxConn::Sqlite(tx),
             now,
+            due: false,
         }
     }
 
@@ -257,6 +261,7 @@ impl Tx {
         Self {
             conn: TxConn::Postgres(tx),
             now: None,
+            due: false,
         }
     }
 
@@ -383,6 +388,7 @@ impl Tx {
             self.exec("SELECT pg_notify($1, '')", &[Arg::Str(DUE_CHANNEL)])
                 .await?;
         }
+        self.due = true;
         Ok(())
     }
 
@@ -400,11 +406,13 @@ impl Tx {
     }
 
     /// Commits.
-    pub(crate) async fn commit(self) -> Result<()> {
+    /// Commits; returns whether it made a saga due ([`Tx::announce_due`]).
+    pub(crate) async fn commit(self) -> Result<bool> {
         match self.conn {
-            TxConn::Sqlite(tx) => tx.commit().await.db(),
-            TxConn::Postgres(tx) => tx.commit().await.db(),
+            TxConn::Sqlite(tx) => tx.commit().await.db()?,
+            TxConn::Postgres(tx) => tx.commit().await.db()?,
         }
+        Ok(self.due)
     }
 }
 

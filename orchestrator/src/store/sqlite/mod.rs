@@ -68,6 +68,9 @@ pub struct SqliteStore {
     queue: WriteQueue<Sqlite>,
     /// Commits made outside the queue (operator commands, registration).
     commits: std::sync::atomic::AtomicU64,
+    /// Rung when such a commit made a saga due (a signal, a cancel): the engine of this
+    /// process, the only one on the file, looks at once.
+    due: std::sync::Arc<tokio::sync::Notify>,
     /// The background WAL checkpoint task, stopped with the store.
     checkpointer: Option<tokio::task::AbortHandle>,
 }
@@ -253,6 +256,7 @@ impl SqliteStore {
             engine_lock: Mutex::new(None),
             clock,
             commits: std::sync::atomic::AtomicU64::new(0),
+            due: std::sync::Arc::default(),
         };
         SqlBackend::migrate(&store).await?;
         Ok(store)
@@ -452,10 +456,17 @@ impl SqlBackend for SqliteStore {
     }
 
     async fn commit(&self, tx: Tx) -> Result<()> {
-        tx.commit().await?;
+        let due = tx.commit().await?;
         self.commits
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if due {
+            self.due.notify_one();
+        }
         Ok(())
+    }
+
+    fn due_signal(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        Some(self.due.clone())
     }
 
     async fn migrate(&self) -> Result<()> {
