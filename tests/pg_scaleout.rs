@@ -322,3 +322,91 @@ async fn a_signal_sent_to_another_process_resumes_a_saga_whose_process_was_kille
     assert_eq!(done["steps"][1]["output"]["by"], "b");
     b.kill9();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_paused_during_a_parallel_group_writes_nothing_after_it_resumes() {
+    let db = TempDb::postgres();
+    let shop_db = TempDb::postgres();
+    let store = db.store().await;
+    let env = [("SHOP_DATABASE_URL", shop_db.url.as_str())];
+    let dir = db.dir.path();
+    let a = Server::spawn(&db.url, dir, &env, &[]).await;
+    let a_id = worker_of(&store, &a).await;
+    let input = json!({
+        "order_id": "fenced-group", "user": "ada", "amount": 700,
+        "items": [{"sku": "s1", "qty": 1}, {"sku": "s2", "qty": 1}, {"sku": "s3", "qty": 1}],
+        "simulate": {"delay_ms": 2400},
+    });
+    let id = a.start("fulfil_order", input).await;
+    let running = |s: &Value| {
+        s["steps"].as_array().is_some_and(|steps| {
+            steps
+                .iter()
+                .filter(|b| {
+                    b["name"]
+                        .as_str()
+                        .is_some_and(|n| n.starts_with("reserve_items/"))
+                })
+                .filter(|b| b["status"] == "RUNNING")
+                .count()
+                == 3
+        })
+    };
+    a.wait_for(id, LONG, running).await;
+
+    // A freezes with three branches' calls in flight; B takes the saga over.
+    a.signal("STOP");
+    let b = Server::spawn(&db.url, dir, &env, &[]).await;
+    let b_id = worker_of(&store, &b).await;
+    let done = b.wait_for(id, LONG, terminal).await;
+    assert_eq!(done["status"], "COMPLETED", "{done:#}");
+
+    let snapshot = || async {
+        (
+            store.get_saga(id).await.unwrap().unwrap(),
+            store.events(id).await.unwrap(),
+            store.attempts(id).await.unwrap(),
+        )
+    };
+    let before = snapshot().await;
+    // A wakes up, its three calls end, and it tries to record them.
+    a.signal("CONT");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let after = snapshot().await;
+    assert_eq!(
+        before, after,
+        "the fenced worker wrote to the saga after resuming"
+    );
+
+    // A's attempts are the three branches it started, each closed by B as interrupted.
+    let by_a: Vec<_> = after.2.iter().filter(|x| x.worker == a_id).collect();
+    assert_eq!(by_a.len(), 3, "{by_a:?}");
+    assert!(
+        by_a.iter()
+            .all(|x| x.outcome.as_deref() == Some("interrupted")),
+        "{by_a:?}"
+    );
+    assert!(after
+        .2
+        .iter()
+        .filter(|x| x.worker != a_id)
+        .all(|x| x.worker == b_id));
+
+    // The participants saw each effect once: A's late calls carried the same keys.
+    let shop = Shop::open(&shop_db.url).await.unwrap();
+    let ledger = shop.fulfilment_ledger_for("fenced-group").await.unwrap();
+    for key in [
+        "reserved:s1",
+        "reserved:s2",
+        "reserved:s3",
+        "charged",
+        "shipped",
+        "notified",
+    ] {
+        assert_eq!(ledger.get(key), Some(&1), "{key}: {ledger:?}");
+    }
+    assert_eq!(ledger.len(), 6, "{ledger:?}");
+    shop.close().await;
+    a.kill9();
+    b.kill9();
+}
