@@ -277,12 +277,21 @@ async fn ledger(cli: &Cli, json: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn run_bench(cli: &Cli, args: &BenchArgs, db_explicit: bool) -> anyhow::Result<()> {
-    let tmp = tempfile::tempdir()?;
+/// The database of a benchmark: the one `--database-url` names, or a fresh SQLite file at
+/// `file`; with its URL and backend name.
+async fn bench_store(
+    cli: &Cli,
+    db_explicit: bool,
+    file: &std::path::Path,
+) -> anyhow::Result<(
+    String,
+    &'static str,
+    std::sync::Arc<dyn orchestrator::Store>,
+)> {
     let url = if db_explicit {
         cli.db.database_url.clone()
     } else {
-        format!("sqlite://{}", tmp.path().join("bench.db").display())
+        format!("sqlite://{}", file.display())
     };
     let backend = if url.starts_with("postgres") {
         "postgres"
@@ -292,6 +301,12 @@ async fn run_bench(cli: &Cli, args: &BenchArgs, db_explicit: bool) -> anyhow::Re
     let store = orchestrator::store::open(&url)
         .await
         .with_context(|| format!("cannot open {}", redact_url(&url)))?;
+    Ok((url, backend, store))
+}
+
+async fn run_bench(cli: &Cli, args: &BenchArgs, db_explicit: bool) -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let (url, backend, store) = bench_store(cli, db_explicit, &tmp.path().join("bench.db")).await?;
     let plan = bench::BenchPlan {
         backend: backend.to_owned(),
         url: url.clone(),
@@ -333,19 +348,7 @@ async fn bench_worker(cli: &Cli, workers: usize) -> anyhow::Result<()> {
 async fn bench_waits(cli: &Cli, counts: [usize; 4], db_explicit: bool) -> anyhow::Result<()> {
     let [sagas, signals, sleepers, concurrency] = counts;
     let tmp = tempfile::tempdir()?;
-    let url = if db_explicit {
-        cli.db.database_url.clone()
-    } else {
-        format!("sqlite://{}", tmp.path().join("waits.db").display())
-    };
-    let backend = if url.starts_with("postgres") {
-        "postgres"
-    } else {
-        "sqlite"
-    };
-    let store = orchestrator::store::open(&url)
-        .await
-        .with_context(|| format!("cannot open {}", redact_url(&url)))?;
+    let (_, backend, store) = bench_store(cli, db_explicit, &tmp.path().join("waits.db")).await?;
     let r = bench::waits(store, backend, sagas, signals, sleepers, concurrency).await?;
     println!(
         "waits backend={} parked={} park_seconds={:.1} rss_mb={:.1} signals={} \
@@ -370,19 +373,7 @@ async fn bench_timers(
     db_explicit: bool,
 ) -> anyhow::Result<()> {
     let tmp = tempfile::tempdir()?;
-    let url = if db_explicit {
-        cli.db.database_url.clone()
-    } else {
-        format!("sqlite://{}", tmp.path().join("timers.db").display())
-    };
-    let backend = if url.starts_with("postgres") {
-        "postgres"
-    } else {
-        "sqlite"
-    };
-    let store = orchestrator::store::open(&url)
-        .await
-        .with_context(|| format!("cannot open {}", redact_url(&url)))?;
+    let (_, backend, store) = bench_store(cli, db_explicit, &tmp.path().join("timers.db")).await?;
     let r = bench::timers(store, backend, sagas, concurrency).await?;
     println!(
         "timers backend={} sagas={} seconds={:.1} rss_mb={:.1} peak_rss_mb={:.1}",
