@@ -13,6 +13,7 @@ use super::plan;
 use crate::model::{
     rfc3339, Millis, PhaseRecord, SagaStatus, StepKindName, StepRecord, StepStatus,
 };
+use crate::store::rows::comp_status_for;
 use crate::store::{NewEvent, NewStep, StoreError};
 
 /// What [`Driver::decide`] found for a step that may not need a call.
@@ -126,13 +127,7 @@ impl Driver {
                     wake_at: None,
                     waiting_for: None,
                     timeout_at: None,
-                    compensation: PhaseRecord::with_status(
-                        if kind == StepKindName::Compensatable {
-                            StepStatus::Pending
-                        } else {
-                            StepStatus::None
-                        },
-                    ),
+                    compensation: PhaseRecord::with_status(comp_status_for(kind)),
                 });
                 self.pending.new_steps.push(NewStep {
                     index: row,
@@ -299,7 +294,7 @@ impl Driver {
                 .then_some(s.timeout_at)
                 .flatten()
         });
-        let ttl = i64::try_from(self.inner.config.lease_ttl.as_millis()).unwrap_or(i64::MAX / 4);
+        let ttl = self.inner.config.lease_ttl_ms();
         let recheck = now.saturating_add(ttl);
         let recheck = deadline.map_or(recheck, |d| d.min(recheck));
         self.saga.next_run_at = Some(recheck);

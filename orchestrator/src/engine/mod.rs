@@ -56,6 +56,13 @@ pub struct EngineConfig {
     pub worker_id: String,
 }
 
+impl EngineConfig {
+    /// The lease's time to live in milliseconds, as leases and due times count it.
+    pub fn lease_ttl_ms(&self) -> crate::model::Millis {
+        i64::try_from(self.lease_ttl.as_millis()).unwrap_or(i64::MAX / 4)
+    }
+}
+
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
@@ -307,10 +314,7 @@ impl Engine {
         };
         Some(StartSlot {
             permit,
-            lease: LeaseRequest::new(
-                inner.config.worker_id.clone(),
-                i64::try_from(inner.config.lease_ttl.as_millis()).unwrap_or(i64::MAX / 4),
-            ),
+            lease: LeaseRequest::new(inner.config.worker_id.clone(), inner.config.lease_ttl_ms()),
         })
     }
 

@@ -27,7 +27,7 @@ mod error;
 pub mod idempotency;
 pub mod outbox;
 mod postgres;
-mod rows;
+pub(crate) mod rows;
 mod rules;
 mod shared;
 pub mod signals;

@@ -182,7 +182,7 @@ pub(super) fn worker_from_row<R: LogRow>(row: &R) -> Result<Worker> {
 }
 
 /// The compensation status a new step starts with.
-pub(super) fn comp_status_for(kind: StepKindName) -> StepStatus {
+pub(crate) fn comp_status_for(kind: StepKindName) -> StepStatus {
     if kind == StepKindName::Compensatable {
         StepStatus::Pending
     } else {
