@@ -502,7 +502,7 @@ impl Engine {
                     .claim(ClaimRequest {
                         owner: &cfg.worker_id,
                         limit: free as u32,
-                        lease_ttl_ms: cfg.lease_ttl.as_millis() as i64,
+                        lease_ttl_ms: cfg.lease_ttl_ms(),
                         definitions: &inner.definitions,
                     })
                     .await
@@ -680,7 +680,7 @@ async fn drive_when_free(
 
 async fn heartbeat_loop(inner: Arc<Inner>, stop: CancellationToken) {
     let every = inner.config.lease_ttl / 3;
-    let ttl = inner.config.lease_ttl.as_millis() as i64;
+    let ttl = inner.config.lease_ttl_ms();
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
