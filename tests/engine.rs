@@ -769,6 +769,7 @@ async fn an_interrupted_attempt_is_made_again_with_the_same_key() {
                 events: vec![],
                 unless_cancelled: true,
                 release: false,
+                wake: None,
             },
         )
         .await
@@ -806,6 +807,7 @@ async fn an_interrupted_attempt_is_made_again_with_the_same_key() {
         events: vec![],
         unless_cancelled: false,
         release: false,
+        wake: None,
     };
     let stale = store.apply(&claimed.lease, &stale).await;
     assert!(matches!(stale, Err(orchestrator::StoreError::LeaseLost(_))));

@@ -51,6 +51,7 @@ fn new_saga(name: &str, steps: &[(&str, StepKindName)]) -> NewSaga {
         input: json!({"n": 1}),
         steps: steps.iter().map(|(n, k)| ((*n).to_owned(), *k)).collect(),
         first_attempt: false,
+        start_at: None,
     }
 }
 
@@ -114,6 +115,7 @@ fn write_ahead(index: u32, attempt: u32) -> Transition {
         events: vec![NewEvent::saga("test.started", json!({"step": index}))],
         unless_cancelled: true,
         release: false,
+        wake: None,
     }
 }
 
@@ -147,6 +149,7 @@ fn succeeded(index: u32, attempt: u32) -> Transition {
         events: vec![NewEvent::saga("test.succeeded", json!({"step": index}))],
         unless_cancelled: false,
         release: false,
+        wake: None,
     }
 }
 
@@ -437,6 +440,7 @@ async fn group_commit_fails_only_the_writes_whose_lease_is_lost() {
                 events: vec![NewEvent::saga("test.written", json!({}))],
                 unless_cancelled: false,
                 release: false,
+                wake: None,
             };
             store.apply(&lease, &t).await
         }
@@ -524,6 +528,7 @@ async fn a_stale_write_sharing_a_batch_with_the_new_owners_write_fails_alone() {
                 events: vec![NewEvent::saga(kind, json!({}))],
                 unless_cancelled: false,
                 release: false,
+                wake: None,
             };
             store.apply(&lease, &t).await
         }
@@ -671,6 +676,7 @@ async fn a_cancel_refuses_the_next_action_start_and_nothing_of_it_is_written() {
         events: vec![NewEvent::saga("saga.compensating", json!({}))],
         unless_cancelled: false,
         release: false,
+        wake: None,
     };
     assert_eq!(
         store.apply(&lease, &compensate).await.unwrap(),
@@ -873,6 +879,8 @@ async fn create_saga_leased_without_first_attempt_is_queued_under_epoch_one() {
         created.saga,
         Saga {
             lease_expires_at: None,
+            // A view computed for readers (`Saga::with_stages`), not part of the record.
+            stages: Vec::new(),
             ..saga
         }
     );
@@ -920,6 +928,8 @@ async fn create_saga_leased_with_first_attempt_writes_the_first_action_ahead() {
         created.saga,
         Saga {
             lease_expires_at: None,
+            // A view computed for readers (`Saga::with_stages`), not part of the record.
+            stages: Vec::new(),
             ..saga
         }
     );
@@ -1079,6 +1089,7 @@ async fn a_saga_waiting_on_a_timer_or_ended_is_not_claimed() {
         events: vec![],
         unless_cancelled: false,
         release: true,
+        wake: None,
     };
     store.apply(&waiting.lease, &park).await.unwrap();
     let ended = store.create_saga(four_steps()).await.unwrap();
@@ -1250,6 +1261,7 @@ async fn list_sagas_filters_by_status_name_and_attention_and_pages_within_them()
         events: vec![],
         unless_cancelled: false,
         release: false,
+        wake: None,
     };
     store.apply(&flagged.lease, &flag).await.unwrap();
     b.push(flagged.saga.id);

@@ -280,16 +280,34 @@ impl SagaClient {
         input: &impl Serialize,
         idempotency_key: Option<String>,
     ) -> Result<StartedSaga, ClientError> {
+        self.start_at(name, input, idempotency_key, None).await
+    }
+
+    /// [`SagaClient::start`], scheduled (`Saga-Start-At`) to start at `at`, milliseconds since
+    /// the epoch, when given: the saga is created `QUEUED` and starts then.
+    pub async fn start_at(
+        &self,
+        name: &str,
+        input: &impl Serialize,
+        idempotency_key: Option<String>,
+        at: Option<crate::model::Millis>,
+    ) -> Result<StartedSaga, ClientError> {
         let key = idempotency_key.unwrap_or_else(|| Uuid::new_v4().to_string());
+        let start_at = at.map(crate::model::rfc3339);
         let key_header = check_key(&key)?;
         let body = serde_json::to_vec(input)
             .map_err(|e| ClientError::InvalidArgument(format!("the input is not JSON: {e}")))?;
         let url = self.url(&["v1", "sagas", name])?;
         let response = self
             .send(Method::POST, &url, |req| {
-                req.header(reqwest::header::CONTENT_TYPE, "application/json")
+                let req = req
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
                     .header(HeaderName::from_static(IDEMPOTENCY_KEY), key_header.clone())
-                    .body(body.clone())
+                    .body(body.clone());
+                match &start_at {
+                    Some(at) => req.header("saga-start-at", at.as_str()),
+                    None => req,
+                }
             })
             .await?;
         let answer: StartAnswer = decode(&url, response).await?;

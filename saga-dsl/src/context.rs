@@ -65,6 +65,20 @@ pub fn branch_idempotency_key(saga_id: Uuid, stage: &str, branch: &str, phase: P
     Uuid::new_v5(&saga_id, format!("{stage}/{branch}:{phase}").as_bytes())
 }
 
+/// The id of the child saga that the child stage `stage` of saga `saga_id` starts: a UUIDv5 in
+/// the parent's namespace, so that a parent resumed after a crash finds the child it started
+/// instead of starting another.
+///
+/// ```
+/// use saga_dsl::child_saga_id;
+/// let parent = uuid::Uuid::nil();
+/// assert_eq!(child_saga_id(parent, "delivery"), child_saga_id(parent, "delivery"));
+/// assert_ne!(child_saga_id(parent, "delivery"), child_saga_id(parent, "invoice"));
+/// ```
+pub fn child_saga_id(saga_id: Uuid, stage: &str) -> Uuid {
+    Uuid::new_v5(&saga_id, format!("child:{stage}").as_bytes())
+}
+
 /// The branch a call belongs to: its name and, for a mapped group, its element.
 #[derive(Debug, Clone)]
 struct BranchOf {

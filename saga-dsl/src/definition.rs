@@ -108,6 +108,14 @@ impl SagaDefinition {
         &self.steps
     }
 
+    /// The child stages: their index and the saga each starts.
+    pub fn children(&self) -> impl Iterator<Item = (usize, &str)> {
+        self.steps
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.child_saga().map(|c| (i, c)))
+    }
+
     /// Whether one of the steps waits for the signal `name`.
     pub fn waits_for_signal(&self, name: &str) -> bool {
         self.steps.iter().any(|s| s.signal_name() == Some(name))
@@ -259,6 +267,18 @@ impl SagaBuilder {
                 problem,
             });
         }
+        for step in &self.steps {
+            let Some(child) = step.child_saga() else {
+                continue;
+            };
+            if !valid_ident(child) {
+                return Err(DefinitionError::BadChild {
+                    saga: self.name,
+                    step: step.name.clone(),
+                    problem: format!("{child:?} is not a valid saga name"),
+                });
+            }
+        }
         for step in self.steps.iter().filter(|s| s.kind == StepKind::Parallel) {
             if let Some(problem) = group_problem(step) {
                 return Err(DefinitionError::BadGroup {
@@ -370,6 +390,7 @@ fn step_list_hash(name: &str, version: u32, steps: &[Step]) -> String {
         // definitions without one keep the hash they always had.
         let when = if s.is_conditional() { ":when" } else { "" };
         let signal = s.signal_name().map(|n| format!(":{n}")).unwrap_or_default();
+        let child = s.child_saga().map(|n| format!(":{n}")).unwrap_or_default();
         let branches = if s.kind == StepKind::Parallel {
             let branches: Vec<String> = s
                 .group_steps()
@@ -382,7 +403,7 @@ fn step_list_hash(name: &str, version: u32, steps: &[Step]) -> String {
             String::new()
         };
         h.update(format!(
-            "{i}:{}:{}{signal}{branches}{when}\n",
+            "{i}:{}:{}{signal}{child}{branches}{when}\n",
             s.name, s.kind
         ));
     }

@@ -155,6 +155,18 @@ pub enum DefinitionError {
         /// What is wrong with it.
         problem: String,
     },
+    /// A child stage names no valid saga, or a saga that cannot be its child: one with a
+    /// point of no return, started before this saga's own (its compensations could not undo
+    /// it), or one the registry does not hold.
+    #[error("saga {saga}: child stage {step:?}: {problem}")]
+    BadChild {
+        /// The saga.
+        saga: String,
+        /// The child stage.
+        step: String,
+        /// What is wrong with it.
+        problem: String,
+    },
     /// The registry already has this name and version.
     #[error("saga {name} version {version} is already registered")]
     AlreadyRegistered {

@@ -74,7 +74,7 @@ mod registry;
 mod retry;
 mod step;
 
-pub use context::{branch_idempotency_key, idempotency_key, Phase, StepContext};
+pub use context::{branch_idempotency_key, child_saga_id, idempotency_key, Phase, StepContext};
 pub use definition::{SagaBuilder, SagaDefinition, INPUT_ROOT};
 pub use error::{DefinitionError, ResultExt, StepError};
 pub use registry::Registry;

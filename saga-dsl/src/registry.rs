@@ -68,6 +68,36 @@ impl Registry {
         self.defs.values()
     }
 
+    /// Checks every child stage against the registry: the saga it starts must be registered,
+    /// and a child stage before its saga's point of no return (which its compensation may have
+    /// to undo) may start only a saga without one. The orchestrator checks this when it starts.
+    pub fn check_children(&self) -> Result<(), DefinitionError> {
+        for def in self.defs.values() {
+            let point_of_no_return = def.point_of_no_return().unwrap_or(usize::MAX);
+            for (index, child) in def.children() {
+                let step = def.steps()[index].name().to_owned();
+                let problem = match self.latest(child) {
+                    None => format!("no saga {child:?} is registered"),
+                    Some(c) if index < point_of_no_return && c.point_of_no_return().is_some() => {
+                        format!(
+                            "{child:?} has a point of no return, so compensating {:?} could \
+                             not undo it; start it after {:?}'s own point of no return",
+                            def.name(),
+                            def.name()
+                        )
+                    }
+                    Some(_) => continue,
+                };
+                return Err(DefinitionError::BadChild {
+                    saga: def.name().to_owned(),
+                    step,
+                    problem,
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Whether no definition is registered.
     pub fn is_empty(&self) -> bool {
         self.defs.is_empty()

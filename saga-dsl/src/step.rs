@@ -71,6 +71,9 @@ pub enum StepKind {
     /// own compensation; the group itself calls nothing. It stands where its branches' kind
     /// (compensatable or retriable) may.
     Parallel,
+    /// A child saga ([`Step::child`]): starts another registered saga and waits for its end.
+    /// Compensated by cancelling the child, or by running a completed child's compensations.
+    Child,
 }
 
 impl StepKind {
@@ -83,12 +86,16 @@ impl StepKind {
             Self::Sleep => "sleep",
             Self::Signal => "signal",
             Self::Parallel => "parallel",
+            Self::Child => "child",
         }
     }
 
     /// Whether a step of this kind calls an action itself (not a wait, not a group).
     pub const fn calls(self) -> bool {
-        !matches!(self, Self::Sleep | Self::Signal | Self::Parallel)
+        !matches!(
+            self,
+            Self::Sleep | Self::Signal | Self::Parallel | Self::Child
+        )
     }
 }
 
@@ -158,6 +165,15 @@ enum Branches {
     },
 }
 
+/// What a child stage starts.
+#[derive(Clone)]
+struct ChildSaga {
+    /// The registered saga it starts (its latest version).
+    saga: String,
+    /// The child's input, computed from this saga's input and earlier outputs.
+    input: Rule<Value>,
+}
+
 /// A parallel group.
 #[derive(Clone)]
 struct Group {
@@ -195,6 +211,7 @@ pub struct Step {
     wake: Option<WakeRule>,
     signal: Option<SignalWait>,
     group: Option<Arc<Group>>,
+    child: Option<ChildSaga>,
     condition: Option<Rule<bool>>,
     pub(crate) retry: RetryPolicy,
     pub(crate) compensation_retry: RetryPolicy,
@@ -231,6 +248,7 @@ impl Step {
             wake: None,
             signal: None,
             group: None,
+            child: None,
             condition: None,
             retry,
             compensation_retry: RetryPolicy::forever(),
@@ -401,6 +419,48 @@ impl Step {
             wait.accept = Some(Arc::new(accept));
         }
         self
+    }
+
+    /// A child saga: starts the registered saga `saga` (its latest version) with the input
+    /// `input` computes from this saga's input and earlier outputs, and waits, holding no
+    /// worker, until the child ends. The child's id is derived from this saga's id and the
+    /// stage's name ([`crate::child_saga_id`]), so a crash never starts two.
+    ///
+    /// A child that completes makes the stage succeed with the child's output; one that ends
+    /// otherwise (compensated, failed, aborted) fails the stage permanently. When this saga
+    /// goes back, a running child is cancelled and a completed one has its compensations run;
+    /// so a child stage before the point of no return may start only sagas without a pivot.
+    ///
+    /// ```
+    /// use saga_dsl::{Step, StepKind};
+    /// use serde_json::json;
+    /// let ship = Step::child("arrange_delivery", "book_rider", |ctx| {
+    ///     Ok(json!({"order": ctx.raw_input()["order_id"]}))
+    /// });
+    /// assert_eq!(ship.kind(), StepKind::Child);
+    /// assert_eq!(ship.child_saga(), Some("book_rider"));
+    /// ```
+    pub fn child(
+        name: impl Into<String>,
+        saga: impl Into<String>,
+        input: impl Fn(&StepContext) -> Result<Value, StepError> + Send + Sync + 'static,
+    ) -> Self {
+        let mut step = Self::with_kind(name, StepKind::Child, None, None, RetryPolicy::new());
+        step.child = Some(ChildSaga {
+            saga: saga.into(),
+            input: Arc::new(input),
+        });
+        step
+    }
+
+    /// For a child stage: the name of the saga it starts.
+    pub fn child_saga(&self) -> Option<&str> {
+        self.child.as_ref().map(|c| c.saga.as_str())
+    }
+
+    /// For a child stage: the child's input, computed for the saga `ctx` describes.
+    pub fn child_input(&self, ctx: &StepContext) -> Option<Result<Value, StepError>> {
+        self.child.as_ref().map(|c| (c.input)(ctx))
     }
 
     /// For a signal step: the name of the signal it waits for.
@@ -578,7 +638,7 @@ impl Step {
     /// may stand anywhere.
     pub fn rank_kind(&self) -> Option<StepKind> {
         match self.kind {
-            StepKind::Sleep | StepKind::Signal => None,
+            StepKind::Sleep | StepKind::Signal | StepKind::Child => None,
             StepKind::Parallel => self.group_steps().first().map(|s| s.kind),
             kind => Some(kind),
         }

@@ -338,6 +338,8 @@ pub struct ScriptedStep {
     pub mapped_from: Option<String>,
     /// For a parallel group: how many branches run at once.
     pub max_concurrency: Option<usize>,
+    /// For a child stage: the saga it starts, with this saga's input as the child's.
+    pub child: Option<String>,
 }
 
 impl ScriptedStep {
@@ -354,7 +356,15 @@ impl ScriptedStep {
             branches: Vec::new(),
             mapped_from: None,
             max_concurrency: None,
+            child: None,
         }
+    }
+
+    /// A child stage starting `saga` with this saga's input.
+    pub fn child(name: &str, saga: &str) -> Self {
+        let mut step = Self::new(name, saga_dsl::StepKind::Child);
+        step.child = Some(saga.to_owned());
+        step
     }
 
     /// A parallel group of `branches`.
@@ -490,6 +500,9 @@ fn scripted_step(s: &ScriptedStep, journal: &Journal) -> saga_dsl::Step {
             Step::retriable(&s.name, action).retry(fast.with_unlimited_attempts())
         }
         StepKind::Sleep => Step::sleep(&s.name, s.sleep),
+        StepKind::Child => Step::child(&s.name, s.child.clone().unwrap_or_default(), |ctx| {
+            Ok(ctx.raw_input().clone())
+        }),
         StepKind::Signal => {
             let (signal, timeout, default) = s.signal.clone().unwrap_or_default();
             let mut step = Step::signal(&s.name, signal).accept(|_, payload| {

@@ -236,6 +236,10 @@ pub struct StartArgs {
     /// Wait up to this many seconds for the saga to end, and print how it ended.
     #[arg(long, value_name = "SECONDS")]
     pub wait: Option<u64>,
+    /// Start at this RFC 3339 instant instead of now (`Saga-Start-At`), e.g.
+    /// 2026-12-24T18:00:00Z: the saga waits `QUEUED` until then.
+    #[arg(long, value_name = "TIME")]
+    pub at: Option<String>,
     /// The server's API token, sent as a bearer token.
     #[arg(
         long,
@@ -375,6 +379,7 @@ mod tests {
                 server: "http://127.0.0.1:9".into(),
                 idempotency_key: Some("k-1".into()),
                 wait: Some(5),
+                at: None,
                 token: Some("t".into()),
                 json: true,
             })

@@ -112,9 +112,21 @@ pub async fn run_signal(a: &SignalArgs, out: &mut impl Write) -> Result<(), CliE
 pub async fn run_start(a: &StartArgs, out: &mut impl Write) -> Result<(), CliError> {
     let input: serde_json::Value = serde_json::from_str(&a.input)
         .map_err(|e| CliError::BadArgument(format!("--input is not valid JSON: {e}")))?;
+    let at =
+        a.at.as_deref()
+            .map(|t| {
+                chrono::DateTime::parse_from_rfc3339(t)
+                    .map(|t| t.timestamp_millis())
+                    .map_err(|e| {
+                        CliError::BadArgument(format!(
+                            "--at {t:?} is not an RFC 3339 time such as 2026-12-24T18:00:00Z: {e}"
+                        ))
+                    })
+            })
+            .transpose()?;
     let client = SagaClient::new(&a.server, a.token.clone()).map_err(client_error)?;
     let started = client
-        .start(&a.name, &input, a.idempotency_key.clone())
+        .start_at(&a.name, &input, a.idempotency_key.clone(), at)
         .await
         .map_err(client_error)?;
     let Some(secs) = a.wait else {

@@ -18,7 +18,7 @@ use super::table::{Fit, Grid, Layout};
 use crate::client::StartedSaga;
 use crate::model::{
     needs_compensation, rfc3339, Attempt, Event, Millis, PhaseRecord, Saga, SagaPage, SagaStatus,
-    StepRecord, StepStatus,
+    StepKindName, StepRecord, StepStatus,
 };
 
 /// Longest error text shown in a table cell.
@@ -305,7 +305,17 @@ fn header(out: &mut impl Write, s: &Saga, now: Millis, layout: &Layout) -> std::
     if let Some(e) = &s.error {
         lines.push(("Error", truncate(e, 200), true));
     }
+    if let (Some(parent), Some(stage)) = (s.parent_id, &s.parent_stage) {
+        lines.push((
+            "Parent",
+            format!("{parent} (its stage {stage} started this saga)"),
+            true,
+        ));
+    }
     lines.push(("Created", time_and_ago(s.created_at, now), false));
+    if let Some(at) = s.scheduled_at {
+        lines.push(("Scheduled", time_and_in(at, now), false));
+    }
     lines.push(("Updated", time_and_ago(s.updated_at, now), false));
     let live = lease_is_live(s, now);
     if let Some(at) = s.next_run_at.filter(|_| !s.status.is_terminal()) {
@@ -464,18 +474,43 @@ fn compensation_status(saga: &Saga, step: &StepRecord, live: bool) -> String {
     }
 }
 
+/// The rows in the order a person reads them: each stage, and under a group its branches.
+fn reading_order(saga: &Saga) -> Vec<&StepRecord> {
+    let mut rows = Vec::with_capacity(saga.steps.len());
+    for stage in saga.steps.iter().filter(|s| s.branch_of().is_none()) {
+        rows.push(stage);
+        rows.extend(
+            saga.steps
+                .iter()
+                .filter(|b| b.branch_of().is_some_and(|(group, _)| group == stage.name)),
+        );
+    }
+    rows
+}
+
 fn steps_table(saga: &Saga, now: Millis, layout: &Layout) -> Table {
     let live = lease_is_live(saga, now);
-    let steps = &saga.steps;
+    let steps = reading_order(saga);
     let day = saga.created_at;
     let mut g = Grid::new();
     let index = g.column("#", steps.iter().map(|s| s.index.to_string()).collect());
-    g.column("step", steps.iter().map(|s| s.name.clone()).collect());
+    let names = steps
+        .iter()
+        .map(|s| match s.branch_of() {
+            Some((_, branch)) => format!("  └ {branch}"),
+            None => s.name.clone(),
+        })
+        .collect();
+    g.column("step", names);
     let kind = g.column("kind", steps.iter().map(|s| s.kind.to_string()).collect());
     let actions: Vec<String> = steps
         .iter()
         .map(
             |s| match (s.action.status, &s.waiting_for, s.wait_until()) {
+                (StepStatus::Waiting, _, _) if s.kind == StepKindName::Child => format!(
+                    "WAITING for child {}",
+                    saga_dsl::child_saga_id(saga.id, &s.name)
+                ),
                 (StepStatus::Waiting, Some(signal), Some(at)) => {
                     format!("WAITING for signal {signal} until {}", time_and_in(at, now))
                 }

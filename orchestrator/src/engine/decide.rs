@@ -24,6 +24,14 @@ pub(super) enum Decision {
     Decided,
     /// The step waits for this signal: give the saga back until it comes.
     AwaitSignal(String),
+    /// The stage waits for its child saga, last seen in `seen`, to end: give the saga back
+    /// until it does.
+    AwaitChild {
+        /// The child.
+        child: uuid::Uuid,
+        /// Its status when last read.
+        seen: SagaStatus,
+    },
 }
 
 impl Driver {
@@ -63,6 +71,7 @@ impl Driver {
             StepKind::Sleep => self.decide_sleep(step, index, now),
             StepKind::Signal => return self.decide_signal(step, index, now).await,
             StepKind::Parallel => self.decide_group(step, index, now),
+            StepKind::Child => return self.decide_child(step, index, now).await,
             _ => return Ok(Decision::Call),
         }
         Ok(Decision::Decided)
@@ -269,7 +278,7 @@ impl Driver {
     }
 
     /// Marks a wait that starts now as `WAITING` and queues its record.
-    fn start_waiting(&mut self, index: usize, now: Millis) {
+    pub(super) fn start_waiting(&mut self, index: usize, now: Millis) {
         if self.saga.status == SagaStatus::Queued {
             self.saga.status = SagaStatus::Running;
         }
@@ -297,22 +306,49 @@ impl Driver {
         let ttl = self.inner.config.lease_ttl_ms();
         let recheck = now.saturating_add(ttl);
         let recheck = deadline.map_or(recheck, |d| d.min(recheck));
+        let (store, id) = (self.inner.store.clone(), self.saga.id);
+        self.give_back_and_park(recheck, || {
+            store.park_signal_wait(id, signal, recheck, deadline)
+        })
+        .await
+    }
+
+    /// Gives back a saga whose child stage waits for its child, last seen in `seen`, to end:
+    /// in two writes, as [`Driver::await_signal`] does; the child's end makes the parent due,
+    /// and the second write sees a child that ended between the two.
+    pub(super) async fn await_child(
+        &mut self,
+        child: uuid::Uuid,
+        seen: SagaStatus,
+    ) -> Result<(), StoreError> {
+        let recheck = self.now().saturating_add(self.inner.config.lease_ttl_ms());
+        let (store, id) = (self.inner.store.clone(), self.saga.id);
+        self.give_back_and_park(recheck, || store.park_child_wait(id, child, seen, recheck))
+            .await
+    }
+
+    /// Gives the saga back due at `recheck`, then parks it with `park` (retried while the
+    /// database is away for a moment; the first write stands meanwhile, so the saga is looked
+    /// at again at `recheck` whatever happens).
+    async fn give_back_and_park<F, Fut>(
+        &mut self,
+        recheck: Millis,
+        park: F,
+    ) -> Result<(), StoreError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<bool, StoreError>>,
+    {
         self.saga.next_run_at = Some(recheck);
         self.write(false, true).await?;
         self.slot.take();
         self.inner.wake.notify_one();
         let mut delay = Duration::from_millis(50);
         loop {
-            let parked = self
-                .inner
-                .store
-                .park_signal_wait(self.saga.id, signal, recheck, deadline)
-                .await;
-            match parked {
+            match park().await {
                 Ok(_) => return Ok(()),
-                // The first write stands: the saga is looked at again at `recheck`.
                 Err(e) if e.is_transient() && !self.stop.is_cancelled() => {
-                    tracing::warn!(error = %e, "parking a signal wait failed; retrying");
+                    tracing::warn!(error = %e, "parking a wait failed; retrying");
                 }
                 Err(e) => return Err(e),
             }
@@ -323,7 +359,7 @@ impl Driver {
 
     /// Ends a step's action in `status` at `now` without a call, with `output` if given, and
     /// queues its update.
-    fn settle_without_call(
+    pub(super) fn settle_without_call(
         &mut self,
         index: usize,
         status: StepStatus,
@@ -344,7 +380,7 @@ impl Driver {
     }
 
     /// Fails a step that was never called: permanently, with `error`.
-    fn refuse(&mut self, index: usize, error: &str, now: Millis) {
+    pub(super) fn refuse(&mut self, index: usize, error: &str, now: Millis) {
         self.saga.steps[index].action.last_error = Some(error.to_owned());
         self.settle_without_call(index, StepStatus::Failed, None, now);
         let data = json!({"attempt": 0, "error": error, "outcome": "failed"});

@@ -113,6 +113,11 @@ pub(super) struct Driver {
 }
 
 impl Driver {
+    /// The lease this driver writes under.
+    pub(super) fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
     pub(super) fn now(&self) -> Millis {
         self.inner.clock.now_ms()
     }
@@ -207,6 +212,10 @@ impl Driver {
                     // Free the slot before telling waiters: a caller that starts its next saga
                     // on hearing of this one finds a slot and drives it at once.
                     self.slot.take();
+                    if self.saga.parent_id.is_some() {
+                        // Its parent, made due by that write, may wait here.
+                        self.inner.wake.notify_one();
+                    }
                     if self.saga.status.is_terminal() {
                         metrics::counter!("saga_ended_total",
                             "name" => self.saga.name.clone(), "status" => self.saga.status.as_str())
@@ -245,15 +254,26 @@ impl Driver {
                         self.write(false, true).await?;
                         return Ok(());
                     }
-                    if phase == Phase::Action {
-                        match self.decide(index, now).await? {
-                            Decision::Call => {}
-                            // Written with whatever comes next.
-                            Decision::Decided => continue,
-                            Decision::AwaitSignal(signal) => {
-                                self.await_signal(&signal).await?;
-                                return Ok(());
-                            }
+                    let decision = match phase {
+                        Phase::Action => self.decide(index, now).await?,
+                        Phase::Compensation
+                            if self.saga.steps[index].kind == StepKindName::Child =>
+                        {
+                            self.undo_child(index, now).await?
+                        }
+                        Phase::Compensation => Decision::Call,
+                    };
+                    match decision {
+                        Decision::Call => {}
+                        // Written with whatever comes next.
+                        Decision::Decided => continue,
+                        Decision::AwaitSignal(signal) => {
+                            self.await_signal(&signal).await?;
+                            return Ok(());
+                        }
+                        Decision::AwaitChild { child, seen } => {
+                            self.await_child(child, seen).await?;
+                            return Ok(());
                         }
                     }
                     vec![(index, phase)]
@@ -635,6 +655,11 @@ impl Driver {
             events: pending.events,
             unless_cancelled,
             release,
+            // A child saga that ends makes its parent due.
+            wake: self
+                .saga
+                .parent_id
+                .filter(|_| self.saga.status.is_terminal()),
         };
         let store = &self.inner.store;
         let backoff = ExponentialBackoff::from_millis(2)

@@ -11,6 +11,7 @@
 //! functions in [`plan`], tested without a database.
 
 mod calls;
+mod children;
 mod decide;
 mod driver;
 pub mod plan;
@@ -31,7 +32,7 @@ pub use start::{
 };
 
 use crate::clock::{Clock, SystemClock};
-use crate::model::{definition_key, Saga, SagaStatus};
+use crate::model::{definition_key, Millis, Saga, SagaStatus};
 use crate::store::{ClaimRequest, Claimed, LeaseRequest, Store, StoreError, WorkerInfo};
 
 /// Engine settings.
@@ -122,6 +123,14 @@ pub enum StartError {
         /// The saga the first request started.
         saga_id: Uuid,
     },
+    /// A scheduled start (`Saga-Start-At`) names an instant already past.
+    #[error("the start time {} is in the past (it is {} now)", crate::model::rfc3339(*at), crate::model::rfc3339(*now))]
+    StartInPast {
+        /// The instant asked for, in milliseconds since the epoch.
+        at: Millis,
+        /// The engine's clock when the start was refused.
+        now: Millis,
+    },
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -137,6 +146,10 @@ pub enum EngineError {
     /// [`Engine::run`] was called while this engine already runs (it runs once at a time).
     #[error("this engine is already running")]
     AlreadyRunning,
+    /// A definition cannot run with the others registered (a child stage names a saga that
+    /// is not registered, or one it could not undo).
+    #[error(transparent)]
+    Definition(#[from] saga_dsl::DefinitionError),
 }
 
 /// A worker slot of this process taken for a saga about to be created: see
@@ -466,6 +479,7 @@ impl Engine {
     pub async fn run(&self, shutdown: CancellationToken) -> Result<(), EngineError> {
         let inner = &self.inner;
         let cfg = &inner.config;
+        inner.registry.check_children()?;
         self.register().await?;
         tracing::info!(worker = %cfg.worker_id, workers = cfg.workers, "engine started");
         let heartbeat = tokio::spawn(heartbeat_loop(self.inner.clone(), shutdown.child_token()));

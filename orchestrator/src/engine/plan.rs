@@ -132,7 +132,12 @@ pub fn settle(saga: &mut Saga, now: Millis) -> Vec<NewEvent> {
                     // A wait that failed (a wake time that could not be computed, a signal
                     // that did not come or was refused) changed nothing: back, unless the
                     // point of no return is behind.
-                    StepKindName::Sleep | StepKindName::Signal => !saga.pivot_reached,
+                    // A child that ended other than completed was undone by its own saga (or
+                    // waits for a person there): back too, unless the point of no return is
+                    // behind.
+                    StepKindName::Sleep | StepKindName::Signal | StepKindName::Child => {
+                        !saga.pivot_reached
+                    }
                     // A group whose branch failed: its other branches are compensated with
                     // the steps before, unless the point of no return is behind.
                     StepKindName::Parallel => !saga.pivot_reached,
@@ -416,7 +421,11 @@ mod tests {
             lease_expires_at: None,
             created_at: NOW - 1_000,
             updated_at: NOW - 10,
+            parent_id: None,
+            parent_stage: None,
+            scheduled_at: None,
             steps,
+            stages: Vec::new(),
         }
     }
 

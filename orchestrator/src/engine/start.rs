@@ -23,7 +23,7 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use super::{Engine, SlotPermit, StartError, StartSlot};
-use crate::model::{Saga, SagaStatus};
+use crate::model::{Millis, Saga, SagaStatus};
 use crate::store::{
     Callback, IdempotencyKey, IdempotentStart, NewSaga, SavedResponse, Store, StoreError,
 };
@@ -44,6 +44,9 @@ pub struct StartRequest {
     /// Whether the caller answers only when the saga ends (`Prefer: wait`): a keyed start then
     /// stays *in progress* until [`PendingAnswer::save`].
     pub answer_later: bool,
+    /// A scheduled start (`Saga-Start-At`): the saga is created `QUEUED` and starts at this
+    /// time (milliseconds since the epoch), which must not be in the past.
+    pub start_at: Option<Millis>,
 }
 
 impl StartRequest {
@@ -55,7 +58,14 @@ impl StartRequest {
             key: None,
             callback: None,
             answer_later: false,
+            start_at: None,
         }
+    }
+
+    /// Started at `at` (milliseconds since the epoch) rather than now.
+    pub fn at(mut self, at: Millis) -> Self {
+        self.start_at = Some(at);
+        self
     }
 
     /// With an idempotency key.
@@ -133,6 +143,9 @@ pub struct Started {
     /// `RUNNING` when a worker of this process took it at once, else `QUEUED` until one picks
     /// it up.
     pub status: SagaStatus,
+    /// For a scheduled start (`Saga-Start-At`): when it starts, RFC 3339.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scheduled_at: Option<String>,
 }
 
 impl Started {
@@ -225,6 +238,7 @@ impl Engine {
             key,
             callback,
             answer_later,
+            start_at,
         } = request;
         let def = self
             .inner
@@ -238,12 +252,20 @@ impl Engine {
             })?;
         let fingerprint = key
             .as_ref()
-            .map(|_| fingerprint(def.name(), callback.as_ref(), &input));
+            .map(|_| fingerprint(def.name(), callback.as_ref(), start_at, &input));
+        if let Some(at) = start_at {
+            let now = self.inner.clock.now_ms();
+            if at < now {
+                return Err(StartError::StartInPast { at, now });
+            }
+        }
         let mut new = NewSaga::of(def, input);
+        new.start_at = start_at;
         // With a free worker here, the saga is created already leased to this process and
         // driven at once: no claim, no wait for the run loop, and no commit of its own for the
         // first write-ahead. Freed unused unless this start creates the saga.
-        let slot = self.reserve_slot();
+        // A scheduled saga waits for its time unleased, like any saga not due yet.
+        let slot = start_at.is_none().then(|| self.reserve_slot()).flatten();
         // A first step that may not call (a sleep, a condition) is decided by the driver.
         let plain_first = def
             .steps()
@@ -254,6 +276,7 @@ impl Engine {
             id: new.id,
             name: new.name.clone(),
             status: new.initial_status(slot.is_some()),
+            scheduled_at: start_at.map(crate::model::rfc3339),
         };
         let store = &self.inner.store;
         let lease = slot.as_ref().map(StartSlot::lease);
@@ -411,12 +434,22 @@ impl Engine {
 /// canonical JSON of the input (object keys sorted at every level, no insignificant
 /// whitespace), so the order of the keys in the body does not matter and any other
 /// difference does.
-pub fn fingerprint(name: &str, callback: Option<&Callback>, input: &Value) -> String {
+pub fn fingerprint(
+    name: &str,
+    callback: Option<&Callback>,
+    start_at: Option<Millis>,
+    input: &Value,
+) -> String {
     let mut hasher = Sha256::new();
     hasher.update(name.as_bytes());
     hasher.update([0]);
     hasher.update(callback.map(|c| c.url.as_str()).unwrap_or_default());
     hasher.update([0]);
+    // Only when given, so that the fingerprints of keys saved before scheduled starts stay.
+    if let Some(at) = start_at {
+        hasher.update(format!("at:{at}"));
+        hasher.update([0]);
+    }
     let mut text = String::new();
     canonical_json(input, &mut text);
     hasher.update(text.as_bytes());
@@ -466,17 +499,26 @@ mod tests {
         let b: Value =
             serde_json::from_str(r#"{"a": {"x": null, "y": [1, {"c": 3, "d": 2}]}, "b": 1}"#)
                 .expect("json");
-        assert_eq!(fingerprint("s", None, &a), fingerprint("s", None, &b));
-        assert_ne!(fingerprint("s", None, &a), fingerprint("t", None, &a));
+        assert_eq!(
+            fingerprint("s", None, None, &a),
+            fingerprint("s", None, None, &b)
+        );
         assert_ne!(
-            fingerprint("s", None, &json!({"a": 1})),
-            fingerprint("s", None, &json!({"a": 2}))
+            fingerprint("s", None, None, &a),
+            fingerprint("t", None, None, &a)
+        );
+        assert_ne!(
+            fingerprint("s", None, None, &json!({"a": 1})),
+            fingerprint("s", None, None, &json!({"a": 2}))
         );
         let cb = Callback {
             url: "http://x/".into(),
             secret: None,
         };
-        assert_ne!(fingerprint("s", None, &a), fingerprint("s", Some(&cb), &a));
+        assert_ne!(
+            fingerprint("s", None, None, &a),
+            fingerprint("s", Some(&cb), None, &a)
+        );
         let mut text = String::new();
         canonical_json(&a, &mut text);
         assert_eq!(text, r#"{"a":{"x":null,"y":[1,{"c":3,"d":2}]},"b":1}"#);

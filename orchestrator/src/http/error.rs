@@ -303,6 +303,11 @@ impl From<StartError> for ApiError {
                      start"
                 ),
             ),
+            e @ StartError::StartInPast { .. } => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "start_in_past",
+                format!("{e}; give an instant to come, or no Saga-Start-At to start now"),
+            ),
             StartError::Store(e) => e.into(),
         }
     }

@@ -189,6 +189,10 @@ async fn wait_for_end(state: &AppState, id: Uuid, wait: Duration) -> Option<Saga
          description = "An http(s) URL that receives this saga's events as signed webhooks"),
         ("Saga-Callback-Secret" = Option<String>, Header,
          description = "Signs this saga's webhooks instead of the server's secret"),
+        ("Saga-Start-At" = Option<String>, Header,
+         description = "An RFC 3339 instant: the saga is created `QUEUED` with `scheduled_at` \
+                        and starts then (a cancel before that ends it `COMPENSATED` with \
+                        nothing run). An instant in the past is `422 start_in_past`"),
     ),
     request_body(
         content = serde_json::Value,
@@ -215,8 +219,9 @@ async fn wait_for_end(state: &AppState, id: Uuid, wait: Duration) -> Option<Saga
               description = "`true` when this is the saved answer to an earlier request with \
                              the same Idempotency-Key"),
          )),
-        (status = 400, description = "Malformed JSON body, Idempotency-Key or \
-                                      Saga-Callback-Url, or a required key missing",
+        (status = 400, description = "Malformed JSON body, Idempotency-Key, \
+                                      Saga-Callback-Url or Saga-Start-At, or a required key \
+                                      missing",
          body = ErrorBody),
         (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
         (status = 404, description = "No saga definition with this name", body = ErrorBody),
@@ -228,7 +233,8 @@ async fn wait_for_end(state: &AppState, id: Uuid, wait: Duration) -> Option<Saga
         (status = 415, description = "A Content-Type other than JSON", body = ErrorBody),
         (status = 422, description = "`invalid_input`: JSON that does not fit the saga's input \
                                       type; `idempotency_key_reused`: the Idempotency-Key was \
-                                      used for a different request",
+                                      used for a different request; `start_in_past`: a \
+                                      Saga-Start-At already past",
          body = ErrorBody),
         (status = 500, description = "Internal error (details in the server log)",
          body = ErrorBody),
@@ -262,6 +268,9 @@ pub(crate) async fn start_saga(
     }
     if wait.is_some() {
         request = request.answered_later();
+    }
+    if let Some(at) = headers.start_at {
+        request = request.at(at);
     }
     let (started, pending) = match state.engine.start(request).await? {
         StartOutcome::Created {

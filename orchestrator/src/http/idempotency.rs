@@ -17,6 +17,7 @@ use axum::http::{HeaderMap, HeaderName};
 use crate::http::auth::ClientId;
 use crate::http::error::{quote, ApiError};
 use crate::http::state::AppState;
+use crate::model::Millis;
 use crate::store::Callback;
 
 /// The `Idempotency-Key` request header.
@@ -27,6 +28,9 @@ pub(crate) static IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("ide
 pub(crate) static CALLBACK_URL: HeaderName = HeaderName::from_static("saga-callback-url");
 /// The request header giving the callback's own signing secret.
 pub(crate) static CALLBACK_SECRET: HeaderName = HeaderName::from_static("saga-callback-secret");
+
+/// The request header of a scheduled start: an RFC 3339 instant.
+pub(crate) static START_AT: HeaderName = HeaderName::from_static("saga-start-at");
 
 /// The longest key accepted (SPEC §4).
 pub(crate) const MAX_KEY_LEN: usize = 255;
@@ -174,6 +178,30 @@ pub(crate) struct StartHeaders {
     pub(crate) callback: Option<Callback>,
     /// The client the key is scoped to.
     pub(crate) scope: String,
+    /// `Saga-Start-At`, in milliseconds since the epoch.
+    pub(crate) start_at: Option<Millis>,
+}
+
+/// Reads `Saga-Start-At`: one RFC 3339 instant (`2026-12-24T18:00:00Z`, or with an offset).
+pub(crate) fn parse_start_at(headers: &HeaderMap) -> Result<Option<Millis>, ApiError> {
+    let mut values = headers.get_all(&START_AT).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(ApiError::bad_request(
+            "send one Saga-Start-At header, not several",
+        ));
+    }
+    let text = value.to_str().unwrap_or_default().trim();
+    chrono::DateTime::parse_from_rfc3339(text)
+        .map(|t| Some(t.timestamp_millis()))
+        .map_err(|e| {
+            ApiError::bad_request(format!(
+                "Saga-Start-At {} is not an RFC 3339 time such as 2026-12-24T18:00:00Z: {e}",
+                quote(text)
+            ))
+        })
 }
 
 impl FromRequestParts<AppState> for StartHeaders {
@@ -191,6 +219,7 @@ impl FromRequestParts<AppState> for StartHeaders {
             ));
         }
         let callback = parse_callback(&parts.headers)?;
+        let start_at = parse_start_at(&parts.headers)?;
         let scope = parts
             .extensions
             .get::<ClientId>()
@@ -200,6 +229,7 @@ impl FromRequestParts<AppState> for StartHeaders {
             key,
             callback,
             scope,
+            start_at,
         })
     }
 }

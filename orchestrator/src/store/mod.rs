@@ -73,6 +73,9 @@ pub struct NewSaga {
     /// commit the driver would make for it. Only for a saga created leased to a worker that
     /// makes that call at once; a saga created without a lease ignores it and starts `QUEUED`.
     pub first_attempt: bool,
+    /// For a scheduled start (`Saga-Start-At`): when the saga becomes due. It is created
+    /// `QUEUED` and unleased, with this as its `scheduled_at`; `None` makes it due now.
+    pub start_at: Option<Millis>,
 }
 
 impl NewSaga {
@@ -90,6 +93,7 @@ impl NewSaga {
                 .map(|s| (s.name().to_owned(), StepKindName::from(s.kind())))
                 .collect(),
             first_attempt: false,
+            start_at: None,
         }
     }
 
@@ -298,6 +302,9 @@ pub struct Transition {
     pub unless_cancelled: bool,
     /// Give the lease up in the same write (terminal, or waiting on a long retry timer).
     pub release: bool,
+    /// Another saga to make due in the same write, unless it has ended: the parent of a child
+    /// saga that ends here.
+    pub wake: Option<Uuid>,
 }
 
 /// How [`Store::apply`] went when the lease still held.
@@ -434,6 +441,30 @@ pub trait Store: IdempotencyStore + OutboxStore + Send + Sync + 'static {
         reason: &str,
         actor: &str,
     ) -> Result<Saga>;
+
+    /// Creates `child`, the child saga of the stage `stage` of the saga `lease` is for, with
+    /// its steps and a `saga.started` event (and `child.started` on the parent), only while
+    /// `lease` holds ([`StoreError::LeaseLost`] otherwise). A child of that id already there
+    /// is left alone. Returns whether this call created it.
+    async fn start_child(&self, lease: &Lease, stage: &str, child: &NewSaga) -> Result<bool>;
+
+    /// Parks saga `id`, given back (no lease) due at `written` while it waits for its child
+    /// `child`, last seen in `seen`, to end: due now if the child has ended in another status
+    /// since, else only when something happens to it (the child's end makes it due). Changes
+    /// nothing if the saga's due time is no longer `written` or it is leased. Returns whether
+    /// it made the saga due now.
+    async fn park_child_wait(
+        &self,
+        id: Uuid,
+        child: Uuid,
+        seen: SagaStatus,
+        written: Millis,
+    ) -> Result<bool>;
+
+    /// Turns the completed saga `child` to `COMPENSATING` because its parent `parent` goes
+    /// back. Returns the child's status after the call: unchanged if it had not completed;
+    /// [`StoreError::Conflict`] if it passed its point of no return.
+    async fn compensate_child(&self, child: Uuid, parent: Uuid) -> Result<SagaStatus>;
 
     /// Records a signal for a saga (the first of a name wins), with a `signal.received`
     /// event, and makes the saga due if a step of it waits for that signal.

@@ -106,7 +106,14 @@ pub(super) fn saga_from_row<R: LogRow>(row: &R, steps: Vec<StepRecord>) -> Resul
         lease_expires_at: row.get("lease_expires_at")?,
         created_at: row.get("created_at")?,
         updated_at: row.get("updated_at")?,
+        parent_id: row
+            .get::<Option<String>>("parent_id")?
+            .map(|p| Uuid::parse_str(&p).map_err(|e| corrupt(&id_text, e)))
+            .transpose()?,
+        parent_stage: row.get("parent_stage")?,
+        scheduled_at: row.get("scheduled_at")?,
         steps,
+        stages: Vec::new(),
     })
 }
 
@@ -183,7 +190,7 @@ pub(super) fn worker_from_row<R: LogRow>(row: &R) -> Result<Worker> {
 
 /// The compensation status a new step starts with.
 pub(crate) fn comp_status_for(kind: StepKindName) -> StepStatus {
-    if kind == StepKindName::Compensatable {
+    if matches!(kind, StepKindName::Compensatable | StepKindName::Child) {
         StepStatus::Pending
     } else {
         StepStatus::None
@@ -228,14 +235,18 @@ pub(super) fn new_saga_record(new: NewSaga, now: Millis, owner: Option<String>) 
         input: new.input,
         output: None,
         error: None,
-        next_run_at: Some(now),
+        next_run_at: Some(new.start_at.unwrap_or(now)),
         lease_epoch: i64::from(owner.is_some()),
         lease_owner: owner,
         // Known to the writer only: the lease runs on the store's clock from the commit.
         lease_expires_at: None,
         created_at: now,
         updated_at: now,
+        parent_id: None,
+        parent_stage: None,
+        scheduled_at: new.start_at,
         steps,
+        stages: Vec::new(),
     }
 }
 

@@ -107,6 +107,7 @@ pub(crate) const NEW_SAGAS: Cols = &[
     ("ttl", "bigint"),
     ("ahead", "boolean"),
     ("pivot", "boolean"),
+    ("start_at", "bigint"),
 ];
 
 /// The steps of the new sagas.
@@ -490,6 +491,7 @@ pub(crate) struct CreateCols<'a> {
     ttl: Vec<Option<Millis>>,
     ahead: Vec<bool>,
     pivot: Vec<bool>,
+    start_at: Vec<Option<Millis>>,
     step_saga: Vec<Uuid>,
     step_idx: Vec<i64>,
     step_name: Vec<&'a str>,
@@ -523,6 +525,7 @@ impl<'a> CreateCols<'a> {
             let ahead = n.starts_first_action(lease.is_some());
             c.ahead.push(ahead);
             c.pivot.push(ahead && n.first_is_point_of_no_return());
+            c.start_at.push(n.start_at);
             for (idx, (name, kind)) in n.steps.iter().enumerate() {
                 c.step_saga.push(n.id);
                 c.step_idx.push(i64::try_from(idx).unwrap_or(i64::MAX));
@@ -548,6 +551,7 @@ impl<'a> CreateCols<'a> {
             .bind(&self.ttl)
             .bind(&self.ahead)
             .bind(&self.pivot)
+            .bind(&self.start_at)
             .bind(&self.step_saga)
             .bind(&self.step_idx)
             .bind(&self.step_name)

@@ -22,6 +22,7 @@ use crate::store::write_queue::batch::{self, unreadable, Item, NewItem};
 use crate::store::write_queue::{BatchWriter, Whole};
 use crate::store::SqlxResultExt;
 use crate::store::{Applied, LeaseRequest, NewSaga, Result, StoreError};
+use uuid::Uuid;
 
 /// The row sources of a batch of transitions, over the next parameters.
 struct ApplySources {
@@ -139,10 +140,11 @@ fn create_ctes(p: &mut Params, now: &str) -> String {
         "n AS (SELECT * FROM {sagas}), \
          cs AS (INSERT INTO sagas (id, name, version, definition_hash, definition_key, status, \
          input, next_run_at, created_at, updated_at, lease_owner, lease_epoch, lease_expires_at, \
-         pivot_reached) \
+         pivot_reached, scheduled_at) \
          SELECT id, name, version, hash, key, \
-         CASE WHEN ahead THEN 'RUNNING' ELSE 'QUEUED' END, input::jsonb, {now}, {now}, {now}, \
-         owner, epoch, {now} + ttl, pivot FROM n), \
+         CASE WHEN ahead THEN 'RUNNING' ELSE 'QUEUED' END, input::jsonb, \
+         COALESCE(start_at, {now}), {now}, {now}, owner, epoch, {now} + ttl, pivot, start_at \
+         FROM n), \
          cst AS (INSERT INTO steps (saga_id, idx, name, kind, status, comp_status, attempts, \
          outcome_unknown, started_at) \
          SELECT saga_id, idx, name, kind, CASE WHEN ahead THEN 'RUNNING' ELSE 'PENDING' END, \
@@ -183,6 +185,14 @@ static INSERT_BRANCHES: LazyLock<String> = LazyLock::new(|| {
          ON CONFLICT (saga_id, idx) DO NOTHING"
     )
 });
+
+/// Makes the sagas $2 (parents of child sagas that end in this batch) due at $1 unless they
+/// ended or are due already, and wakes the engines if one was. A transition its fence refuses
+/// may wake its parent for nothing: the parent looks at its child and parks again.
+const WAKE_PARENTS: &str = "WITH w AS (UPDATE sagas SET next_run_at = $1 \
+     WHERE id = ANY($2::uuid[]) AND status IN ('QUEUED', 'RUNNING', 'COMPENSATING') \
+     AND (next_run_at IS NULL OR next_run_at > $1) RETURNING id) \
+     SELECT pg_notify('saga_due', '') FROM w LIMIT 1";
 
 /// $1 the refused ids.
 const REFUSED: &str = "SELECT id::text AS id, lease_owner, lease_epoch, cancel_requested \
@@ -250,10 +260,21 @@ async fn apply_batch(
                 .await
                 .db()?;
         }
-        cols.bind(sqlx::query(&APPLY).bind(now))
+        let fenced = cols
+            .bind(sqlx::query(&APPLY).bind(now))
             .fetch_all(&mut *conn)
             .await
-            .db()
+            .db()?;
+        let parents: Vec<Uuid> = items.iter().filter_map(|(_, t)| t.wake).collect();
+        if !parents.is_empty() {
+            sqlx::query(WAKE_PARENTS)
+                .bind(now)
+                .bind(&parents)
+                .execute(&mut *conn)
+                .await
+                .db()?;
+        }
+        Ok(fenced)
     }
     .await;
     let fenced = close(conn, guarded, fenced).await?;
@@ -382,7 +403,12 @@ impl BatchWriter<Postgres> for PgWriter {
     ) -> Option<Result<Whole>> {
         // Rows that branches' write-aheads update must exist before the batch statement runs:
         // a group that starts takes the long way (once per group).
-        if !keyed.is_empty() || items.iter().any(|(_, t)| !t.new_steps.is_empty()) {
+        // So does a child saga that ends, which wakes its parent by a statement of its own.
+        if !keyed.is_empty()
+            || items
+                .iter()
+                .any(|(_, t)| !t.new_steps.is_empty() || t.wake.is_some())
+        {
             return None;
         }
         Some(

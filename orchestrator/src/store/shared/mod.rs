@@ -9,6 +9,7 @@
 //! write queue (the engine's hot path: creates, transitions and, on SQLite, keyed starts), how
 //! workers claim sagas and find due ones, and how the outbox is read in commit order.
 
+pub(crate) mod children;
 pub(crate) mod operator;
 pub(crate) mod outbox;
 pub(crate) mod reads;
@@ -273,6 +274,24 @@ impl<B: SqlBackend> Store for B {
         actor: &str,
     ) -> Result<Saga> {
         operator::mark_compensated(self, id, step, reason, actor).await
+    }
+
+    async fn start_child(&self, lease: &Lease, stage: &str, child: &NewSaga) -> Result<bool> {
+        children::start(self, lease, stage, child).await
+    }
+
+    async fn park_child_wait(
+        &self,
+        id: Uuid,
+        child: Uuid,
+        seen: SagaStatus,
+        written: Millis,
+    ) -> Result<bool> {
+        children::park(self, id, child, seen, written).await
+    }
+
+    async fn compensate_child(&self, child: Uuid, parent: Uuid) -> Result<SagaStatus> {
+        children::compensate(self, child, parent).await
     }
 
     async fn workers(&self) -> Result<Vec<crate::model::Worker>> {

@@ -111,6 +111,8 @@ pub(crate) async fn abort<B: SqlBackend>(
     let data = json!({"reason": reason, "actor": actor, "previous_status": saga.status});
     insert_event(&mut tx, id, "saga.aborted", None, &data).await?;
     tx.announce_finished(id, SagaStatus::Aborted).await?;
+    // A child saga's parent waits for its end.
+    super::children::wake_parent(&mut tx, id).await?;
     store.commit(tx).await?;
     reload(store, id).await
 }

@@ -192,6 +192,7 @@ mod tests {
             input: serde_json::json!({}),
             steps: vec![("a".to_owned(), StepKindName::Compensatable)],
             first_attempt: false,
+            start_at: None,
         }
     }
 

@@ -109,6 +109,7 @@ async fn events_keep_their_ids_and_deliveries_through_the_rebuild_and_new_ones_f
         input: serde_json::json!({}),
         steps: vec![],
         first_attempt: false,
+        start_at: None,
     };
     store.create_saga(new.clone()).await.expect("a new saga");
     let after = store

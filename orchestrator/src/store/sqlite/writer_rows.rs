@@ -55,6 +55,12 @@ const COMPENSATION: &str = "UPDATE steps SET comp_status = ?1, comp_attempts = ?
 const NEW_BRANCH: &str = "INSERT INTO steps (saga_id, idx, name, kind, status, comp_status) \
      VALUES (?1, ?2, ?3, ?4, 'PENDING', ?5)";
 
+/// Makes saga ?1 (the parent of a child saga that ends) due at ?2 unless it ended or is due
+/// already.
+const WAKE: &str = "UPDATE sagas SET next_run_at = ?2 WHERE id = ?1 \
+     AND status IN ('QUEUED', 'RUNNING', 'COMPENSATING') \
+     AND (next_run_at IS NULL OR next_run_at > ?2)";
+
 const ATTEMPT_ENDED: &str = "UPDATE attempts SET ended_at = ?1, outcome = ?2, error = ?3 \
      WHERE saga_id = ?4 AND step_idx = ?5 AND phase = ?6 AND attempt = ?7";
 
@@ -67,8 +73,8 @@ const EVENT: &str =
 
 const NEW_SAGA: &str = "INSERT INTO sagas (id, name, version, definition_hash, definition_key, \
      status, input, next_run_at, created_at, updated_at, lease_owner, lease_epoch, \
-     lease_expires_at, pivot_reached) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?11, ?6, ?7, ?7, ?7, ?8, ?9, ?10, ?12)";
+     lease_expires_at, pivot_reached, scheduled_at) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?11, ?6, COALESCE(?13, ?7), ?7, ?7, ?8, ?9, ?10, ?12, ?13)";
 
 const NEW_CALLBACK: &str = "INSERT INTO saga_callbacks (saga_id, url, secret) VALUES (?1, ?2, ?3)";
 
@@ -115,6 +121,7 @@ pub(crate) fn create_saga(
             expires,
             status.as_str(),
             ahead && n.first_is_point_of_no_return(),
+            n.start_at,
         ],
     )?;
     let mut step = db.prepare_cached(NEW_STEP).map_err(from_rusqlite)?;
@@ -215,6 +222,9 @@ fn apply_one(db: &Connection, now: Millis, (lease, t): &Item) -> Result<Result<A
     };
     if fenced == 0 {
         return refused(db, id, lease);
+    }
+    if let Some(parent) = t.wake {
+        exec(db, WAKE, params![parent.to_string(), now])?;
     }
     for n in &t.new_steps {
         exec(

@@ -88,6 +88,9 @@ macro_rules! wire_enum {
     };
 }
 
+mod stages;
+pub use stages::{stages_of, StageKind, StageRecord};
+
 /// A stored or given text that names no known value (a corrupt row, a typo in `--status`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unknown {kind} {value:?}")]
@@ -173,6 +176,9 @@ wire_enum!(
         /// A parallel group: its branches, rows of their own named `group/branch`, call and
         /// compensate; the group's row holds the group's status and output.
         Parallel = "parallel",
+        /// A child saga: started by the step, which waits for its end; compensated by
+        /// cancelling the child or running its compensations.
+        Child = "child",
     }
 );
 
@@ -185,6 +191,7 @@ impl From<saga_dsl::StepKind> for StepKindName {
             saga_dsl::StepKind::Sleep => Self::Sleep,
             saga_dsl::StepKind::Signal => Self::Signal,
             saga_dsl::StepKind::Parallel => Self::Parallel,
+            saga_dsl::StepKind::Child => Self::Child,
         }
     }
 }
@@ -328,8 +335,30 @@ pub struct Saga {
     #[serde(serialize_with = "ser_time", deserialize_with = "de_time")]
     #[schema(value_type = String, format = DateTime)]
     pub updated_at: Millis,
-    /// The steps, in order.
+    /// The saga that started this one as a child saga (`GET /v1/sagas/{parent_id}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_id: Option<Uuid>,
+    /// The parent's stage that started this saga.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_stage: Option<String>,
+    /// When a saga started with `Saga-Start-At` was asked to start.
+    #[serde(
+        serialize_with = "ser_opt_time",
+        deserialize_with = "de_opt_time",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub scheduled_at: Option<Millis>,
+    /// The rows of the step log, in order: the stages, then the branches of parallel groups
+    /// (named `group/branch`).
     pub steps: Vec<StepRecord>,
+    /// The stages as the definition lists them, each with its kind and status, groups with
+    /// their branches, waits with their deadlines and child stages with their child's id.
+    /// Computed from `steps` when the saga is read for a person or a client
+    /// ([`Saga::with_stages`]); empty in the engine's own copies.
+    #[serde(default)]
+    pub stages: Vec<StageRecord>,
 }
 
 impl StepRecord {
@@ -460,9 +489,14 @@ pub struct Attempt {
 /// succeeded or may have had an effect (its outcome is unknown), and its compensation has not
 /// succeeded or been done by hand.
 pub fn needs_compensation(step: &StepRecord) -> bool {
-    step.kind == StepKindName::Compensatable
-        && (step.action.status == StepStatus::Succeeded
-            || (step.action.outcome_unknown && step.action.status != StepStatus::Pending))
+    let started = match step.kind {
+        StepKindName::Compensatable => step.action.outcome_unknown,
+        // A child stage waiting for its child may have started it.
+        StepKindName::Child => step.action.status == StepStatus::Waiting,
+        _ => return false,
+    };
+    (step.action.status == StepStatus::Succeeded
+        || (started && step.action.status != StepStatus::Pending))
         && !matches!(
             step.compensation.status,
             StepStatus::Succeeded | StepStatus::Manual

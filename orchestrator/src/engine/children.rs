@@ -1,0 +1,203 @@
+//! Child stages: starting the child saga, waiting for its end without a worker, and undoing it
+//! when the parent goes back (cancelling a running child, compensating a completed one).
+//!
+//! The child's id is derived from the parent's id and the stage's name, and the child is
+//! created only after the stage's `WAITING` record is committed, under the parent's lease: a
+//! parent resumed after a crash finds the child it started, and a parent going back knows
+//! whether a child may exist.
+
+use saga_dsl::{child_saga_id, Phase, Step};
+use serde_json::json;
+use uuid::Uuid;
+
+use super::decide::Decision;
+use super::driver::Driver;
+use crate::model::{Millis, SagaStatus, StepStatus};
+use crate::store::{CancelOutcome, NewEvent, NewSaga, StoreError};
+
+impl Driver {
+    /// Starts a child stage, or looks at the child it waits for: the stage succeeds with a
+    /// completed child's output, fails with a child that ended otherwise, and waits again for
+    /// one still running.
+    pub(super) async fn decide_child(
+        &mut self,
+        step: &Step,
+        index: usize,
+        now: Millis,
+    ) -> Result<Decision, StoreError> {
+        let child_id = child_saga_id(self.saga.id, step.name());
+        if self.saga.steps[index].action.status == StepStatus::Pending {
+            let Some(child) = self.child_of(step, index, child_id, now) else {
+                return Ok(Decision::Decided);
+            };
+            self.start_waiting(index, now);
+            let data = json!({"child_id": child_id, "saga": child.name});
+            self.pending
+                .events
+                .push(NewEvent::step("step.waiting", step.name(), data));
+            // The stage is recorded as waiting before its child may exist.
+            self.write(false, false).await?;
+            self.inner
+                .store
+                .start_child(self.lease(), step.name(), &child)
+                .await?;
+            return Ok(Decision::AwaitChild {
+                child: child_id,
+                seen: SagaStatus::Queued,
+            });
+        }
+        let Some(child) = self.inner.store.get_saga(child_id).await? else {
+            // The stage's record was committed, its child not: start it now.
+            let Some(child) = self.child_of(step, index, child_id, now) else {
+                return Ok(Decision::Decided);
+            };
+            self.inner
+                .store
+                .start_child(self.lease(), step.name(), &child)
+                .await?;
+            return Ok(Decision::AwaitChild {
+                child: child_id,
+                seen: SagaStatus::Queued,
+            });
+        };
+        match child.status {
+            SagaStatus::Completed => {
+                let output = child.output.unwrap_or(serde_json::Value::Null);
+                self.settle_without_call(index, StepStatus::Succeeded, Some(output), now);
+                let data = json!({"child_id": child_id});
+                self.pending
+                    .events
+                    .push(NewEvent::step("step.succeeded", step.name(), data));
+            }
+            status if status.is_terminal() => {
+                let why = child.error.map(|e| format!(": {e}")).unwrap_or_default();
+                let error = format!("child saga {child_id} ({}) ended {status}{why}", child.name);
+                self.refuse(index, &error, now);
+            }
+            status => {
+                return Ok(Decision::AwaitChild {
+                    child: child_id,
+                    seen: status,
+                })
+            }
+        }
+        Ok(Decision::Decided)
+    }
+
+    /// The child saga a stage starts, its input computed and checked against the child's
+    /// definition; `None` (the stage failed permanently) when that is impossible.
+    fn child_of(&mut self, step: &Step, index: usize, id: Uuid, now: Millis) -> Option<NewSaga> {
+        let name = step.child_saga().unwrap_or_default();
+        let ctx = self.context(index, Phase::Action, 0);
+        let input = match step.child_input(&ctx) {
+            Some(Ok(input)) => input,
+            Some(Err(e)) => {
+                let error = format!("its child's input failed: {}", e.message());
+                self.refuse(index, &error, now);
+                return None;
+            }
+            None => {
+                self.refuse(index, "a child stage without a child saga", now);
+                return None;
+            }
+        };
+        let Some(def) = self.inner.registry.latest(name).cloned() else {
+            self.refuse(index, &format!("no saga {name:?} is registered"), now);
+            return None;
+        };
+        if let Err(message) = def.check_input(&input) {
+            let error = format!("the input of child saga {name} is not valid: {message}");
+            self.refuse(index, &error, now);
+            return None;
+        }
+        let mut child = NewSaga::of(&def, input);
+        child.id = id;
+        Some(child)
+    }
+
+    /// Undoes a child stage as the parent goes back: nothing to undo if the child was never
+    /// created or ended compensated; a running child is cancelled and a completed one turned
+    /// to compensating, and the parent waits for it. A child that cannot go back (it failed,
+    /// was aborted, or passed its point of no return) flags the parent for a person, who may
+    /// mend the child or mark the stage compensated.
+    pub(super) async fn undo_child(
+        &mut self,
+        index: usize,
+        now: Millis,
+    ) -> Result<Decision, StoreError> {
+        let name = self.saga.steps[index].name.clone();
+        let child_id = child_saga_id(self.saga.id, &name);
+        let child = self.inner.store.get_saga(child_id).await?;
+        let (status, problem) = match child.map(|c| c.status) {
+            None | Some(SagaStatus::Compensated) => {
+                let comp = &mut self.saga.steps[index].compensation;
+                comp.status = StepStatus::Succeeded;
+                comp.started_at.get_or_insert(now);
+                comp.ended_at = Some(now);
+                comp.last_error = None;
+                self.push_update(index, Phase::Compensation, None);
+                let data = json!({"child_id": child_id});
+                self.pending
+                    .events
+                    .push(NewEvent::step("step.compensated", &name, data));
+                return Ok(Decision::Decided);
+            }
+            Some(SagaStatus::Completed) => {
+                match self
+                    .inner
+                    .store
+                    .compensate_child(child_id, self.saga.id)
+                    .await
+                {
+                    Ok(status) => (status, None),
+                    Err(StoreError::Conflict(problem)) => (SagaStatus::Completed, Some(problem)),
+                    Err(e) => return Err(e),
+                }
+            }
+            Some(status @ (SagaStatus::Queued | SagaStatus::Running)) => {
+                match self.inner.store.request_cancel(child_id).await? {
+                    CancelOutcome::PastPivot => (
+                        status,
+                        Some(format!(
+                            "child saga {child_id} passed its point of no return and cannot be \
+                             cancelled"
+                        )),
+                    ),
+                    _ => (status, None),
+                }
+            }
+            Some(SagaStatus::Compensating) => (SagaStatus::Compensating, None),
+            Some(status) => (
+                status,
+                Some(format!(
+                    "child saga {child_id} ended {status}; mend it, or mark {name} compensated"
+                )),
+            ),
+        };
+        let comp = &mut self.saga.steps[index].compensation;
+        let first = comp.status != StepStatus::Waiting;
+        comp.status = StepStatus::Waiting;
+        comp.started_at.get_or_insert(now);
+        comp.last_error.clone_from(&problem);
+        self.push_update(index, Phase::Compensation, None);
+        if first {
+            let data = json!({"child_id": child_id});
+            self.pending
+                .events
+                .push(NewEvent::step("step.compensating", &name, data));
+        }
+        if let Some(problem) = problem {
+            if !self.saga.needs_attention {
+                self.saga.needs_attention = true;
+                let data = json!({"error": problem});
+                self.pending
+                    .events
+                    .push(NewEvent::step("saga.needs_attention", &name, data));
+            }
+        }
+        Ok(Decision::AwaitChild {
+            child: child_id,
+            seen: status,
+        })
+    }
+}

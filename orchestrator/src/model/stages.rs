@@ -1,0 +1,136 @@
+//! The stages of a saga as people and clients read them (SPEC §7): one entry per stage of the
+//! definition, with its kind, its status and what it waits for, a group's branches inside it.
+//! Computed from the step log's rows, which hold a group's branches as rows of their own.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+use super::{de_opt_time, ser_opt_time, Millis, PhaseRecord, Saga, StepKindName, StepRecord};
+use super::{StepStatus, UnknownValue};
+
+wire_enum!(
+    /// What a stage is.
+    StageKind {
+        /// An action and, usually, its compensation (compensatable, pivot or retriable).
+        Step = "step",
+        /// A parallel group: its branches run at once.
+        Parallel = "parallel",
+        /// A durable sleep.
+        Sleep = "sleep",
+        /// A wait for a signal.
+        Signal = "signal",
+        /// A child saga.
+        Child = "child",
+    }
+);
+
+impl From<StepKindName> for StageKind {
+    fn from(kind: StepKindName) -> Self {
+        match kind {
+            StepKindName::Compensatable | StepKindName::Pivot | StepKindName::Retriable => {
+                Self::Step
+            }
+            StepKindName::Parallel => Self::Parallel,
+            StepKindName::Sleep => Self::Sleep,
+            StepKindName::Signal => Self::Signal,
+            StepKindName::Child => Self::Child,
+        }
+    }
+}
+
+/// One stage of a saga.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct StageRecord {
+    /// Position in the definition, from 0 (also the index of its row in `steps`).
+    pub index: u32,
+    /// Name.
+    pub name: String,
+    /// What the stage is.
+    pub kind: StageKind,
+    /// For a `step` stage, its role: `compensatable`, `pivot` or `retriable`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_kind: Option<StepKindName>,
+    /// The stage's forward progress: its action's, a wait's (`WAITING`) or, for a group,
+    /// the group's as a whole.
+    #[serde(flatten)]
+    pub action: PhaseRecord,
+    /// Its output, once it succeeded (a group's is an object keyed by branch name).
+    pub output: Option<Value>,
+    /// A sleep's wake time.
+    #[serde(
+        serialize_with = "ser_opt_time",
+        deserialize_with = "de_opt_time",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub wake_at: Option<Millis>,
+    /// The signal a signal stage waits for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
+    /// When a signal wait gives up.
+    #[serde(
+        serialize_with = "ser_opt_time",
+        deserialize_with = "de_opt_time",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub timeout_at: Option<Millis>,
+    /// The child saga of a child stage, once the stage started (`GET /v1/sagas/{child_id}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub child_id: Option<Uuid>,
+    /// Its compensation (`NONE` where there is nothing to undo).
+    pub compensation: PhaseRecord,
+    /// A group's branches, each like a step object, in the order they were started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branches: Option<Vec<StepRecord>>,
+}
+
+impl Saga {
+    /// The saga with [`Saga::stages`] computed from its rows.
+    pub fn with_stages(mut self) -> Self {
+        self.stages = stages_of(self.id, &self.steps);
+        self
+    }
+}
+
+/// The stages of saga `id` with rows `steps`: every row not named `group/branch`, in order,
+/// each group holding the rows of its branches.
+pub fn stages_of(id: Uuid, steps: &[StepRecord]) -> Vec<StageRecord> {
+    steps
+        .iter()
+        .filter(|s| s.branch_of().is_none())
+        .map(|s| {
+            let kind = StageKind::from(s.kind);
+            let branches = (kind == StageKind::Parallel).then(|| {
+                steps
+                    .iter()
+                    .filter(|b| b.branch_of().is_some_and(|(group, _)| group == s.name))
+                    .cloned()
+                    .collect()
+            });
+            let started = !matches!(s.action.status, StepStatus::Pending | StepStatus::Skipped);
+            let child_id =
+                (kind == StageKind::Child && started).then(|| saga_dsl::child_saga_id(id, &s.name));
+            StageRecord {
+                index: s.index,
+                name: s.name.clone(),
+                kind,
+                step_kind: (kind == StageKind::Step).then_some(s.kind),
+                action: s.action.clone(),
+                output: s.output.clone(),
+                wake_at: s.wake_at,
+                waiting_for: s.waiting_for.clone(),
+                timeout_at: s.timeout_at,
+                child_id,
+                compensation: s.compensation.clone(),
+                branches,
+            }
+        })
+        .collect()
+}
