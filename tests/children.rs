@@ -14,7 +14,7 @@ use orchestrator::{StartError, StartRequest};
 use saga_dsl::child_saga_id;
 use saga_dsl::StepKind::{Compensatable, Pivot};
 use saga_suite::{
-    is, registry_of, scripted_saga, test_config, wait_for, wait_terminal, Journal,
+    event_names, is, registry_of, scripted_saga, test_config, wait_for, wait_terminal, Journal,
     Outcome::Permanent, RunningEngine, ScriptedStep as S, TempDb,
 };
 use serde_json::json;
@@ -37,23 +37,6 @@ fn child(j: &Journal, wait: bool, c2: S) -> saga_dsl::SagaDefinition {
     }
     steps.push(c2);
     scripted_saga("child", 1, &steps, j)
-}
-
-/// Event types of a saga, with their step.
-async fn events(store: &Arc<dyn Store>, id: uuid::Uuid) -> Vec<String> {
-    store
-        .events(id)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| {
-            format!(
-                "{}{}",
-                e.kind,
-                e.step.map(|s| format!(":{s}")).unwrap_or_default()
-            )
-        })
-        .collect()
 }
 
 #[tokio::test]
@@ -96,7 +79,7 @@ async fn a_completed_child_gives_its_output_to_its_stage_and_both_link_to_each_o
     );
     assert_eq!(sub.child_id, Some(child_id));
     assert_eq!(done.stages[0].kind, StageKind::Step);
-    let parent_events = events(&store, saga.id).await;
+    let parent_events = event_names(&store, saga.id).await;
     let started = parent_events
         .iter()
         .filter(|e| *e == "child.started:sub")
@@ -231,7 +214,7 @@ async fn cancelling_a_parent_cancels_its_running_child_and_waits_for_it() {
         j.names(),
         ["a:action", "c1:action", "c1:compensation", "a:compensation"]
     );
-    let parent_events = events(&store, saga.id).await;
+    let parent_events = event_names(&store, saga.id).await;
     assert!(
         parent_events.contains(&"step.compensated:sub".to_owned()),
         "{parent_events:?}"

@@ -10,30 +10,10 @@ use orchestrator::model::{SagaStatus, StepStatus};
 use orchestrator::store::{CancelOutcome, SignalOutcome, SignalRequest};
 use saga_dsl::StepKind::{Compensatable, Pivot, Retriable};
 use saga_suite::{
-    is, registry_of, scripted_saga, test_config, wait_for, wait_terminal, Journal,
+    event_names, is, registry_of, scripted_saga, test_config, wait_for, wait_terminal, Journal,
     Outcome::Permanent, RunningEngine, ScriptedStep as S, TempDb,
 };
 use serde_json::json;
-
-/// Event types of a saga, with their step: `step.skipped:b`.
-async fn events(
-    store: &std::sync::Arc<dyn orchestrator::store::Store>,
-    id: uuid::Uuid,
-) -> Vec<String> {
-    store
-        .events(id)
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|e| {
-            format!(
-                "{}{}",
-                e.kind,
-                e.step.map(|s| format!(":{s}")).unwrap_or_default()
-            )
-        })
-        .collect()
-}
 
 #[tokio::test]
 async fn a_false_condition_skips_its_step_and_a_true_one_runs_it() {
@@ -71,7 +51,7 @@ async fn a_false_condition_skips_its_step_and_a_true_one_runs_it() {
         "the step after a skipped pivot passes the point of no return"
     );
     assert_eq!(done.output.unwrap()["a"], json!(null));
-    let events = events(&store, saga.id).await;
+    let events = event_names(&store, saga.id).await;
     assert!(events.contains(&"step.skipped:a".to_owned()), "{events:?}");
     assert!(events.contains(&"step.skipped:p".to_owned()), "{events:?}");
     eng.stop().await;
@@ -188,7 +168,7 @@ async fn a_sleep_holds_no_worker_and_ends_at_its_wake_time() {
     assert_eq!(step.wake_at, Some(wake), "the wake time stays in the log");
     assert!(step.action.ended_at.unwrap() >= wake);
     assert_eq!(step.action.attempts, 0, "a sleep calls nothing");
-    let events = events(&store, saga.id).await;
+    let events = event_names(&store, saga.id).await;
     let at = |kind: &str| events.iter().position(|e| e == kind).unwrap();
     assert!(at("step.waiting:nap") < at("step.succeeded:nap"));
     eng.stop().await;
@@ -360,7 +340,7 @@ async fn a_signal_wait_parks_the_saga_until_the_signal_comes_and_its_payload_is_
     assert_eq!(j.names(), ["a:action", "p:action"]);
     assert_eq!(done.steps[1].output, Some(payload.clone()));
     assert_eq!(done.output.unwrap()["await_approval"], payload);
-    let events = events(&store, saga.id).await;
+    let events = event_names(&store, saga.id).await;
     let at = |kind: &str| events.iter().position(|e| e == kind).unwrap();
     assert!(at("step.waiting:await_approval") < at("signal.received"));
     assert!(at("signal.received") < at("step.succeeded:await_approval"));
@@ -582,7 +562,7 @@ async fn run_group(
     );
     let saga = eng.engine.start_saga("s", input).await.unwrap();
     let done = wait_terminal(&store, saga.id).await;
-    let events = events(&store, saga.id).await;
+    let events = event_names(&store, saga.id).await;
     eng.stop().await;
     (done, j, events)
 }

@@ -260,6 +260,20 @@ pub async fn wait_for(
     }
 }
 
+/// The event types of saga `id`, each with its step: `step.skipped:b`.
+pub async fn event_names(store: &Arc<dyn Store>, id: Uuid) -> Vec<String> {
+    store
+        .events(id)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| {
+            let step = e.step.map(|s| format!(":{s}")).unwrap_or_default();
+            format!("{}{step}", e.kind)
+        })
+        .collect()
+}
+
 /// Waits until the saga is terminal.
 pub async fn wait_terminal(store: &Arc<dyn Store>, id: Uuid) -> Saga {
     wait_for(store, id, Duration::from_secs(20), |s| {

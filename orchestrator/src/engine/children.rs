@@ -37,28 +37,14 @@ impl Driver {
                 .push(NewEvent::step("step.waiting", step.name(), data));
             // The stage is recorded as waiting before its child may exist.
             self.write(false, false).await?;
-            self.inner
-                .store
-                .start_child(self.lease(), step.name(), &child)
-                .await?;
-            return Ok(Decision::AwaitChild {
-                child: child_id,
-                seen: SagaStatus::Queued,
-            });
+            return self.start_child(step, &child).await;
         }
         let Some(child) = self.inner.store.get_saga(child_id).await? else {
             // The stage's record was committed, its child not: start it now.
             let Some(child) = self.child_of(step, index, child_id, now) else {
                 return Ok(Decision::Decided);
             };
-            self.inner
-                .store
-                .start_child(self.lease(), step.name(), &child)
-                .await?;
-            return Ok(Decision::AwaitChild {
-                child: child_id,
-                seen: SagaStatus::Queued,
-            });
+            return self.start_child(step, &child).await;
         };
         match child.status {
             SagaStatus::Completed => {
@@ -82,6 +68,18 @@ impl Driver {
             }
         }
         Ok(Decision::Decided)
+    }
+
+    /// Creates the child of a stage recorded as waiting, and waits for it.
+    async fn start_child(&mut self, step: &Step, child: &NewSaga) -> Result<Decision, StoreError> {
+        self.inner
+            .store
+            .start_child(self.lease(), step.name(), child)
+            .await?;
+        Ok(Decision::AwaitChild {
+            child: child.id,
+            seen: SagaStatus::Queued,
+        })
     }
 
     /// The child saga a stage starts, its input computed and checked against the child's
@@ -127,8 +125,8 @@ impl Driver {
     ) -> Result<Decision, StoreError> {
         let name = self.saga.steps[index].name.clone();
         let child_id = child_saga_id(self.saga.id, &name);
-        let child = self.inner.store.get_saga(child_id).await?;
-        let (status, problem) = match child.map(|c| c.status) {
+        let child = self.inner.store.saga_status(child_id).await?;
+        let (status, problem) = match child {
             None | Some(SagaStatus::Compensated) => {
                 let comp = &mut self.saga.steps[index].compensation;
                 comp.status = StepStatus::Succeeded;
