@@ -4,7 +4,9 @@
 //! result is not yet in the log" lasts microseconds. Setting `SAGA_CRASH_AT` to a comma-separated
 //! list of `POINT:STEP` (for example `after_action:charge_payment`) makes the process abort at
 //! that point, exactly like a `kill -9` there. Points: `before_action`, `after_action`,
-//! `before_compensation`, `after_compensation`. Unset (the normal case), this costs one
+//! `before_compensation`, `after_compensation`, and for a child stage `before_child` (its
+//! waiting record committed, the child not created) and `after_child` (the child created, the
+//! parent not yet parked). Unset (the normal case), this costs one
 //! branch on an empty list.
 
 use std::sync::OnceLock;

@@ -1,5 +1,6 @@
-//! SIGKILL of a server whose saga sleeps (`saga-suite-stages`): the wake time in the log holds,
-//! whether the server is back before it or after it.
+//! SIGKILL of a server whose saga waits (`saga-suite-stages`): for a sleep the wake time in the
+//! log holds, whether the server is back before it or after it; a signal is never lost; a
+//! parent killed around its child's start, or while its child runs, ends with exactly one child.
 
 use std::time::{Duration, Instant};
 
@@ -134,5 +135,102 @@ async fn a_signal_received_just_before_a_kill_is_taken_after_the_restart() {
         .wait_for(id, LONG, |s| s["status"] == "COMPLETED")
         .await;
     assert_eq!(step(&saga, "await_approval")["output"]["by"], "early");
+    server.kill9();
+}
+
+/// The stage `name` of the saga's per-stage view.
+fn stage<'a>(saga: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    saga["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == name)
+        .unwrap()
+}
+
+/// The `errand` sagas in the log: the children every `delegate` started.
+async fn errands(server: &Server) -> Vec<serde_json::Value> {
+    let page: serde_json::Value = reqwest::Client::new()
+        .get(format!("{}/v1/sagas?name=errand", server.base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    page["sagas"].as_array().unwrap().clone()
+}
+
+/// The parent completed with its one child's output, and the child points back at it.
+async fn assert_one_child(server: &Server, parent: &serde_json::Value) {
+    assert_eq!(parent["status"], "COMPLETED", "{parent:#}");
+    let child_id = stage(parent, "errand")["child_id"].as_str().unwrap();
+    let children = errands(server).await;
+    assert_eq!(children.len(), 1, "never two children: {children:#?}");
+    assert_eq!(children[0]["id"], child_id);
+    let child = server.saga(child_id.parse().unwrap()).await;
+    assert_eq!(child["status"], "COMPLETED", "{child:#}");
+    assert_eq!(child["parent_id"], parent["id"]);
+    assert_eq!(step(&child, "a")["attempts"], 1, "{child:#}");
+    assert_eq!(step(parent, "a")["attempts"], 1, "{parent:#}");
+}
+
+/// A crash point in a child stage aborts the first server; a second one brings the parent to
+/// its end with exactly one child.
+async fn crash_in_a_child_stage(point: &str) {
+    let db = TempDb::new();
+    let armed = format!("{point}:errand");
+    let server = Server::spawn_stages_with(&db.url, &[("SAGA_CRASH_AT", armed.as_str())]).await;
+    let id = server.start("delegate", json!({"nap_ms": 200})).await;
+    assert!(
+        !server.wait_exit(LONG).success(),
+        "the crash point aborts the process"
+    );
+    let server = Server::spawn_stages(&db.url).await;
+    let saga = server
+        .wait_for(id, LONG, |s| s["status"] == "COMPLETED")
+        .await;
+    assert_one_child(&server, &saga).await;
+    server.kill9();
+}
+
+#[tokio::test]
+async fn killed_after_a_child_stage_is_logged_and_before_its_child_exists() {
+    crash_in_a_child_stage("before_child").await;
+}
+
+#[tokio::test]
+async fn killed_after_the_child_is_created_and_before_its_parent_waits() {
+    crash_in_a_child_stage("after_child").await;
+}
+
+#[tokio::test]
+async fn killed_while_the_child_runs_the_parent_gets_its_one_child_after_the_restart() {
+    let db = TempDb::new();
+    let server = Server::spawn_stages(&db.url).await;
+    let id = server.start("delegate", json!({"nap_ms": 1500})).await;
+    let saga = server
+        .wait_for(id, LONG, |s| step(s, "errand")["status"] == "WAITING")
+        .await;
+    let child: uuid::Uuid = stage(&saga, "errand")["child_id"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    server
+        .wait_for(child, LONG, |s| {
+            s["steps"].as_array().is_some_and(|steps| {
+                steps
+                    .iter()
+                    .any(|st| st["name"] == "nap" && st["status"] == "WAITING")
+            })
+        })
+        .await;
+    server.kill9();
+    let server = Server::spawn_stages(&db.url).await;
+    let saga = server
+        .wait_for(id, LONG, |s| s["status"] == "COMPLETED")
+        .await;
+    assert_one_child(&server, &saga).await;
     server.kill9();
 }

@@ -684,9 +684,15 @@ impl Server {
     /// Starts `saga-suite-stages` (the sagas of `tests/support/bin/stages.rs`) on the saga
     /// database `db_url`, and waits until it answers `/healthz`.
     pub async fn spawn_stages(db_url: &str) -> Self {
+        Self::spawn_stages_with(db_url, &[]).await
+    }
+
+    /// [`Server::spawn_stages`] with extra environment variables (a crash point, say).
+    pub async fn spawn_stages_with(db_url: &str, env: &[(&str, &str)]) -> Self {
         let mut cmd = std::process::Command::new(bin_path("saga-suite-stages"));
         cmd.env("DATABASE_URL", db_url)
             .env("RUST_LOG", "error")
+            .envs(env.iter().copied())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::inherit());
         Self::from_command(cmd).await

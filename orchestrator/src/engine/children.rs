@@ -12,6 +12,7 @@ use uuid::Uuid;
 
 use super::decide::Decision;
 use super::driver::Driver;
+use crate::failpoint::crash_if_armed;
 use crate::model::{Millis, SagaStatus, StepStatus};
 use crate::store::{CancelOutcome, NewEvent, NewSaga, StoreError};
 
@@ -72,10 +73,12 @@ impl Driver {
 
     /// Creates the child of a stage recorded as waiting, and waits for it.
     async fn start_child(&mut self, step: &Step, child: &NewSaga) -> Result<Decision, StoreError> {
+        crash_if_armed("before_child", step.name());
         self.inner
             .store
             .start_child(self.lease(), step.name(), child)
             .await?;
+        crash_if_armed("after_child", step.name());
         Ok(Decision::AwaitChild {
             child: child.id,
             seen: SagaStatus::Queued,

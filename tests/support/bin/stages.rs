@@ -7,6 +7,10 @@
 //! `nap_ms`), `b` (pivot, no-op).
 //! `approval`: `a` (compensatable, no-op), `await_approval` (waits for the signal `approval`),
 //! `b` (pivot, no-op).
+//! `delegate`: input `{"nap_ms": int}`; `a` (compensatable, no-op), `errand` (the child saga
+//! `errand` with the same input), `b` (pivot, no-op).
+//! `errand`: input `{"nap_ms": int}`; `a` (compensatable, no-op), `nap` (a durable sleep of
+//! `nap_ms`), and no pivot, as a child before its parent's point of no return must be.
 
 use std::time::Duration;
 
@@ -31,19 +35,38 @@ async fn main() -> anyhow::Result<()> {
         }))
         .step(Step::pivot("b", nothing))
         .build()?;
+    let errand = SagaDefinition::builder("errand", 1)
+        .step(Step::compensatable("a", nothing, nothing))
+        .step(Step::sleep_for("nap", |ctx| {
+            Ok(Duration::from_millis(ctx.input::<Nap>()?.nap_ms))
+        }))
+        .build()?;
+    let delegate = SagaDefinition::builder("delegate", 1)
+        .step(Step::compensatable("a", nothing, nothing))
+        .step(Step::child("errand", "errand", |ctx| {
+            Ok(ctx.raw_input().clone())
+        }))
+        .step(Step::pivot("b", nothing))
+        .build()?;
     let approval = SagaDefinition::builder("approval", 1)
         .step(Step::compensatable("a", nothing, nothing))
         .step(Step::signal("await_approval", "approval"))
         .step(Step::pivot("b", nothing))
         .build()?;
-    Orchestrator::builder(Registry::new().with(nap)?.with(approval)?)
-        .listen("127.0.0.1:0")
-        .engine_config(EngineConfig {
-            lease_ttl: Duration::from_secs(2),
-            poll_interval: Duration::from_millis(100),
-            ..EngineConfig::default()
-        })
-        .serve()
-        .await?;
+    Orchestrator::builder(
+        Registry::new()
+            .with(nap)?
+            .with(approval)?
+            .with(errand)?
+            .with(delegate)?,
+    )
+    .listen("127.0.0.1:0")
+    .engine_config(EngineConfig {
+        lease_ttl: Duration::from_secs(2),
+        poll_interval: Duration::from_millis(100),
+        ..EngineConfig::default()
+    })
+    .serve()
+    .await?;
     Ok(())
 }
