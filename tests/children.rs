@@ -109,6 +109,12 @@ async fn a_waiting_parent_holds_no_worker_and_a_child_that_compensates_fails_its
     assert_eq!(waiting.status, SagaStatus::Running);
     assert_eq!(waiting.steps[1].action.status, StepStatus::Waiting);
     assert_eq!(waiting.next_run_at, None, "parked until its child ends");
+    let counts = store.waiting().await.unwrap();
+    assert_eq!(
+        (counts.child, counts.signal, counts.sleep, counts.scheduled),
+        (1, 1, 0, 0),
+        "the parent waits for its child, the child for its signal"
+    );
     let payload = json!({});
     let request = SignalRequest {
         saga: child_id,

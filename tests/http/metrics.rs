@@ -85,3 +85,42 @@ async fn metrics_expose_the_saga_and_http_series() {
     // Raw paths never become labels (a label per saga id would explode the series count).
     assert!(!text.contains("route=\"/v1/sagas/0"), "{text}");
 }
+
+/// The value of the sample of `metric` with exactly the label `kind="<kind>"`.
+fn waiting_sample(text: &str, kind: &str) -> Option<f64> {
+    let prefix = format!("saga_waiting{{kind=\"{kind}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+async fn scrape(api: &Api) -> String {
+    let a = Api::send(api.req(Method::GET, "/metrics")).await;
+    assert_eq!(a.status, StatusCode::OK);
+    a.body.as_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn the_waiting_gauge_counts_sagas_by_what_they_wait_for() {
+    let api = own(with_token()).await;
+    let text = scrape(&api).await;
+    for kind in ["sleep", "signal", "child", "scheduled"] {
+        assert_eq!(waiting_sample(&text, kind), Some(0.0), "{kind} in:\n{text}");
+    }
+    assert!(text.contains("# HELP saga_waiting "), "{text}");
+
+    let id = api.start_saga("approval", serde_json::json!({})).await;
+    api.wait(&id, |s| s["steps"][1]["status"] == "WAITING")
+        .await;
+    let in_an_hour = chrono::Utc::now() + chrono::Duration::hours(1);
+    let later = api
+        .start_raw("s", "{}", &[("saga-start-at", &in_an_hour.to_rfc3339())])
+        .await;
+    assert_eq!(later.status, StatusCode::ACCEPTED, "{}", later.json());
+
+    let text = scrape(&api).await;
+    assert_eq!(waiting_sample(&text, "signal"), Some(1.0), "{text}");
+    assert_eq!(waiting_sample(&text, "scheduled"), Some(1.0), "{text}");
+    assert_eq!(waiting_sample(&text, "sleep"), Some(0.0), "{text}");
+    assert_eq!(waiting_sample(&text, "child"), Some(0.0), "{text}");
+}

@@ -13,6 +13,7 @@
 //! | `saga_step_retries_total` | counter | `name`, `step`, `phase` |
 //! | `saga_compensations_total` | counter | `name`, `step` |
 //! | `saga_needs_attention` | gauge | (none): refreshed from the store at each scrape |
+//! | `saga_waiting` | gauge | `kind` (`sleep`, `signal`, `child`, `scheduled`): refreshed from the store at each scrape |
 //! | `http_requests_total` | counter | `method`, `route` (the route template), `status` |
 
 use std::sync::OnceLock;
@@ -117,6 +118,11 @@ fn describe() {
         "saga_needs_attention",
         "Sagas flagged as needing a person (capped at 1000), read from the store at each scrape."
     );
+    describe_gauge!(
+        "saga_waiting",
+        "Sagas waiting without a worker, by what they wait for (sleep, signal, child, or a \
+         scheduled start), read from the store at each scrape."
+    );
     describe_counter!(
         "http_requests_total",
         "HTTP requests answered, by method, route template and status."
@@ -160,8 +166,8 @@ pub(crate) async fn track_requests(req: Request, next: Next) -> Response {
 
 /// The OpenAPI description of `GET /metrics`.
 const METRICS_DESCRIPTION: &str = "The process's series in the Prometheus text format: sagas \
-    started and ended, step durations, retries, compensations, the needs-attention count and \
-    HTTP requests. Needs the bearer token when the server has one.";
+    started and ended, step durations, retries, compensations, the needs-attention count, the \
+    sagas waiting by what they wait for, and HTTP requests. Needs the bearer token when the server has one.";
 
 /// `GET /metrics`: the Prometheus text exposition of this process's series.
 #[utoipa::path(
@@ -189,6 +195,19 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> Result<Response, A
         }
         // Still serve the other series: a scrape that fails entirely would hide them too.
         Err(e) => tracing::warn!(error = %e, "cannot count the sagas needing attention"),
+    }
+    match state.engine.store().waiting().await {
+        Ok(w) => {
+            for (kind, n) in [
+                ("sleep", w.sleep),
+                ("signal", w.signal),
+                ("child", w.child),
+                ("scheduled", w.scheduled),
+            ] {
+                metrics::gauge!("saga_waiting", "kind" => kind).set(n as f64);
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot count the waiting sagas"),
     }
     let body = state.metrics.render();
     Ok((

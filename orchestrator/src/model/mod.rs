@@ -89,7 +89,7 @@ macro_rules! wire_enum {
 }
 
 mod stages;
-pub use stages::{stages_of, StageKind, StageRecord};
+pub use stages::{stages_of, StageKind, StageRecord, WaitingCounts};
 
 /// A stored or given text that names no known value (a corrupt row, a typo in `--status`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

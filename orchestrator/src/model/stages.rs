@@ -91,6 +91,19 @@ pub struct StageRecord {
     pub branches: Option<Vec<StepRecord>>,
 }
 
+/// How many sagas wait without a worker, by what they wait for (the `saga_waiting` gauge).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WaitingCounts {
+    /// Stages sleeping until their wake time.
+    pub sleep: u64,
+    /// Stages waiting for a signal.
+    pub signal: u64,
+    /// Stages waiting for their child saga (starting, running or compensating).
+    pub child: u64,
+    /// Sagas started with a start time still ahead.
+    pub scheduled: u64,
+}
+
 impl Saga {
     /// The saga with [`Saga::stages`] computed from its rows.
     pub fn with_stages(mut self) -> Self {

@@ -395,6 +395,9 @@ pub trait Store: IdempotencyStore + OutboxStore + Send + Sync + 'static {
         limit: u32,
     ) -> Result<Vec<Uuid>>;
 
+    /// How many sagas wait without a worker, by what they wait for.
+    async fn waiting(&self) -> Result<crate::model::WaitingCounts>;
+
     /// A saga's event history, oldest first.
     async fn events(&self, id: Uuid) -> Result<Vec<Event>>;
 

@@ -26,7 +26,9 @@ use uuid::Uuid;
 
 use sql::{Arg, Reader, Tx};
 
-use crate::model::{Attempt, Event, IdPrefix, ListFilter, Millis, Saga, SagaPage, SagaStatus};
+use crate::model::{
+    Attempt, Event, IdPrefix, ListFilter, Millis, Saga, SagaPage, SagaStatus, WaitingCounts,
+};
 use crate::store::idempotency::{Callback, IdempotencyStore};
 use crate::store::outbox::{
     ClaimedDelivery, Delivery, DeliveryOutcome, NewDelivery, OutboxEvent, OutboxPosition,
@@ -158,6 +160,11 @@ impl<B: SqlBackend> Store for B {
 
     async fn saga_ids_with_prefix(&self, prefix: &IdPrefix, limit: u32) -> Result<Vec<Uuid>> {
         reads::saga_ids_with_prefix(self.reader(), prefix, limit).await
+    }
+
+    async fn waiting(&self) -> Result<WaitingCounts> {
+        let now = SqlBackend::now(self).await?;
+        reads::waiting(self.reader(), now).await
     }
 
     async fn events(&self, id: Uuid) -> Result<Vec<Event>> {

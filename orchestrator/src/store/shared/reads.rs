@@ -5,7 +5,8 @@ use uuid::Uuid;
 
 use super::sql::{Arg, Reader, Row, Tx};
 use crate::model::{
-    Attempt, Event, IdPrefix, ListFilter, Saga, SagaPage, SagaStatus, StepRecord, Worker,
+    Attempt, Event, IdPrefix, ListFilter, Saga, SagaPage, SagaStatus, StepRecord, WaitingCounts,
+    Worker,
 };
 use crate::store::rows::{
     attempt_from_row, event_from_row, page_from_rows, parse_enum, parse_ids, saga_from_row,
@@ -114,6 +115,40 @@ pub(crate) async fn list_sagas(reader: Reader<'_>, filter: &ListFilter) -> Resul
     sql.push_str(&format!(" ORDER BY id DESC LIMIT ${}", args.len()));
     let rows: Vec<Row> = reader.all(&sql, &args).await?;
     page_from_rows(&rows, limit)
+}
+
+/// The waiting stages of unfinished sagas by kind, and the scheduled starts still ahead. Walks
+/// `sagas_status` for the unfinished sagas and their steps' keys, never the finished log.
+pub(crate) async fn waiting(reader: Reader<'_>, now: i64) -> Result<WaitingCounts> {
+    let rows = reader
+        .all(
+            "SELECT st.kind, COUNT(*) AS n FROM sagas s JOIN steps st ON st.saga_id = s.id \
+             WHERE s.status IN ('RUNNING', 'COMPENSATING') \
+             AND (st.status = 'WAITING' OR st.comp_status = 'WAITING') \
+             AND st.kind IN ('sleep', 'signal', 'child') GROUP BY st.kind",
+            &[],
+        )
+        .await?;
+    let mut counts = WaitingCounts::default();
+    for row in &rows {
+        let n = u64::try_from(row.get::<i64>("n")?).unwrap_or(0);
+        match row.get::<String>("kind")?.as_str() {
+            "sleep" => counts.sleep = n,
+            "signal" => counts.signal = n,
+            _ => counts.child = n,
+        }
+    }
+    let scheduled = reader
+        .opt(
+            "SELECT COUNT(*) AS n FROM sagas WHERE status = 'QUEUED' \
+             AND scheduled_at IS NOT NULL AND next_run_at > $1",
+            &[Arg::Int(now)],
+        )
+        .await?;
+    if let Some(row) = scheduled {
+        counts.scheduled = u64::try_from(row.get::<i64>("n")?).unwrap_or(0);
+    }
+    Ok(counts)
 }
 
 /// A saga's event history, oldest first.
