@@ -1164,3 +1164,97 @@ async fn a_saga_parked_on_a_timer_is_taken_up_while_other_sagas_keep_ending() {
     assert_eq!(status, Some(SagaStatus::Completed));
     eng.stop().await;
 }
+
+/// An input that counts how often it is deserialised.
+#[derive(Debug)]
+struct Counted {
+    amount: i64,
+}
+
+static PARSES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+impl<'de> serde::Deserialize<'de> for Counted {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(serde::Deserialize)]
+        struct Raw {
+            amount: i64,
+        }
+        PARSES.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Raw::deserialize(d).map(|r| Counted { amount: r.amount })
+    }
+}
+
+#[tokio::test]
+async fn steps_share_the_state_the_input_parsed_once_and_typed_outputs() {
+    use saga_dsl::{SagaDefinition, Stage, Step, StepContext, StepError};
+    /// The application's state: a journal of what the participants did.
+    struct Shop {
+        calls: Journal,
+    }
+    const CHARGE: Stage<i64> = Stage::named("charge");
+    async fn charge(ctx: StepContext) -> Result<i64, StepError> {
+        let (shop, input) = (ctx.state::<Shop>()?, ctx.input::<Counted>()?);
+        shop.calls.push("charge", "action", ctx.idempotency_key());
+        Ok(input.amount * 100)
+    }
+    async fn refund(ctx: StepContext) -> Result<(), StepError> {
+        ctx.state::<Shop>()?
+            .calls
+            .push("charge", "compensation", ctx.idempotency_key());
+        Ok(())
+    }
+    async fn ship(ctx: StepContext) -> Result<String, StepError> {
+        let (shop, input) = (ctx.state::<Shop>()?, ctx.input::<Counted>()?);
+        let charged = ctx.output(CHARGE)?;
+        shop.calls.push("ship", "action", ctx.idempotency_key());
+        Ok(format!("{} for {charged}", input.amount))
+    }
+    async fn stateless(ctx: StepContext) -> Result<(), StepError> {
+        ctx.state::<String>().map(|_| ())
+    }
+    let shop = std::sync::Arc::new(Shop {
+        calls: Journal::default(),
+    });
+    let def = SagaDefinition::builder("typed", 1)
+        .state(shop.clone())
+        .step(Step::compensatable(CHARGE, charge, refund))
+        .step(Step::pivot("ship", ship))
+        .build()
+        .unwrap();
+    let wrong = SagaDefinition::builder("wrong_state", 1)
+        .state(shop.clone())
+        .step(Step::pivot("p", stateless))
+        .build()
+        .unwrap();
+    let db = TempDb::new();
+    let store = db.store().await;
+    let eng = RunningEngine::start(store.clone(), registry_of([def, wrong]), test_config());
+    let saga = eng
+        .engine
+        .start_saga("typed", json!({"amount": 7}))
+        .await
+        .unwrap();
+    let done = wait_terminal(&store, saga.id).await;
+    assert_eq!(done.status, SagaStatus::Completed, "{done:#?}");
+    assert_eq!(done.steps[1].output, Some(json!("7 for 700")));
+    assert_eq!(shop.calls.names(), ["charge:action", "ship:action"]);
+    assert_eq!(
+        PARSES.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "two steps of one run read the input; it was parsed once"
+    );
+
+    let other = eng
+        .engine
+        .start_saga("wrong_state", json!({}))
+        .await
+        .unwrap();
+    let failed = wait_terminal(&store, other.id).await;
+    eng.stop().await;
+    assert_eq!(failed.status, SagaStatus::Compensated);
+    let error = failed.steps[0].action.last_error.clone().unwrap();
+    assert!(
+        error.contains("no state of type alloc::string::String"),
+        "{error}"
+    );
+}

@@ -96,7 +96,7 @@ async fn a_condition_that_cannot_be_decided_fails_its_step_and_compensates() {
                 |_: saga_dsl::StepContext| async { Ok(()) },
                 |_: saga_dsl::StepContext| async { Ok(()) },
             )
-            .when(|ctx| ctx.input::<bool>()),
+            .when(|ctx| ctx.input::<bool>().map(|b| *b)),
         )
         .build()
         .unwrap();

@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use saga_dsl::{
     Action, Compensation, DefinitionError, JsonSchema, SagaDefinition, Step, StepContext,
+    StepError, Value,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -104,112 +105,94 @@ static PARTS: [Part; 3] = [
 
 /// The `book_trip` definition, its participants working against `shop`.
 pub fn book_trip(shop: Arc<Shop>) -> Result<SagaDefinition, DefinitionError> {
-    let mut builder = SagaDefinition::builder(NAME, VERSION).input::<TripInput>();
+    let mut builder = SagaDefinition::builder(NAME, VERSION)
+        .input::<TripInput>()
+        .state(shop);
     for part in &PARTS {
-        builder = builder.step(compensatable(
-            part.step,
-            book(shop.clone(), part),
-            cancel(shop.clone(), part),
-        ));
+        builder = builder.step(compensatable(part.step, book(part), cancel(part)));
     }
     builder
         .step(
-            Step::pivot("charge_and_confirm", charge_and_confirm(shop.clone()))
+            Step::pivot("charge_and_confirm", charge_and_confirm)
                 .retry(action_policy())
                 .timeout(ATTEMPT_TIMEOUT),
         )
         .step(
             // Retried without end: after the pivot the only way is forward.
-            Step::retriable("send_itinerary", send_itinerary(shop))
+            Step::retriable("send_itinerary", send_itinerary)
                 .retry(compensation_policy())
                 .timeout(ATTEMPT_TIMEOUT),
         )
         .build()
 }
 
-fn book(shop: Arc<Shop>, part: &'static Part) -> impl Action {
-    move |ctx: StepContext| {
-        let shop = shop.clone();
-        async move {
-            let input: TripInput = ctx.input()?;
-            let output = Booking {
-                booking_ref: short_id(part.prefix, &ctx),
-                price: part.price,
-            };
-            let call = Call {
-                owner: &input.trip_id,
-                effect: part.booked.into(),
-                amount: part.price,
-                refusal: part.refusal,
-                output: json!(output),
-            };
-            act(&shop, &ctx, &input.simulate, call).await
-        }
+fn book(part: &'static Part) -> impl Action {
+    move |ctx: StepContext| async move {
+        let (shop, input) = (ctx.state::<Shop>()?, ctx.input::<TripInput>()?);
+        let output = Booking {
+            booking_ref: short_id(part.prefix, &ctx),
+            price: part.price,
+        };
+        let call = Call {
+            owner: &input.trip_id,
+            effect: part.booked.into(),
+            amount: part.price,
+            refusal: part.refusal,
+            output: json!(output),
+        };
+        act(shop, &ctx, &input.simulate, call).await
     }
 }
 
-fn cancel(shop: Arc<Shop>, part: &'static Part) -> impl Compensation {
-    move |ctx: StepContext| {
-        let shop = shop.clone();
-        async move {
-            let input: TripInput = ctx.input()?;
-            compensate(
-                &shop,
-                &ctx,
-                &input.simulate,
-                part.compensation,
-                &input.trip_id,
-                part.booked.into(),
-                part.cancelled.into(),
-            )
-            .await
-        }
+fn cancel(part: &'static Part) -> impl Compensation {
+    move |ctx: StepContext| async move {
+        let (shop, input) = (ctx.state::<Shop>()?, ctx.input::<TripInput>()?);
+        compensate(
+            shop,
+            &ctx,
+            &input.simulate,
+            part.compensation,
+            &input.trip_id,
+            part.booked.into(),
+            part.cancelled.into(),
+        )
+        .await
     }
 }
 
-fn charge_and_confirm(shop: Arc<Shop>) -> impl Action {
-    move |ctx: StepContext| {
-        let shop = shop.clone();
-        async move {
-            let input: TripInput = ctx.input()?;
-            let mut amount = 0;
-            for part in &PARTS {
-                amount += ctx.output_of::<Booking>(part.step)?.price;
-            }
-            let output = TripCharge {
-                charge_id: short_id("ch", &ctx),
-                amount,
-            };
-            let call = Call {
-                owner: &input.trip_id,
-                effect: Effect::TripCharged.into(),
-                amount,
-                refusal: "card declined",
-                output: json!(output),
-            };
-            act(&shop, &ctx, &input.simulate, call).await
-        }
+async fn charge_and_confirm(ctx: StepContext) -> Result<Value, StepError> {
+    let (shop, input) = (ctx.state::<Shop>()?, ctx.input::<TripInput>()?);
+    let mut amount = 0;
+    for part in &PARTS {
+        amount += ctx.output_of::<Booking>(part.step)?.price;
     }
+    let output = TripCharge {
+        charge_id: short_id("ch", &ctx),
+        amount,
+    };
+    let call = Call {
+        owner: &input.trip_id,
+        effect: Effect::TripCharged.into(),
+        amount,
+        refusal: "card declined",
+        output: json!(output),
+    };
+    act(shop, &ctx, &input.simulate, call).await
 }
 
-fn send_itinerary(shop: Arc<Shop>) -> impl Action {
-    move |ctx: StepContext| {
-        let shop = shop.clone();
-        async move {
-            let input: TripInput = ctx.input()?;
-            let output = Itinerary {
-                sent_to: input.traveller.clone(),
-            };
-            let call = Call {
-                owner: &input.trip_id,
-                effect: Effect::ItinerarySent.into(),
-                amount: 0,
-                refusal: "mailbox does not exist",
-                output: json!(output),
-            };
-            act(&shop, &ctx, &input.simulate, call).await
-        }
-    }
+async fn send_itinerary(ctx: StepContext) -> Result<Value, StepError> {
+    let (shop, input) = (ctx.state::<Shop>()?, ctx.input::<TripInput>()?);
+    let output = Itinerary {
+        sent_to: input.traveller.clone(),
+    };
+    let call = Call {
+        owner: &input.trip_id,
+        effect: Effect::ItinerarySent.into(),
+        amount: 0,
+        refusal: "mailbox does not exist",
+        output: json!(output),
+    };
+    act(shop, &ctx, &input.simulate, call).await
 }
 
 #[cfg(test)]
@@ -263,7 +246,8 @@ mod tests {
                     attempt,
                     input.clone(),
                     Arc::new(outputs.clone()),
-                );
+                )
+                .with_state(def.state().cloned());
                 match step
                     .action()
                     .expect("book_trip's steps all call")
@@ -304,7 +288,8 @@ mod tests {
                 attempt,
                 input.clone(),
                 Arc::new(outputs.clone()),
-            );
+            )
+            .with_state(def.state().cloned());
             def.steps()[0]
                 .compensation()
                 .unwrap()

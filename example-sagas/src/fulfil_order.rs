@@ -6,12 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use saga_dsl::{
-    Action, Compensation, DefinitionError, JsonSchema, SagaDefinition, Step, StepContext, StepError,
+    Compensation, DefinitionError, JsonSchema, SagaDefinition, Stage, Step, StepContext, StepError,
+    Value,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::place_order::{action_policy, compensatable, short_id, ATTEMPT_TIMEOUT};
+use crate::place_order::{action_policy, compensatable, short_id, Charge, ATTEMPT_TIMEOUT};
 use crate::shop::{Effect, Label, Shop};
 pub use crate::simulate::Simulate;
 use crate::simulate::{act, compensate, Call};
@@ -91,6 +92,7 @@ pub struct Approval {
 pub fn fulfil_order(shop: Arc<Shop>) -> Result<SagaDefinition, DefinitionError> {
     SagaDefinition::builder(NAME, VERSION)
         .input::<FulfilInput>()
+        .state(shop)
         .step(
             Step::map(
                 "reserve_items",
@@ -110,51 +112,25 @@ pub fn fulfil_order(shop: Arc<Shop>) -> Result<SagaDefinition, DefinitionError> 
                 },
                 compensatable(
                     "reserve_item",
-                    reserve_item(shop.clone()),
-                    undo(
-                        shop.clone(),
-                        "release_item",
-                        Effect::Reserved,
-                        Effect::Released,
-                    ),
+                    reserve_item,
+                    undo("release_item", Effect::Reserved, Effect::Released),
                 ),
             )
             .max_concurrency(8),
         )
         .step(compensatable(
-            "charge_payment",
-            charge_payment(shop.clone()),
-            undo(
-                shop.clone(),
-                "refund_payment",
-                Effect::Charged,
-                Effect::Refunded,
-            ),
+            CHARGE,
+            charge_payment,
+            undo("refund_payment", Effect::Charged, Effect::Refunded),
         ))
         .step(
             Step::signal("await_approval", APPROVAL)
                 .when(|ctx| Ok(ctx.input::<FulfilInput>()?.needs_approval))
                 .signal_timeout_from(|ctx| {
-                    Ok(Duration::from_secs(
-                        ctx.input::<FulfilInput>()?.approval_timeout_s,
-                    ))
+                    let timeout = ctx.input::<FulfilInput>()?.approval_timeout_s;
+                    Ok(Duration::from_secs(timeout))
                 })
-                .accept(|_, payload| {
-                    let approval: Approval =
-                        serde_json::from_value(payload.clone()).map_err(|e| {
-                            StepError::permanent(format!(
-                                "the approval is not {{\"approved\": bool, \"by\": str}}: {e}"
-                            ))
-                        })?;
-                    if approval.approved {
-                        Ok(payload)
-                    } else {
-                        Err(StepError::permanent(format!(
-                            "not approved by {}",
-                            approval.by
-                        )))
-                    }
-                }),
+                .accept(approve),
         )
         .step(Step::sleep_for("cooling_off", |ctx| {
             Ok(Duration::from_millis(
@@ -162,16 +138,46 @@ pub fn fulfil_order(shop: Arc<Shop>) -> Result<SagaDefinition, DefinitionError> 
             ))
         }))
         .step(
-            Step::pivot("ship", ship(shop.clone()))
+            Step::pivot(SHIP, ship)
                 .retry(action_policy())
                 .timeout(ATTEMPT_TIMEOUT),
         )
         .step(
-            Step::retriable("notify_customer", notify_customer(shop))
+            Step::retriable("notify_customer", notify_customer)
                 .retry(action_policy().with_unlimited_attempts())
                 .timeout(ATTEMPT_TIMEOUT),
         )
         .build()
+}
+
+/// `charge_payment`, whose output [`Charge`] later stages may read.
+pub const CHARGE: Stage<Charge> = Stage::named("charge_payment");
+/// `ship`, whose output [`Shipment`] `notify_customer` reads.
+pub const SHIP: Stage<Shipment> = Stage::named("ship");
+
+/// The output of `ship`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shipment {
+    /// The carrier's tracking number.
+    pub tracking: String,
+}
+
+/// Takes the payload of `approval` as the stage's output when it approves; a refusal fails
+/// the stage for good, which compensates the order.
+fn approve(_: &StepContext, payload: Value) -> Result<Value, StepError> {
+    let approval: Approval = serde_json::from_value(payload.clone()).map_err(|e| {
+        StepError::permanent(format!(
+            "the approval is not {{\"approved\": bool, \"by\": str}}: {e}"
+        ))
+    })?;
+    if approval.approved {
+        Ok(payload)
+    } else {
+        Err(StepError::permanent(format!(
+            "not approved by {}",
+            approval.by
+        )))
+    }
 }
 
 /// The output of a branch of `reserve_items`.
@@ -185,108 +191,87 @@ pub struct ItemReservation {
     pub qty: i64,
 }
 
-fn reserve_item(shop: Arc<Shop>) -> impl Action {
-    move |ctx: StepContext| {
-        let shop = shop.clone();
-        async move {
-            let input: FulfilInput = ctx.input()?;
-            let item: Item = ctx.element()?;
-            let output = ItemReservation {
-                reservation_id: short_id("res", &ctx),
-                sku: item.sku.clone(),
-                qty: item.qty,
-            };
-            let call = Call {
-                owner: &input.order_id,
-                effect: Label::item(Effect::Reserved, &item.sku),
-                amount: item.qty,
-                refusal: "out of stock",
-                output: json!(output),
-            };
-            act(&shop, &ctx, &input.simulate, call).await
-        }
-    }
+async fn reserve_item(ctx: StepContext) -> Result<Value, StepError> {
+    let (shop, input) = (ctx.state::<Shop>()?, ctx.input::<FulfilInput>()?);
+    let item: Item = ctx.element()?;
+    let output = ItemReservation {
+        reservation_id: short_id("res", &ctx),
+        sku: item.sku.clone(),
+        qty: item.qty,
+    };
+    let call = Call {
+        owner: &input.order_id,
+        effect: Label::item(Effect::Reserved, &item.sku),
+        amount: item.qty,
+        refusal: "out of stock",
+        output: json!(output),
+    };
+    act(shop, &ctx, &input.simulate, call).await
 }
 
-fn charge_payment(shop: Arc<Shop>) -> impl Action {
-    move |ctx: StepContext| {
-        let shop = shop.clone();
-        async move {
-            let input: FulfilInput = ctx.input()?;
-            let output = json!({"charge_id": short_id("ch", &ctx), "amount": input.amount});
-            let call = Call {
-                owner: &input.order_id,
-                effect: Effect::Charged.into(),
-                amount: input.amount,
-                refusal: "card declined",
-                output,
-            };
-            act(&shop, &ctx, &input.simulate, call).await
-        }
-    }
+async fn charge_payment(ctx: StepContext) -> Result<Value, StepError> {
+    let (shop, input) = (ctx.state::<Shop>()?, ctx.input::<FulfilInput>()?);
+    let output = Charge {
+        charge_id: short_id("ch", &ctx),
+        amount: input.amount,
+    };
+    let call = Call {
+        owner: &input.order_id,
+        effect: Effect::Charged.into(),
+        amount: input.amount,
+        refusal: "card declined",
+        output: json!(output),
+    };
+    act(shop, &ctx, &input.simulate, call).await
 }
 
-fn ship(shop: Arc<Shop>) -> impl Action {
-    move |ctx: StepContext| {
-        let shop = shop.clone();
-        async move {
-            let input: FulfilInput = ctx.input()?;
-            let call = Call {
-                owner: &input.order_id,
-                effect: Effect::Shipped.into(),
-                amount: 0,
-                refusal: "the carrier refused the parcel",
-                output: json!({"tracking": short_id("trk", &ctx)}),
-            };
-            act(&shop, &ctx, &input.simulate, call).await
-        }
-    }
+async fn ship(ctx: StepContext) -> Result<Value, StepError> {
+    let (shop, input) = (ctx.state::<Shop>()?, ctx.input::<FulfilInput>()?);
+    let output = Shipment {
+        tracking: short_id("trk", &ctx),
+    };
+    let call = Call {
+        owner: &input.order_id,
+        effect: Effect::Shipped.into(),
+        amount: 0,
+        refusal: "the carrier refused the parcel",
+        output: json!(output),
+    };
+    act(shop, &ctx, &input.simulate, call).await
 }
 
-fn notify_customer(shop: Arc<Shop>) -> impl Action {
-    move |ctx: StepContext| {
-        let shop = shop.clone();
-        async move {
-            let input: FulfilInput = ctx.input()?;
-            let call = Call {
-                owner: &input.order_id,
-                effect: Effect::Notified.into(),
-                amount: 0,
-                refusal: "the customer cannot be reached",
-                output: json!({"to": input.user}),
-            };
-            act(&shop, &ctx, &input.simulate, call).await
-        }
-    }
+async fn notify_customer(ctx: StepContext) -> Result<Value, StepError> {
+    let (shop, input) = (ctx.state::<Shop>()?, ctx.input::<FulfilInput>()?);
+    let shipment = ctx.output(SHIP)?;
+    let call = Call {
+        owner: &input.order_id,
+        effect: Effect::Notified.into(),
+        amount: 0,
+        refusal: "the customer cannot be reached",
+        output: json!({"to": input.user, "tracking": shipment.tracking}),
+    };
+    act(shop, &ctx, &input.simulate, call).await
 }
 
 /// The compensation `name`, undoing `action_effect` with `undo` (for a branch of
 /// `reserve_items`, of its own sku).
-fn undo(
-    shop: Arc<Shop>,
-    name: &'static str,
-    action_effect: Effect,
-    undo: Effect,
-) -> impl Compensation {
-    move |ctx: StepContext| {
-        let shop = shop.clone();
-        async move {
-            let input: FulfilInput = ctx.input()?;
-            // A branch of `reserve_items` is named by its sku.
-            let (action, undo) = match ctx.branch() {
-                Some(sku) => (Label::item(action_effect, sku), Label::item(undo, sku)),
-                None => (action_effect.into(), undo.into()),
-            };
-            compensate(
-                &shop,
-                &ctx,
-                &input.simulate,
-                name,
-                &input.order_id,
-                action,
-                undo,
-            )
-            .await
-        }
+fn undo(name: &'static str, action_effect: Effect, undo: Effect) -> impl Compensation {
+    move |ctx: StepContext| async move {
+        let (shop, input) = (ctx.state::<Shop>()?, ctx.input::<FulfilInput>()?);
+        // A branch of `reserve_items` is named by its sku.
+        let (action, undo) = match ctx.branch() {
+            Some(sku) => (Label::item(action_effect, sku), Label::item(undo, sku)),
+            None => (action_effect.into(), undo.into()),
+        };
+        compensate(
+            shop,
+            &ctx,
+            &input.simulate,
+            name,
+            &input.order_id,
+            action,
+            undo,
+        )
+        .await
     }
 }

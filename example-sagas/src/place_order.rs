@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use saga_dsl::{
     Action, Compensation, DefinitionError, JsonSchema, RetryPolicy, SagaDefinition, Step,
-    StepContext,
+    StepContext, StepError, Value,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -84,7 +84,7 @@ pub(crate) const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A compensatable step with the example policies.
 pub(crate) fn compensatable(
-    name: &str,
+    name: impl Into<String>,
     action: impl Action,
     compensation: impl Compensation,
 ) -> Step {
@@ -118,31 +118,21 @@ pub(crate) fn short_id(prefix: &str, ctx: &StepContext) -> String {
 pub fn place_order(shop: Arc<Shop>) -> Result<SagaDefinition, DefinitionError> {
     SagaDefinition::builder(NAME, VERSION)
         .input::<OrderInput>()
+        .state(shop)
         .step(compensatable(
             "reserve_stock",
-            reserve_stock(shop.clone()),
-            undo(
-                shop.clone(),
-                "release_stock",
-                Effect::Reserved,
-                Effect::Released,
-            ),
+            reserve_stock,
+            undo("release_stock", Effect::Reserved, Effect::Released),
         ))
         .step(compensatable(
             "charge_payment",
-            charge_payment(shop.clone()),
-            undo(
-                shop.clone(),
-                "refund_payment",
-                Effect::Charged,
-                Effect::Refunded,
-            ),
+            charge_payment,
+            undo("refund_payment", Effect::Charged, Effect::Refunded),
         ))
         .step(compensatable(
             "assign_rider",
-            assign_rider(shop.clone()),
+            assign_rider,
             undo(
-                shop,
                 "unassign_rider",
                 Effect::RiderAssigned,
                 Effect::RiderUnassigned,
@@ -151,93 +141,70 @@ pub fn place_order(shop: Arc<Shop>) -> Result<SagaDefinition, DefinitionError> {
         .build()
 }
 
-fn reserve_stock(shop: Arc<Shop>) -> impl Action {
-    move |ctx: StepContext| {
-        let shop = shop.clone();
-        async move {
-            let input: OrderInput = ctx.input()?;
-            let output = Reservation {
-                reservation_id: short_id("res", &ctx),
-            };
-            let call = Call {
-                owner: &input.order_id,
-                effect: Effect::Reserved.into(),
-                amount: 0,
-                refusal: "out of stock",
-                output: json!(output),
-            };
-            act(&shop, &ctx, &input.simulate, call).await
-        }
-    }
+async fn reserve_stock(ctx: StepContext) -> Result<Value, StepError> {
+    let (shop, input) = (ctx.state::<Shop>()?, ctx.input::<OrderInput>()?);
+    let output = Reservation {
+        reservation_id: short_id("res", &ctx),
+    };
+    let call = Call {
+        owner: &input.order_id,
+        effect: Effect::Reserved.into(),
+        amount: 0,
+        refusal: "out of stock",
+        output: json!(output),
+    };
+    act(shop, &ctx, &input.simulate, call).await
 }
 
-fn charge_payment(shop: Arc<Shop>) -> impl Action {
-    move |ctx: StepContext| {
-        let shop = shop.clone();
-        async move {
-            let input: OrderInput = ctx.input()?;
-            let output = Charge {
-                charge_id: short_id("ch", &ctx),
-                amount: input.amount,
-            };
-            let call = Call {
-                owner: &input.order_id,
-                effect: Effect::Charged.into(),
-                amount: input.amount,
-                refusal: "card declined",
-                output: json!(output),
-            };
-            act(&shop, &ctx, &input.simulate, call).await
-        }
-    }
+async fn charge_payment(ctx: StepContext) -> Result<Value, StepError> {
+    let (shop, input) = (ctx.state::<Shop>()?, ctx.input::<OrderInput>()?);
+    let output = Charge {
+        charge_id: short_id("ch", &ctx),
+        amount: input.amount,
+    };
+    let call = Call {
+        owner: &input.order_id,
+        effect: Effect::Charged.into(),
+        amount: input.amount,
+        refusal: "card declined",
+        output: json!(output),
+    };
+    act(shop, &ctx, &input.simulate, call).await
 }
 
-fn assign_rider(shop: Arc<Shop>) -> impl Action {
-    move |ctx: StepContext| {
-        let shop = shop.clone();
-        async move {
-            let input: OrderInput = ctx.input()?;
-            // Deterministic per key, so a retry picks the same rider.
-            let pick = usize::from(ctx.idempotency_key().as_bytes()[0]) % RIDERS.len();
-            let output = RiderAssignment {
-                rider: RIDERS[pick].to_owned(),
-            };
-            let call = Call {
-                owner: &input.order_id,
-                effect: Effect::RiderAssigned.into(),
-                amount: 0,
-                refusal: "no rider within 5 km",
-                output: json!(output),
-            };
-            act(&shop, &ctx, &input.simulate, call).await
-        }
-    }
+async fn assign_rider(ctx: StepContext) -> Result<Value, StepError> {
+    let (shop, input) = (ctx.state::<Shop>()?, ctx.input::<OrderInput>()?);
+    // Deterministic per key, so a retry picks the same rider.
+    let pick = usize::from(ctx.idempotency_key().as_bytes()[0]) % RIDERS.len();
+    let output = RiderAssignment {
+        rider: RIDERS[pick].to_owned(),
+    };
+    let call = Call {
+        owner: &input.order_id,
+        effect: Effect::RiderAssigned.into(),
+        amount: 0,
+        refusal: "no rider within 5 km",
+        output: json!(output),
+    };
+    act(shop, &ctx, &input.simulate, call).await
 }
 
 /// The compensation `name`, undoing `action_effect` with `undo`. All three compensations have the
 /// same shape: they find what to undo by the action's key, not by its output (see
 /// [`crate::shop::Shop::undo_once`]).
-fn undo(
-    shop: Arc<Shop>,
-    name: &'static str,
-    action_effect: Effect,
-    undo: Effect,
-) -> impl Compensation {
-    move |ctx: StepContext| {
-        let shop = shop.clone();
-        async move {
-            let input: OrderInput = ctx.input()?;
-            compensate(
-                &shop,
-                &ctx,
-                &input.simulate,
-                name,
-                &input.order_id,
-                action_effect.into(),
-                undo.into(),
-            )
-            .await
-        }
+fn undo(name: &'static str, action_effect: Effect, undo: Effect) -> impl Compensation {
+    move |ctx: StepContext| async move {
+        let (shop, input) = (ctx.state::<Shop>()?, ctx.input::<OrderInput>()?);
+        compensate(
+            shop,
+            &ctx,
+            &input.simulate,
+            name,
+            &input.order_id,
+            action_effect.into(),
+            undo.into(),
+        )
+        .await
     }
 }
 
@@ -261,7 +228,14 @@ mod tests {
         (dir, shop, def)
     }
 
-    fn ctx(saga: Uuid, index: usize, phase: Phase, attempt: u32, input: &Value) -> StepContext {
+    fn ctx(
+        def: &SagaDefinition,
+        saga: Uuid,
+        index: usize,
+        phase: Phase,
+        attempt: u32,
+        input: &Value,
+    ) -> StepContext {
         let name = ["reserve_stock", "charge_payment", "assign_rider"][index];
         StepContext::new(
             saga,
@@ -272,6 +246,7 @@ mod tests {
             Arc::new(input.clone()),
             Arc::new(BTreeMap::new()),
         )
+        .with_state(def.state().cloned())
     }
 
     async fn run_action(
@@ -281,7 +256,7 @@ mod tests {
         attempt: u32,
         input: &Value,
     ) -> Result<Value, StepError> {
-        let c = ctx(saga, index, Phase::Action, attempt, input);
+        let c = ctx(def, saga, index, Phase::Action, attempt, input);
         def.steps()[index]
             .action()
             .expect("place_order's steps all call")
@@ -296,7 +271,7 @@ mod tests {
         attempt: u32,
         input: &Value,
     ) -> Result<(), StepError> {
-        let c = ctx(saga, index, Phase::Compensation, attempt, input);
+        let c = ctx(def, saga, index, Phase::Compensation, attempt, input);
         let comp = def.steps()[index].compensation().unwrap();
         comp.run(c).await
     }

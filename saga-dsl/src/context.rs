@@ -8,6 +8,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use uuid::Uuid;
 
+use crate::shared::{InputCache, SharedState, Stage};
 use crate::StepError;
 
 /// Whether a call is a step's action or its compensation.
@@ -89,7 +90,8 @@ struct BranchOf {
 
 /// Everything an action or a compensation is given when it runs.
 ///
-/// Cheap to clone: the saga input and earlier outputs are shared.
+/// Cheap to clone: the saga input, its typed forms, earlier outputs and the application's state
+/// are shared.
 #[derive(Debug, Clone)]
 pub struct StepContext {
     saga_id: Uuid,
@@ -98,8 +100,10 @@ pub struct StepContext {
     phase: Phase,
     attempt: u32,
     input: Arc<Value>,
+    typed_input: InputCache,
     outputs: Arc<BTreeMap<String, Value>>,
     branch: Option<BranchOf>,
+    state: Option<SharedState>,
 }
 
 impl StepContext {
@@ -123,9 +127,42 @@ impl StepContext {
             phase,
             attempt,
             input,
+            typed_input: InputCache::new(),
             outputs,
             branch: None,
+            state: None,
         }
+    }
+
+    /// This context, with the state of the saga's definition
+    /// ([`SagaDefinition::state`](crate::SagaDefinition::state)). The orchestrator does this.
+    pub fn with_state(mut self, state: Option<SharedState>) -> Self {
+        self.state = state;
+        self
+    }
+
+    /// This context, sharing `cache`'s typed input with the other calls of the same run. The
+    /// orchestrator does this.
+    pub fn with_input_cache(mut self, cache: InputCache) -> Self {
+        self.typed_input = cache;
+        self
+    }
+
+    /// The application's state given to the definition with
+    /// [`SagaBuilder::state`](crate::SagaBuilder::state): the one `Arc` every call shares,
+    /// instead of a clone moved into each closure. A definition without a state of type `S`
+    /// is a permanent error.
+    pub fn state<S: Send + Sync + 'static>(&self) -> Result<&S, StepError> {
+        self.state
+            .as_deref()
+            .and_then(|s| s.downcast_ref::<S>())
+            .ok_or_else(|| {
+                StepError::permanent(format!(
+                    "the saga's definition has no state of type {}: give it with \
+                     SagaDefinition::builder(..).state(..)",
+                    std::any::type_name::<S>()
+                ))
+            })
     }
 
     /// This context, for the branch `branch` of the parallel group `stage` (with its element,
@@ -213,10 +250,21 @@ impl StepContext {
         &self.input
     }
 
-    /// The saga input, typed. A mismatch is a permanent error: retrying cannot fix it.
-    pub fn input<T: DeserializeOwned>(&self) -> Result<T, StepError> {
-        T::deserialize(&*self.input)
+    /// The saga input, typed. It is deserialised once per type for all the calls of a run of
+    /// the saga, and shared. A mismatch is a permanent error: retrying cannot fix it.
+    pub fn input<T>(&self) -> Result<Arc<T>, StepError>
+    where
+        T: DeserializeOwned + Send + Sync + 'static,
+    {
+        self.typed_input
+            .get_or_parse::<T>(&self.input)
             .map_err(|e| StepError::permanent(format!("saga input does not fit: {e}")))
+    }
+
+    /// The output of the earlier stage `stage`, typed by the stage's declaration; see
+    /// [`Stage`]. Missing or mismatched is a permanent error.
+    pub fn output<T: DeserializeOwned>(&self, stage: Stage<T>) -> Result<T, StepError> {
+        self.output_of(stage.name())
     }
 
     /// The JSON output of an earlier step, if it succeeded.

@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::{DefinitionError, Step, StepKind};
+use crate::{DefinitionError, SharedState, Step, StepKind};
 
 type InputCheck = Arc<dyn Fn(&Value) -> Result<(), String> + Send + Sync>;
 
@@ -31,7 +31,7 @@ pub const INPUT_ROOT: &str = "(root)";
 /// struct Order { order_id: String, amount: i64 }
 ///
 /// async fn reserve(ctx: StepContext) -> Result<String, StepError> {
-///     let order: Order = ctx.input()?;
+///     let order = ctx.input::<Order>()?;
 ///     Ok(format!("reservation for {}", order.order_id))
 /// }
 /// async fn release(_ctx: StepContext) -> Result<(), StepError> { Ok(()) }
@@ -61,6 +61,7 @@ pub struct SagaDefinition {
     hash: String,
     input_check: InputCheck,
     input_schema: Arc<Schema>,
+    state: Option<SharedState>,
 }
 
 impl fmt::Debug for SagaDefinition {
@@ -85,6 +86,7 @@ impl SagaDefinition {
             input_check: Arc::new(|_| Ok(())),
             // Without `.input::<T>()` any JSON is accepted, which is the schema `true`.
             input_schema: Arc::new(Schema::from(true)),
+            state: None,
         }
     }
 
@@ -142,6 +144,11 @@ impl SagaDefinition {
     pub fn input_schema(&self) -> &Schema {
         &self.input_schema
     }
+
+    /// The application's state every call of this saga shares ([`SagaBuilder::state`]).
+    pub fn state(&self) -> Option<&SharedState> {
+        self.state.as_ref()
+    }
 }
 
 /// Builds a [`SagaDefinition`]; see there for an example.
@@ -151,9 +158,38 @@ pub struct SagaBuilder {
     steps: Vec<Step>,
     input_check: InputCheck,
     input_schema: Arc<Schema>,
+    state: Option<SharedState>,
 }
 
 impl SagaBuilder {
+    /// Gives every call of the saga the application's state (clients, pools, configuration):
+    /// actions, compensations and rules read it with
+    /// [`StepContext::state`](crate::StepContext::state), so no closure needs a clone of its
+    /// own. One state per definition; a second call replaces the first.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use saga_dsl::{SagaDefinition, Step, StepContext, StepError};
+    ///
+    /// struct Payments { endpoint: String }
+    ///
+    /// async fn charge(ctx: StepContext) -> Result<String, StepError> {
+    ///     let payments = ctx.state::<Payments>()?;
+    ///     Ok(format!("charged through {}", payments.endpoint))
+    /// }
+    ///
+    /// let saga = SagaDefinition::builder("pay", 1)
+    ///     .state(Arc::new(Payments { endpoint: "https://psp.example".into() }))
+    ///     .step(Step::pivot("charge", charge))
+    ///     .build()?;
+    /// assert!(saga.state().is_some());
+    /// # Ok::<(), saga_dsl::DefinitionError>(())
+    /// ```
+    pub fn state<S: Send + Sync + 'static>(mut self, state: Arc<S>) -> Self {
+        self.state = Some(state);
+        self
+    }
+
     /// Declares the input type: a start whose input does not deserialise into `T` is refused
     /// before any saga is created, and `T`'s JSON Schema becomes the definition's
     /// [`input_schema`](SagaDefinition::input_schema) (served by `GET /v1/definitions` and in
@@ -321,6 +357,7 @@ impl SagaBuilder {
             hash,
             input_check: self.input_check,
             input_schema: self.input_schema,
+            state: self.state,
         })
     }
 }

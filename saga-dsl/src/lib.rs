@@ -23,7 +23,7 @@
 //! struct Charge { charge_id: String }
 //!
 //! async fn charge(ctx: StepContext) -> Result<Charge, StepError> {
-//!     let order: Order = ctx.input()?;
+//!     let order = ctx.input::<Order>()?; // deserialised once per run of the saga
 //!     // Hand the stable key to the provider: a retry after a lost reply cannot charge twice.
 //!     let key = ctx.idempotency_key();
 //!     Ok(Charge { charge_id: format!("ch_{key}_{}", order.amount) })
@@ -72,6 +72,7 @@ mod definition;
 mod error;
 mod registry;
 mod retry;
+mod shared;
 mod step;
 
 pub use context::{branch_idempotency_key, child_saga_id, idempotency_key, Phase, StepContext};
@@ -79,6 +80,7 @@ pub use definition::{SagaBuilder, SagaDefinition, INPUT_ROOT};
 pub use error::{DefinitionError, ResultExt, StepError};
 pub use registry::Registry;
 pub use retry::RetryPolicy;
+pub use shared::{InputCache, SharedState, Stage};
 pub use step::{
     Action, BranchOf, Compensation, Step, StepKind, DEFAULT_ATTEMPT_TIMEOUT,
     DEFAULT_MAP_CONCURRENCY, MAX_BRANCHES,

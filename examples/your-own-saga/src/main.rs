@@ -11,7 +11,8 @@ struct Booking {
 }
 
 async fn reserve_seat(ctx: StepContext) -> Result<String, StepError> {
-    let booking: Booking = ctx.input()?;
+    // The input is deserialised once per run of the saga and shared by its steps.
+    let booking = ctx.input::<Booking>()?;
     // Hand the key to the seat service: it is the same on every retry and after a crash.
     println!("reserve {} (key {})", booking.seat, ctx.idempotency_key());
     Ok(format!("hold-{}", booking.seat))
@@ -24,7 +25,7 @@ async fn release_seat(ctx: StepContext) -> Result<(), StepError> {
 }
 
 async fn charge_card(ctx: StepContext) -> Result<(), StepError> {
-    let booking: Booking = ctx.input()?;
+    let booking = ctx.input::<Booking>()?;
     if booking.amount > 500 {
         return Err(StepError::permanent("card declined"));
     }

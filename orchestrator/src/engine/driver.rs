@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use saga_dsl::{Phase, SagaDefinition, Step, StepContext, StepError};
+use saga_dsl::{InputCache, Phase, SagaDefinition, Step, StepContext, StepError};
 use serde_json::{json, Value};
 use tokio_retry::strategy::{jitter, ExponentialBackoff};
 use tokio_retry::RetryIf;
@@ -78,6 +78,7 @@ pub(super) async fn drive(
             saga: claimed.saga,
             def,
             input,
+            typed_input: InputCache::new(),
             stop,
             pending: Pending::default(),
             slot: Some(slot),
@@ -104,6 +105,8 @@ pub(super) struct Driver {
     pub(super) saga: Saga,
     def: Arc<SagaDefinition>,
     input: Arc<Value>,
+    /// The input's typed forms, deserialised once for all the calls of this run.
+    typed_input: InputCache,
     pub(super) stop: CancellationToken,
     pub(super) pending: Pending,
     /// This driver's worker slot, given back as soon as the saga needs nothing more from it.
@@ -458,7 +461,9 @@ impl Driver {
             attempt,
             self.input.clone(),
             Arc::new(outputs),
-        );
+        )
+        .with_state(self.def.state().cloned())
+        .with_input_cache(self.typed_input.clone());
         match row.branch_of() {
             Some((group, branch)) => {
                 let element = self.element_of(index);
