@@ -351,12 +351,13 @@ async fn bench_waits(cli: &Cli, counts: [usize; 4], db_explicit: bool) -> anyhow
     let (_, backend, store) = bench_store(cli, db_explicit, &tmp.path().join("waits.db")).await?;
     let r = bench::waits(store, backend, sagas, signals, sleepers, concurrency).await?;
     println!(
-        "waits backend={} parked={} park_seconds={:.1} rss_mb={:.1} signals={} \
-         signal_p50_ms={:.2} signal_p99_ms={:.2} sleepers={} sleepers_resumed_s={:.2}",
+        "waits backend={} parked={} park_seconds={:.1} rss_mb={:.1} waiting_read_ms={:.1} \
+         signals={} signal_p50_ms={:.2} signal_p99_ms={:.2} sleepers={} sleepers_resumed_s={:.2}",
         r.backend,
         r.parked,
         r.park_seconds,
         r.rss_mb,
+        r.waiting_read_ms,
         r.signals,
         r.signal_p50_ms,
         r.signal_p99_ms,

@@ -219,3 +219,44 @@ async fn cancel_is_accepted_while_running_and_refused_when_too_late() {
         .await;
     assert_error(status, &body, StatusCode::BAD_REQUEST, "bad_request");
 }
+
+#[tokio::test]
+async fn a_scheduled_start_waits_queued_and_a_past_or_malformed_instant_is_refused() {
+    let api = own(HttpConfig::default()).await;
+    let in_an_hour = chrono::Utc::now() + chrono::Duration::hours(1);
+    let at = in_an_hour.to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let a = api.start_raw("s", "{}", &[("saga-start-at", &at)]).await;
+    assert_eq!(a.status, StatusCode::ACCEPTED, "{}", a.json());
+    let id = a.json()["id"].as_str().unwrap().to_owned();
+    let (status, saga) = api.get(&format!("/v1/sagas/{id}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(saga["status"], "QUEUED", "{saga:#}");
+    assert_eq!(saga["scheduled_at"], at.as_str(), "{saga:#}");
+    assert_eq!(
+        saga["lease_owner"],
+        Value::Null,
+        "nobody holds it until its time"
+    );
+
+    let an_hour_ago = (chrono::Utc::now() - chrono::Duration::hours(1)).to_rfc3339();
+    let past = api
+        .start_raw("s", "{}", &[("saga-start-at", &an_hour_ago)])
+        .await;
+    let message = assert_error(
+        past.status,
+        &past.json(),
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "start_in_past",
+    );
+    assert!(message.contains("Saga-Start-At"), "{message}");
+    for bad in ["tomorrow", "2026-13-01T00:00:00Z", "1767225600"] {
+        let a = api.start_raw("s", "{}", &[("saga-start-at", bad)]).await;
+        let message = assert_error(a.status, &a.json(), StatusCode::BAD_REQUEST, "bad_request");
+        assert!(message.contains("RFC 3339"), "{bad}: {message}");
+    }
+    assert_eq!(
+        api.saga_count().await,
+        1,
+        "only the scheduled start made a saga"
+    );
+}
