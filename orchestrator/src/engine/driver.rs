@@ -317,11 +317,11 @@ impl Driver {
 
     /// Starts a call whose write-ahead is committed.
     fn start_call(&mut self, calls: &mut InFlight, index: usize, phase: Phase, attempt: u32) {
-        let name = self.saga.steps[index].name.clone();
-        crash_if_armed(before_point(phase), &name);
+        crash_if_armed(before_point(phase), &self.saga.steps[index].name);
         let ctx = self.context(index, phase, attempt);
         let Some(step) = self.call_site(index) else {
             // A row the definition does not know (a branch of a renamed group): fail it.
+            let name = &self.saga.steps[index].name;
             let error = StepError::permanent(format!("the definition has no step {name}"));
             calls.start(
                 index,
@@ -363,12 +363,11 @@ impl Driver {
     /// Records a call that ended, in memory, to be written with whatever comes next.
     fn finish_call(&mut self, done: super::calls::Finished) {
         let call = done.call;
-        let name = self.saga.steps[call.index].name.clone();
         metrics::histogram!("saga_step_duration_seconds",
             "name" => self.saga.name.clone(), "step" => self.metric_step(call.index),
             "phase" => call.phase.as_str(), "outcome" => done.result.outcome())
         .record(call.started.elapsed().as_secs_f64());
-        crash_if_armed(after_point(call.phase), &name);
+        crash_if_armed(after_point(call.phase), &self.saga.steps[call.index].name);
         self.record(call.index, call.phase, call.attempt, done.result);
     }
 
@@ -441,12 +440,14 @@ impl Driver {
     pub(super) fn context(&self, index: usize, phase: Phase, attempt: u32) -> StepContext {
         let stage = self.stage_of(index);
         let mut outputs = BTreeMap::new();
-        for s in &self.saga.steps {
-            let visible = match phase {
-                Phase::Compensation => true,
-                Phase::Action => s.branch_of().is_none() && (s.index as usize) < stage,
-            };
-            if visible && s.action.status == StepStatus::Succeeded {
+        let visible = match phase {
+            Phase::Compensation => &self.saga.steps[..],
+            // Branch rows are appended after every stage's row: the rows before the stage's
+            // own are the earlier stages.
+            Phase::Action => &self.saga.steps[..stage.min(self.saga.steps.len())],
+        };
+        for s in visible {
+            if s.action.status == StepStatus::Succeeded {
                 if let Some(out) = &s.output {
                     outputs.insert(s.name.clone(), out.clone());
                 }
