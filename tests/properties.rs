@@ -107,6 +107,25 @@ fn case() -> impl Strategy<Value = Case> {
         )
 }
 
+/// How many attempts a step's action makes by its script, and how it ends: `Ok`, or `Err`
+/// saying whether the last attempt's outcome is unknown. Retriable steps retry without end.
+fn action_attempts(step: &ScriptedStep) -> (usize, Result<(), bool>) {
+    let retriable = step.kind == StepKind::Retriable;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match step.action.get(attempt - 1).copied().unwrap_or(Outcome::Ok) {
+            Outcome::Ok => return (attempt, Ok(())),
+            Outcome::Permanent => return (attempt, Err(false)),
+            o @ (Outcome::Retryable | Outcome::Hang) => {
+                if !retriable && attempt >= BUDGET {
+                    return (attempt, Err(o == Outcome::Hang));
+                }
+            }
+        }
+    }
+}
+
 /// What the specification says must happen: the calls in order, and the terminal status.
 fn expected(case: &Case) -> (Vec<String>, SagaStatus) {
     let mut calls = Vec::new();
@@ -116,22 +135,11 @@ fn expected(case: &Case) -> (Vec<String>, SagaStatus) {
     // Steps whose effect may exist: succeeded, or last attempt's outcome unknown.
     let mut to_compensate = Vec::new();
     for step in &case.steps {
-        let retriable = step.kind == StepKind::Retriable;
-        let mut attempt = 0;
-        let outcome = loop {
-            attempt += 1;
-            calls.push(format!("{}:action", step.name));
-            let o = step.action.get(attempt - 1).copied().unwrap_or(Outcome::Ok);
-            match o {
-                Outcome::Ok => break Ok(()),
-                Outcome::Permanent => break Err(false),
-                Outcome::Retryable | Outcome::Hang => {
-                    if !retriable && attempt >= BUDGET {
-                        break Err(o == Outcome::Hang);
-                    }
-                }
-            }
-        };
+        let (attempts, outcome) = action_attempts(step);
+        calls.extend(std::iter::repeat_n(
+            format!("{}:action", step.name),
+            attempts,
+        ));
         match outcome {
             Ok(()) => {
                 if step.kind == StepKind::Compensatable {
@@ -349,22 +357,9 @@ fn expected_stages(steps: &[ScriptedStep]) -> (Vec<Seg>, SagaStatus) {
                 }
             }
             _ => {
-                let retriable = step.kind == StepKind::Retriable;
-                let mut attempt = 0;
-                let outcome = loop {
-                    attempt += 1;
-                    segs.push(Seg::One(format!("{}:action", step.name)));
-                    let o = step.action.get(attempt - 1).copied().unwrap_or(Outcome::Ok);
-                    match o {
-                        Outcome::Ok => break Ok(()),
-                        Outcome::Permanent => break Err(false),
-                        Outcome::Retryable | Outcome::Hang => {
-                            if !retriable && attempt >= BUDGET {
-                                break Err(o == Outcome::Hang);
-                            }
-                        }
-                    }
-                };
+                let (attempts, outcome) = action_attempts(step);
+                let call = format!("{}:action", step.name);
+                segs.extend(std::iter::repeat_n(Seg::One(call), attempts));
                 match outcome {
                     Ok(()) => {
                         if step.kind == StepKind::Compensatable {

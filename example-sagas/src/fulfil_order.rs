@@ -15,7 +15,7 @@ use serde_json::json;
 use crate::place_order::{action_policy, compensatable, short_id, Charge, ATTEMPT_TIMEOUT};
 use crate::shop::{Effect, Label, Shop};
 pub use crate::simulate::Simulate;
-use crate::simulate::{act, compensate, Call};
+use crate::simulate::{act, charge, compensate, Call};
 
 /// The saga's name.
 pub const NAME: &str = "fulfil_order";
@@ -211,18 +211,7 @@ async fn reserve_item(ctx: StepContext) -> Result<Value, StepError> {
 
 async fn charge_payment(ctx: StepContext) -> Result<Value, StepError> {
     let (shop, input) = (ctx.state::<Shop>()?, ctx.input::<FulfilInput>()?);
-    let output = Charge {
-        charge_id: short_id("ch", &ctx),
-        amount: input.amount,
-    };
-    let call = Call {
-        owner: &input.order_id,
-        effect: Effect::Charged.into(),
-        amount: input.amount,
-        refusal: "card declined",
-        output: json!(output),
-    };
-    act(shop, &ctx, &input.simulate, call).await
+    charge(shop, &ctx, &input.order_id, input.amount, &input.simulate).await
 }
 
 async fn ship(ctx: StepContext) -> Result<Value, StepError> {

@@ -13,7 +13,7 @@ use serde_json::json;
 
 use crate::shop::{Effect, Shop};
 pub use crate::simulate::Simulate;
-use crate::simulate::{act, compensate, Call};
+use crate::simulate::{act, charge, compensate, Call};
 
 /// The saga's name.
 pub const NAME: &str = "place_order";
@@ -158,18 +158,7 @@ async fn reserve_stock(ctx: StepContext) -> Result<Value, StepError> {
 
 async fn charge_payment(ctx: StepContext) -> Result<Value, StepError> {
     let (shop, input) = (ctx.state::<Shop>()?, ctx.input::<OrderInput>()?);
-    let output = Charge {
-        charge_id: short_id("ch", &ctx),
-        amount: input.amount,
-    };
-    let call = Call {
-        owner: &input.order_id,
-        effect: Effect::Charged.into(),
-        amount: input.amount,
-        refusal: "card declined",
-        output: json!(output),
-    };
-    act(shop, &ctx, &input.simulate, call).await
+    charge(shop, &ctx, &input.order_id, input.amount, &input.simulate).await
 }
 
 async fn assign_rider(ctx: StepContext) -> Result<Value, StepError> {
