@@ -175,6 +175,16 @@ async fn assert_one_child(server: &Server, parent: &serde_json::Value) {
     assert_eq!(step(parent, "a")["attempts"], 1, "{parent:#}");
 }
 
+/// A server restarted on `db` brings the parent `id` to its end with exactly one child.
+async fn restart_and_find_one_child(db: &TempDb, id: uuid::Uuid) {
+    let server = Server::spawn_stages(&db.url).await;
+    let saga = server
+        .wait_for(id, LONG, |s| s["status"] == "COMPLETED")
+        .await;
+    assert_one_child(&server, &saga).await;
+    server.kill9();
+}
+
 /// A crash point in a child stage aborts the first server; a second one brings the parent to
 /// its end with exactly one child.
 async fn crash_in_a_child_stage(point: &str) {
@@ -186,12 +196,7 @@ async fn crash_in_a_child_stage(point: &str) {
         !server.wait_exit(LONG).success(),
         "the crash point aborts the process"
     );
-    let server = Server::spawn_stages(&db.url).await;
-    let saga = server
-        .wait_for(id, LONG, |s| s["status"] == "COMPLETED")
-        .await;
-    assert_one_child(&server, &saga).await;
-    server.kill9();
+    restart_and_find_one_child(&db, id).await;
 }
 
 #[tokio::test]
@@ -227,10 +232,5 @@ async fn killed_while_the_child_runs_the_parent_gets_its_one_child_after_the_res
         })
         .await;
     server.kill9();
-    let server = Server::spawn_stages(&db.url).await;
-    let saga = server
-        .wait_for(id, LONG, |s| s["status"] == "COMPLETED")
-        .await;
-    assert_one_child(&server, &saga).await;
-    server.kill9();
+    restart_and_find_one_child(&db, id).await;
 }
