@@ -39,16 +39,37 @@ fn child(j: &Journal, wait: bool, c2: S) -> saga_dsl::SagaDefinition {
     scripted_saga("child", 1, &steps, j)
 }
 
-#[tokio::test]
-async fn a_completed_child_gives_its_output_to_its_stage_and_both_link_to_each_other() {
+/// A database and an engine running `order` (its last stage `b`) and `child` (waiting for `go`
+/// when `wait`, its last stage `c2`), with the journal of their calls.
+struct Family {
+    _db: TempDb,
+    store: Arc<dyn Store>,
+    j: Journal,
+    eng: RunningEngine,
+}
+
+async fn family(b: S, wait: bool, c2: S) -> Family {
     let db = TempDb::new();
     let store = db.store().await;
     let j = Journal::default();
-    let defs = [
-        parent(&j, S::new("b", Compensatable)),
-        child(&j, false, S::new("c2", Compensatable)),
-    ];
+    let defs = [parent(&j, b), child(&j, wait, c2)];
     let eng = RunningEngine::start(store.clone(), registry_of(defs), test_config());
+    Family {
+        _db: db,
+        store,
+        j,
+        eng,
+    }
+}
+
+#[tokio::test]
+async fn a_completed_child_gives_its_output_to_its_stage_and_both_link_to_each_other() {
+    let Family { _db, store, j, eng } = family(
+        S::new("b", Compensatable),
+        false,
+        S::new("c2", Compensatable),
+    )
+    .await;
     let saga = eng
         .engine
         .start_saga("order", json!({"n": 1}))
@@ -90,14 +111,12 @@ async fn a_completed_child_gives_its_output_to_its_stage_and_both_link_to_each_o
 
 #[tokio::test]
 async fn a_waiting_parent_holds_no_worker_and_a_child_that_compensates_fails_its_stage() {
-    let db = TempDb::new();
-    let store = db.store().await;
-    let j = Journal::default();
-    let defs = [
-        parent(&j, S::new("b", Compensatable)),
-        child(&j, true, S::new("c2", Compensatable).action(&[Permanent])),
-    ];
-    let eng = RunningEngine::start(store.clone(), registry_of(defs), test_config());
+    let Family { _db, store, j, eng } = family(
+        S::new("b", Compensatable),
+        true,
+        S::new("c2", Compensatable).action(&[Permanent]),
+    )
+    .await;
     let saga = eng.engine.start_saga("order", json!({})).await.unwrap();
     let child_id = child_saga_id(saga.id, "sub");
     // The child waits for its signal; the parent waits for the child, leased by nobody.
@@ -149,14 +168,12 @@ async fn a_waiting_parent_holds_no_worker_and_a_child_that_compensates_fails_its
 
 #[tokio::test]
 async fn a_parent_that_goes_back_after_its_child_completed_runs_the_childs_compensations() {
-    let db = TempDb::new();
-    let store = db.store().await;
-    let j = Journal::default();
-    let defs = [
-        parent(&j, S::new("b", Compensatable).action(&[Permanent])),
-        child(&j, false, S::new("c2", Compensatable)),
-    ];
-    let eng = RunningEngine::start(store.clone(), registry_of(defs), test_config());
+    let Family { _db, store, j, eng } = family(
+        S::new("b", Compensatable).action(&[Permanent]),
+        false,
+        S::new("c2", Compensatable),
+    )
+    .await;
     let saga = eng.engine.start_saga("order", json!({})).await.unwrap();
     let done = wait_terminal(&store, saga.id).await;
     assert_eq!(done.status, SagaStatus::Compensated, "{:?}", done.error);
@@ -199,14 +216,12 @@ async fn child_waits(store: &Arc<dyn Store>, saga: &orchestrator::Saga) {
 
 #[tokio::test]
 async fn cancelling_a_parent_cancels_its_running_child_and_waits_for_it() {
-    let db = TempDb::new();
-    let store = db.store().await;
-    let j = Journal::default();
-    let defs = [
-        parent(&j, S::new("b", Compensatable)),
-        child(&j, true, S::new("c2", Compensatable)),
-    ];
-    let eng = RunningEngine::start(store.clone(), registry_of(defs), test_config());
+    let Family { _db, store, j, eng } = family(
+        S::new("b", Compensatable),
+        true,
+        S::new("c2", Compensatable),
+    )
+    .await;
     let saga = eng.engine.start_saga("order", json!({})).await.unwrap();
     child_waits(&store, &saga).await;
     let cancel = store.request_cancel(saga.id).await.unwrap();
