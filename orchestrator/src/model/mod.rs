@@ -24,7 +24,8 @@ fn ser_time<S: Serializer>(ms: &Millis, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&rfc3339(*ms))
 }
 
-fn ser_opt_time<S: Serializer>(ms: &Option<Millis>, s: S) -> Result<S::Ok, S::Error> {
+/// An optional time as RFC 3339 text, or `null`.
+pub(crate) fn ser_opt_time<S: Serializer>(ms: &Option<Millis>, s: S) -> Result<S::Ok, S::Error> {
     match ms {
         Some(ms) => s.serialize_str(&rfc3339(*ms)),
         None => s.serialize_none(),
@@ -47,6 +48,11 @@ fn de_opt_time<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Millis>, D::Err
     Option::<String>::deserialize(d)?
         .map(|t| parse_rfc3339(&t))
         .transpose()
+}
+
+/// An optional time as RFC 3339 text or `null`, both ways: `#[serde(with = "opt_time")]`.
+mod opt_time {
+    pub(super) use super::{de_opt_time as deserialize, ser_opt_time as serialize};
 }
 
 /// Declares a string-backed enum with upper- or lower-case wire names.
@@ -208,19 +214,11 @@ pub struct PhaseRecord {
     /// Whether the latest attempt's outcome is unknown (it timed out, or the process died).
     pub outcome_unknown: bool,
     /// When the first attempt started.
-    #[serde(
-        serialize_with = "ser_opt_time",
-        deserialize_with = "de_opt_time",
-        default
-    )]
+    #[serde(with = "opt_time", default)]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub started_at: Option<Millis>,
     /// When it reached its current status.
-    #[serde(
-        serialize_with = "ser_opt_time",
-        deserialize_with = "de_opt_time",
-        default
-    )]
+    #[serde(with = "opt_time", default)]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub ended_at: Option<Millis>,
 }
@@ -259,24 +257,14 @@ pub struct StepRecord {
     /// The action's output, once it succeeded.
     pub output: Option<Value>,
     /// A sleep's wake time, once it started (absent for other steps).
-    #[serde(
-        serialize_with = "ser_opt_time",
-        deserialize_with = "de_opt_time",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "opt_time", default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub wake_at: Option<Millis>,
     /// The signal a signal step waits for, once it started waiting (absent for other steps).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_for: Option<String>,
     /// When a signal step stops waiting, if it waits at most some time.
-    #[serde(
-        serialize_with = "ser_opt_time",
-        deserialize_with = "de_opt_time",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "opt_time", default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub timeout_at: Option<Millis>,
     /// The compensation (`NONE` for pivot and retriable steps).
@@ -312,11 +300,7 @@ pub struct Saga {
     /// Why the saga went backward or stopped.
     pub error: Option<String>,
     /// When the next attempt is due, while the saga waits on a retry timer.
-    #[serde(
-        serialize_with = "ser_opt_time",
-        deserialize_with = "de_opt_time",
-        default
-    )]
+    #[serde(with = "opt_time", default)]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub next_run_at: Option<Millis>,
     /// The worker currently holding the saga's lease.
@@ -342,12 +326,7 @@ pub struct Saga {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_stage: Option<String>,
     /// When a saga started with `Saga-Start-At` was asked to start.
-    #[serde(
-        serialize_with = "ser_opt_time",
-        deserialize_with = "de_opt_time",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "opt_time", default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub scheduled_at: Option<Millis>,
     /// The rows of the step log, in order: the stages, then the branches of parallel groups

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::{de_opt_time, ser_opt_time, Millis, PhaseRecord, Saga, StepKindName, StepRecord};
+use super::{opt_time, Millis, PhaseRecord, Saga, StepKindName, StepRecord};
 use super::{StepStatus, UnknownValue};
 
 wire_enum!(
@@ -61,24 +61,14 @@ pub struct StageRecord {
     /// Its output, once it succeeded (a group's is an object keyed by branch name).
     pub output: Option<Value>,
     /// A sleep's wake time.
-    #[serde(
-        serialize_with = "ser_opt_time",
-        deserialize_with = "de_opt_time",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "opt_time", default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub wake_at: Option<Millis>,
     /// The signal a signal stage waits for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_for: Option<String>,
     /// When a signal wait gives up.
-    #[serde(
-        serialize_with = "ser_opt_time",
-        deserialize_with = "de_opt_time",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(with = "opt_time", default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub timeout_at: Option<Millis>,
     /// The child saga of a child stage, once the stage started (`GET /v1/sagas/{child_id}`).

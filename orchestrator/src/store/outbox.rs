@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use serde::{Serialize, Serializer};
+use serde::Serialize;
 use serde_json::Value;
 use uuid::Uuid;
 
@@ -177,24 +177,17 @@ pub struct Delivery {
     /// Attempts made (or in flight).
     pub attempts: u32,
     /// When the next attempt is due, while pending.
-    #[serde(serialize_with = "ser_opt_time")]
+    #[serde(serialize_with = "crate::model::ser_opt_time")]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub next_attempt_at: Option<Millis>,
     /// When it was delivered.
-    #[serde(serialize_with = "ser_opt_time")]
+    #[serde(serialize_with = "crate::model::ser_opt_time")]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub delivered_at: Option<Millis>,
     /// The receiver's last HTTP status.
     pub last_status: Option<u16>,
     /// The last error.
     pub last_error: Option<String>,
-}
-
-fn ser_opt_time<S: Serializer>(ms: &Option<Millis>, s: S) -> std::result::Result<S::Ok, S::Error> {
-    match ms {
-        Some(ms) => s.serialize_str(&crate::model::rfc3339(*ms)),
-        None => s.serialize_none(),
-    }
 }
 
 /// The outbox relay's and the webhook senders' view of the store. Implemented by
