@@ -100,7 +100,8 @@ pub struct StepContext {
     phase: Phase,
     attempt: u32,
     input: Arc<Value>,
-    typed_input: InputCache,
+    /// Shared by the calls of one run; without one (a context built by hand) each read parses.
+    typed_input: Option<InputCache>,
     outputs: Arc<BTreeMap<String, Value>>,
     branch: Option<BranchOf>,
     state: Option<SharedState>,
@@ -127,7 +128,7 @@ impl StepContext {
             phase,
             attempt,
             input,
-            typed_input: InputCache::new(),
+            typed_input: None,
             outputs,
             branch: None,
             state: None,
@@ -144,7 +145,7 @@ impl StepContext {
     /// This context, sharing `cache`'s typed input with the other calls of the same run. The
     /// orchestrator does this.
     pub fn with_input_cache(mut self, cache: InputCache) -> Self {
-        self.typed_input = cache;
+        self.typed_input = Some(cache);
         self
     }
 
@@ -256,9 +257,11 @@ impl StepContext {
     where
         T: DeserializeOwned + Send + Sync + 'static,
     {
-        self.typed_input
-            .get_or_parse::<T>(&self.input)
-            .map_err(|e| StepError::permanent(format!("saga input does not fit: {e}")))
+        match &self.typed_input {
+            Some(cache) => cache.get_or_parse::<T>(&self.input),
+            None => T::deserialize(&*self.input).map(Arc::new),
+        }
+        .map_err(|e| StepError::permanent(format!("saga input does not fit: {e}")))
     }
 
     /// The output of the earlier stage `stage`, typed by the stage's declaration; see
