@@ -2,7 +2,8 @@
 //! axum server in this file), on the backend `SAGA_TEST_BACKEND` selects: signatures verify with
 //! `verify_signature`, every event arrives in order per saga and target, a receiver that is down
 //! gets retries until it answers, a relay killed between sending and recording sends again with
-//! the same event id, and the delivery state is visible over the API.
+//! the same event id, and the delivery state is visible over the API. Callback URLs that point
+//! inside the network are refused at start and again at delivery, and nothing reaches them.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -16,13 +17,14 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use orchestrator::http::{router_with_shutdown, serve, HttpConfig};
 use orchestrator::store::{DeliveryState, Stores};
-use orchestrator::webhooks::{verify_signature, Relay, WebhookConfig, RELAY_NAME};
+use orchestrator::webhooks::{verify_signature, CallbackPolicy, Relay, WebhookConfig, RELAY_NAME};
 use saga_dsl::StepKind::{Compensatable, Pivot};
 use saga_suite::{
     registry_of, scripted_saga, test_config, wait_terminal, Journal, RunningEngine,
     ScriptedStep as S, Server, TempDb,
 };
 use serde_json::{json, Value};
+use tokio_rustls::rustls::pki_types as rustls_pki;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -55,7 +57,53 @@ struct Receiver {
 }
 
 impl Receiver {
+    /// A receiver over plain http on loopback, and its base URL.
     async fn start(fail_first: usize) -> (Arc<Self>, String) {
+        let (receiver, app) = Self::app(fail_first);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (receiver, base)
+    }
+
+    /// A receiver over https on loopback with the certificate `chain` for `localhost`, and
+    /// its base URL.
+    async fn start_tls(
+        chain: Vec<rustls_pki::CertificateDer<'static>>,
+        key: rustls_pki::PrivateKeyDer<'static>,
+    ) -> (Arc<Self>, String) {
+        use hyper_util::rt::{TokioExecutor, TokioIo};
+        let (receiver, app) = Self::app(0);
+        let tls = tokio_rustls::rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let base = format!(
+            "https://localhost:{}",
+            listener.local_addr().unwrap().port()
+        );
+        tokio::spawn(async move {
+            loop {
+                let (tcp, _) = listener.accept().await.unwrap();
+                let (acceptor, app) = (acceptor.clone(), app.clone());
+                tokio::spawn(async move {
+                    // A client that refuses the certificate ends the handshake: nothing to serve.
+                    let Ok(stream) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let service = hyper_util::service::TowerToHyperService::new(app);
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        (receiver, base)
+    }
+
+    fn app(fail_first: usize) -> (Arc<Self>, axum::Router) {
         let receiver = Arc::new(Self {
             hits: Mutex::new(Vec::new()),
             fail_first: AtomicUsize::new(fail_first),
@@ -88,10 +136,7 @@ impl Receiver {
         let app = axum::Router::new()
             .route("/{*path}", axum::routing::post(hook))
             .with_state(receiver.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let base = format!("http://{}", listener.local_addr().unwrap());
-        tokio::spawn(async move { axum::serve(listener, app).await });
-        (receiver, base)
+        (receiver, app)
     }
 
     fn hits(&self) -> Vec<Hit> {
@@ -172,7 +217,14 @@ struct Setup {
 }
 
 impl Setup {
+    /// With the relay's callback policy at start too.
     async fn start(webhooks: WebhookConfig) -> Self {
+        let callbacks = webhooks.callbacks.clone();
+        Self::start_checking(webhooks, callbacks).await
+    }
+
+    /// With `at_start` the policy the API checks callbacks with when a saga starts.
+    async fn start_checking(webhooks: WebhookConfig, at_start: CallbackPolicy) -> Self {
         let db = TempDb::new();
         let stores = db.stores().await;
         let journal = Journal::default();
@@ -192,11 +244,11 @@ impl Setup {
         tokio::spawn(relay.run(shutdown.clone()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
-        let router = router_with_shutdown(
-            engine.engine.clone(),
-            HttpConfig::default(),
-            shutdown.clone(),
-        );
+        let http = HttpConfig {
+            callbacks: at_start,
+            ..HttpConfig::default()
+        };
+        let router = router_with_shutdown(engine.engine.clone(), http, shutdown.clone());
         tokio::spawn(serve(listener, router, shutdown.clone()));
         Self {
             base,
@@ -250,6 +302,7 @@ impl Setup {
     }
 }
 
+/// Quick retries; callbacks may reach the receivers on 127.0.0.1.
 fn fast_webhooks(subscribers: Vec<String>) -> WebhookConfig {
     WebhookConfig {
         subscribers,
@@ -257,8 +310,181 @@ fn fast_webhooks(subscribers: Vec<String>) -> WebhookConfig {
         timeout: Duration::from_secs(2),
         poll_interval: Duration::from_millis(20),
         retry_base: Duration::from_millis(100),
+        callbacks: CallbackPolicy::new().allow("127.0.0.1"),
         ..WebhookConfig::default()
     }
+}
+
+fn saga_id(body: &Value) -> Uuid {
+    body["id"].as_str().unwrap().parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_callback_to_an_internal_address_is_refused_and_nothing_reaches_it() {
+    let (receiver, hooks) = Receiver::start(0).await;
+    let port = hooks.rsplit(':').next().unwrap().to_owned();
+    let webhooks = WebhookConfig {
+        callbacks: CallbackPolicy::new(),
+        ..fast_webhooks(Vec::new())
+    };
+    let setup = Setup::start(webhooks).await;
+    for url in [
+        format!("http://127.0.0.1:{port}/internal-admin"),
+        // A name that resolves to loopback, and other spellings of it.
+        format!("http://localhost:{port}/internal-admin"),
+        format!("http://[::ffff:127.0.0.1]:{port}/internal-admin"),
+        format!("http://2130706433:{port}/internal-admin"),
+        format!("http://0.0.0.0:{port}/internal-admin"),
+        "http://169.254.169.254/latest/meta-data/".to_owned(),
+        "http://10.0.0.1/hook".to_owned(),
+        "http://[fd00::1]/hook".to_owned(),
+    ] {
+        let r = setup
+            .start_saga(&[
+                ("saga-callback-url", url.as_str()),
+                ("idempotency-key", &url),
+            ])
+            .await;
+        assert_eq!(r.status(), StatusCode::UNPROCESSABLE_ENTITY, "{url}");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(
+            body["error"]["code"], "callback_url_not_allowed",
+            "{url}: {body}"
+        );
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("--allow-callback-host"), "{message}");
+    }
+    // Nothing was created, so nothing is ever sent.
+    let list: Value = reqwest::get(format!("{}/v1/sagas", setup.base))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(list["sagas"], json!([]), "{list}");
+    // A saga without a callback still runs; its events go nowhere.
+    let r = setup.start_saga(&[]).await;
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let id = saga_id(&r.json().await.unwrap());
+    wait_terminal(&setup.stores.log, id).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(receiver.hits().is_empty(), "{:?}", receiver.hits());
+    setup.stop().await;
+}
+
+/// A private CA and a certificate it signed for `localhost`: the CA's PEM, the chain, the key.
+fn test_ca() -> (
+    String,
+    Vec<rustls_pki::CertificateDer<'static>>,
+    rustls_pki::PrivateKeyDer<'static>,
+) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
+    let leaf_key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec!["localhost".to_owned()])
+        .unwrap()
+        .signed_by(&leaf_key, &ca)
+        .unwrap();
+    let key = rustls_pki::PrivateKeyDer::Pkcs8(leaf_key.serialize_der().into());
+    (ca.pem(), vec![leaf.der().clone()], key)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_https_receiver_signed_by_a_private_ca_gets_every_event() {
+    let (ca_pem, chain, key) = test_ca();
+    let (receiver, hooks) = Receiver::start_tls(chain, key).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &ca_pem).unwrap();
+
+    // Without the CA the certificate is refused: nothing arrives, the attempt says why.
+    let untrusting = WebhookConfig {
+        max_attempts: 1,
+        ..fast_webhooks(vec![format!("{hooks}/untrusted")])
+    };
+    let setup = Setup::start(untrusting).await;
+    let r = setup.start_saga(&[]).await;
+    let id = saga_id(&r.json().await.unwrap());
+    wait_terminal(&setup.stores.log, id).await;
+    let deliveries = setup.settled_deliveries(id).await;
+    for d in deliveries["deliveries"].as_array().unwrap() {
+        assert_eq!(d["state"], "failed", "{d}");
+        let error = d["last_error"].as_str().unwrap();
+        assert!(error.contains("certificate"), "{error}");
+    }
+    assert!(receiver.hits().is_empty());
+    setup.stop().await;
+
+    // With it (`--webhook-ca-file`), every event arrives, signed and in order. The callback
+    // names loopback, so the operator allowed `localhost`.
+    let trusting = WebhookConfig {
+        ca_file: Some(ca_file.clone()),
+        callbacks: CallbackPolicy::new().allow("localhost"),
+        ..fast_webhooks(vec![format!("{hooks}/global")])
+    };
+    let setup = Setup::start(trusting).await;
+    let callback = format!("{hooks}/callback");
+    let r = setup
+        .start_saga(&[("saga-callback-url", callback.as_str())])
+        .await;
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let id = saga_id(&r.json().await.unwrap());
+    let on_global = receiver.wait_for_end("/global", id).await;
+    let on_callback = receiver.wait_for_end("/callback", id).await;
+    assert_eq!(on_global, on_callback);
+    check_deliveries(&receiver, "/global", SECRET);
+    setup.stop().await;
+
+    // A CA file that holds no certificate stops the relay from starting, with the file named.
+    let empty = dir.path().join("empty.pem");
+    std::fs::write(&empty, "not a certificate\n").unwrap();
+    let db = TempDb::new();
+    let stores = db.stores().await;
+    let config = WebhookConfig {
+        ca_file: Some(empty.clone()),
+        ..WebhookConfig::default()
+    };
+    let error = Relay::new(stores.outbox.clone(), config)
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("empty.pem"), "{error}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_callback_is_checked_again_at_each_delivery() {
+    // Allowed when the sagas started, no longer when their events are sent (an operator took
+    // the host off the list, or its name now resolves inside): nothing is sent.
+    let (receiver, hooks) = Receiver::start(0).await;
+    let port = hooks.rsplit(':').next().unwrap().to_owned();
+    let webhooks = WebhookConfig {
+        callbacks: CallbackPolicy::new(),
+        max_attempts: 2,
+        ..fast_webhooks(Vec::new())
+    };
+    let at_start = CallbackPolicy::allowing(["127.0.0.1", "localhost"]);
+    let setup = Setup::start_checking(webhooks, at_start).await;
+    for host in ["127.0.0.1", "localhost"] {
+        let url = format!("http://{host}:{port}/callback");
+        let r = setup
+            .start_saga(&[("saga-callback-url", url.as_str())])
+            .await;
+        assert_eq!(r.status(), StatusCode::ACCEPTED, "{url}");
+        let id = saga_id(&r.json().await.unwrap());
+        wait_terminal(&setup.stores.log, id).await;
+        let deliveries = setup.settled_deliveries(id).await;
+        let list = deliveries["deliveries"].as_array().unwrap();
+        assert!(!list.is_empty(), "{deliveries:#}");
+        for d in list {
+            assert_eq!(d["state"], "failed", "{d}");
+            assert_eq!(d["last_status"], Value::Null, "{d}");
+            let error = d["last_error"].as_str().unwrap();
+            assert!(error.contains("internal address"), "{host}: {error}");
+        }
+    }
+    assert!(receiver.hits().is_empty(), "{:?}", receiver.hits());
+    setup.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -311,8 +537,8 @@ async fn events_reach_the_callback_and_the_subscribers_signed_and_in_order() {
     assert!(list.iter().any(|d| d["target_kind"] == "callback"));
     assert!(list.iter().any(|d| d["target_kind"] == "subscriber"));
 
-    // A callback this build cannot deliver to is refused up front.
-    for bad in ["https://example.com/x", "ftp://example.com/", "not a url"] {
+    // A callback that is no http(s) URL is refused up front.
+    for bad in ["ftp://example.com/", "not a url", "https://"] {
         let r = setup.start_saga(&[("saga-callback-url", bad)]).await;
         assert_eq!(r.status(), StatusCode::BAD_REQUEST, "{bad}");
     }

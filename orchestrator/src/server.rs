@@ -240,6 +240,18 @@ impl OrchestratorBuilder {
         self.webhooks.timeout = Duration::from_secs(args.webhook_timeout_secs.max(1));
         self.webhooks.retry_base = Duration::from_millis(args.webhook_retry_base_ms.max(1));
         self.webhooks.max_attempts = args.webhook_max_attempts.max(1);
+        self.webhooks.ca_file = args.webhook_ca_file.clone();
+        let callbacks = crate::webhooks::CallbackPolicy::allowing(&args.allow_callback_hosts);
+        self.http.callbacks = callbacks.clone();
+        self.webhooks.callbacks = callbacks;
+        self
+    }
+
+    /// Lets clients' callback URLs reach `host` although it is internal (loopback, private,
+    /// link-local): both the start's check and the relay's check at each delivery allow it.
+    pub fn allow_callback_host(mut self, host: &str) -> Self {
+        self.http.callbacks = std::mem::take(&mut self.http.callbacks).allow(host);
+        self.webhooks.callbacks = std::mem::take(&mut self.webhooks.callbacks).allow(host);
         self
     }
 
@@ -621,4 +633,13 @@ pub struct ServeArgs {
     /// Attempts before a webhook delivery is given up.
     #[arg(long, default_value_t = 20)]
     pub webhook_max_attempts: u32,
+    /// A host that clients' Saga-Callback-Url may name although it is, or resolves to, a
+    /// loopback, private, link-local or unspecified address (repeatable; a name or an
+    /// address, as written in the URL). Others such are refused at start and at delivery.
+    #[arg(long = "allow-callback-host", value_name = "HOST")]
+    pub allow_callback_hosts: Vec<String>,
+    /// A PEM file of CA certificates to trust for https webhook targets, besides the public
+    /// roots (a private CA).
+    #[arg(long, value_name = "FILE")]
+    pub webhook_ca_file: Option<std::path::PathBuf>,
 }

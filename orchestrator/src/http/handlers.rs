@@ -186,7 +186,10 @@ async fn wait_for_end(state: &AppState, id: Uuid, wait: Duration) -> Option<Saga
                         ASCII characters, bare or as an RFC 8941 string. Kept 24 hours by \
                         default (the server's `--idempotency-retention-secs`)"),
         ("Saga-Callback-Url" = Option<String>, Header,
-         description = "An http(s) URL that receives this saga's events as signed webhooks"),
+         description = "An http(s) URL that receives this saga's events as signed webhooks. \
+                        A host that is or resolves to a loopback, private, link-local or \
+                        unspecified address is `422 callback_url_not_allowed` unless the \
+                        server allows it (`--allow-callback-host`)"),
         ("Saga-Callback-Secret" = Option<String>, Header,
          description = "Signs this saga's webhooks instead of the server's secret"),
         ("Saga-Start-At" = Option<String>, Header,
@@ -234,7 +237,9 @@ async fn wait_for_end(state: &AppState, id: Uuid, wait: Duration) -> Option<Saga
         (status = 422, description = "`invalid_input`: JSON that does not fit the saga's input \
                                       type; `idempotency_key_reused`: the Idempotency-Key was \
                                       used for a different request; `start_in_past`: a \
-                                      Saga-Start-At already past",
+                                      Saga-Start-At already past; \
+                                      `callback_url_not_allowed`: a Saga-Callback-Url inside \
+                                      the server's network",
          body = ErrorBody),
         (status = 500, description = "Internal error (details in the server log)",
          body = ErrorBody),

@@ -12,7 +12,7 @@
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
-use axum::http::{HeaderMap, HeaderName};
+use axum::http::{HeaderMap, HeaderName, StatusCode};
 
 use crate::http::auth::ClientId;
 use crate::http::error::{quote, ApiError};
@@ -169,6 +169,25 @@ pub(crate) fn parse_callback(headers: &HeaderMap) -> Result<Option<Callback>, Ap
     }))
 }
 
+/// Refuses a callback URL that points inside the server's network (SPEC §8).
+async fn check_callback(
+    policy: &crate::webhooks::CallbackPolicy,
+    url: &str,
+) -> Result<(), ApiError> {
+    let parsed = reqwest::Url::parse(url)
+        .map_err(|e| ApiError::bad_request(format!("the Saga-Callback-Url is not a URL: {e}")))?;
+    policy.check(&parsed).await.map_err(|refusal| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "callback_url_not_allowed",
+            format!(
+                "the Saga-Callback-Url {} is not allowed: {refusal}",
+                quote(url)
+            ),
+        )
+    })
+}
+
 /// The idempotency-related headers of a start, checked, with who sent it.
 #[derive(Debug, Clone)]
 pub(crate) struct StartHeaders {
@@ -219,6 +238,9 @@ impl FromRequestParts<AppState> for StartHeaders {
             ));
         }
         let callback = parse_callback(&parts.headers)?;
+        if let Some(callback) = &callback {
+            check_callback(&state.config.callbacks, &callback.url).await?;
+        }
         let start_at = parse_start_at(&parts.headers)?;
         let scope = parts
             .extensions

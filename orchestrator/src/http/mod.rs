@@ -135,6 +135,12 @@ pub struct HttpConfig {
     /// Refuse starts without an `Idempotency-Key` (`400`). Default: off
     /// (`--require-idempotency-key`).
     pub require_idempotency_key: bool,
+    /// Which internal hosts a client's `Saga-Callback-Url` may name (`--allow-callback-host`);
+    /// any other host that is or resolves to a loopback, private, link-local or unspecified
+    /// address is refused at start (`422 callback_url_not_allowed`). Give the relay the same
+    /// policy ([`WebhookConfig::callbacks`](crate::webhooks::WebhookConfig::callbacks)): it
+    /// checks again at each delivery.
+    pub callbacks: crate::webhooks::CallbackPolicy,
 }
 
 impl HttpConfig {
@@ -164,6 +170,7 @@ impl Default for HttpConfig {
             max_wait: Self::DEFAULT_MAX_WAIT,
             idempotency_retention: Self::DEFAULT_IDEMPOTENCY_RETENTION,
             require_idempotency_key: false,
+            callbacks: crate::webhooks::CallbackPolicy::default(),
         }
     }
 }
@@ -177,6 +184,7 @@ impl std::fmt::Debug for HttpConfig {
             .field("max_wait", &self.max_wait)
             .field("idempotency_retention", &self.idempotency_retention)
             .field("require_idempotency_key", &self.require_idempotency_key)
+            .field("callbacks", &self.callbacks)
             .finish()
     }
 }

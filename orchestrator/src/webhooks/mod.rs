@@ -31,6 +31,7 @@
 //!
 //! The body is JSON: `{"id": event id, "type", "saga_id", "saga_name", "step", "at", "data"}`.
 
+pub mod guard;
 pub mod signature;
 
 use std::collections::HashSet;
@@ -49,6 +50,8 @@ use crate::store::outbox::{
     TargetKind,
 };
 use crate::store::StoreError;
+use guard::GuardedResolver;
+pub use guard::{CallbackPolicy, CallbackRefusal};
 pub use signature::{
     sign, verify_signature, verify_signature_at, SignatureError, DEFAULT_TOLERANCE,
     EVENT_ID_HEADER, SIGNATURE_HEADER,
@@ -56,10 +59,6 @@ pub use signature::{
 
 /// The name of the relay's cursor in `relay_cursors`.
 pub const RELAY_NAME: &str = "webhooks";
-
-/// Whether this build can deliver to `https://` URLs. It cannot: the workspace builds reqwest
-/// without a TLS backend, so such targets are refused up front instead of failing every attempt.
-pub const HTTPS_SUPPORTED: bool = false;
 
 /// Settings of the relay. Build one with struct-update syntax:
 /// `WebhookConfig { subscribers: vec![url], ..WebhookConfig::default() }`.
@@ -88,6 +87,13 @@ pub struct WebhookConfig {
     pub concurrency: usize,
     /// Events read per batch. Default: 200.
     pub batch: u32,
+    /// Which internal hosts a saga's callback URL may reach (`--allow-callback-host`). Each
+    /// delivery to a callback is checked again, since a name may resolve elsewhere by then;
+    /// the operator's [`subscribers`](Self::subscribers) are trusted as configured.
+    pub callbacks: CallbackPolicy,
+    /// A PEM file of certificates to trust besides the public roots, for receivers whose
+    /// certificates a private CA signed (`--webhook-ca-file`).
+    pub ca_file: Option<std::path::PathBuf>,
 }
 
 impl Default for WebhookConfig {
@@ -102,6 +108,8 @@ impl Default for WebhookConfig {
             max_attempts: 20,
             concurrency: 8,
             batch: 200,
+            callbacks: CallbackPolicy::default(),
+            ca_file: None,
         }
     }
 }
@@ -118,6 +126,8 @@ impl std::fmt::Debug for WebhookConfig {
             .field("max_attempts", &self.max_attempts)
             .field("concurrency", &self.concurrency)
             .field("batch", &self.batch)
+            .field("callbacks", &self.callbacks)
+            .field("ca_file", &self.ca_file)
             .finish()
     }
 }
@@ -158,6 +168,14 @@ pub enum WebhookError {
         /// What is wrong with it.
         reason: String,
     },
+    /// The file of trusted certificates cannot be used.
+    #[error("webhook CA file {path}: {reason}")]
+    CaFile {
+        /// The file.
+        path: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The HTTP client could not be built.
     #[error("cannot build the webhook HTTP client: {0}")]
     Client(#[from] reqwest::Error),
@@ -166,7 +184,8 @@ pub enum WebhookError {
     Store(#[from] StoreError),
 }
 
-/// Checks that `url` is an absolute `http(s)` URL with a host that this build can deliver to.
+/// Checks that `url` is an absolute `http` or `https` URL with a host. Whether its host may be
+/// reached is [`CallbackPolicy`]'s question, for callbacks.
 pub fn check_url(url: &str) -> Result<reqwest::Url, WebhookError> {
     let invalid = |reason: String| WebhookError::InvalidUrl {
         url: url.to_owned(),
@@ -175,15 +194,8 @@ pub fn check_url(url: &str) -> Result<reqwest::Url, WebhookError> {
     let parsed = reqwest::Url::parse(url).map_err(|e| invalid(e.to_string()))?;
     match parsed.scheme() {
         "http" => {}
-        "https" if HTTPS_SUPPORTED => {}
-        "https" => {
-            return Err(invalid(
-                "this build has no TLS support; use an http:// URL (for example a local \
-                 TLS-terminating proxy)"
-                    .to_owned(),
-            ))
-        }
-        other => return Err(invalid(format!("scheme {other:?} is not http"))),
+        "https" => {}
+        other => return Err(invalid(format!("scheme {other:?} is not http or https"))),
     }
     if parsed.host_str().is_none() {
         return Err(invalid("no host".to_owned()));
@@ -246,7 +258,10 @@ struct Skipped {
 pub struct Relay {
     outbox: Arc<dyn OutboxStore>,
     config: Arc<WebhookConfig>,
+    /// Sends to the operator's subscribers.
     client: reqwest::Client,
+    /// Sends to the clients' callbacks: refuses to resolve a name to an internal address.
+    callback_client: reqwest::Client,
     skipped: Arc<std::sync::Mutex<Option<Skipped>>>,
 }
 
@@ -264,19 +279,23 @@ impl Relay {
         for url in &config.subscribers {
             check_url(url)?;
         }
-        let client = reqwest::Client::builder()
-            .timeout(config.timeout)
-            .connect_timeout(config.timeout.min(Duration::from_secs(5)))
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!(
-                "saga-orchestrator-webhooks/",
-                env!("CARGO_PKG_VERSION")
-            ))
+        let roots = match &config.ca_file {
+            Some(path) => read_roots(path)?,
+            None => Vec::new(),
+        };
+        let client = client_builder(&config, &roots).build()?;
+        let callback_client = client_builder(&config, &roots)
+            .dns_resolver(Arc::new(GuardedResolver::new(Arc::new(
+                config.callbacks.clone(),
+            ))))
+            // A proxy would resolve the name itself, out of the resolver's sight.
+            .no_proxy()
             .build()?;
         Ok(Self {
             outbox,
             config: Arc::new(config),
             client,
+            callback_client,
             skipped: Arc::default(),
         })
     }
@@ -444,8 +463,20 @@ impl Relay {
             TargetKind::Callback => d.callback_secret.as_ref().or(self.config.secret.as_ref()),
             TargetKind::Subscriber => self.config.secret.as_ref(),
         };
-        let mut request = self
-            .client
+        let client = match d.kind {
+            TargetKind::Callback => {
+                if let Err(refusal) = self.check_callback(&d.target) {
+                    let outcome = self.failed(&d, None, format!("not sent: {refusal}"));
+                    return self
+                        .outbox
+                        .finish_delivery(d.event.id(), &d.target, d.attempt, &outcome)
+                        .await;
+                }
+                &self.callback_client
+            }
+            TargetKind::Subscriber => &self.client,
+        };
+        let mut request = client
             .post(&d.target)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .header(EVENT_ID_HEADER, d.event.id().to_string());
@@ -479,6 +510,16 @@ impl Relay {
             .await
     }
 
+    /// The check of a callback's literal address before each send (names are checked as the
+    /// callback client resolves them).
+    fn check_callback(&self, target: &str) -> Result<(), String> {
+        let url = reqwest::Url::parse(target).map_err(|e| format!("not a URL: {e}"))?;
+        self.config
+            .callbacks
+            .check_literal(&url)
+            .map_err(|refusal| format!("the callback URL is not allowed: {refusal}"))
+    }
+
     fn failed(&self, d: &ClaimedDelivery, status: Option<u16>, error: String) -> DeliveryOutcome {
         let retry_in = self.config.retry_delay(d.attempt);
         metrics::counter!("webhook_failures_total").increment(1);
@@ -496,6 +537,41 @@ impl Relay {
             retry_in,
         }
     }
+}
+
+/// The certificates of a PEM file, at least one.
+fn read_roots(path: &std::path::Path) -> Result<Vec<reqwest::Certificate>, WebhookError> {
+    let fail = |reason: String| WebhookError::CaFile {
+        path: path.display().to_string(),
+        reason,
+    };
+    let pem = std::fs::read(path).map_err(|e| fail(e.to_string()))?;
+    let roots = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| fail(e.to_string()))?;
+    if roots.is_empty() {
+        return Err(fail("no PEM certificate in it".to_owned()));
+    }
+    Ok(roots)
+}
+
+/// The settings both of the relay's HTTP clients share: timeouts, no redirects, the agent,
+/// the trusted roots.
+fn client_builder(
+    config: &WebhookConfig,
+    roots: &[reqwest::Certificate],
+) -> reqwest::ClientBuilder {
+    let builder = roots.iter().fold(reqwest::Client::builder(), |b, cert| {
+        b.add_root_certificate(cert.clone())
+    });
+    builder
+        .use_rustls_tls()
+        .timeout(config.timeout)
+        .connect_timeout(config.timeout.min(Duration::from_secs(5)))
+        // A receiver cannot send the relay elsewhere, inside the network least of all.
+        .redirect(reqwest::redirect::Policy::none())
+        .user_agent(concat!(
+            "saga-orchestrator-webhooks/",
+            env!("CARGO_PKG_VERSION")
+        ))
 }
 
 /// An error with its causes on one line (reqwest's own message is only "error sending request").
@@ -537,9 +613,9 @@ mod tests {
     }
 
     #[test]
-    fn only_plain_http_urls_are_accepted_in_this_build() {
+    fn only_http_and_https_urls_are_accepted() {
         assert!(check_url("http://127.0.0.1:9/hook").is_ok());
-        assert!(check_url("https://example.com/hook").is_err());
+        assert!(check_url("https://example.com/hook").is_ok());
         assert!(check_url("ftp://example.com/").is_err());
         assert!(check_url("nope").is_err());
     }
