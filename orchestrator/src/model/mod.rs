@@ -151,7 +151,9 @@ wire_enum!(
         Succeeded = "SUCCEEDED",
         /// Failed definitively (a permanent error, or the retry budget spent on known failures).
         Failed = "FAILED",
-        /// The retry budget was spent and the last attempt's outcome is unknown (it timed out).
+        /// The last attempt's outcome is unknown and nothing will try again: the retry budget
+        /// was spent on it (it timed out), or an operator took the saga or the step over while
+        /// the attempt was in flight (its attempt is `abandoned`).
         Unknown = "UNKNOWN",
         /// An operator vouched that the compensation was done by hand (`mark-compensated`).
         Manual = "MANUAL",
@@ -460,7 +462,8 @@ pub struct Attempt {
     /// Ended (`None` while running, or forever if its process died).
     #[serde(serialize_with = "ser_opt_time")]
     pub ended_at: Option<Millis>,
-    /// `succeeded`, `failed`, `retryable`, `timed_out`, `interrupted`, or `None` while running.
+    /// `succeeded`, `failed`, `retryable`, `timed_out`, `interrupted`, `abandoned` (an
+    /// operator's abort or mark-compensated took it over in flight), or `None` while running.
     pub outcome: Option<String>,
     /// The error, if it failed.
     pub error: Option<String>,

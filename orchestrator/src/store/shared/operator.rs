@@ -12,7 +12,7 @@ use uuid::Uuid;
 use super::reads::load_saga;
 use super::sql::{Arg, Tx};
 use super::SqlBackend;
-use crate::model::{Saga, SagaStatus};
+use crate::model::{Saga, SagaStatus, StepKindName, StepStatus};
 use crate::store::rows::{parse_enum, LogRow};
 use crate::store::rules::{
     cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan,
@@ -108,7 +108,9 @@ pub(crate) async fn abort<B: SqlBackend>(
         &[Arg::Id(id), Arg::Int(now), Arg::Str(&error)],
     )
     .await?;
-    let data = json!({"reason": reason, "actor": actor, "previous_status": saga.status});
+    let abandoned = abandon_running(&mut tx, &saga, None, now, ABANDONED_BY_ABORT).await?;
+    let data = json!({"reason": reason, "actor": actor, "previous_status": saga.status,
+                      "abandoned": abandoned});
     insert_event(&mut tx, id, "saga.aborted", None, &data).await?;
     tx.announce_finished(id, SagaStatus::Aborted).await?;
     // A child saga's parent waits for its end.
@@ -169,6 +171,9 @@ pub(crate) async fn mark_compensated<B: SqlBackend>(
     let saga = lock_and_load(&mut tx, id).await?;
     let record = check_mark_compensated(&saga, id, step)?;
     let now = tx.now().await?;
+    // Its compensation may be in flight: that attempt's result is no longer wanted.
+    let abandoned =
+        abandon_running(&mut tx, &saga, Some(record.index), now, ABANDONED_BY_MARK).await?;
     tx.exec(
         "UPDATE steps SET comp_status = 'MANUAL', comp_ended_at = $3 \
          WHERE saga_id = $1 AND idx = $2",
@@ -187,11 +192,81 @@ pub(crate) async fn mark_compensated<B: SqlBackend>(
         &[Arg::Id(id), Arg::Int(now)],
     )
     .await?;
-    let data = json!({"reason": reason, "actor": actor});
+    let data = json!({"reason": reason, "actor": actor, "abandoned": abandoned});
     insert_event(&mut tx, id, "step.marked_compensated", Some(step), &data).await?;
     tx.announce_due().await?;
     store.commit(tx).await?;
     reload(store, id).await
+}
+
+const ABANDONED_BY_ABORT: &str =
+    "abandoned: the saga was aborted while this attempt was in flight; its outcome is unknown";
+const ABANDONED_BY_MARK: &str = "abandoned: an operator marked the step compensated while this \
+                                 attempt was in flight; its outcome is unknown";
+
+/// Closes the attempts a command takes away from whoever was making them (every running one
+/// of the saga, or those of row `only`): each phase left `RUNNING` becomes `UNKNOWN` and its
+/// open attempt-log row `abandoned`, so the log never shows a call as running that nobody will
+/// finish. The worker making it loses its lease with the same command, so its result, when
+/// it comes, is refused. Returns `{step, phase, attempt}` for each, for the audit event.
+async fn abandon_running(
+    tx: &mut Tx,
+    saga: &Saga,
+    only: Option<u32>,
+    now: i64,
+    why: &str,
+) -> Result<Vec<serde_json::Value>> {
+    let mut abandoned = Vec::new();
+    for step in saga
+        .steps
+        .iter()
+        .filter(|s| only.is_none_or(|i| i == s.index))
+    {
+        for (phase, record, cols) in [
+            ("action", &step.action, ("status", "ended_at", "last_error")),
+            (
+                "compensation",
+                &step.compensation,
+                ("comp_status", "comp_ended_at", "comp_last_error"),
+            ),
+        ] {
+            if record.status != StepStatus::Running {
+                continue;
+            }
+            let (status, ended, error) = cols;
+            tx.exec(
+                &format!(
+                    "UPDATE steps SET {status} = 'UNKNOWN', {ended} = $3, {error} = $4 \
+                     WHERE saga_id = $1 AND idx = $2"
+                ),
+                &[
+                    Arg::Id(saga.id),
+                    Arg::Int(i64::from(step.index)),
+                    Arg::Int(now),
+                    Arg::Str(why),
+                ],
+            )
+            .await?;
+            // A group's own row is running while its branches are; it has no attempts.
+            if step.kind == StepKindName::Parallel {
+                continue;
+            }
+            tx.exec(
+                "UPDATE attempts SET ended_at = $4, outcome = 'abandoned', error = $5 \
+                 WHERE saga_id = $1 AND step_idx = $2 AND phase = $3 AND ended_at IS NULL",
+                &[
+                    Arg::Id(saga.id),
+                    Arg::Int(i64::from(step.index)),
+                    Arg::Str(phase),
+                    Arg::Int(now),
+                    Arg::Str(why),
+                ],
+            )
+            .await?;
+            abandoned.push(json!({"step": step.name, "phase": phase, "attempt": record.attempts}));
+        }
+    }
+    Ok(abandoned)
 }
 
 /// The saga as the command left it.
