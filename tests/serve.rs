@@ -224,3 +224,150 @@ fn a_start_that_fails_keeps_the_files_of_an_existing_database() {
         assert!(after.contains(&name.to_owned()), "{name} kept: {after:?}");
     }
 }
+
+#[test]
+fn a_bad_tokens_file_stops_serve_with_one_line_naming_the_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let conf = tempfile::tempdir().unwrap();
+    let file = conf.path().join("tokens");
+    for (text, says) in [
+        (
+            "ops operate s3cret-ops-0123456789\nci read\n",
+            "line 2: expected `name scope[,scope] token`",
+        ),
+        (
+            "ci read,wirte s3cret-ci\n",
+            "line 1: unknown scope \"wirte\"",
+        ),
+        (
+            "ci read s3cret-a\n# the pipeline\nci start s3cret-b\n",
+            "line 3: the name \"ci\" is given twice",
+        ),
+    ] {
+        std::fs::write(&file, text).unwrap();
+        let args = ["--listen", "127.0.0.1:0", "--api-tokens-file"];
+        let out = serve_to_exit(dir.path(), &[&args[..], &[file.to_str().unwrap()]].concat());
+        assert_eq!(out.code, Some(1), "{}", out.stderr);
+        let lines: Vec<&str> = out.stderr.lines().collect();
+        assert_eq!(lines.len(), 1, "{:?}", out.stderr);
+        assert!(lines[0].contains(says), "{}", lines[0]);
+        assert!(lines[0].contains(file.to_str().unwrap()), "{}", lines[0]);
+        assert!(!out.stderr.contains("s3cret"), "{}", out.stderr);
+        assert!(!out.stdout.contains("listening on"), "{}", out.stdout);
+        assert_eq!(files(dir.path()), Vec::<String>::new(), "nothing created");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operators_abort_through_the_server_with_a_scoped_token_and_are_audited_by_its_name() {
+    use saga_suite::run_bin;
+    use serde_json::{json, Value};
+    let db = TempDb::new();
+    let dir = db.dir.path();
+    let tokens = dir.join("tokens");
+    std::fs::write(
+        &tokens,
+        "# name scopes token\nci start,read ci-token-0123456789\nops operate,read ops-token-0123456789\n",
+    )
+    .unwrap();
+    let server = Server::spawn(
+        &db.url,
+        dir,
+        &[],
+        &[
+            "--api-tokens-file",
+            tokens.to_str().unwrap(),
+            "--allow-callback-host",
+            "127.0.0.1",
+        ],
+    )
+    .await;
+    let client = reqwest::Client::new();
+    let input = json!({"order_id": "o-abort", "user": "ada", "amount": 5,
+                       "simulate": {"delay_ms": 3000}});
+    // The operator allowed 127.0.0.1, so a callback there is accepted.
+    let started: Value = client
+        .post(format!("{}/v1/sagas/place_order", server.base))
+        .bearer_auth("ci-token-0123456789")
+        .header("saga-callback-url", "http://127.0.0.1:9/hook")
+        .json(&input)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = started["id"].as_str().unwrap().to_owned();
+    let base = server.base.as_str();
+
+    // The start token may not abort: the CLI says why, in one line.
+    let refused = run_bin(
+        "saga",
+        &[
+            "abort",
+            &id,
+            "--reason",
+            "x",
+            "--server",
+            base,
+            "--token",
+            "ci-token-0123456789",
+        ],
+        dir,
+    )
+    .await;
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("forbidden") || stderr.contains("403"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("operate"), "{stderr}");
+
+    let done = run_bin(
+        "saga",
+        &[
+            "abort",
+            &id,
+            "--reason",
+            "customer called",
+            "--server",
+            base,
+            "--token",
+            "ops-token-0123456789",
+        ],
+        dir,
+    )
+    .await;
+    let stdout = String::from_utf8_lossy(&done.stdout);
+    assert!(
+        done.status.success(),
+        "{}",
+        String::from_utf8_lossy(&done.stderr)
+    );
+    assert!(stdout.contains("is now ABORTED"), "{stdout}");
+    let events: Value = client
+        .get(format!("{base}/v1/sagas/{id}/events"))
+        .bearer_auth("ops-token-0123456789")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let aborted = events["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["type"] == "saga.aborted")
+        .cloned()
+        .unwrap();
+    assert_eq!(aborted["data"]["actor"], "ops");
+    assert_eq!(aborted["data"]["reason"], "customer called");
+
+    // Without --server the CLI writes the database itself, and says so.
+    let direct = run_bin("saga", &["retry", &id, "--database-url", &db.url], dir).await;
+    let stderr = String::from_utf8_lossy(&direct.stderr);
+    assert!(stderr.contains("writes the database directly"), "{stderr}");
+    drop(server);
+}

@@ -399,6 +399,55 @@ impl SagaClient {
         decode(&url, response).await
     }
 
+    /// Aborts a saga (`POST /v1/sagas/{id}/abort`): it stops without compensating, audited with
+    /// `reason` and this client's token name; a call in flight is recorded `abandoned`. Needs
+    /// a token with the `operate` scope; a saga that has ended is a `409` [`ClientError::Api`].
+    pub async fn abort(&self, id: Uuid, reason: &str) -> Result<Saga, ClientError> {
+        let url = self.url(&["v1", "sagas", &id.to_string(), "abort"])?;
+        self.operate(&url, Some(reason)).await
+    }
+
+    /// Makes a waiting retry happen now, or gives a `FAILED` saga's failed step another
+    /// attempt (`POST /v1/sagas/{id}/retry`). Needs the `operate` scope.
+    pub async fn retry(&self, id: Uuid) -> Result<Saga, ClientError> {
+        let url = self.url(&["v1", "sagas", &id.to_string(), "retry"])?;
+        self.operate(&url, None).await
+    }
+
+    /// Vouches that `step`'s compensation was done by hand
+    /// (`POST /v1/sagas/{id}/steps/{step}/mark-compensated`), audited with `reason`. Needs the
+    /// `operate` scope; a saga that is not compensating is a `409` [`ClientError::Api`].
+    pub async fn mark_compensated(
+        &self,
+        id: Uuid,
+        step: &str,
+        reason: &str,
+    ) -> Result<Saga, ClientError> {
+        let url = self.url(&[
+            "v1",
+            "sagas",
+            &id.to_string(),
+            "steps",
+            step,
+            "mark-compensated",
+        ])?;
+        self.operate(&url, Some(reason)).await
+    }
+
+    /// An operator command: `POST` with `{"reason"}` if given, answered with the saga.
+    async fn operate(&self, url: &Url, reason: Option<&str>) -> Result<Saga, ClientError> {
+        let body = reason.map(|r| serde_json::json!({ "reason": r }).to_string());
+        let response = self
+            .send_command(url, |req| match &body {
+                Some(body) => req
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(body.clone()),
+                None => req,
+            })
+            .await?;
+        decode(url, response).await
+    }
+
     /// The saga definitions the server can start (`GET /v1/definitions`): every registered
     /// version, by name then version, with its stages and its input as JSON Schema.
     pub async fn definitions(&self) -> Result<DefinitionList, ClientError> {
@@ -427,6 +476,17 @@ impl SagaClient {
             .await
     }
 
+    /// [`send`](Self::send) for a command whose `409` is an answer (the saga's state forbids
+    /// it), not a request in progress: that is returned at once.
+    async fn send_command(
+        &self,
+        url: &Url,
+        decorate: impl Fn(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, ClientError> {
+        self.send_attempts(Method::POST, url, self.request_timeout, false, decorate)
+            .await
+    }
+
     /// Sends a request, retrying connection errors, timeouts, `409`, `429` and `5xx` with
     /// backoff; `decorate` adds the same headers and body to every attempt. Returns the first
     /// success, or the last failure as a [`ClientError`].
@@ -435,6 +495,20 @@ impl SagaClient {
         method: Method,
         url: &Url,
         timeout: Duration,
+        decorate: impl Fn(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
+    ) -> Result<reqwest::Response, ClientError> {
+        self.send_attempts(method, url, timeout, true, decorate)
+            .await
+    }
+
+    /// The attempts of [`send_with_timeout`](Self::send_with_timeout); `retry_conflicts` says
+    /// whether a `409` is worth another attempt.
+    async fn send_attempts(
+        &self,
+        method: Method,
+        url: &Url,
+        timeout: Duration,
+        retry_conflicts: bool,
         decorate: impl Fn(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, ClientError> {
         // `from_millis(2).factor(f)` gives f·2, f·4, …: a first delay of 2·f ms, doubling.
@@ -455,6 +529,7 @@ impl SagaClient {
             }
             let outcome = decorate(req).send().await;
             let retry_hint = match &outcome {
+                Ok(r) if r.status() == StatusCode::CONFLICT && !retry_conflicts => None,
                 Ok(r) if retryable_status(r.status()) => Some(retry_after(r)),
                 Ok(_) => None,
                 Err(e) if retryable_transport(e) => Some(None),

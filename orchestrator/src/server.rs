@@ -85,6 +85,9 @@ pub enum ServeError {
         /// What failed.
         source: StoreError,
     },
+    /// The tokens file cannot be read, or a line of it is wrong.
+    #[error(transparent)]
+    Tokens(#[from] crate::http::tokens::TokensFileError),
     /// The webhook settings are invalid (a subscriber URL, say).
     #[error("invalid webhook settings: {0}")]
     Webhooks(#[from] WebhookError),
@@ -139,6 +142,7 @@ impl Orchestrator {
                 secret: env("SAGA_WEBHOOK_SECRET"),
                 ..WebhookConfig::default()
             },
+            tokens_file: None,
             shutdown: CancellationToken::new(),
             signals: true,
             announce: true,
@@ -156,6 +160,7 @@ pub struct OrchestratorBuilder {
     engine: EngineConfig,
     http: HttpConfig,
     webhooks: WebhookConfig,
+    tokens_file: Option<std::path::PathBuf>,
     shutdown: CancellationToken,
     signals: bool,
     announce: bool,
@@ -231,6 +236,7 @@ impl OrchestratorBuilder {
         self.engine.needs_attention_after = args.needs_attention_after.max(1);
         self.http.body_limit = args.body_limit;
         self.http.api_token = args.api_token.clone().filter(|t| !t.is_empty());
+        self.tokens_file = args.api_tokens_file.clone();
         self.http.max_wait = Duration::from_secs(args.max_wait_secs);
         self.http.idempotency_retention =
             Duration::from_secs(args.idempotency_retention_secs.max(1));
@@ -247,6 +253,14 @@ impl OrchestratorBuilder {
         self
     }
 
+    /// Reads named API tokens with scopes from `path` when the server starts (see
+    /// [`crate::http::tokens`] for the format); a bad line stops the start with an error
+    /// naming it.
+    pub fn api_tokens_file(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.tokens_file = Some(path.into());
+        self
+    }
+
     /// Lets clients' callback URLs reach `host` although it is internal (loopback, private,
     /// link-local): both the start's check and the relay's check at each delivery allow it.
     pub fn allow_callback_host(mut self, host: &str) -> Self {
@@ -258,7 +272,13 @@ impl OrchestratorBuilder {
     /// Starts everything and returns once the server listens, its engine registered: see the
     /// [module](self) for what is checked first. The server runs until it is stopped
     /// ([`Server::stop`], the token of [`shutdown_on`](Self::shutdown_on), or a signal).
-    pub async fn start(self) -> Result<Server, ServeError> {
+    pub async fn start(mut self) -> Result<Server, ServeError> {
+        if let Some(path) = &self.tokens_file {
+            // Before anything is bound or created: a bad file changes nothing.
+            let tokens = crate::http::tokens::read_tokens_file(path)?;
+            tracing::info!(tokens = tokens.len(), file = %path.display(), "API tokens read");
+            self.http.api_tokens.extend(tokens);
+        }
         let shown_url = redact_url(&self.database_url);
         // Bound first: a busy port is found before any file is created.
         let listen_error = |source| ServeError::Listen {
@@ -327,8 +347,11 @@ impl OrchestratorBuilder {
                  sent unsigned unless a saga gives its own"
             );
         }
-        if self.http.api_token.is_none() {
-            tracing::info!("no API token set (SAGA_API_TOKEN or --api-token): the API is open");
+        if self.http.api_token.is_none() && self.http.api_tokens.is_empty() {
+            tracing::info!(
+                "no API token set (SAGA_API_TOKEN, --api-token or --api-tokens-file): the API \
+                 is open"
+            );
         }
         let relay = Relay::new(store.clone(), self.webhooks.clone())?;
         let engine = Engine::new(store, self.registry.clone(), self.engine.clone());
@@ -597,6 +620,10 @@ pub struct ServeArgs {
         value_name = "TOKEN"
     )]
     pub api_token: Option<String>,
+    /// A file of named tokens with scopes, one `name scope[,scope] token` per line (scopes
+    /// read, start, operate, admin; `#` comments); beside --api-token, which has them all.
+    #[arg(long, env = "SAGA_API_TOKENS_FILE", value_name = "FILE")]
+    pub api_tokens_file: Option<std::path::PathBuf>,
     /// Longest `Prefer: wait=N` honoured, in seconds; longer waits are capped to it.
     #[arg(long, default_value_t = HttpConfig::DEFAULT_MAX_WAIT.as_secs(), value_name = "SECONDS")]
     pub max_wait_secs: u64,

@@ -21,6 +21,7 @@ mod health;
 mod malformed;
 mod metrics;
 mod openapi;
+mod operators;
 mod prefer_wait;
 mod sagas;
 mod signals;
@@ -43,7 +44,8 @@ const TOKEN: &str = "test-token-0123456789";
 /// once (retryable); `typed`, with the `Order` input; `slow`, a 1.5 s step then a pivot (a
 /// cancel while it runs, a `Prefer: wait` shorter than it); `slow_pivot`, a 600 ms pivot first
 /// (a cancel once it has started is refused); `stuck`, a step that takes ten minutes;
-/// `approval`, a wait for the signal `approval` between two steps.
+/// `approval`, a wait for the signal `approval` between two steps; `stuck_undo`, whose
+/// compensation takes ten minutes (an operator marks it compensated).
 fn definitions() -> Vec<SagaDefinition> {
     let journal = Journal::default();
     vec![
@@ -55,6 +57,7 @@ fn definitions() -> Vec<SagaDefinition> {
         fixtures::slow_pivot(Duration::from_millis(600)),
         fixtures::stuck(),
         fixtures::approval(),
+        fixtures::stuck_undo(),
     ]
 }
 

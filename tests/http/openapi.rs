@@ -5,13 +5,18 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use orchestrator::http::{openapi_json, openapi_json_for, HttpConfig};
+use orchestrator::http::{openapi_json, openapi_json_for, ApiToken, HttpConfig, Scope};
 use reqwest::{Method, StatusCode};
 use saga_suite::api::Api;
 use saga_suite::registry_of;
 use serde_json::{json, Value};
 
 use crate::{definitions, own, TOKEN};
+
+/// A token that may only read.
+const READ_ONLY: &str = "read-only-token-0123456789";
+/// A token that may only start (and signal, and cancel).
+const START_ONLY: &str = "start-only-token-0123456789";
 
 /// A documented path with its parameters filled in.
 fn concrete(template: &str, saga_id: &str) -> String {
@@ -38,8 +43,13 @@ fn operations(doc: &Value) -> BTreeMap<String, BTreeMap<String, BTreeSet<u16>>> 
 #[tokio::test]
 async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
     // A server of its own: a token and a small body limit, for their statuses.
+    // Two named tokens with one scope each, for the 403 of every route.
     let api = own(HttpConfig {
         api_token: Some(TOKEN.to_owned()),
+        api_tokens: vec![
+            ApiToken::new("reader", &[Scope::Read], READ_ONLY),
+            ApiToken::new("starter", &[Scope::Start], START_ONLY),
+        ],
         body_limit: 4096,
         ..HttpConfig::default()
     })
@@ -78,7 +88,7 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
         );
     }
 
-    // Every route of SPEC §4 is documented.
+    // Every route of SPEC §4 and of §8's operator API is documented.
     for (method, path) in [
         ("POST", "/v1/sagas/{saga}"),
         ("GET", "/v1/sagas/{saga}"),
@@ -86,6 +96,9 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
         ("GET", "/v1/sagas/{saga}/events"),
         ("GET", "/v1/sagas/{saga}/deliveries"),
         ("POST", "/v1/sagas/{saga}/cancel"),
+        ("POST", "/v1/sagas/{saga}/abort"),
+        ("POST", "/v1/sagas/{saga}/retry"),
+        ("POST", "/v1/sagas/{saga}/steps/{step}/mark-compensated"),
         ("GET", "/v1/definitions"),
         ("GET", "/healthz"),
         ("GET", "/metrics"),
@@ -127,6 +140,20 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
     let signal = |id: &str| format!("/v1/sagas/{id}/signals/approval");
     let unknown = uuid::Uuid::now_v7().to_string();
     let big = json!({"pad": "x".repeat(8192)});
+    // Running, for the operator commands: one to abort, one to retry, one stuck compensating.
+    let to_abort = api.start_saga("stuck", json!({})).await;
+    let to_retry = api.start_saga("stuck", json!({})).await;
+    let undoing = api.start_saga("stuck_undo", json!({})).await;
+    api.wait(&undoing, |s| {
+        s["steps"][0]["compensation"]["status"] == "RUNNING"
+    })
+    .await;
+    let with =
+        |token: &str, method: Method, path: &str| api.anonymous(method, path).bearer_auth(token);
+    let reason = json!({"reason": "probe"});
+    let abort = |id: &str| format!("/v1/sagas/{id}/abort");
+    let retry = |id: &str| format!("/v1/sagas/{id}/retry");
+    let mark = |id: &str, step: &str| format!("/v1/sagas/{id}/steps/{step}/mark-compensated");
     // A start that waits holds its idempotency key in progress: a retry meanwhile is 409.
     let waiting = {
         let req = api
@@ -416,6 +443,165 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
             "200",
         ),
     ];
+    // Every protected route refuses a token without its scope.
+    let mut probes = probes;
+    for (method, template, path, token) in [
+        (
+            "POST",
+            "/v1/sagas/{saga}",
+            "/v1/sagas/s".to_owned(),
+            READ_ONLY,
+        ),
+        (
+            "GET",
+            "/v1/sagas/{saga}",
+            format!("/v1/sagas/{done}"),
+            START_ONLY,
+        ),
+        ("GET", "/v1/sagas", "/v1/sagas".to_owned(), START_ONLY),
+        (
+            "GET",
+            "/v1/sagas/{saga}/events",
+            format!("/v1/sagas/{done}/events"),
+            START_ONLY,
+        ),
+        (
+            "GET",
+            "/v1/sagas/{saga}/deliveries",
+            format!("/v1/sagas/{done}/deliveries"),
+            START_ONLY,
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/cancel",
+            format!("/v1/sagas/{done}/cancel"),
+            READ_ONLY,
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/signals/{signal}",
+            signal(&approving),
+            READ_ONLY,
+        ),
+        (
+            "GET",
+            "/v1/definitions",
+            "/v1/definitions".to_owned(),
+            START_ONLY,
+        ),
+        ("GET", "/metrics", "/metrics".to_owned(), START_ONLY),
+        ("POST", "/v1/sagas/{saga}/abort", abort(&done), READ_ONLY),
+        ("POST", "/v1/sagas/{saga}/retry", retry(&done), READ_ONLY),
+        (
+            "POST",
+            "/v1/sagas/{saga}/steps/{step}/mark-compensated",
+            mark(&done, "a"),
+            READ_ONLY,
+        ),
+    ] {
+        let m = Method::from_bytes(method.as_bytes()).unwrap();
+        probes.push((
+            method,
+            template,
+            with(token, m, &path).json(&json!({})),
+            "403",
+        ));
+    }
+    // The operator commands.
+    let operator: Vec<Probe> = vec![
+        (
+            "POST",
+            "/v1/sagas/{saga}/abort",
+            api.req(Method::POST, &abort(&to_abort)).json(&reason),
+            "200",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/abort",
+            api.req(Method::POST, &abort(&to_abort)).json(&json!({})),
+            "400",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/abort",
+            api.anonymous(Method::POST, &abort(&to_abort)).json(&reason),
+            "401",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/abort",
+            api.req(Method::POST, &abort(&unknown)).json(&reason),
+            "404",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/abort",
+            api.req(Method::POST, &abort(&done)).json(&reason),
+            "409",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/retry",
+            api.req(Method::POST, &retry(&to_retry)),
+            "200",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/retry",
+            api.req(Method::POST, &retry("x")),
+            "400",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/retry",
+            api.anonymous(Method::POST, &retry(&to_retry)),
+            "401",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/retry",
+            api.req(Method::POST, &retry(&unknown)),
+            "404",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/retry",
+            api.req(Method::POST, &retry(&done)),
+            "409",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/steps/{step}/mark-compensated",
+            api.req(Method::POST, &mark(&undoing, "hold")).json(&reason),
+            "200",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/steps/{step}/mark-compensated",
+            api.req(Method::POST, &mark("x", "hold")).json(&reason),
+            "400",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/steps/{step}/mark-compensated",
+            api.anonymous(Method::POST, &mark(&undoing, "hold"))
+                .json(&reason),
+            "401",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/steps/{step}/mark-compensated",
+            api.req(Method::POST, &mark(&unknown, "hold")).json(&reason),
+            "404",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/steps/{step}/mark-compensated",
+            api.req(Method::POST, &mark(&done, "a")).json(&reason),
+            "409",
+        ),
+    ];
+    probes.extend(operator);
     let mut seen: BTreeMap<(String, String), BTreeSet<u16>> = BTreeMap::new();
     for (method, template, req, want) in probes {
         let a = Api::send(req).await;

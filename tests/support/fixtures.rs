@@ -31,6 +31,11 @@ async fn hang_action(_ctx: StepContext) -> Result<Value, StepError> {
     Ok(json!("late"))
 }
 
+async fn hang_compensation(_ctx: StepContext) -> Result<(), StepError> {
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    Ok(())
+}
+
 /// An action that succeeds with `"slow"` after `delay`.
 fn slow_action(delay: Duration) -> impl saga_dsl::Action {
     move |_ctx: StepContext| async move {
@@ -127,6 +132,22 @@ pub fn approval() -> SagaDefinition {
             }),
         )
         .step(Step::pivot("ship", ok_action))
+        .build()
+        .unwrap()
+}
+
+/// `stuck_undo`: `hold` (compensatable; its compensation takes ten minutes), then `refuse`
+/// (a pivot that always fails): the saga stays `COMPENSATING`, `hold`'s compensation running,
+/// until an operator marks it compensated.
+pub fn stuck_undo() -> SagaDefinition {
+    SagaDefinition::builder("stuck_undo", 1)
+        .step(
+            Step::compensatable("hold", ok_action, hang_compensation)
+                .compensation_timeout(Duration::from_secs(900)),
+        )
+        .step(Step::pivot("refuse", |_ctx: StepContext| async {
+            Err::<Value, _>(StepError::permanent("refused"))
+        }))
         .build()
         .unwrap()
 }

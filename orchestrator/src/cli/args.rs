@@ -116,6 +116,26 @@ impl AdminCommand {
         !matches!(
             self,
             Self::Start(_) | Self::Definitions(_) | Self::Signal(_)
+        ) && self.server().is_none()
+    }
+
+    /// The server a command that changes a saga is sent to, if `--server` named one.
+    pub fn server(&self) -> Option<&ViaServer> {
+        let via = match self {
+            Self::Cancel(a) => &a.via,
+            Self::Abort(a) => &a.via,
+            Self::Retry(a) => &a.via,
+            Self::MarkCompensated(a) => &a.via,
+            _ => return None,
+        };
+        via.server.is_some().then_some(via)
+    }
+
+    /// Whether the command changes a saga (and may go through a server instead).
+    pub fn changes_a_saga(&self) -> bool {
+        matches!(
+            self,
+            Self::Cancel(_) | Self::Abort(_) | Self::Retry(_) | Self::MarkCompensated(_)
         )
     }
 }
@@ -178,14 +198,37 @@ pub struct EventsArgs {
     pub json: bool,
 }
 
-/// `cancel ID`.
+/// Where a command that changes a saga is sent: a server's HTTP API (`--server`), where the
+/// token's name is the audit actor, or, without one, the database itself (for a server that
+/// is down), audited as `$USER@cli`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+pub struct ViaServer {
+    /// The server's base URL: the command goes through its API (the whole saga id is then
+    /// needed). Without it the command writes the database directly.
+    #[arg(long, value_name = "URL", env = "SAGA_SERVER")]
+    pub server: Option<String>,
+    /// The server's API token (with the `operate` scope for abort, retry and
+    /// mark-compensated; `start` for cancel), sent as a bearer token.
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "SAGA_API_TOKEN",
+        hide_env_values = true
+    )]
+    pub token: Option<String>,
+}
+
+/// `cancel ID [--server URL]`.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct CancelArgs {
     /// The saga id, or its first 8 or more characters.
     pub id: String,
+    /// Through a server, or the database.
+    #[command(flatten)]
+    pub via: ViaServer,
 }
 
-/// `abort ID --reason TEXT`.
+/// `abort ID --reason TEXT [--server URL]`.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct AbortArgs {
     /// The saga id, or its first 8 or more characters.
@@ -193,16 +236,22 @@ pub struct AbortArgs {
     /// Why (recorded in the saga's events with who did it).
     #[arg(long, value_name = "TEXT")]
     pub reason: String,
+    /// Through a server, or the database.
+    #[command(flatten)]
+    pub via: ViaServer,
 }
 
-/// `retry ID`.
+/// `retry ID [--server URL]`.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct RetryArgs {
     /// The saga id, or its first 8 or more characters.
     pub id: String,
+    /// Through a server, or the database.
+    #[command(flatten)]
+    pub via: ViaServer,
 }
 
-/// `mark-compensated ID STEP --reason TEXT`.
+/// `mark-compensated ID STEP --reason TEXT [--server URL]`.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct MarkCompensatedArgs {
     /// The saga id, or its first 8 or more characters.
@@ -212,6 +261,9 @@ pub struct MarkCompensatedArgs {
     /// What was done, and why (recorded in the saga's events with who did it).
     #[arg(long, value_name = "TEXT")]
     pub reason: String,
+    /// Through a server, or the database.
+    #[command(flatten)]
+    pub via: ViaServer,
 }
 
 /// The default server of `start`.
@@ -333,6 +385,7 @@ mod tests {
                 id: "x".into(),
                 step: "charge".into(),
                 reason: "refunded".into(),
+                via: ViaServer::default(),
             })
         );
         assert_eq!(

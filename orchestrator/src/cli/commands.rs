@@ -226,7 +226,7 @@ async fn resolve_id(store: &dyn Store, text: &str) -> Result<Uuid, CliError> {
 }
 
 /// A reason for an audited command: required, and not blank.
-fn require_reason(reason: &str) -> Result<&str, CliError> {
+pub(super) fn require_reason(reason: &str) -> Result<&str, CliError> {
     let reason = reason.trim();
     if reason.is_empty() {
         return Err(CliError::BadArgument(

@@ -60,6 +60,7 @@ mod args;
 mod commands;
 mod definitions;
 mod error;
+mod remote;
 mod render;
 mod table;
 
@@ -68,11 +69,13 @@ use std::sync::Arc;
 pub use args::DefinitionsArgs;
 pub use args::{
     AbortArgs, AdminCommand, CancelArgs, DatabaseArgs, EventsArgs, ListArgs, MarkCompensatedArgs,
-    RetryArgs, ShowArgs, SignalArgs, StartArgs, WorkersArgs, DEFAULT_LIST_LIMIT, DEFAULT_SERVER,
+    RetryArgs, ShowArgs, SignalArgs, StartArgs, ViaServer, WorkersArgs, DEFAULT_LIST_LIMIT,
+    DEFAULT_SERVER,
 };
 pub use commands::{actor, run_admin, run_admin_with, run_signal, run_start, show_with_deliveries};
 pub use definitions::run_definitions;
 pub use error::CliError;
+pub use remote::run_via_server;
 pub use table::Layout;
 
 use crate::store::{self, SqliteStore, Store};
@@ -161,6 +164,19 @@ pub async fn open_and_run(
         run_signal(args, out).await?;
         out.flush()?;
         return Ok(());
+    }
+    if let Some(via) = cmd.server() {
+        run_via_server(cmd, via, out).await?;
+        out.flush()?;
+        return Ok(());
+    }
+    if cmd.changes_a_saga() {
+        // Said on stderr, so that what the command prints stays the same for scripts.
+        eprintln!(
+            "note: no --server given, so this writes the database directly (meant for a server \
+             that is down), audited as {}",
+            actor()
+        );
     }
     if let AdminCommand::Show(args) = cmd {
         // `show` also lists the saga's webhook deliveries, which live outside the step log.

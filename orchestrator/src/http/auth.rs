@@ -15,13 +15,14 @@
 use std::sync::Arc;
 
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::http::error::ApiError;
+use crate::http::tokens::{ApiToken, Scope};
 
 /// Who sent a request, as far as authentication can tell; found in the request's extensions
 /// (`Extension<ClientId>` in a handler).
@@ -41,40 +42,73 @@ impl ClientId {
         Self(Self::ANONYMOUS.to_owned())
     }
 
-    fn token() -> Self {
-        Self(Self::TOKEN.to_owned())
-    }
-
     /// The identity as text.
     pub fn as_str(&self) -> &str {
         &self.0
     }
 }
 
-/// The expected token, kept only as its digest.
+/// One accepted token, kept only as its digest, with its name and scopes.
+#[derive(Clone)]
+struct Known {
+    digest: [u8; 32],
+    name: String,
+    scopes: Vec<Scope>,
+}
+
+impl Known {
+    fn allows(&self, scope: Scope) -> bool {
+        self.scopes.iter().any(|&s| s == scope || s == Scope::Admin)
+    }
+}
+
+/// The accepted tokens; none leaves the API open.
 #[derive(Clone)]
 pub(crate) struct Auth {
-    digest: Option<[u8; 32]>,
+    known: Vec<Known>,
 }
 
 impl std::fmt::Debug for Auth {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Auth")
-            .field("token_required", &self.digest.is_some())
-            .finish()
+        let names: Vec<&str> = self.known.iter().map(|k| k.name.as_str()).collect();
+        f.debug_struct("Auth").field("tokens", &names).finish()
     }
 }
 
 impl Auth {
-    /// Authentication with `token`; `None` (or an empty token) turns it off.
-    pub(crate) fn new(token: Option<&str>) -> Self {
-        let digest = token
-            .filter(|t| !t.is_empty())
-            .map(|t| digest(t.as_bytes()));
-        Self { digest }
+    /// Authentication with the single `token` (every scope, named [`ClientId::TOKEN`]) and the
+    /// named `tokens`; with neither (or an empty single token) it is off.
+    pub(crate) fn new(token: Option<&str>, tokens: &[ApiToken]) -> Self {
+        let single = token.filter(|t| !t.is_empty()).map(|t| Known {
+            digest: digest(t.as_bytes()),
+            name: ClientId::TOKEN.to_owned(),
+            scopes: vec![Scope::Admin],
+        });
+        let named = tokens.iter().map(|t| Known {
+            digest: digest(t.secret.as_bytes()),
+            name: t.name.clone(),
+            scopes: t.scopes.clone(),
+        });
+        Self {
+            known: single.into_iter().chain(named).collect(),
+        }
+    }
+
+    /// The token `presented` is, if any: every known digest is compared, in constant time,
+    /// so the time taken says nothing about which token (or which byte) matched.
+    fn find(&self, presented: &str) -> Option<&Known> {
+        let presented = digest(presented.as_bytes());
+        let mut found = None;
+        for known in &self.known {
+            if bool::from(known.digest.ct_eq(&presented)) {
+                found = Some(known);
+            }
+        }
+        found
     }
 }
 
+#[cfg(test)]
 /// Whether `presented` is the token whose digest is `expected`, in constant time.
 fn token_matches(expected: &[u8; 32], presented: &str) -> bool {
     bool::from(expected.ct_eq(&digest(presented.as_bytes())))
@@ -82,6 +116,26 @@ fn token_matches(expected: &[u8; 32], presented: &str) -> bool {
 
 fn digest(bytes: &[u8]) -> [u8; 32] {
     Sha256::digest(bytes).into()
+}
+
+/// The scope a request needs, from its method and route: reads need `read`; starting,
+/// signalling and cancelling need `start`; the operator commands need `operate`. An unknown
+/// route needs only a valid token (it answers `404`).
+fn required_scope(method: &Method, route: Option<&str>) -> Option<Scope> {
+    if method == Method::GET || method == Method::HEAD {
+        return Some(Scope::Read);
+    }
+    let route = route?;
+    if route.ends_with("/abort")
+        || route.ends_with("/retry")
+        || route.ends_with("/mark-compensated")
+    {
+        Some(Scope::Operate)
+    } else if route.starts_with("/v1/sagas") {
+        Some(Scope::Start)
+    } else {
+        None
+    }
 }
 
 /// Whether a path needs the token: `/v1` and everything under it (unknown routes included, so
@@ -129,7 +183,7 @@ fn unauthorized(presented: bool) -> Response {
     } else {
         (
             "this endpoint needs a bearer token: send Authorization: Bearer <token> \
-             (the server's SAGA_API_TOKEN)",
+             (the server's --api-token, or one of its --api-tokens-file)",
             r#"Bearer realm="saga-orchestrator""#,
         )
     };
@@ -142,29 +196,56 @@ fn unauthorized(presented: bool) -> Response {
     response
 }
 
-/// The authentication layer: refuses a protected request without the right token, and records
-/// the [`ClientId`] of every request it lets through.
+/// `403 forbidden`: a valid token without the scope the request needs.
+fn forbidden(known: &Known, needed: Scope) -> Response {
+    let has: Vec<&str> = known.scopes.iter().map(|s| s.as_str()).collect();
+    ApiError::new(
+        StatusCode::FORBIDDEN,
+        "forbidden",
+        format!(
+            "the token {:?} has the scopes [{}]; this request needs {needed:?}",
+            known.name,
+            has.join(", "),
+            needed = needed.as_str()
+        ),
+    )
+    .into_response()
+}
+
+/// The authentication layer: refuses a protected request without a known token (`401`) or
+/// whose token lacks the route's scope (`403`), and records the [`ClientId`] (the token's
+/// name) of every request it lets through.
 pub(crate) async fn authenticate(
     State(auth): State<Arc<Auth>>,
     mut req: Request,
     next: Next,
 ) -> Response {
-    let client = match (&auth.digest, credentials(req.headers())) {
-        (None, _) => ClientId::anonymous(),
-        (Some(expected), Credentials::Bearer(token)) if token_matches(expected, token) => {
-            ClientId::token()
-        }
-        (Some(_), presented) => {
-            let path_protected = protected(req.uri().path())
-                || req
-                    .extensions()
-                    .get::<MatchedPath>()
-                    .is_some_and(|m| protected(m.as_str()));
+    if auth.known.is_empty() {
+        req.extensions_mut().insert(ClientId::anonymous());
+        return next.run(req).await;
+    }
+    let route = req.extensions().get::<MatchedPath>().map(|m| m.as_str());
+    let path_protected = protected(req.uri().path()) || route.is_some_and(protected);
+    let known = match credentials(req.headers()) {
+        Credentials::Bearer(token) => auth.find(token),
+        _ => None,
+    };
+    let client = match known {
+        Some(known) => {
             if path_protected {
-                return unauthorized(!matches!(presented, Credentials::None));
+                if let Some(needed) = required_scope(req.method(), route) {
+                    if !known.allows(needed) {
+                        return forbidden(known, needed);
+                    }
+                }
             }
-            ClientId::anonymous()
+            ClientId(known.name.clone())
         }
+        None if path_protected => {
+            let presented = !matches!(credentials(req.headers()), Credentials::None);
+            return unauthorized(presented);
+        }
+        None => ClientId::anonymous(),
     };
     req.extensions_mut().insert(client);
     next.run(req).await
@@ -210,13 +291,20 @@ mod tests {
 
     #[test]
     fn compares_tokens_by_digest() {
-        let auth = Auth::new(Some("s3cret"));
-        let expected = auth.digest.expect("a token is set");
+        let auth = Auth::new(Some("s3cret"), &[]);
+        let expected = auth.known[0].digest;
         assert!(token_matches(&expected, "s3cret"));
         assert!(!token_matches(&expected, "s3cre"));
         assert!(!token_matches(&expected, "s3cret "));
         assert!(!token_matches(&expected, ""));
-        assert!(Auth::new(Some("")).digest.is_none(), "empty token = off");
+        assert!(
+            Auth::new(Some(""), &[]).known.is_empty(),
+            "empty token = off"
+        );
+        let named = Auth::new(None, &[ApiToken::new("ci", &[Scope::Read], "s3cret-ci")]);
+        assert_eq!(named.find("s3cret-ci").map(|k| k.name.as_str()), Some("ci"));
+        assert!(named.find("s3cret").is_none());
+        assert!(!format!("{named:?}").contains("s3cret"));
         assert!(!format!("{auth:?}").contains("s3cret"));
     }
 
@@ -229,7 +317,7 @@ mod tests {
             .route("/v1/who", get(who))
             .route("/healthz", get(who))
             .layer(axum::middleware::from_fn_with_state(
-                Arc::new(Auth::new(token)),
+                Arc::new(Auth::new(token, &[])),
                 authenticate,
             ))
     }
@@ -261,6 +349,36 @@ mod tests {
         assert_eq!((s, who.as_str()), (StatusCode::OK, ClientId::ANONYMOUS));
         let (s, who) = call(app(None), "/v1/who", None).await;
         assert_eq!((s, who.as_str()), (StatusCode::OK, ClientId::ANONYMOUS));
+    }
+
+    #[test]
+    fn each_route_needs_its_scope() {
+        let post = Method::POST;
+        assert_eq!(
+            required_scope(&Method::GET, Some("/v1/sagas/{saga}")),
+            Some(Scope::Read)
+        );
+        assert_eq!(required_scope(&Method::GET, None), Some(Scope::Read));
+        assert_eq!(
+            required_scope(&post, Some("/v1/sagas/{saga}")),
+            Some(Scope::Start)
+        );
+        assert_eq!(
+            required_scope(&post, Some("/v1/sagas/{saga}/cancel")),
+            Some(Scope::Start)
+        );
+        assert_eq!(
+            required_scope(&post, Some("/v1/sagas/{saga}/signals/{signal}")),
+            Some(Scope::Start)
+        );
+        for operate in [
+            "/v1/sagas/{saga}/abort",
+            "/v1/sagas/{saga}/retry",
+            "/v1/sagas/{saga}/steps/{step}/mark-compensated",
+        ] {
+            assert_eq!(required_scope(&post, Some(operate)), Some(Scope::Operate));
+        }
+        assert_eq!(required_scope(&post, None), None);
     }
 
     #[test]

@@ -40,6 +40,7 @@ const DESCRIPTION: &str = "Every saga definition this server can start, each reg
         (status = 200, description = "The definitions, by name then version",
          body = DefinitionList),
         (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
+        (status = 403, description = "`forbidden`: the token lacks this route's scope", body = ErrorBody),
     )
 )]
 pub(crate) async fn list_definitions(State(state): State<AppState>) -> Json<DefinitionList> {

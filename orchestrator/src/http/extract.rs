@@ -33,7 +33,7 @@ impl<S: Send + Sync> FromRequestParts<S> for SagaId {
 }
 
 /// A saga id from a path segment; `400 bad_request` for anything but a UUID.
-fn saga_id(raw: &str) -> Result<Uuid, ApiError> {
+pub(crate) fn saga_id(raw: &str) -> Result<Uuid, ApiError> {
     Uuid::try_parse(raw).map_err(|_| {
         ApiError::bad_request(format!(
             "malformed saga id {}: expected a UUID such as \
@@ -139,7 +139,7 @@ fn check_json_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
 fn parse_json(bytes: &[u8]) -> Result<Value, ApiError> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::bad_request(
-            "the request body is empty: send the saga input as JSON (for example {})",
+            "the request body is empty: send JSON (to start a saga, its input, for example {})",
         ));
     }
     serde_json::from_slice(bytes)

@@ -181,6 +181,7 @@ const METRICS_DESCRIPTION: &str = "The process's series in the Prometheus text f
         (status = 200, description = "Prometheus text format 0.0.4",
          content_type = "text/plain", body = String),
         (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
+        (status = 403, description = "`forbidden`: the token lacks this route's scope", body = ErrorBody),
     )
 )]
 pub(crate) async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {

@@ -18,9 +18,11 @@
 //! - **Documented from the code.** Each handler carries its `#[utoipa::path]` entry and is
 //!   registered through it (`utoipa_axum::routes!`), so the router and [`openapi()`] come from
 //!   the same list and cannot drift apart; `GET /openapi.json` serves the document.
-//! - **Optional bearer auth.** With [`HttpConfig::api_token`] set, `/v1` and `/metrics` need
-//!   the token (compared in constant time); `/healthz` and `/openapi.json` stay open. Each
-//!   request carries its [`ClientId`].
+//! - **Optional bearer auth, with scopes.** With [`HttpConfig::api_token`] or
+//!   [`HttpConfig::api_tokens`] set, `/v1` and `/metrics` need a known token (compared in
+//!   constant time; `401` otherwise) with the route's [`Scope`] (`403` otherwise);
+//!   `/healthz` and `/openapi.json` stay open. Each request carries its [`ClientId`], the
+//!   token's name: the actor of the operator commands and the scope of idempotency keys.
 //! - **Waiting instead of polling.** `Prefer: wait=N` (RFC 7240) holds a start or a read up to
 //!   N seconds (at most [`HttpConfig::max_wait`]) for the saga to end.
 //! - **Idempotent starts.** `Idempotency-Key` on `POST /v1/sagas/{name}` follows the four
@@ -88,8 +90,10 @@ mod idempotency;
 mod metrics;
 mod middleware;
 mod openapi;
+mod operators;
 mod prefer;
 mod state;
+pub mod tokens;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -110,6 +114,7 @@ pub use auth::ClientId;
 pub use definitions::{openapi_for, openapi_json_for};
 pub use error::ApiError;
 use state::AppState;
+pub use tokens::{ApiToken, Scope};
 
 /// Settings of the HTTP API. Build one with struct-update syntax so that fields added later keep
 /// their defaults: `HttpConfig { body_limit: 64 * 1024, ..HttpConfig::default() }`.
@@ -126,6 +131,11 @@ pub struct HttpConfig {
     /// endpoint and `/metrics`; `None` (or an empty string) leaves the API open. Binaries read
     /// it from `SAGA_API_TOKEN` or `--api-token`. Never printed by `Debug`.
     pub api_token: Option<String>,
+    /// Named tokens with scopes (`--api-tokens-file`, see [`tokens`]), beside
+    /// [`api_token`](Self::api_token), which has every scope and the name `token`. With any
+    /// token configured, a request without a known one is `401` and one whose token lacks the
+    /// route's scope `403 forbidden`. Never printed by `Debug`.
+    pub api_tokens: Vec<ApiToken>,
     /// The longest `Prefer: wait=N` honoured; longer requests are capped to it (and
     /// `Preference-Applied` says so). `Duration::ZERO` turns waiting off. Default: 60 seconds.
     pub max_wait: Duration,
@@ -167,6 +177,7 @@ impl Default for HttpConfig {
             body_limit: Self::DEFAULT_BODY_LIMIT,
             request_timeout: Self::DEFAULT_REQUEST_TIMEOUT,
             api_token: None,
+            api_tokens: Vec::new(),
             max_wait: Self::DEFAULT_MAX_WAIT,
             idempotency_retention: Self::DEFAULT_IDEMPOTENCY_RETENTION,
             require_idempotency_key: false,
@@ -181,6 +192,7 @@ impl std::fmt::Debug for HttpConfig {
             .field("body_limit", &self.body_limit)
             .field("request_timeout", &self.request_timeout)
             .field("api_token", &self.api_token.as_ref().map(|_| "<redacted>"))
+            .field("api_tokens", &self.api_tokens)
             .field("max_wait", &self.max_wait)
             .field("idempotency_retention", &self.idempotency_retention)
             .field("require_idempotency_key", &self.require_idempotency_key)
@@ -203,6 +215,9 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(handlers::cancel_saga))
         .routes(routes!(handlers::signal_saga))
         .routes(routes!(handlers::saga_deliveries))
+        .routes(routes!(operators::abort_saga))
+        .routes(routes!(operators::retry_saga))
+        .routes(routes!(operators::mark_compensated))
         .routes(routes!(definitions::list_definitions))
 }
 
@@ -242,6 +257,9 @@ fn to_json(doc: &utoipa::openapi::OpenApi) -> String {
 /// | `POST /v1/sagas/{id}/cancel` | request cancellation: `202`, or `409` when too late |
 /// | `POST /v1/sagas/{id}/signals/{signal}` | deliver a signal with a JSON payload: `202` |
 /// | `GET /v1/sagas/{id}/deliveries` | the saga's webhook deliveries |
+/// | `POST /v1/sagas/{id}/abort` | an operator stops the saga without compensating (audited) |
+/// | `POST /v1/sagas/{id}/retry` | an operator makes a waiting or failed step retry now (audited) |
+/// | `POST /v1/sagas/{id}/steps/{step}/mark-compensated` | an operator vouches for a compensation done by hand (audited) |
 /// | `GET /v1/definitions` | the registered definitions: stages, hash, input schema |
 /// | `GET /healthz` | `200` when the store answers, else `503` |
 /// | `GET /metrics` | Prometheus text |
@@ -269,7 +287,10 @@ pub fn router_with_shutdown(
     shutdown: CancellationToken,
 ) -> Router {
     let config = Arc::new(config);
-    let auth = Arc::new(auth::Auth::new(config.api_token.as_deref()));
+    let auth = Arc::new(auth::Auth::new(
+        config.api_token.as_deref(),
+        &config.api_tokens,
+    ));
     if config.api_token.as_deref() == Some("") {
         tracing::warn!("the API token is empty: authentication is off");
     }

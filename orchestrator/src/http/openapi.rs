@@ -80,7 +80,13 @@ impl Modify for BearerAuth {
             compare in constant time and refuse timestamps older than a few minutes \
             (`orchestrator::webhooks::verify_signature`). A failed delivery (not `2xx` within \
             the timeout) is retried with exponential backoff; `GET /v1/sagas/{id}/deliveries` \
-            shows where each one stands.",
+            shows where each one stands.\n\n\
+            **Tokens and scopes.** With tokens configured (`--api-token`, which has every \
+            scope, and the named tokens of `--api-tokens-file`), `/v1` and `/metrics` need \
+            `Authorization: Bearer <token>`: none or an unknown one is `401`, a token without \
+            the route's scope `403 forbidden`. `read`: every `GET`; `start`: start, signal, \
+            cancel; `operate`: abort, retry, mark-compensated; `admin`: all. The token's name \
+            is the actor of audit events and the scope of its idempotency keys.",
         license(name = "MIT OR Apache-2.0"),
     ),
     modifiers(&BearerAuth),
@@ -88,6 +94,7 @@ impl Modify for BearerAuth {
     tags(
         (name = "sagas", description = "Starting and following sagas"),
         (name = "definitions", description = "The sagas this server can start, and their inputs"),
+        (name = "operators", description = "Operator commands, audited: abort, retry, mark-compensated (scope `operate`)"),
         (name = "operations", description = "Health, metrics and this document"),
     )
 )]

@@ -1,0 +1,160 @@
+//! The operator commands over HTTP (SPEC §8): abort, retry and mark-compensated, with the same
+//! rules as the CLI's (`crate::store::rules`), each audited in the saga's events with the
+//! token's name as the actor. They need the `operate` scope.
+
+use axum::extract::{Path, State};
+use axum::{Extension, Json};
+use serde::Deserialize;
+use utoipa::ToSchema;
+
+use crate::http::auth::ClientId;
+use crate::http::error::ApiError;
+use crate::http::extract::{JsonBody, SagaId};
+use crate::http::openapi::ErrorBody;
+use crate::http::state::AppState;
+use crate::model::Saga;
+
+/// The longest reason kept in an audit event.
+const MAX_REASON: usize = 1000;
+
+/// The body of an audited operator command.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct OperatorReason {
+    /// Why: kept in the audit event (1 to 1000 characters).
+    reason: String,
+}
+
+/// The reason of a command body, checked.
+fn reason(JsonBody(body): JsonBody) -> Result<String, ApiError> {
+    let parsed: OperatorReason = serde_json::from_value(body).map_err(|e| {
+        ApiError::bad_request(format!(
+            "the body must be {{\"reason\": \"…\"}} (why, for the audit): {e}"
+        ))
+    })?;
+    let reason = parsed.reason.trim();
+    if reason.is_empty() || reason.chars().count() > MAX_REASON {
+        return Err(ApiError::bad_request(format!(
+            "the reason must be 1 to {MAX_REASON} characters"
+        )));
+    }
+    Ok(reason.to_owned())
+}
+
+/// `POST /v1/sagas/{id}/abort` `{"reason"}`: stops driving the saga without compensating.
+#[utoipa::path(
+    post,
+    path = "/v1/sagas/{saga}/abort",
+    tag = "operators",
+    operation_id = "abort_saga",
+    summary = "Abort a saga (no compensation)",
+    description = "Stops driving a saga that has not finished (or is `FAILED`) without \
+                   compensating: it becomes `ABORTED`, audited in its events with the reason \
+                   and the token's name. An action or compensation in flight is recorded \
+                   `abandoned` with its step `UNKNOWN`: its outcome is unknown, and its result, \
+                   when it comes, is refused. Needs the `operate` scope.",
+    params(("saga" = Uuid, Path, description = "The saga id")),
+    request_body(content = OperatorReason, content_type = "application/json"),
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "Aborted: the saga as the command left it", body = Saga),
+        (status = 400, description = "Malformed saga id or body, or no reason", body = ErrorBody),
+        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
+        (status = 403, description = "`forbidden`: the token lacks the `operate` scope", body = ErrorBody),
+        (status = 404, description = "No saga with this id", body = ErrorBody),
+        (status = 409, description = "The saga has already ended", body = ErrorBody),
+        (status = 500, description = "Internal error (details in the server log)", body = ErrorBody),
+        (status = 503, description = "Database unavailable or request timed out", body = ErrorBody),
+    )
+)]
+pub(crate) async fn abort_saga(
+    State(state): State<AppState>,
+    Extension(actor): Extension<ClientId>,
+    SagaId(id): SagaId,
+    body: JsonBody,
+) -> Result<Json<Saga>, ApiError> {
+    let reason = reason(body)?;
+    let saga = state
+        .engine
+        .store()
+        .abort(id, &reason, actor.as_str())
+        .await?;
+    Ok(Json(saga))
+}
+
+/// `POST /v1/sagas/{id}/retry`: a waiting retry now, or another attempt of a failed step.
+#[utoipa::path(
+    post,
+    path = "/v1/sagas/{saga}/retry",
+    tag = "operators",
+    operation_id = "retry_saga",
+    summary = "Retry now",
+    description = "Makes a saga's waiting retry happen now; on a `FAILED` saga, gives its failed \
+                   step another attempt (the saga runs again). Audited with the token's name. \
+                   Needs the `operate` scope.",
+    params(("saga" = Uuid, Path, description = "The saga id")),
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "Done: the saga as the command left it", body = Saga),
+        (status = 400, description = "Malformed saga id", body = ErrorBody),
+        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
+        (status = 403, description = "`forbidden`: the token lacks the `operate` scope", body = ErrorBody),
+        (status = 404, description = "No saga with this id", body = ErrorBody),
+        (status = 409, description = "The saga has ended and has nothing to retry", body = ErrorBody),
+        (status = 500, description = "Internal error (details in the server log)", body = ErrorBody),
+        (status = 503, description = "Database unavailable or request timed out", body = ErrorBody),
+    )
+)]
+pub(crate) async fn retry_saga(
+    State(state): State<AppState>,
+    Extension(actor): Extension<ClientId>,
+    SagaId(id): SagaId,
+) -> Result<Json<Saga>, ApiError> {
+    let saga = state.engine.store().retry_now(id, actor.as_str()).await?;
+    Ok(Json(saga))
+}
+
+/// `POST /v1/sagas/{id}/steps/{step}/mark-compensated` `{"reason"}`.
+#[utoipa::path(
+    post,
+    path = "/v1/sagas/{saga}/steps/{step}/mark-compensated",
+    tag = "operators",
+    operation_id = "mark_compensated",
+    summary = "Vouch that a stuck compensation was done by hand",
+    description = "Records that an operator did a step's compensation by hand (`MANUAL`), so \
+                   the saga goes on with the remaining ones; only while it is `COMPENSATING` \
+                   and the step still needs compensating. A compensation attempt in flight is \
+                   recorded `abandoned`. Audited with the reason and the token's name. Needs \
+                   the `operate` scope.",
+    params(
+        ("saga" = Uuid, Path, description = "The saga id"),
+        ("step" = String, Path, description = "The step's name (a branch is `group/branch`)"),
+    ),
+    request_body(content = OperatorReason, content_type = "application/json"),
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "Marked: the saga as the command left it", body = Saga),
+        (status = 400, description = "Malformed saga id or body, or no reason", body = ErrorBody),
+        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
+        (status = 403, description = "`forbidden`: the token lacks the `operate` scope", body = ErrorBody),
+        (status = 404, description = "No saga with this id, or no such step", body = ErrorBody),
+        (status = 409, description = "The saga is not compensating, or the step needs no compensation", body = ErrorBody),
+        (status = 500, description = "Internal error (details in the server log)", body = ErrorBody),
+        (status = 503, description = "Database unavailable or request timed out", body = ErrorBody),
+    )
+)]
+pub(crate) async fn mark_compensated(
+    State(state): State<AppState>,
+    Extension(actor): Extension<ClientId>,
+    Path((saga, step)): Path<(String, String)>,
+    body: JsonBody,
+) -> Result<Json<Saga>, ApiError> {
+    let id = crate::http::extract::saga_id(&saga)?;
+    let reason = reason(body)?;
+    let saga = state
+        .engine
+        .store()
+        .mark_compensated(id, &step, &reason, actor.as_str())
+        .await?;
+    Ok(Json(saga))
+}
