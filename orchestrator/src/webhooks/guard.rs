@@ -8,7 +8,7 @@
 //! ([`CallbackPolicy::allow`], `--allow-callback-host`). The check is made when the saga
 //! starts ([`CallbackPolicy::check`]: `422 callback_url_not_allowed`), and again at every
 //! delivery, because a name may resolve elsewhere later (DNS rebinding): the relay sends
-//! callbacks through a client whose resolver ([`GuardedResolver`]) refuses such addresses, and
+//! callbacks through a client whose resolver (`GuardedResolver`) refuses such addresses, and
 //! checks literal addresses, which are never resolved, itself. Deliveries follow no redirects.
 //! An operator's own subscribers (`--webhook-url`) are trusted as configured.
 
