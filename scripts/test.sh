@@ -27,7 +27,7 @@ cargo test --workspace "$@"
 # compiled twice.
 echo "== storage tests again, PostgreSQL store =="
 SAGA_TEST_BACKEND=postgres cargo test --workspace \
-    --test store_contract --test operators --test engine --test stages --test children --test fulfil_order --test log_upgrade --test properties --test crash --test http --test cli \
+    --test store_contract --test operators --test retention --test engine --test stages --test children --test fulfil_order --test log_upgrade --test properties --test crash --test http --test cli \
     --test cli_terminal --test bad_input --test idempotency --test webhooks --test discovery "$@"
 
 # The install path the README gives for the `saga` CLI (a debug build, to reuse the artifacts

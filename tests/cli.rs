@@ -923,3 +923,70 @@ async fn show_says_which_compensations_are_not_needed_and_when_actions_ended() {
     }
     f.engine.stop().await;
 }
+
+#[tokio::test]
+async fn purge_counts_in_a_dry_run_then_deletes_the_finished_sagas_but_the_failed_one() {
+    let f = Fixture::new().await;
+    // The binary runs while this test's thread waits for it: an engine of this process must
+    // not be inside a write transaction meanwhile.
+    f.engine.stop().await;
+    // An instant before them all deletes nothing; bad input is a one-line error.
+    let out = run_binary(
+        &f.db.url,
+        &["purge", "--finished-before", "2000-01-01T00:00:00Z"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("purged 0 sagas"));
+    let out = run_binary(&f.db.url, &["purge", "--finished-before", "soon"]);
+    assert_one_line_error(&out, "is not a duration such as 30d");
+
+    let out = run_binary(
+        &f.db.url,
+        &["purge", "--finished-before", "0s", "--dry-run"],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Two completed and one compensated; the failed one waits for a person.
+    assert!(stdout.starts_with("would purge 3 sagas"), "{stdout}");
+    assert_eq!(
+        saga_json(&f.store, &["list", "--json"]).await["sagas"]
+            .as_array()
+            .unwrap()
+            .len(),
+        4
+    );
+
+    let out = run_binary(
+        &f.db.url,
+        &["purge", "--finished-before", "0s", "--batch", "2"],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.starts_with("purged 3 sagas"), "{stdout}");
+    let left = saga_json(&f.store, &["list", "--json"]).await;
+    let left: Vec<&str> = left["sagas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(left, vec![f.failed.to_string()]);
+    for id in f.completed.iter().chain([&f.compensated]) {
+        let err = saga(&f.store, &["show", &id.to_string()])
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("not found"), "{err}");
+    }
+}

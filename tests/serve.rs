@@ -371,3 +371,39 @@ async fn operators_abort_through_the_server_with_a_scoped_token_and_are_audited_
     assert!(stderr.contains("writes the database directly"), "{stderr}");
     drop(server);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_with_a_retention_purges_finished_sagas_on_its_own() {
+    use serde_json::{json, Value};
+    let db = TempDb::new();
+    let server = Server::spawn(&db.url, db.dir.path(), &[], &["--retention", "1s"]).await;
+    let client = reqwest::Client::new();
+    let input = json!({"order_id": "o-old", "user": "ada", "amount": 5});
+    let started: Value = client
+        .post(format!("{}/v1/sagas/place_order", server.base))
+        .header("prefer", "wait=20")
+        .json(&input)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(started["status"], "COMPLETED", "{started}");
+    let url = format!(
+        "{}/v1/sagas/{}",
+        server.base,
+        started["id"].as_str().unwrap()
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let status = client.get(&url).send().await.unwrap().status();
+        if status == reqwest::StatusCode::NOT_FOUND {
+            break;
+        }
+        assert_eq!(status, reqwest::StatusCode::OK);
+        assert!(Instant::now() < deadline, "never purged");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(server);
+}

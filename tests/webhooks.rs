@@ -278,17 +278,15 @@ impl Setup {
             .unwrap()
     }
 
-    /// The deliveries of `id` once none is pending any more; panics after [`LONG`].
+    /// The deliveries of `id` once the relay has enqueued some and none is pending any more;
+    /// panics after [`LONG`].
     async fn settled_deliveries(&self, id: Uuid) -> Value {
         let deadline = tokio::time::Instant::now() + LONG;
         loop {
             let d = self.deliveries(id).await;
-            let pending = d["deliveries"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .any(|x| x["state"] == "pending");
-            if !pending {
+            let list = d["deliveries"].as_array().unwrap();
+            let pending = list.iter().any(|x| x["state"] == "pending");
+            if !list.is_empty() && !pending {
                 return d;
             }
             assert!(tokio::time::Instant::now() < deadline, "{d:#}");

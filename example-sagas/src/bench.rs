@@ -51,6 +51,8 @@ pub struct BenchReport {
     pub p50_ms: f64,
     /// 99th percentile latency.
     pub p99_ms: f64,
+    /// The slowest saga.
+    pub max_ms: f64,
     /// Database commits per saga during the measured phase.
     pub commits_per_saga: f64,
     /// Peak resident memory of this process.
@@ -64,7 +66,7 @@ impl BenchReport {
     pub fn line(&self) -> String {
         format!(
             "bench backend={} scenario={} sagas={} concurrency={} processes={} sagas_per_s={:.1} \
-             steps_per_s={:.1} p50_ms={:.2} p99_ms={:.2} commits_per_saga={:.2} peak_rss_mb={:.1} errors={}",
+             steps_per_s={:.1} p50_ms={:.2} p99_ms={:.2} max_ms={:.2} commits_per_saga={:.2} peak_rss_mb={:.1} errors={}",
             self.backend,
             match self.scenario {
                 Scenario::Happy => "happy",
@@ -79,6 +81,7 @@ impl BenchReport {
             self.steps_per_s,
             self.p50_ms,
             self.p99_ms,
+            self.max_ms,
             self.commits_per_saga,
             self.peak_rss_mb,
             self.errors
@@ -264,6 +267,7 @@ pub async fn run(store: Arc<dyn Store>, plan: &BenchPlan) -> anyhow::Result<Benc
         steps_per_s: sagas as f64 * steps / wall,
         p50_ms: pct(0.50),
         p99_ms: pct(0.99),
+        max_ms: pct(1.0),
         commits_per_saga: commits as f64 / sagas.max(1) as f64,
         peak_rss_mb: peak_rss_mb(),
         errors,

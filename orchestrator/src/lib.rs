@@ -48,6 +48,7 @@ pub mod engine;
 pub mod failpoint;
 pub mod http;
 pub mod model;
+pub mod retention;
 pub mod server;
 pub mod store;
 pub mod webhooks;

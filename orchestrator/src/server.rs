@@ -143,6 +143,7 @@ impl Orchestrator {
                 ..WebhookConfig::default()
             },
             tokens_file: None,
+            retention: None,
             shutdown: CancellationToken::new(),
             signals: true,
             announce: true,
@@ -161,6 +162,7 @@ pub struct OrchestratorBuilder {
     http: HttpConfig,
     webhooks: WebhookConfig,
     tokens_file: Option<std::path::PathBuf>,
+    retention: Option<Duration>,
     shutdown: CancellationToken,
     signals: bool,
     announce: bool,
@@ -237,6 +239,7 @@ impl OrchestratorBuilder {
         self.http.body_limit = args.body_limit;
         self.http.api_token = args.api_token.clone().filter(|t| !t.is_empty());
         self.tokens_file = args.api_tokens_file.clone();
+        self.retention = args.retention;
         self.http.max_wait = Duration::from_secs(args.max_wait_secs);
         self.http.idempotency_retention =
             Duration::from_secs(args.idempotency_retention_secs.max(1));
@@ -250,6 +253,13 @@ impl OrchestratorBuilder {
         let callbacks = crate::webhooks::CallbackPolicy::allowing(&args.allow_callback_hosts);
         self.http.callbacks = callbacks.clone();
         self.webhooks.callbacks = callbacks;
+        self
+    }
+
+    /// Deletes finished sagas older than `keep` (and all their rows) now and then, in small
+    /// pages (see [`crate::retention`]). Default: keep everything.
+    pub fn retention(mut self, keep: Duration) -> Self {
+        self.retention = Some(keep);
         self
     }
 
@@ -322,6 +332,7 @@ impl OrchestratorBuilder {
             engine,
             relay,
             self.http,
+            self.retention,
             self.shutdown,
         ))
     }
@@ -377,6 +388,7 @@ pub struct Server {
     http_task: JoinHandle<std::io::Result<()>>,
     relay_task: JoinHandle<()>,
     sweeper_task: JoinHandle<()>,
+    retention_task: Option<JoinHandle<()>>,
 }
 
 impl Server {
@@ -386,6 +398,7 @@ impl Server {
         engine: Engine,
         relay: Relay,
         http: HttpConfig,
+        retention: Option<Duration>,
         shutdown: CancellationToken,
     ) -> Self {
         let engine_task = {
@@ -406,6 +419,13 @@ impl Server {
             engine.store().clone(),
             shutdown.clone(),
         ));
+        let retention_task = retention.map(|keep| {
+            tokio::spawn(crate::retention::run(
+                engine.store().clone(),
+                keep,
+                shutdown.clone(),
+            ))
+        });
         Self {
             addr,
             engine,
@@ -414,6 +434,7 @@ impl Server {
             http_task,
             relay_task,
             sweeper_task,
+            retention_task,
         }
     }
 
@@ -441,6 +462,10 @@ impl Server {
         let ran = self.engine_task.await;
         let relayed = self.relay_task.await;
         let swept = self.sweeper_task.await;
+        if let Some(task) = self.retention_task {
+            task.await
+                .map_err(|_| ServeError::Panicked { task: "retention" })?;
+        }
         let served = served.map_err(|_| ServeError::Panicked { task: "HTTP" })?;
         let ran = ran.map_err(|_| ServeError::Panicked { task: "engine" })?;
         relayed.map_err(|_| ServeError::Panicked {
@@ -665,6 +690,11 @@ pub struct ServeArgs {
     /// address, as written in the URL). Others such are refused at start and at delivery.
     #[arg(long = "allow-callback-host", value_name = "HOST")]
     pub allow_callback_hosts: Vec<String>,
+    /// Delete finished sagas (with their steps, attempts, events, deliveries and keys) this
+    /// long after they ended, e.g. 30d or 12h; sagas that need attention are kept. Default:
+    /// keep everything.
+    #[arg(long, value_name = "DURATION", value_parser = crate::retention::parse_duration)]
+    pub retention: Option<Duration>,
     /// A PEM file of CA certificates to trust for https webhook targets, besides the public
     /// roots (a private CA).
     #[arg(long, value_name = "FILE")]

@@ -74,6 +74,8 @@ pub enum AdminCommand {
     Workers(WorkersArgs),
     /// Apply database migrations (creates an SQLite database if it does not exist).
     Migrate,
+    /// Delete finished sagas older than a bound, with all their rows, in small batches.
+    Purge(PurgeArgs),
     /// Start a saga through a server's HTTP API, with one idempotency key reused across retries.
     Start(StartArgs),
     /// List the saga definitions a server can start: stages, hash and required input.
@@ -196,6 +198,21 @@ pub struct EventsArgs {
     /// Print `{"events": […]}`, the same as `GET /v1/sagas/{id}/events`.
     #[arg(long)]
     pub json: bool,
+}
+
+/// `purge --finished-before WHEN [--dry-run] [--batch N]`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct PurgeArgs {
+    /// Sagas that ended this long ago or more (30d, 12h, 90m), or before this RFC 3339 instant.
+    #[arg(long, value_name = "DURATION|TIME")]
+    pub finished_before: String,
+    /// Count what would be deleted, delete nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Sagas deleted per transaction.
+    #[arg(long, value_name = "N", default_value_t = 200,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
+    pub batch: u32,
 }
 
 /// Where a command that changes a saga is sent: a server's HTTP API (`--server`), where the

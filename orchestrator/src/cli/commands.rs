@@ -13,8 +13,8 @@ use std::time::Duration;
 use uuid::Uuid;
 
 use super::args::{
-    AbortArgs, AdminCommand, CancelArgs, EventsArgs, ListArgs, MarkCompensatedArgs, RetryArgs,
-    ShowArgs, SignalArgs, StartArgs,
+    AbortArgs, AdminCommand, CancelArgs, EventsArgs, ListArgs, MarkCompensatedArgs, PurgeArgs,
+    RetryArgs, ShowArgs, SignalArgs, StartArgs,
 };
 use super::error::CliError;
 use super::render;
@@ -60,6 +60,7 @@ pub async fn run_admin_with(
             }
             Ok(())
         }
+        AdminCommand::Purge(a) => purge(a, store, out).await,
         AdminCommand::Migrate => {
             store.migrate().await?;
             writeln!(out, "migrations applied; the database is up to date")?;
@@ -329,6 +330,45 @@ async fn events(
         render::json(out, &serde_json::json!({ "events": events }))?;
     } else {
         render::events(out, &events, layout)?;
+    }
+    Ok(())
+}
+
+async fn purge(a: &PurgeArgs, store: &dyn Store, out: &mut impl Write) -> Result<(), CliError> {
+    let text = a.finished_before.trim();
+    let before = match chrono::DateTime::parse_from_rfc3339(text) {
+        Ok(at) => at.timestamp_millis(),
+        Err(_) => {
+            let age = crate::retention::parse_duration(text).map_err(|e| {
+                CliError::BadArgument(format!(
+                    "--finished-before: {e} (or an RFC 3339 time such as 2026-11-01T00:00:00Z)"
+                ))
+            })?;
+            let age = i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
+            store.now().await?.saturating_sub(age)
+        }
+    };
+    let options = crate::retention::PurgeOptions {
+        page: a.batch,
+        dry_run: a.dry_run,
+        ..crate::retention::PurgeOptions::default()
+    };
+    let report = crate::retention::purge_finished_before(store, before, &options, |_| {}).await?;
+    let when = crate::model::rfc3339(before);
+    if a.dry_run {
+        writeln!(
+            out,
+            "would purge {} sagas finished before {when} (dry run: nothing deleted)",
+            report.purged
+        )?;
+    } else {
+        writeln!(
+            out,
+            "purged {} sagas finished before {when} in {} batches, {:.1} s",
+            report.purged,
+            report.pages,
+            report.took.as_secs_f64()
+        )?;
     }
     Ok(())
 }

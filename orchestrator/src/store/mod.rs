@@ -316,6 +316,23 @@ pub enum Applied {
     CancelRequested,
 }
 
+/// Where a purge has got to: the finished status it walks and the last id it saw. Start
+/// from `PurgeCursor::default()`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PurgeCursor {
+    pub(crate) status: usize,
+    pub(crate) after: Option<Uuid>,
+}
+
+/// What one page of a purge did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PurgePage {
+    /// The sagas deleted (or, in a dry run, that would be).
+    pub purged: Vec<Uuid>,
+    /// Where the next page starts; `None` when the walk is over.
+    pub next: Option<PurgeCursor>,
+}
+
 /// The answer to a cancel request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CancelOutcome {
@@ -444,6 +461,19 @@ pub trait Store: IdempotencyStore + OutboxStore + Send + Sync + 'static {
         reason: &str,
         actor: &str,
     ) -> Result<Saga>;
+
+    /// One page of a purge (see [`crate::retention`]): from `cursor`, up to `limit` finished
+    /// sagas whose last change is before `before`, deleted with their steps, attempts, events,
+    /// signals, callbacks, deliveries and keys in one short transaction, each checked again
+    /// inside it; with `dry_run`, only found. [`PurgePage::next`] is where the next page
+    /// starts, `None` once every finished status was walked.
+    async fn purge_page(
+        &self,
+        before: Millis,
+        cursor: PurgeCursor,
+        limit: u32,
+        dry_run: bool,
+    ) -> Result<PurgePage>;
 
     /// Creates `child`, the child saga of the stage `stage` of the saga `lease` is for, with
     /// its steps and a `saga.started` event (and `child.started` on the parent), only while

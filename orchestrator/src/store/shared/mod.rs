@@ -13,6 +13,7 @@ pub(crate) mod children;
 pub(crate) mod operator;
 pub(crate) mod outbox;
 pub(crate) mod reads;
+pub(crate) mod retention;
 pub(crate) mod signals;
 pub(crate) mod sql;
 
@@ -37,8 +38,8 @@ use crate::store::outbox::{
 use crate::store::rows::{corrupt, LogRow};
 use crate::store::signals::{ReceivedSignal, SignalOutcome, SignalRequest};
 use crate::store::{
-    Applied, CancelOutcome, ClaimRequest, Claimed, Lease, LeaseRequest, NewSaga, Result, Store,
-    StoreError, Transition, WorkerInfo,
+    Applied, CancelOutcome, ClaimRequest, Claimed, Lease, LeaseRequest, NewSaga, PurgeCursor,
+    PurgePage, Result, Store, StoreError, Transition, WorkerInfo,
 };
 
 /// What one database provides to the shared store: its connections and transactions, and the
@@ -281,6 +282,16 @@ impl<B: SqlBackend> Store for B {
         actor: &str,
     ) -> Result<Saga> {
         operator::mark_compensated(self, id, step, reason, actor).await
+    }
+
+    async fn purge_page(
+        &self,
+        before: Millis,
+        cursor: PurgeCursor,
+        limit: u32,
+        dry_run: bool,
+    ) -> Result<PurgePage> {
+        retention::purge_page(self, before, cursor, limit, dry_run).await
     }
 
     async fn start_child(&self, lease: &Lease, stage: &str, child: &NewSaga) -> Result<bool> {

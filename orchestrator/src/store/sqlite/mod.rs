@@ -168,7 +168,8 @@ impl SqliteStore {
             .busy_timeout(Duration::from_secs(10))
             // The step log's REFERENCES are declared, not enforced (as on PostgreSQL, migration
             // 0004 there): every child row is written with its saga's row, or after the fence
-            // or an update of that row in the same transaction, and no saga is deleted. The
+            // or an update of that row in the same transaction, and a saga is deleted only
+            // finished, after its rows, in one transaction (retention). The
             // check was a probe of `sagas`' key per steps, attempts and events row, a cost the
             // single writer paid on every write (BENCHMARKS.md).
             .foreign_keys(false)
