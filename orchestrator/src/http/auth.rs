@@ -108,8 +108,8 @@ impl Auth {
     }
 }
 
-#[cfg(test)]
 /// Whether `presented` is the token whose digest is `expected`, in constant time.
+#[cfg(test)]
 fn token_matches(expected: &[u8; 32], presented: &str) -> bool {
     bool::from(expected.ct_eq(&digest(presented.as_bytes())))
 }
