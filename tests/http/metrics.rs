@@ -84,6 +84,22 @@ async fn metrics_expose_the_saga_and_http_series() {
     }
     // Raw paths never become labels (a label per saga id would explode the series count).
     assert!(!text.contains("route=\"/v1/sagas/0"), "{text}");
+    // Every series says what it is.
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+    {
+        let name = line.split(['{', ' ']).next().unwrap();
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .filter(|f| text.contains(&format!("# TYPE {f} histogram")))
+            .unwrap_or(name);
+        assert!(
+            text.contains(&format!("# HELP {family} ")),
+            "{family} has no HELP line:\n{text}"
+        );
+    }
 }
 
 /// The value of the sample of `metric` with exactly the label `kind="<kind>"`.

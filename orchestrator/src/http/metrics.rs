@@ -127,6 +127,27 @@ fn describe() {
         "http_requests_total",
         "HTTP requests answered, by method, route template and status."
     );
+    describe_counter!(
+        "idempotent_replays_total",
+        "Starts answered with the saved response of an earlier request with the same \
+         Idempotency-Key."
+    );
+    describe_gauge!(
+        "outbox_lag_events",
+        "Events in the outbox the webhook relay has not read yet (roughly)."
+    );
+    describe_counter!(
+        "webhook_deliveries_total",
+        "Webhook deliveries that ended, by result: delivered, or gave_up after the last attempt."
+    );
+    describe_counter!(
+        "webhook_failures_total",
+        "Webhook attempts that failed (an error or a non-2xx answer), retried or not."
+    );
+    describe_counter!(
+        "saga_purged_total",
+        "Finished sagas deleted by retention or saga purge, with all their rows."
+    );
 }
 
 /// A method as a label: the standard ones by name, anything else as `OTHER`, so that a client
