@@ -365,10 +365,10 @@ impl SagaClient {
 
     /// Requests cancellation (`POST /v1/sagas/{id}/cancel`): the step in flight finishes, then
     /// the saga compensates. A saga that has ended or passed its pivot is a `409`
-    /// [`ClientError::Api`].
+    /// [`ClientError::Api`], returned at once (an answer, not a request in progress).
     pub async fn cancel(&self, id: Uuid) -> Result<CancelAccepted, ClientError> {
         let url = self.url(&["v1", "sagas", &id.to_string(), "cancel"])?;
-        let response = self.send(Method::POST, &url, |req| req).await?;
+        let response = self.send_command(&url, |req| req).await?;
         decode(&url, response).await
     }
 

@@ -88,6 +88,12 @@ pub async fn purge_finished_before(
     Ok(report)
 }
 
+/// The bound of "finished `age` ago or more": the store's now minus `age`.
+pub async fn finished_before(store: &dyn Store, age: Duration) -> Result<Millis, StoreError> {
+    let age = i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
+    Ok(store.now().await?.saturating_sub(age))
+}
+
 /// How often `serve --retention` purges: a quarter of the retention, between a second and ten
 /// minutes.
 pub fn purge_interval(retention: Duration) -> Duration {
@@ -99,19 +105,11 @@ pub fn purge_interval(retention: Duration) -> Duration {
 /// at the next.
 pub async fn run(store: Arc<dyn Store>, retention: Duration, shutdown: CancellationToken) {
     let every = purge_interval(retention);
-    let keep_ms = i64::try_from(retention.as_millis()).unwrap_or(i64::MAX);
     tracing::info!(retention = ?retention, every = ?every, "retention: purging finished sagas");
     loop {
         let round = async {
-            let now = store.now().await?;
-            let options = PurgeOptions::default();
-            purge_finished_before(
-                store.as_ref(),
-                now.saturating_sub(keep_ms),
-                &options,
-                |_| {},
-            )
-            .await
+            let before = finished_before(store.as_ref(), retention).await?;
+            purge_finished_before(store.as_ref(), before, &PurgeOptions::default(), |_| {}).await
         };
         tokio::select! {
             _ = shutdown.cancelled() => return,

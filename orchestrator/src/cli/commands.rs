@@ -76,13 +76,7 @@ pub async fn run_admin_with(
 /// Runs `signal`: sends a signal through the HTTP API at `--server` and prints how it was
 /// taken. Needs no database.
 pub async fn run_signal(a: &SignalArgs, out: &mut impl Write) -> Result<(), CliError> {
-    let id = Uuid::try_parse(a.id.trim()).map_err(|_| {
-        CliError::BadArgument(format!(
-            "invalid saga id {:?}: `signal` asks the server, so give the whole id \
-             (as `saga list` prints it)",
-            a.id
-        ))
-    })?;
+    let id = whole_id(&a.id, "`signal` asks the server")?;
     let payload: serde_json::Value = serde_json::from_str(&a.payload)
         .map_err(|e| CliError::BadArgument(format!("--payload is not valid JSON: {e}")))?;
     let client = SagaClient::new(&a.server, a.token.clone()).map_err(client_error)?;
@@ -163,6 +157,15 @@ pub(super) fn client_error(e: ClientError) -> CliError {
         } => CliError::Conflict(message),
         e => CliError::BadArgument(e.to_string()),
     }
+}
+
+/// A whole saga id, for a command that asks a server (`why`), which knows no prefixes.
+pub(super) fn whole_id(text: &str, why: &str) -> Result<Uuid, CliError> {
+    Uuid::try_parse(text.trim()).map_err(|_| {
+        CliError::BadArgument(format!(
+            "invalid saga id {text:?}: {why}, so give the whole id (as `saga list` prints it)"
+        ))
+    })
 }
 
 /// Who runs operator commands, for the audit trail: `$USER@cli`, or `unknown@cli`.
@@ -344,8 +347,7 @@ async fn purge(a: &PurgeArgs, store: &dyn Store, out: &mut impl Write) -> Result
                     "--finished-before: {e} (or an RFC 3339 time such as 2026-11-01T00:00:00Z)"
                 ))
             })?;
-            let age = i64::try_from(age.as_millis()).unwrap_or(i64::MAX);
-            store.now().await?.saturating_sub(age)
+            crate::retention::finished_before(store, age).await?
         }
     };
     let options = crate::retention::PurgeOptions {

@@ -7,7 +7,7 @@ use std::io::Write;
 use uuid::Uuid;
 
 use super::args::{AdminCommand, ViaServer};
-use super::commands::{client_error, require_reason};
+use super::commands::{client_error, require_reason, whole_id as whole};
 use super::render;
 use super::CliError;
 use crate::client::SagaClient;
@@ -74,10 +74,5 @@ pub async fn run_via_server(
 }
 
 fn whole_id(text: &str) -> Result<Uuid, CliError> {
-    Uuid::try_parse(text.trim()).map_err(|_| {
-        CliError::BadArgument(format!(
-            "invalid saga id {text:?}: with --server the server is asked, so give the whole id \
-             (as `saga list` prints it)"
-        ))
-    })
+    whole(text, "with --server the server is asked")
 }

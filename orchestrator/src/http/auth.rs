@@ -58,7 +58,7 @@ struct Known {
 
 impl Known {
     fn allows(&self, scope: Scope) -> bool {
-        self.scopes.iter().any(|&s| s == scope || s == Scope::Admin)
+        crate::http::tokens::grants(&self.scopes, scope)
     }
 }
 

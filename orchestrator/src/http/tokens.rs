@@ -89,8 +89,13 @@ impl ApiToken {
 
     /// Whether it may do what `scope` covers.
     pub fn allows(&self, scope: Scope) -> bool {
-        self.scopes.iter().any(|&s| s == scope || s == Scope::Admin)
+        grants(&self.scopes, scope)
     }
+}
+
+/// Whether `scopes` include `needed`, or `admin`, which includes every scope.
+pub(crate) fn grants(scopes: &[Scope], needed: Scope) -> bool {
+    scopes.iter().any(|&s| s == needed || s == Scope::Admin)
 }
 
 /// Why a tokens file cannot be used.
