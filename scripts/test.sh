@@ -3,7 +3,9 @@
 # store, then every storage-touching suite again on PostgreSQL (each test in a fresh database).
 #
 # PostgreSQL is started here if it is installed and down; SAGA_TEST_PG_URL names another server.
-# If PostgreSQL cannot be reached, the PostgreSQL half fails: it is never skipped.
+# If PostgreSQL cannot be reached, the PostgreSQL half fails: it is never skipped. `nats-server`
+# is installed if missing (SAGA_TEST_NATS_SERVER names another binary); without it the broker
+# tests fail.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,6 +19,13 @@ if [ -z "${SAGA_SKIP_PG_START:-}" ] && command -v pg_ctlcluster >/dev/null 2>&1;
     done
 fi
 
+# The broker tests run their own `nats-server` (JetStream), one per test; install it if missing.
+if ! command -v nats-server >/dev/null 2>&1 && [ -z "${SAGA_TEST_NATS_SERVER:-}" ]; then
+    if command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && apt-get install -y -qq nats-server >/dev/null
+    fi
+fi
+
 # The crash tests spawn the real binaries; build them before the tests look for them.
 cargo build --workspace --bins
 
@@ -28,7 +37,8 @@ cargo test --workspace "$@"
 echo "== storage tests again, PostgreSQL store =="
 SAGA_TEST_BACKEND=postgres cargo test --workspace \
     --test store_contract --test operators --test retention --test engine --test stages --test children --test fulfil_order --test log_upgrade --test properties --test crash --test http --test cli \
-    --test cli_terminal --test bad_input --test idempotency --test webhooks --test discovery "$@"
+    --test cli_terminal --test bad_input --test idempotency --test webhooks --test discovery \
+    --test broker --test consumer "$@"
 
 # The install path the README gives for the `saga` CLI (a debug build, to reuse the artifacts
 # of the tests; `cargo install --path orchestrator` builds it in release).

@@ -275,7 +275,7 @@ pub async fn run(store: Arc<dyn Store>, plan: &BenchPlan) -> anyhow::Result<Benc
 }
 
 /// Runs `total` sagas in `concurrency` lanes; returns each saga's latency and the error count.
-async fn lanes(
+pub(crate) async fn lanes(
     engine: &Engine,
     scenario: Scenario,
     total: usize,

@@ -28,8 +28,10 @@ use std::sync::Arc;
 use saga_dsl::{DefinitionError, Registry};
 
 pub mod bench;
+pub mod bench_broker;
 pub mod book_trip;
 pub mod fulfil_order;
+pub mod notify;
 pub mod place_order;
 pub mod shop;
 mod simulate;

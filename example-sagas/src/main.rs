@@ -54,8 +54,31 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Consume the orchestrator's events from NATS JetStream as an idempotent consumer (one
+    /// notification per event, in its own database); `--ledger` prints what it recorded.
+    NotifyConsumer(NotifyArgs),
     /// Run the in-process benchmark on a fresh database and print one line of figures.
     Bench(BenchArgs),
+    /// Measure the outbox relay to NATS JetStream: end-to-end lag with sagas in flight, then
+    /// the relay's throughput on a backlog (fresh database; deletes the server's `SAGAS`
+    /// stream first).
+    BenchBroker {
+        /// The NATS server (a scratch one: its `SAGAS` stream is deleted).
+        #[arg(long, default_value = "nats://127.0.0.1:4222")]
+        nats_url: String,
+        /// Sagas of the live phase.
+        #[arg(long, default_value_t = 5000)]
+        sagas: usize,
+        /// Sagas in flight.
+        #[arg(long, default_value_t = 64)]
+        concurrency: usize,
+        /// Sagas run with the relay stopped, then published as a backlog.
+        #[arg(long, default_value_t = 5000)]
+        backlog: usize,
+        /// Print the figures as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Measure memory with many sagas waiting on durable retry timers (fresh database unless
     /// `--database-url` names one).
     BenchTimers {
@@ -105,6 +128,36 @@ struct ServeCommand {
 }
 
 #[derive(Debug, clap::Args)]
+struct NotifyArgs {
+    /// The NATS server.
+    #[arg(long, env = "SAGA_NATS_URL", default_value = "nats://127.0.0.1:4222")]
+    nats_url: String,
+    /// The JetStream stream the orchestrator publishes to.
+    #[arg(long, default_value = "SAGAS")]
+    nats_stream: String,
+    /// The durable consumer's name (its position survives restarts).
+    #[arg(long, default_value = "notify")]
+    durable: String,
+    /// How long JetStream waits for an ack before delivering a message again (e.g. 30s).
+    #[arg(long, default_value = "30s", value_parser = orchestrator::retention::parse_duration)]
+    ack_wait: std::time::Duration,
+    /// The consumer's own database: notifications and processed message ids.
+    #[arg(
+        long,
+        env = "NOTIFY_DATABASE_URL",
+        default_value = "sqlite://notify.db"
+    )]
+    notify_database_url: String,
+    /// Print the ledger (notifications per saga, terminal events, duplicates skipped) and
+    /// exit, instead of consuming.
+    #[arg(long)]
+    ledger: bool,
+    /// With --ledger: print JSON.
+    #[arg(long, requires = "ledger")]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
 struct BenchArgs {
     /// Sagas to measure (after a warm-up).
     #[arg(long, default_value_t = 2000)]
@@ -146,8 +199,25 @@ async fn main() -> ExitCode {
     let result = match &cli.cmd {
         Command::Serve(args) => serve(&cli, args).await,
         Command::Ledger { json } => ledger(&cli, *json).await,
+        Command::NotifyConsumer(args) => notify_consumer(args).await,
         Command::Bench(args) => run_bench(&cli, args, db_explicit).await,
         Command::BenchWorker { workers } => bench_worker(&cli, *workers).await,
+        Command::BenchBroker {
+            nats_url,
+            sagas,
+            concurrency,
+            backlog,
+            json,
+        } => {
+            bench_broker(
+                &cli,
+                nats_url,
+                [*sagas, *concurrency, *backlog],
+                *json,
+                db_explicit,
+            )
+            .await
+        }
         Command::BenchTimers { sagas, concurrency } => {
             bench_timers(&cli, *sagas, *concurrency, db_explicit).await
         }
@@ -230,6 +300,65 @@ async fn serve(cli: &Cli, args: &ServeCommand) -> anyhow::Result<()> {
             Err(e.into())
         }
     }
+}
+
+async fn notify_consumer(args: &NotifyArgs) -> anyhow::Result<()> {
+    use example_sagas::notify::{consume, ConsumeConfig, NotifyStore};
+    let store = NotifyStore::open(&args.notify_database_url, !args.ledger)
+        .await
+        .with_context(|| format!("cannot open {}", redact_url(&args.notify_database_url)))?;
+    if args.ledger {
+        let ledger = store.ledger().await?;
+        let mut out = std::io::stdout().lock();
+        if args.json {
+            serde_json::to_writer_pretty(&mut out, &ledger)?;
+            writeln!(out)?;
+            return Ok(());
+        }
+        writeln!(
+            out,
+            "{:<36} {:<16} {:>6}  terminal",
+            "saga", "name", "events"
+        )?;
+        for (id, saga) in &ledger.sagas {
+            let terminal: Vec<String> = saga
+                .terminal
+                .iter()
+                .map(|(k, n)| format!("{k}={n}"))
+                .collect();
+            writeln!(
+                out,
+                "{id:<36} {:<16} {:>6}  {}",
+                saga.name,
+                saga.events,
+                terminal.join(" ")
+            )?;
+        }
+        writeln!(
+            out,
+            "{} handled, {} duplicates skipped",
+            ledger.handled, ledger.duplicates
+        )?;
+        return Ok(());
+    }
+    let shutdown = CancellationToken::new();
+    {
+        let shutdown = shutdown.clone();
+        let signal = shutdown_signal();
+        tokio::spawn(async move {
+            signal.await;
+            shutdown.cancel();
+        });
+    }
+    let config = ConsumeConfig {
+        nats_url: args.nats_url.clone(),
+        stream: args.nats_stream.clone(),
+        durable: args.durable.clone(),
+        ack_wait: args.ack_wait,
+    };
+    println!("consuming {} from {}", args.nats_stream, args.nats_url);
+    consume(&store, &config, shutdown).await?;
+    Ok(())
 }
 
 async fn ledger(cli: &Cli, json: bool) -> anyhow::Result<()> {
@@ -321,6 +450,26 @@ async fn run_bench(cli: &Cli, args: &BenchArgs, db_explicit: bool) -> anyhow::Re
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!("{}", report.line());
+    }
+    Ok(())
+}
+
+async fn bench_broker(
+    cli: &Cli,
+    nats_url: &str,
+    counts: [usize; 3],
+    json: bool,
+    db_explicit: bool,
+) -> anyhow::Result<()> {
+    let [sagas, concurrency, backlog] = counts;
+    let tmp = tempfile::tempdir()?;
+    let (_, backend, store) = bench_store(cli, db_explicit, &tmp.path().join("broker.db")).await?;
+    let r = example_sagas::bench_broker::run(store, backend, nats_url, sagas, concurrency, backlog)
+        .await?;
+    if json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        println!("{}", r.line());
     }
     Ok(())
 }

@@ -2,9 +2,10 @@
 //! *idempotent consumers* in a store of their own.
 //!
 //! Every effect a participant performs is recorded in the same transaction as the idempotency key
-//! that asked for it (`processed_messages`), so a call made again with the same key — a retry
-//! after a lost reply, or the orchestrator resuming after a crash — changes nothing and answers
-//! what the first call answered. The `ledger` table counts what really happened: it is the bank
+//! that asked for it, through the library's idempotent consumer
+//! ([`orchestrator::consumer::IdempotentConsumer`], table `saga_processed_messages`), so a call
+//! made again with the same key — a retry after a lost reply, or the orchestrator resuming after
+//! a crash — changes nothing and answers what the first call answered. The `ledger` table counts what really happened: it is the bank
 //! statement that "charged exactly once" and "every reservation released" are checked against.
 //!
 //! The store is deliberately separate from the orchestrator's database: a real payment provider
@@ -17,11 +18,11 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use sqlx::postgres::{PgPool, PgPoolOptions};
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
-};
-use sqlx::Row;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{Postgres, Row, Sqlite};
+
+use orchestrator::consumer::{ConsumerError, IdempotentConsumer};
 
 /// Why a participant call or a ledger query failed.
 #[derive(Debug, thiserror::Error)]
@@ -78,8 +79,8 @@ impl From<ShopError> for saga_dsl::StepError {
     }
 }
 
-/// One kind of effect a participant can have, as stored in `processed_messages.effect` and
-/// `ledger.effect` (snake_case).
+/// One kind of effect a participant can have, as stored with its key and in `ledger.effect`
+/// (snake_case).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Effect {
@@ -327,8 +328,6 @@ struct Dialect {
     /// upgrading read locks; Postgres locks rows as it goes.
     begin: &'static str,
     create: &'static [&'static str],
-    insert_key: &'static str,
-    select_key: &'static str,
     insert_ledger: &'static str,
     select_amount: &'static str,
     counts_all: &'static str,
@@ -338,16 +337,11 @@ struct Dialect {
 const SQLITE: Dialect = Dialect {
     begin: "BEGIN IMMEDIATE",
     create: &[
-        "CREATE TABLE IF NOT EXISTS processed_messages (key TEXT PRIMARY KEY, \
-         effect TEXT NOT NULL, order_id TEXT NOT NULL, result TEXT NOT NULL)",
         "CREATE TABLE IF NOT EXISTS ledger (id INTEGER PRIMARY KEY AUTOINCREMENT, \
          order_id TEXT NOT NULL, effect TEXT NOT NULL, key TEXT NOT NULL, amount BIGINT NOT NULL)",
         "CREATE INDEX IF NOT EXISTS ledger_order_id ON ledger (order_id)",
         "CREATE INDEX IF NOT EXISTS ledger_key ON ledger (key)",
     ],
-    insert_key: "INSERT INTO processed_messages (key, effect, order_id, result) \
-                 VALUES (?1, ?2, ?3, ?4) ON CONFLICT (key) DO NOTHING",
-    select_key: "SELECT effect, result FROM processed_messages WHERE key = ?1",
     insert_ledger: "INSERT INTO ledger (order_id, effect, key, amount) VALUES (?1, ?2, ?3, ?4)",
     select_amount: "SELECT amount FROM ledger WHERE key = ?1",
     counts_all: "SELECT order_id, effect, COUNT(*) AS n FROM ledger GROUP BY order_id, effect",
@@ -361,16 +355,11 @@ const POSTGRES: Dialect = Dialect {
         // Several processes may open the store at once, and concurrent CREATE TABLE IF NOT
         // EXISTS can still collide in the Postgres catalog: serialise them on an advisory lock.
         "SELECT pg_advisory_xact_lock(7420151)",
-        "CREATE TABLE IF NOT EXISTS processed_messages (key TEXT PRIMARY KEY, \
-         effect TEXT NOT NULL, order_id TEXT NOT NULL, result TEXT NOT NULL)",
         "CREATE TABLE IF NOT EXISTS ledger (id BIGSERIAL PRIMARY KEY, \
          order_id TEXT NOT NULL, effect TEXT NOT NULL, key TEXT NOT NULL, amount BIGINT NOT NULL)",
         "CREATE INDEX IF NOT EXISTS ledger_order_id ON ledger (order_id)",
         "CREATE INDEX IF NOT EXISTS ledger_key ON ledger (key)",
     ],
-    insert_key: "INSERT INTO processed_messages (key, effect, order_id, result) \
-                 VALUES ($1, $2, $3, $4) ON CONFLICT (key) DO NOTHING",
-    select_key: "SELECT effect, result FROM processed_messages WHERE key = $1",
     insert_ledger: "INSERT INTO ledger (order_id, effect, key, amount) VALUES ($1, $2, $3, $4)",
     select_amount: "SELECT amount FROM ledger WHERE key = $1",
     counts_all: "SELECT order_id, effect, COUNT(*) AS n FROM ledger GROUP BY order_id, effect",
@@ -378,23 +367,62 @@ const POSTGRES: Dialect = Dialect {
                  GROUP BY order_id, effect",
 };
 
+/// The participants' keys, on one backend: the library's consumer over the shop's pool.
 #[derive(Debug, Clone)]
 enum Pool {
-    Sqlite(SqlitePool),
-    Postgres(PgPool),
+    Sqlite(IdempotentConsumer<Sqlite>),
+    Postgres(IdempotentConsumer<Postgres>),
+}
+
+/// The consumer name of the shop's keys in `saga_processed_messages`.
+const CONSUMER: &str = "shop";
+
+/// What is stored with a key: the effect it was used for (a key is for one effect only) and
+/// the answer given.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Recorded {
+    effect: String,
+    result: Value,
+}
+
+impl Recorded {
+    /// The answer, after checking the key was used for `effect`.
+    fn for_effect(self, key: &str, effect: Label) -> Result<Value, ShopError> {
+        let stored: Label = self.effect.parse()?;
+        if stored != effect {
+            return Err(ShopError::KeyReused {
+                key: key.to_owned(),
+                stored,
+                requested: effect,
+            });
+        }
+        Ok(self.result)
+    }
+}
+
+impl From<ConsumerError<ShopError>> for ShopError {
+    fn from(e: ConsumerError<ShopError>) -> Self {
+        match e {
+            ConsumerError::Database(e) => Self::Database(e),
+            ConsumerError::Work(e) => e,
+            ConsumerError::StoredResult { source, .. } => Self::Json(source),
+        }
+    }
 }
 
 /// Runs `$body` once per backend with `$pool` bound to the concrete pool and `$sql` to its
 /// [`Dialect`]: the statements are the same, only the types differ, and a macro keeps one copy of
 /// the logic without sqlx's heavy generic bounds.
 macro_rules! on_backend {
-    ($shop:expr, |$pool:ident, $sql:ident| $body:expr) => {
+    ($shop:expr, |$consumer:ident, $pool:ident, $sql:ident| $body:expr) => {
         match &$shop.pool {
-            Pool::Sqlite($pool) => {
+            Pool::Sqlite($consumer) => {
+                let $pool = $consumer.pool();
                 let $sql = &SQLITE;
                 $body
             }
-            Pool::Postgres($pool) => {
+            Pool::Postgres($consumer) => {
+                let $pool = $consumer.pool();
                 let $sql = &POSTGRES;
                 $body
             }
@@ -426,14 +454,18 @@ impl Shop {
                 .busy_timeout(Duration::from_secs(10));
             // Every connection to `:memory:` is its own database: keep one.
             let max = if url.contains(":memory:") { 1 } else { 4 };
-            Pool::Sqlite(
+            Pool::Sqlite(IdempotentConsumer::new(
                 SqlitePoolOptions::new()
                     .max_connections(max)
                     .connect_with(options)
                     .await?,
-            )
+                CONSUMER,
+            ))
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Pool::Postgres(PgPoolOptions::new().max_connections(8).connect(url).await?)
+            Pool::Postgres(IdempotentConsumer::new(
+                PgPoolOptions::new().max_connections(8).connect(url).await?,
+                CONSUMER,
+            ))
         } else {
             return Err(ShopError::UnsupportedUrl(url.to_owned()));
         };
@@ -443,12 +475,13 @@ impl Shop {
     }
 
     async fn create_tables(&self) -> Result<(), ShopError> {
-        on_backend!(self, |pool, sql| {
+        on_backend!(self, |consumer, pool, sql| {
             let mut tx = pool.begin_with(sql.begin).await?;
             for statement in sql.create {
                 sqlx::query(statement).execute(&mut *tx).await?;
             }
             tx.commit().await?;
+            consumer.migrate().await?;
         });
         Ok(())
     }
@@ -471,43 +504,28 @@ impl Shop {
     ) -> Result<Value, ShopError> {
         let effect: Label = effect.into();
         let label = effect.to_string();
-        let text = result.to_string();
-        on_backend!(self, |pool, sql| {
-            let mut tx = pool.begin_with(sql.begin).await?;
-            let inserted = sqlx::query(sql.insert_key)
-                .bind(key)
-                .bind(&label)
-                .bind(order_id)
-                .bind(&text)
-                .execute(&mut *tx)
+        // Owned: the work may outlive any borrow (see `WorkFuture`).
+        let (order_id, ledger_key) = (order_id.to_owned(), key.to_owned());
+        let recorded = on_backend!(self, |consumer, _pool, sql| {
+            consumer
+                .process(key, move |conn| {
+                    Box::pin(async move {
+                        sqlx::query(sql.insert_ledger)
+                            .bind(&order_id)
+                            .bind(&label)
+                            .bind(&ledger_key)
+                            .bind(amount)
+                            .execute(&mut *conn)
+                            .await?;
+                        Ok::<_, ShopError>(Recorded {
+                            effect: label,
+                            result,
+                        })
+                    })
+                })
                 .await?
-                .rows_affected();
-            if inserted == 1 {
-                sqlx::query(sql.insert_ledger)
-                    .bind(order_id)
-                    .bind(&label)
-                    .bind(key)
-                    .bind(amount)
-                    .execute(&mut *tx)
-                    .await?;
-                tx.commit().await?;
-                return Ok(result);
-            }
-            let row = sqlx::query(sql.select_key)
-                .bind(key)
-                .fetch_one(&mut *tx)
-                .await?;
-            tx.commit().await?;
-            let stored: Label = row.try_get::<String, _>("effect")?.parse()?;
-            if stored != effect {
-                return Err(ShopError::KeyReused {
-                    key: key.to_owned(),
-                    stored,
-                    requested: effect,
-                });
-            }
-            Ok(serde_json::from_str(&row.try_get::<String, _>("result")?)?)
-        })
+        });
+        recorded.into_inner().for_effect(key, effect)
     }
 
     /// Undoes, at most once per compensation `key`, what the action with `action_key` did.
@@ -531,82 +549,54 @@ impl Shop {
     ) -> Result<bool, ShopError> {
         let (action_effect, undo): (Label, Label) = (action_effect.into(), undo.into());
         let (action_label, undo_label) = (action_effect.to_string(), undo.to_string());
-        on_backend!(self, |pool, sql| {
-            let mut tx = pool.begin_with(sql.begin).await?;
-            let fresh = sqlx::query(sql.insert_key)
-                .bind(key)
-                .bind(&undo_label)
-                .bind(order_id)
-                // Placeholder, rewritten below once the decision is known (same transaction).
-                .bind("null")
-                .execute(&mut *tx)
+        let (order_id, undo_key, action_key) =
+            (order_id.to_owned(), key.to_owned(), action_key.to_owned());
+        let recorded = on_backend!(self, |consumer, _pool, sql| {
+            let keys = consumer.clone();
+            consumer
+                .process(key, move |conn| {
+                    Box::pin(async move {
+                        let voided = Recorded {
+                            effect: action_label,
+                            result: serde_json::json!({ VOIDED_BY: undo_key }),
+                        };
+                        let taken = keys
+                            .record::<Recorded, _, ShopError>(conn, &action_key, Some(&voided))
+                            .await?;
+                        let undone = taken.is_some();
+                        if undone {
+                            // The action's own ledger row tells what to give back; a voided
+                            // action has none.
+                            let amount: i64 = sqlx::query(sql.select_amount)
+                                .bind(&action_key)
+                                .fetch_optional(&mut *conn)
+                                .await?
+                                .map(|row| row.try_get("amount"))
+                                .transpose()?
+                                .unwrap_or(0);
+                            sqlx::query(sql.insert_ledger)
+                                .bind(&order_id)
+                                .bind(&undo_label)
+                                .bind(&undo_key)
+                                .bind(amount)
+                                .execute(&mut *conn)
+                                .await?;
+                        }
+                        Ok::<_, ShopError>(Recorded {
+                            effect: undo_label,
+                            result: serde_json::json!({ "undone": undone }),
+                        })
+                    })
+                })
                 .await?
-                .rows_affected()
-                == 1;
-            if !fresh {
-                let row = sqlx::query(sql.select_key)
-                    .bind(key)
-                    .fetch_one(&mut *tx)
-                    .await?;
-                tx.commit().await?;
-                let stored: Label = row.try_get::<String, _>("effect")?.parse()?;
-                if stored != undo {
-                    return Err(ShopError::KeyReused {
-                        key: key.to_owned(),
-                        stored,
-                        requested: undo,
-                    });
-                }
-                let result: Value = serde_json::from_str(&row.try_get::<String, _>("result")?)?;
-                return Ok(result.get("undone").and_then(Value::as_bool) == Some(true));
-            }
-            let marker = serde_json::json!({ VOIDED_BY: key }).to_string();
-            let action_missing = sqlx::query(sql.insert_key)
-                .bind(action_key)
-                .bind(&action_label)
-                .bind(order_id)
-                .bind(&marker)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected()
-                == 1;
-            let undone = !action_missing;
-            if undone {
-                // The action's own ledger row tells what to give back; a voided action has none.
-                let amount: i64 = sqlx::query(sql.select_amount)
-                    .bind(action_key)
-                    .fetch_optional(&mut *tx)
-                    .await?
-                    .map(|row| row.try_get("amount"))
-                    .transpose()?
-                    .unwrap_or(0);
-                sqlx::query(sql.insert_ledger)
-                    .bind(order_id)
-                    .bind(&undo_label)
-                    .bind(key)
-                    .bind(amount)
-                    .execute(&mut *tx)
-                    .await?;
-            }
-            let result = serde_json::json!({ "undone": undone }).to_string();
-            let update = if matches!(self.pool, Pool::Sqlite(_)) {
-                "UPDATE processed_messages SET result = ?1 WHERE key = ?2"
-            } else {
-                "UPDATE processed_messages SET result = $1 WHERE key = $2"
-            };
-            sqlx::query(update)
-                .bind(&result)
-                .bind(key)
-                .execute(&mut *tx)
-                .await?;
-            tx.commit().await?;
-            Ok(undone)
-        })
+        });
+        let result = recorded.into_inner().for_effect(key, undo)?;
+        Ok(result.get("undone").and_then(Value::as_bool) == Some(true))
     }
 
     /// Counts ledger rows per (order id, effect), for every order or one.
     async fn counts(&self, order_id: Option<&str>) -> Result<Vec<(String, Label, u64)>, ShopError> {
-        let rows = on_backend!(self, |pool, sql| {
+        let rows = on_backend!(self, |_consumer, pool, sql| {
             let mut out = Vec::new();
             let rows = match order_id {
                 Some(id) => sqlx::query(sql.counts_for).bind(id).fetch_all(pool).await?,
@@ -723,8 +713,8 @@ impl Shop {
     /// Closes the pool, waiting for connections to finish (a clean WAL checkpoint on SQLite).
     pub async fn close(&self) {
         match &self.pool {
-            Pool::Sqlite(pool) => pool.close().await,
-            Pool::Postgres(pool) => pool.close().await,
+            Pool::Sqlite(consumer) => consumer.pool().close().await,
+            Pool::Postgres(consumer) => consumer.pool().close().await,
         }
     }
 }

@@ -13,8 +13,10 @@
 //! [`IdempotentConsumer::process`] does exactly that on a SQLite or PostgreSQL pool of the
 //! participant's own database: it inserts the message id into `saga_processed_messages` (the
 //! primary key decides between concurrent duplicates), runs the work on the same transaction,
-//! and commits both. A duplicate gets [`Consumed::Duplicate`] and the work is not run; work
-//! that fails rolls the record back too, so a retry processes the message again.
+//! and commits both with the work's result. A duplicate gets [`Consumed::Duplicate`] with the
+//! result stored the first time (so a retried call answers what the first one answered) and
+//! the work is not run; work that fails rolls the record back too, so a retry processes the
+//! message again.
 //!
 //! # Example
 //!
@@ -41,13 +43,13 @@
 //!                 sqlx::query("UPDATE accounts SET balance = balance - 10 WHERE id = 1")
 //!                     .execute(&mut *conn)
 //!                     .await?;
-//!                 Ok::<_, sqlx::Error>("charged")
+//!                 Ok::<_, sqlx::Error>("charged".to_owned())
 //!             })
 //!         })
 //!         .await?;
 //!     match outcome {
 //!         Consumed::Processed(what) => println!("{what}"),
-//!         Consumed::Duplicate => println!("already done"),
+//!         Consumed::Duplicate(what) => println!("already done: {what}"),
 //!     }
 //! }
 //! let balance: i64 = sqlx::query_scalar("SELECT balance FROM accounts").fetch_one(&pool).await?;
@@ -59,6 +61,8 @@
 use std::future::Future;
 use std::pin::Pin;
 
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use sqlx::{Database, PgConnection, Pool, Postgres, Sqlite, SqliteConnection};
 
 /// The future a unit of work returns: it borrows the transaction's connection.
@@ -67,10 +71,25 @@ pub type WorkFuture<'c, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send
 /// What [`IdempotentConsumer::process`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Consumed<T> {
-    /// The message was new: the work ran and committed, with the record of the message.
+    /// The message was new: the work ran and committed, with the record of the message and
+    /// this result.
     Processed(T),
-    /// The message was processed before: nothing ran.
-    Duplicate,
+    /// The message was processed before: nothing ran; this is the result stored then.
+    Duplicate(T),
+}
+
+impl<T> Consumed<T> {
+    /// The result, whether of this processing or of the first one.
+    pub fn into_inner(self) -> T {
+        match self {
+            Self::Processed(t) | Self::Duplicate(t) => t,
+        }
+    }
+
+    /// Whether the message had been processed before.
+    pub fn is_duplicate(&self) -> bool {
+        matches!(self, Self::Duplicate(_))
+    }
 }
 
 /// Why a message could not be processed.
@@ -82,22 +101,43 @@ pub enum ConsumerError<E> {
     /// The work returned an error; nothing was committed (the message counts as unprocessed).
     #[error("the work failed: {0}")]
     Work(E),
+    /// The result stored for the message cannot be read back as the type asked for (the
+    /// consumer's result type changed, or the row was written by hand).
+    #[error("the result stored for message {message_id} cannot be read: {source}")]
+    StoredResult {
+        /// The message.
+        message_id: String,
+        /// What failed.
+        source: serde_json::Error,
+    },
 }
 
-/// Records processed message ids next to a participant's own data; see the module docs.
+/// Records processed message ids, with the result of each, next to a participant's own data;
+/// see the module docs.
 ///
 /// Implemented for SQLite (`IdempotentConsumer<Sqlite>`, whose transactions start with
 /// `BEGIN IMMEDIATE`) and PostgreSQL (`IdempotentConsumer<Postgres>`).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct IdempotentConsumer<DB: Database> {
     pool: Pool<DB>,
     consumer: String,
 }
 
-/// The table, the same on both backends.
+// Not derived: that would ask `DB: Clone`, which the database markers are not.
+impl<DB: Database> Clone for IdempotentConsumer<DB> {
+    fn clone(&self) -> Self {
+        Self {
+            pool: self.pool.clone(),
+            consumer: self.consumer.clone(),
+        }
+    }
+}
+
+/// The table, the same on both backends. `result` is the JSON of what the first processing
+/// returned, answered to every duplicate.
 const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS saga_processed_messages (\
      consumer TEXT NOT NULL, message_id TEXT NOT NULL, processed_at BIGINT NOT NULL, \
-     PRIMARY KEY (consumer, message_id))";
+     result TEXT, PRIMARY KEY (consumer, message_id))";
 
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
@@ -119,98 +159,166 @@ impl<DB: Database> IdempotentConsumer<DB> {
     pub fn pool(&self) -> &Pool<DB> {
         &self.pool
     }
+
+    /// The consumer's name.
+    pub fn name(&self) -> &str {
+        &self.consumer
+    }
 }
 
-impl IdempotentConsumer<Sqlite> {
-    /// Creates the `saga_processed_messages` table if it does not exist.
-    pub async fn migrate(&self) -> Result<(), sqlx::Error> {
-        sqlx::query(CREATE_TABLE).execute(&self.pool).await?;
-        Ok(())
-    }
+/// The JSON of a result to store.
+fn to_json<T: Serialize, E>(message_id: &str, value: &T) -> Result<String, ConsumerError<E>> {
+    serde_json::to_string(value).map_err(|source| ConsumerError::StoredResult {
+        message_id: message_id.to_owned(),
+        source,
+    })
+}
 
-    /// Runs `work` once per `message_id`, in one transaction with the record of the message.
-    pub async fn process<T, E, F>(
-        &self,
-        message_id: &str,
-        work: F,
-    ) -> Result<Consumed<T>, ConsumerError<E>>
-    where
-        F: for<'c> FnOnce(&'c mut SqliteConnection) -> WorkFuture<'c, T, E>,
-    {
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let inserted = sqlx::query(
-            "INSERT INTO saga_processed_messages (consumer, message_id, processed_at) \
-             VALUES (?1, ?2, ?3) ON CONFLICT (consumer, message_id) DO NOTHING",
+/// A stored result read back (`NULL`, from a table made before results were kept, reads as
+/// JSON `null`).
+fn from_json<T: DeserializeOwned, E>(
+    message_id: &str,
+    text: Option<String>,
+) -> Result<T, ConsumerError<E>> {
+    serde_json::from_str(text.as_deref().unwrap_or("null")).map_err(|source| {
+        ConsumerError::StoredResult {
+            message_id: message_id.to_owned(),
+            source,
+        }
+    })
+}
+
+/// One backend's statements, with its placeholders.
+struct Sql {
+    claim: &'static str,
+    stored: &'static str,
+    keep: &'static str,
+}
+
+const SQLITE: Sql = Sql {
+    claim: "INSERT INTO saga_processed_messages (consumer, message_id, processed_at, result) \
+            VALUES (?1, ?2, ?3, ?4) ON CONFLICT (consumer, message_id) DO NOTHING",
+    stored: "SELECT result FROM saga_processed_messages WHERE consumer = ?1 AND message_id = ?2",
+    keep: "UPDATE saga_processed_messages SET result = ?3 WHERE consumer = ?1 AND message_id = ?2",
+};
+
+const POSTGRES: Sql = Sql {
+    claim: "INSERT INTO saga_processed_messages (consumer, message_id, processed_at, result) \
+            VALUES ($1, $2, $3, $4) ON CONFLICT (consumer, message_id) DO NOTHING",
+    stored: "SELECT result FROM saga_processed_messages WHERE consumer = $1 AND message_id = $2",
+    keep: "UPDATE saga_processed_messages SET result = $3 WHERE consumer = $1 AND message_id = $2",
+};
+
+/// The same methods for each backend: only the connection type and the SQL differ, and a
+/// macro keeps one copy without sqlx's heavy generic bounds.
+macro_rules! consumer_impl {
+    ($db:ty, $conn:ty, $sql:expr, $begin:expr, |$pool:ident| $add_result:block) => {
+        impl IdempotentConsumer<$db> {
+            /// Creates the `saga_processed_messages` table if it does not exist (and adds the
+            /// `result` column to one made by an earlier version).
+            pub async fn migrate(&self) -> Result<(), sqlx::Error> {
+                sqlx::query(CREATE_TABLE).execute(&self.pool).await?;
+                let $pool = &self.pool;
+                $add_result
+                Ok(())
+            }
+
+            /// Runs `work` once per `message_id`, in one transaction with the record of the
+            /// message and its result. A duplicate gets the result of the first processing.
+            /// A concurrent duplicate waits until this one commits (then it is a duplicate) or
+            /// rolls back (then it does the work itself).
+            pub async fn process<T, E, F>(
+                &self,
+                message_id: &str,
+                work: F,
+            ) -> Result<Consumed<T>, ConsumerError<E>>
+            where
+                T: Serialize + DeserializeOwned,
+                F: for<'c> FnOnce(&'c mut $conn) -> WorkFuture<'c, T, E>,
+            {
+                let mut tx = self.pool.begin_with($begin).await?;
+                if let Some(stored) = self.record(&mut tx, message_id, None::<&()>).await? {
+                    tx.rollback().await?;
+                    return Ok(Consumed::Duplicate(stored));
+                }
+                let value = match work(&mut tx).await {
+                    Ok(value) => value,
+                    Err(e) => {
+                        tx.rollback().await?;
+                        return Err(ConsumerError::Work(e));
+                    }
+                };
+                sqlx::query($sql.keep)
+                    .bind(&self.consumer)
+                    .bind(message_id)
+                    .bind(to_json::<T, E>(message_id, &value)?)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                Ok(Consumed::Processed(value))
+            }
+
+            /// Inside the caller's transaction: records `message_id` as processed with
+            /// `result`, unless it already is. Returns `None` when this call recorded it, or
+            /// the stored result when it was there. For work that must mark *another*
+            /// message as done (a compensation that voids an action that never came).
+            pub async fn record<T, R, E>(
+                &self,
+                conn: &mut $conn,
+                message_id: &str,
+                result: Option<&R>,
+            ) -> Result<Option<T>, ConsumerError<E>>
+            where
+                T: DeserializeOwned,
+                R: Serialize,
+            {
+                let text = result.map(|r| to_json::<R, E>(message_id, r)).transpose()?;
+                let inserted = sqlx::query($sql.claim)
+                    .bind(&self.consumer)
+                    .bind(message_id)
+                    .bind(now_ms())
+                    .bind(text)
+                    .execute(&mut *conn)
+                    .await?
+                    .rows_affected();
+                if inserted == 1 {
+                    return Ok(None);
+                }
+                let stored: Option<String> = sqlx::query_scalar($sql.stored)
+                    .bind(&self.consumer)
+                    .bind(message_id)
+                    .fetch_one(&mut *conn)
+                    .await?;
+                from_json(message_id, stored).map(Some)
+            }
+        }
+    };
+}
+
+consumer_impl!(
+    Sqlite,
+    SqliteConnection,
+    SQLITE,
+    "BEGIN IMMEDIATE",
+    |pool| {
+        let has: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM pragma_table_info('saga_processed_messages') \
+             WHERE name = 'result'",
         )
-        .bind(&self.consumer)
-        .bind(message_id)
-        .bind(now_ms())
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if inserted == 0 {
-            tx.rollback().await?;
-            return Ok(Consumed::Duplicate);
-        }
-        let result = work(&mut tx).await;
-        finish(tx, result).await
-    }
-}
-
-impl IdempotentConsumer<Postgres> {
-    /// Creates the `saga_processed_messages` table if it does not exist.
-    pub async fn migrate(&self) -> Result<(), sqlx::Error> {
-        sqlx::query(CREATE_TABLE).execute(&self.pool).await?;
-        Ok(())
-    }
-
-    /// Runs `work` once per `message_id`, in one transaction with the record of the message. A
-    /// concurrent duplicate waits on the primary key until this one commits (then it is a
-    /// duplicate) or rolls back (then it does the work itself).
-    pub async fn process<T, E, F>(
-        &self,
-        message_id: &str,
-        work: F,
-    ) -> Result<Consumed<T>, ConsumerError<E>>
-    where
-        F: for<'c> FnOnce(&'c mut PgConnection) -> WorkFuture<'c, T, E>,
-    {
-        let mut tx = self.pool.begin().await?;
-        let inserted = sqlx::query(
-            "INSERT INTO saga_processed_messages (consumer, message_id, processed_at) \
-             VALUES ($1, $2, $3) ON CONFLICT (consumer, message_id) DO NOTHING",
-        )
-        .bind(&self.consumer)
-        .bind(message_id)
-        .bind(now_ms())
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if inserted == 0 {
-            tx.rollback().await?;
-            return Ok(Consumed::Duplicate);
-        }
-        let result = work(&mut tx).await;
-        finish(tx, result).await
-    }
-}
-
-/// Commits when the work succeeded, rolls back (record included) when it failed.
-async fn finish<DB: Database, T, E>(
-    tx: sqlx::Transaction<'static, DB>,
-    result: Result<T, E>,
-) -> Result<Consumed<T>, ConsumerError<E>> {
-    match result {
-        Ok(value) => {
-            tx.commit().await?;
-            Ok(Consumed::Processed(value))
-        }
-        Err(e) => {
-            tx.rollback().await?;
-            Err(ConsumerError::Work(e))
+        .fetch_one(pool)
+        .await?;
+        if has == 0 {
+            sqlx::query("ALTER TABLE saga_processed_messages ADD COLUMN result TEXT")
+                .execute(pool)
+                .await?;
         }
     }
-}
+);
+consumer_impl!(Postgres, PgConnection, POSTGRES, "BEGIN", |pool| {
+    sqlx::query("ALTER TABLE saga_processed_messages ADD COLUMN IF NOT EXISTS result TEXT")
+        .execute(pool)
+        .await?;
+});
 
 #[cfg(test)]
 mod tests {
@@ -250,7 +358,7 @@ mod tests {
         ));
         assert!(matches!(
             consumer.process("m1", bump).await,
-            Ok(Consumed::Duplicate)
+            Ok(Consumed::Duplicate(1))
         ));
         // Failed work commits nothing, so the message is processed on the next delivery.
         fn fail(_: &mut SqliteConnection) -> WorkFuture<'_, i64, &'static str> {

@@ -40,6 +40,7 @@
 //!   `store::postgres`: connecting, the batch writer, claims and due scans, keyed starts,
 //!   reading the outbox in commit order. Everything else is written once in `store::shared`.
 
+pub mod broker;
 pub mod cli;
 pub mod client;
 pub mod clock;

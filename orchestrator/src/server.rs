@@ -55,6 +55,8 @@ use saga_dsl::Registry;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use crate::broker::nats::{NatsConfig, NatsTarget};
+use crate::broker::{BrokerRelay, BrokerRelayConfig, EventTarget, TargetError};
 use crate::engine::{Engine, EngineConfig, EngineError};
 use crate::http::{self, HttpConfig};
 use crate::store::{self, engine_lock_file, redact_url, sqlite_file, Store, StoreError};
@@ -91,6 +93,10 @@ pub enum ServeError {
     /// The webhook settings are invalid (a subscriber URL, say).
     #[error("invalid webhook settings: {0}")]
     Webhooks(#[from] WebhookError),
+    /// The message broker is set up in a way the relay cannot publish to (a stream that does
+    /// not capture the events' subjects, say).
+    #[error("cannot publish to the message broker: {0}")]
+    Broker(TargetError),
     /// The engine cannot run on this database (another process holds the SQLite file).
     #[error("the engine cannot start on {url}: {source}")]
     EngineStart {
@@ -143,6 +149,7 @@ impl Orchestrator {
                 ..WebhookConfig::default()
             },
             tokens_file: None,
+            nats: None,
             retention: None,
             shutdown: CancellationToken::new(),
             signals: true,
@@ -162,6 +169,7 @@ pub struct OrchestratorBuilder {
     http: HttpConfig,
     webhooks: WebhookConfig,
     tokens_file: Option<std::path::PathBuf>,
+    nats: Option<NatsConfig>,
     retention: Option<Duration>,
     shutdown: CancellationToken,
     signals: bool,
@@ -250,6 +258,15 @@ impl OrchestratorBuilder {
         self.webhooks.retry_base = Duration::from_millis(args.webhook_retry_base_ms.max(1));
         self.webhooks.max_attempts = args.webhook_max_attempts.max(1);
         self.webhooks.ca_file = args.webhook_ca_file.clone();
+        self.nats = args
+            .nats_url
+            .as_ref()
+            .filter(|u| !u.is_empty())
+            .map(|url| NatsConfig {
+                stream: args.nats_stream.clone(),
+                duplicate_window: args.nats_dedup_window,
+                ..NatsConfig::new(url.clone())
+            });
         let callbacks = crate::webhooks::CallbackPolicy::allowing(&args.allow_callback_hosts);
         self.http.callbacks = callbacks.clone();
         self.webhooks.callbacks = callbacks;
@@ -260,6 +277,14 @@ impl OrchestratorBuilder {
     /// pages (see [`crate::retention`]). Default: keep everything.
     pub fn retention(mut self, keep: Duration) -> Self {
         self.retention = Some(keep);
+        self
+    }
+
+    /// Also publishes every event to NATS JetStream (see [`crate::broker::nats`]). At start the
+    /// server connects and creates or checks the stream: a stream it cannot use stops the
+    /// start, a broker it cannot reach does not (events wait in the outbox until it can).
+    pub fn nats(mut self, config: NatsConfig) -> Self {
+        self.nats = Some(config);
         self
     }
 
@@ -300,7 +325,7 @@ impl OrchestratorBuilder {
             .map_err(listen_error)?;
         let addr = listener.local_addr().map_err(listen_error)?;
         let new_files = NewFiles::before_open(&self.database_url);
-        let (engine, relay) = match self.prepare(&shown_url).await {
+        let parts = match self.prepare(&shown_url).await {
             Ok(parts) => parts,
             Err(e) => {
                 new_files.remove();
@@ -329,8 +354,7 @@ impl OrchestratorBuilder {
         Ok(Server::run(
             addr,
             listener,
-            engine,
-            relay,
+            parts,
             self.http,
             self.retention,
             self.shutdown,
@@ -344,7 +368,7 @@ impl OrchestratorBuilder {
 
     /// Opens the store, checks the webhook settings and registers the engine: everything that
     /// can refuse to start.
-    async fn prepare(&self, shown_url: &str) -> Result<(Engine, Relay), ServeError> {
+    async fn prepare(&self, shown_url: &str) -> Result<Parts, ServeError> {
         let store =
             store::open(&self.database_url)
                 .await
@@ -365,6 +389,10 @@ impl OrchestratorBuilder {
             );
         }
         let relay = Relay::new(store.clone(), self.webhooks.clone())?;
+        let broker = match &self.nats {
+            Some(config) => Some(nats_relay(&store, config, shown_url).await?),
+            None => None,
+        };
         let engine = Engine::new(store, self.registry.clone(), self.engine.clone());
         engine
             .register()
@@ -373,8 +401,51 @@ impl OrchestratorBuilder {
                 url: shown_url.to_owned(),
                 source,
             })?;
-        Ok((engine, relay))
+        Ok(Parts {
+            engine,
+            relay,
+            broker,
+        })
     }
+}
+
+/// What [`OrchestratorBuilder::prepare`] makes ready to run.
+struct Parts {
+    engine: Engine,
+    relay: Relay,
+    broker: Option<BrokerRelay>,
+}
+
+/// The NATS relay, its stream checked (or the broker found unreachable, which only delays
+/// events) and its cursor made, so that retention keeps what it has not published.
+async fn nats_relay(
+    store: &Arc<dyn Store>,
+    config: &NatsConfig,
+    shown_url: &str,
+) -> Result<BrokerRelay, ServeError> {
+    let target = NatsTarget::new(config.clone());
+    match tokio::time::timeout(config.timeout, target.prepare()).await {
+        Ok(Ok(())) => {
+            tracing::info!(url = %config.url, stream = %config.stream, "publishing events to NATS")
+        }
+        Ok(Err(e @ TargetError::Misconfigured(_))) => return Err(ServeError::Broker(e)),
+        Ok(Err(e)) => tracing::warn!(error = %e,
+            "NATS is unreachable: events wait in the outbox until it is back"),
+        Err(_) => tracing::warn!(url = %config.url,
+            "NATS did not answer in time: events wait in the outbox until it does"),
+    }
+    store
+        .open_relay(crate::broker::nats::TARGET_NAME)
+        .await
+        .map_err(|source| ServeError::Database {
+            url: shown_url.to_owned(),
+            source,
+        })?;
+    Ok(BrokerRelay::new(
+        store.clone(),
+        Arc::new(target),
+        BrokerRelayConfig::default(),
+    ))
 }
 
 /// A running server: see [`OrchestratorBuilder::start`].
@@ -387,6 +458,7 @@ pub struct Server {
     engine_task: JoinHandle<Result<(), EngineError>>,
     http_task: JoinHandle<std::io::Result<()>>,
     relay_task: JoinHandle<()>,
+    broker_task: Option<JoinHandle<()>>,
     sweeper_task: JoinHandle<()>,
     retention_task: Option<JoinHandle<()>>,
 }
@@ -395,12 +467,16 @@ impl Server {
     fn run(
         addr: SocketAddr,
         listener: tokio::net::TcpListener,
-        engine: Engine,
-        relay: Relay,
+        parts: Parts,
         http: HttpConfig,
         retention: Option<Duration>,
         shutdown: CancellationToken,
     ) -> Self {
+        let Parts {
+            engine,
+            relay,
+            broker,
+        } = parts;
         let engine_task = {
             let (engine, shutdown) = (engine.clone(), shutdown.clone());
             tokio::spawn(async move {
@@ -415,6 +491,7 @@ impl Server {
         let router = http::router_with_shutdown(engine.clone(), http, shutdown.clone());
         let http_task = tokio::spawn(http::serve(listener, router, shutdown.clone()));
         let relay_task = tokio::spawn(relay.run(shutdown.clone()));
+        let broker_task = broker.map(|b| tokio::spawn(b.run(shutdown.clone())));
         let sweeper_task = tokio::spawn(sweep_idempotency_keys(
             engine.store().clone(),
             shutdown.clone(),
@@ -433,6 +510,7 @@ impl Server {
             engine_task,
             http_task,
             relay_task,
+            broker_task,
             sweeper_task,
             retention_task,
         }
@@ -461,6 +539,11 @@ impl Server {
         self.shutdown.cancel();
         let ran = self.engine_task.await;
         let relayed = self.relay_task.await;
+        if let Some(task) = self.broker_task {
+            task.await.map_err(|_| ServeError::Panicked {
+                task: "broker relay",
+            })?;
+        }
         let swept = self.sweeper_task.await;
         if let Some(task) = self.retention_task {
             task.await
@@ -699,4 +782,15 @@ pub struct ServeArgs {
     /// roots (a private CA).
     #[arg(long, value_name = "FILE")]
     pub webhook_ca_file: Option<std::path::PathBuf>,
+    /// Also publish every event to NATS JetStream at this server (subjects
+    /// `sagas.<name>.<event type>`); without it no broker is needed.
+    #[arg(long, env = "SAGA_NATS_URL", value_name = "URL")]
+    pub nats_url: Option<String>,
+    /// The JetStream stream that stores the events (created if missing, capturing `sagas.>`).
+    #[arg(long, default_value = "SAGAS", value_name = "NAME")]
+    pub nats_stream: String,
+    /// How long a stream this server creates remembers message ids, to drop republished
+    /// events (e.g. 2m).
+    #[arg(long, default_value = "2m", value_name = "DURATION", value_parser = crate::retention::parse_duration)]
+    pub nats_dedup_window: Duration,
 }

@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod fixtures;
+pub mod nats;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

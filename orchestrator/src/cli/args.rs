@@ -72,6 +72,9 @@ pub enum AdminCommand {
     MarkCompensated(MarkCompensatedArgs),
     /// List the orchestrator processes recorded in the database, their heartbeats and leases.
     Workers(WorkersArgs),
+    /// Show how far each outbox relay (webhooks, NATS) has published the event log, and what
+    /// it has left: lag in events and in time.
+    Outbox(OutboxArgs),
     /// Apply database migrations (creates an SQLite database if it does not exist).
     Migrate,
     /// Delete finished sagas older than a bound, with all their rows, in small batches.
@@ -465,6 +468,14 @@ mod tests {
 
 /// Arguments of `workers`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
+pub struct OutboxArgs {
+    /// Print `{"log_id", "relays": […]}` instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `workers [--json]`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct WorkersArgs {
     /// Print JSON instead of a table.
     #[arg(long)]

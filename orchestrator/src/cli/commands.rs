@@ -61,6 +61,28 @@ pub async fn run_admin_with(
             Ok(())
         }
         AdminCommand::Purge(a) => purge(a, store, out).await,
+        AdminCommand::Outbox(a) => {
+            let relays = store.relays().await?;
+            let now = store.now().await?;
+            if a.json {
+                let relays: Vec<_> = relays
+                    .iter()
+                    .map(|r| {
+                        let mut v = serde_json::to_value(r).unwrap_or_default();
+                        v["lag_seconds"] = serde_json::json!(r.lag_seconds(now));
+                        v
+                    })
+                    .collect();
+                let log_id = store.log_id().await?;
+                render::json(
+                    out,
+                    &serde_json::json!({ "log_id": log_id, "relays": relays }),
+                )?;
+            } else {
+                render::relays(out, &relays, now, layout)?;
+            }
+            Ok(())
+        }
         AdminCommand::Migrate => {
             store.migrate().await?;
             writeln!(out, "migrations applied; the database is up to date")?;

@@ -856,6 +856,48 @@ pub(crate) fn workers(
     writeln!(out, "{t}")
 }
 
+/// The `outbox` table: one row per relay, by name.
+pub(crate) fn relays(
+    out: &mut impl Write,
+    relays: &[crate::store::outbox::RelayProgress],
+    now: Millis,
+    layout: &Layout,
+) -> std::io::Result<()> {
+    if relays.is_empty() {
+        return writeln!(out, "no outbox relay has run on this database");
+    }
+    let mut g = Grid::new();
+    g.column("relay", relays.iter().map(|r| r.name.clone()).collect());
+    let read = g.column(
+        "read up to event",
+        relays.iter().map(|r| r.event_id.to_string()).collect(),
+    );
+    let lag = g.column(
+        "lag (events)",
+        relays.iter().map(|r| r.lag_events.to_string()).collect(),
+    );
+    g.column(
+        "oldest unread",
+        relays
+            .iter()
+            .map(|r| match r.oldest_unread_at {
+                Some(at) => format!("{} ago", duration(now - at)),
+                None => "up to date".to_owned(),
+            })
+            .collect(),
+    );
+    let recorded = g.column(
+        "last recorded",
+        relays
+            .iter()
+            .map(|r| r.updated_at.map(rfc3339).unwrap_or_default())
+            .collect(),
+    );
+    g.right(read).right(lag);
+    let t = g.render(layout, &[Fit::Drop(recorded)]);
+    writeln!(out, "{t}")
+}
+
 /// What `start` prints: the new saga and the key that started it.
 pub(crate) fn started(out: &mut impl Write, s: &StartedSaga) -> std::io::Result<()> {
     writeln!(out, "saga {} started: {} ({})", s.id, s.status, s.name)?;

@@ -15,6 +15,8 @@
 //! | `saga_needs_attention` | gauge | (none): refreshed from the store at each scrape |
 //! | `saga_waiting` | gauge | `kind` (`sleep`, `signal`, `child`, `scheduled`): refreshed from the store at each scrape |
 //! | `http_requests_total` | counter | `method`, `route` (the route template), `status` |
+//! | `outbox_lag_events`, `outbox_lag_seconds` | gauge | `target` (`webhooks`, `nats`) |
+//! | `outbox_published_total`, `outbox_publish_failures_total` | counter | `target` |
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -134,7 +136,20 @@ fn describe() {
     );
     describe_gauge!(
         "outbox_lag_events",
-        "Events in the outbox the webhook relay has not read yet (roughly)."
+        "Events in the outbox a relay has not published yet (roughly), by target: webhooks, nats."
+    );
+    describe_gauge!(
+        "outbox_lag_seconds",
+        Unit::Seconds,
+        "How long the oldest event a relay has not published yet has waited, by target."
+    );
+    describe_counter!(
+        "outbox_published_total",
+        "Events a broker target acknowledged, by target (republished copies included)."
+    );
+    describe_counter!(
+        "outbox_publish_failures_total",
+        "Broker publish rounds that failed (the broker down, full or slow) and will be retried,          by target."
     );
     describe_counter!(
         "webhook_deliveries_total",

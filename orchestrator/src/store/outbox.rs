@@ -232,8 +232,44 @@ pub trait OutboxStore: Send + Sync + 'static {
     /// A saga's deliveries, by event then target.
     async fn deliveries(&self, saga: Uuid) -> Result<Vec<Delivery>>;
 
-    /// Roughly how many events relay `name` has not read yet.
-    async fn outbox_lag(&self, name: &str) -> Result<i64>;
+    /// How far relay `name` has got (nothing read, for a relay that never ran).
+    async fn relay_progress(&self, name: &str) -> Result<RelayProgress>;
+
+    /// The progress of every relay that has a cursor, by name.
+    async fn relays(&self) -> Result<Vec<RelayProgress>>;
+
+    /// Gives relay `name` a cursor at the start of the log if it has none: from then on
+    /// retention keeps the events it has not read, even while it cannot run.
+    async fn open_relay(&self, name: &str) -> Result<()>;
+
+    /// The log's identity: a UUID made once per database (the first time it is asked for), so
+    /// that ids built on event ids never collide across databases.
+    async fn log_id(&self) -> Result<Uuid>;
+}
+
+/// How far one relay has read the outbox, as `saga outbox` and the metrics show it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RelayProgress {
+    /// The relay's name (`webhooks`, `nats`, …).
+    pub name: String,
+    /// The last event it has read and recorded.
+    pub event_id: i64,
+    /// When it last recorded progress (`None`: never).
+    #[serde(serialize_with = "crate::model::ser_opt_time")]
+    pub updated_at: Option<Millis>,
+    /// Events written after its cursor, roughly (ids are not dense on PostgreSQL).
+    pub lag_events: i64,
+    /// When the oldest event it has not read was written (`None`: it is up to date).
+    #[serde(serialize_with = "crate::model::ser_opt_time")]
+    pub oldest_unread_at: Option<Millis>,
+}
+
+impl RelayProgress {
+    /// How long the oldest unread event has waited at `now`, in seconds (0 when up to date).
+    pub fn lag_seconds(&self, now: Millis) -> f64 {
+        self.oldest_unread_at
+            .map_or(0.0, |at| (now.saturating_sub(at)).max(0) as f64 / 1000.0)
+    }
 }
 
 /// The state of a delivery row.

@@ -40,7 +40,6 @@ use std::time::Duration;
 
 use serde::Serialize;
 use tokio::task::JoinSet;
-use tokio_retry::strategy::{jitter, ExponentialBackoff};
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
@@ -145,14 +144,11 @@ impl WebhookConfig {
         if attempts >= self.max_attempts {
             return None;
         }
-        let base_ms = u64::try_from(self.retry_base.as_millis()).unwrap_or(u64::MAX);
-        // `from_millis(2).factor(b / 2)` yields b, 2b, 4b, … (see STYLE.md on tokio-retry).
-        let delay = ExponentialBackoff::from_millis(2)
-            .factor((base_ms / 2).max(1))
-            .max_delay(self.retry_max)
-            .nth(attempts.saturating_sub(1) as usize)
-            .unwrap_or(self.retry_max);
-        Some(delay / 2 + jitter(delay / 2))
+        Some(crate::clock::backoff(
+            self.retry_base,
+            self.retry_max,
+            attempts,
+        ))
     }
 }
 
@@ -325,9 +321,7 @@ impl Relay {
             };
             if last_lag.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) {
                 last_lag = Some(tokio::time::Instant::now());
-                if let Ok(lag) = self.outbox.outbox_lag(RELAY_NAME).await {
-                    metrics::gauge!("outbox_lag_events").set(lag as f64);
-                }
+                crate::broker::report_progress(self.outbox.as_ref(), RELAY_NAME).await;
             }
             if read >= self.config.batch as usize || sent > 0 {
                 continue;

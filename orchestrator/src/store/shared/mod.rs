@@ -33,7 +33,7 @@ use crate::model::{
 use crate::store::idempotency::{Callback, IdempotencyStore};
 use crate::store::outbox::{
     ClaimedDelivery, Delivery, DeliveryOutcome, NewDelivery, OutboxEvent, OutboxPosition,
-    OutboxStore,
+    OutboxStore, RelayProgress,
 };
 use crate::store::rows::{corrupt, LogRow};
 use crate::store::signals::{ReceivedSignal, SignalOutcome, SignalRequest};
@@ -390,7 +390,19 @@ impl<B: SqlBackend> OutboxStore for B {
         outbox::deliveries(self.reader(), saga).await
     }
 
-    async fn outbox_lag(&self, name: &str) -> Result<i64> {
-        outbox::outbox_lag(self.reader(), name).await
+    async fn relay_progress(&self, name: &str) -> Result<RelayProgress> {
+        outbox::relay_progress(self.reader(), name).await
+    }
+
+    async fn relays(&self) -> Result<Vec<RelayProgress>> {
+        outbox::relays(self.reader()).await
+    }
+
+    async fn open_relay(&self, name: &str) -> Result<()> {
+        outbox::open_relay(self, name).await
+    }
+
+    async fn log_id(&self) -> Result<Uuid> {
+        outbox::log_id(self).await
     }
 }

@@ -14,7 +14,7 @@ use crate::model::Millis;
 use crate::store::idempotency::Callback;
 use crate::store::outbox::{
     millis, short_error, state_of, ClaimedDelivery, Delivery, DeliveryOutcome, DeliveryState,
-    NewDelivery, OutboxPosition, TargetKind,
+    NewDelivery, OutboxPosition, RelayProgress, TargetKind,
 };
 use crate::store::rows::{corrupt, outbox_event_from_row, LogRow};
 use crate::store::Result;
@@ -271,18 +271,113 @@ pub(crate) async fn deliveries(reader: Reader<'_>, saga: Uuid) -> Result<Vec<Del
         .collect()
 }
 
-/// How many events relay `name` has still to read.
-pub(crate) async fn outbox_lag(reader: Reader<'_>, name: &str) -> Result<i64> {
+/// Where relay `name` stands and what it has not read yet.
+pub(crate) async fn relay_progress(reader: Reader<'_>, name: &str) -> Result<RelayProgress> {
     let row = reader
         .opt(
-            "SELECT (SELECT COALESCE(MAX(id), 0) FROM events) - \
-             COALESCE((SELECT event_id FROM relay_cursors WHERE name = $1), 0) AS lag",
+            "SELECT event_id, updated_at FROM relay_cursors WHERE name = $1",
             &[Arg::Str(name)],
         )
         .await?;
-    let lag: Option<i64> = match row {
-        Some(row) => row.get("lag")?,
-        None => None,
+    let (event_id, updated_at) = match row {
+        Some(row) => (row.get("event_id")?, Some(row.get("updated_at")?)),
+        None => (0, None),
     };
-    Ok(lag.unwrap_or(0).max(0))
+    progress_after(reader, name, event_id, updated_at).await
+}
+
+/// The progress of every relay with a cursor.
+pub(crate) async fn relays(reader: Reader<'_>) -> Result<Vec<RelayProgress>> {
+    let rows = reader
+        .all(
+            "SELECT name, event_id, updated_at FROM relay_cursors ORDER BY name",
+            &[],
+        )
+        .await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let name: String = row.get("name")?;
+        let progress = progress_after(
+            reader,
+            &name,
+            row.get("event_id")?,
+            Some(row.get("updated_at")?),
+        )
+        .await?;
+        out.push(progress);
+    }
+    Ok(out)
+}
+
+/// A relay's progress given its cursor: the events after it (the oldest found by the primary
+/// key, so this stays cheap however long the outbox).
+async fn progress_after(
+    reader: Reader<'_>,
+    name: &str,
+    event_id: i64,
+    updated_at: Option<Millis>,
+) -> Result<RelayProgress> {
+    let row = reader
+        .opt(
+            "SELECT (SELECT COALESCE(MAX(id), 0) FROM events) AS last_id, \
+             (SELECT at FROM events WHERE id > $1 AND saga_id <> $2::uuid ORDER BY id LIMIT 1) AS oldest",
+            &[Arg::Int(event_id), Arg::Id(Uuid::nil())],
+        )
+        .await?;
+    let (last_id, oldest): (i64, Option<Millis>) = match row {
+        Some(row) => (row.get("last_id")?, row.get("oldest")?),
+        None => (0, None),
+    };
+    Ok(RelayProgress {
+        name: name.to_owned(),
+        event_id,
+        updated_at,
+        lag_events: if oldest.is_some() {
+            (last_id - event_id).max(0)
+        } else {
+            0
+        },
+        oldest_unread_at: oldest,
+    })
+}
+
+/// Creates relay `name`'s cursor, at the start of the log, if it has none.
+pub(crate) async fn open_relay<B: SqlBackend>(store: &B, name: &str) -> Result<()> {
+    let mut tx = store.begin().await?;
+    let now = tx.now().await?;
+    tx.exec(
+        "INSERT INTO relay_cursors (name, tx, event_id, updated_at) VALUES ($1, 0, 0, $2) \
+         ON CONFLICT (name) DO NOTHING",
+        &[Arg::Str(name), Arg::Int(now)],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// The log's identity, made on first use (concurrent first uses agree: one insert wins).
+pub(crate) async fn log_id<B: SqlBackend>(store: &B) -> Result<Uuid> {
+    let read = "SELECT log_id FROM log_identity WHERE singleton = 1";
+    if let Some(row) = store.reader().opt(read, &[]).await? {
+        return parse_log_id(row.get("log_id")?);
+    }
+    let mut tx = store.begin().await?;
+    let now = tx.now().await?;
+    let made = Uuid::new_v4().to_string();
+    tx.exec(
+        "INSERT INTO log_identity (singleton, log_id, created_at) VALUES (1, $1, $2) \
+         ON CONFLICT (singleton) DO NOTHING",
+        &[Arg::Str(&made), Arg::Int(now)],
+    )
+    .await?;
+    let row = tx.opt(read, &[]).await?;
+    tx.commit().await?;
+    match row {
+        Some(row) => parse_log_id(row.get("log_id")?),
+        None => Err(corrupt("log_identity", "no row after its insert")),
+    }
+}
+
+fn parse_log_id(text: String) -> Result<Uuid> {
+    Uuid::parse_str(&text).map_err(|e| corrupt(&text, e))
 }

@@ -1,0 +1,274 @@
+//! The outbox's message-broker targets: every lifecycle event, published in outbox order.
+//!
+//! # Why it works this way
+//!
+//! The events table is a transactional outbox (see [`crate::webhooks`]). A broker target is
+//! simpler than webhooks: one destination, no per-saga callbacks, so it needs no delivery
+//! rows, only a durable cursor of its own in `relay_cursors`, beside the webhooks' one. A
+//! [`BrokerRelay`] reads the events after that cursor, hands a batch to its [`EventTarget`],
+//! and moves the cursor past the events the broker **acknowledged**, never further: a broker
+//! that is down or full leaves them in the outbox, and they go out when it is back.
+//!
+//! Between the broker's acknowledgement and the cursor's move the relay may die; it then
+//! publishes those events again. Each message therefore carries an id that is the same on
+//! every attempt, `<log id>:<event id>` (the log id is a UUID made once per database,
+//! [`OutboxStore::log_id`], so two deployments or a database made anew never share ids): a
+//! broker with deduplication (JetStream's `Nats-Msg-Id`) drops the copy inside its window, and
+//! consumers deduplicate by it beyond ([`crate::consumer`]).
+//!
+//! # Adding a target
+//!
+//! A target is one type implementing [`EventTarget`]: [`prepare`](EventTarget::prepare)
+//! connects and checks what it publishes into, [`publish`](EventTarget::publish) sends a batch
+//! in order and says how many of its first messages the broker confirmed. The relay does the
+//! rest (cursor, retries, metrics). [`nats::NatsTarget`] is the one this crate ships; a Kafka
+//! target would use an idempotent producer and the message id as key, a RabbitMQ one
+//! publisher confirms and the message id as `message_id` (RabbitMQ does not deduplicate, so
+//! its consumers must).
+
+pub mod nats;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::store::outbox::{OutboxEvent, OutboxPosition, OutboxStore};
+use crate::store::StoreError;
+use crate::webhooks::WebhookPayload;
+
+/// One event as a broker target sends it.
+#[derive(Debug, Clone)]
+pub struct BrokerMessage<'a> {
+    /// The event.
+    pub event: &'a OutboxEvent,
+    /// `<log id>:<event id>`: the same on every attempt; brokers and consumers deduplicate by it.
+    pub message_id: String,
+    /// The JSON body, the same document a webhook delivery carries.
+    pub body: Vec<u8>,
+}
+
+impl<'a> BrokerMessage<'a> {
+    /// The message of `event` in the log `log_id`.
+    pub fn of(log_id: Uuid, event: &'a OutboxEvent) -> Self {
+        Self {
+            event,
+            message_id: message_id(log_id, event.id()),
+            body: serde_json::to_vec(&WebhookPayload::of(event)).unwrap_or_default(),
+        }
+    }
+}
+
+/// The id of event `event_id` of log `log_id`, as brokers and consumers see it.
+pub fn message_id(log_id: Uuid, event_id: i64) -> String {
+    format!("{log_id}:{event_id}")
+}
+
+/// Why a target could not prepare or publish.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum TargetError {
+    /// The broker cannot be reached, or refused for now (full, no leader, timed out): try
+    /// again later.
+    #[error("{0}")]
+    Unavailable(String),
+    /// What the target publishes into is set up in a way it cannot use (a stream that does
+    /// not capture its subjects, say): retrying will not help until an operator acts.
+    #[error("{0}")]
+    Misconfigured(String),
+}
+
+/// How a batch went: the broker confirmed its first `acknowledged` messages; `error` says why
+/// it stopped before the end, if it did.
+#[derive(Debug)]
+pub struct Published {
+    /// How many messages, from the first, the broker confirmed.
+    pub acknowledged: usize,
+    /// Why the rest were not.
+    pub error: Option<TargetError>,
+}
+
+/// A message broker the relay publishes the outbox to. See the module docs.
+#[async_trait]
+pub trait EventTarget: Send + Sync + 'static {
+    /// The name of its cursor in `relay_cursors`, and its `target` label in the metrics.
+    fn name(&self) -> &str;
+
+    /// Connects if needed and checks (or creates) what it publishes into. The relay calls it
+    /// before its first publish and again after a failed one.
+    async fn prepare(&self) -> Result<(), TargetError>;
+
+    /// Publishes `messages` in order and waits for the broker's confirmations.
+    async fn publish(&self, messages: &[BrokerMessage<'_>]) -> Published;
+}
+
+/// Settings of a [`BrokerRelay`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BrokerRelayConfig {
+    /// Events read and published per batch. Default: 256.
+    pub batch: u32,
+    /// How often the relay looks for new events when idle. Default: 50 ms.
+    pub poll_interval: Duration,
+    /// The first delay after a failure; each further one doubles, with jitter. Default: 200 ms.
+    pub retry_base: Duration,
+    /// The longest delay after failures. Default: 10 seconds.
+    pub retry_max: Duration,
+}
+
+impl Default for BrokerRelayConfig {
+    fn default() -> Self {
+        Self {
+            batch: 256,
+            poll_interval: Duration::from_millis(50),
+            retry_base: Duration::from_millis(200),
+            retry_max: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Why a relay round failed.
+#[derive(Debug, thiserror::Error)]
+enum RoundError {
+    #[error(transparent)]
+    Target(#[from] TargetError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Publishes the outbox to one [`EventTarget`], from its own durable cursor. Several processes
+/// sharing a PostgreSQL database may each run one: they may publish the same batch, which the
+/// message ids make harmless, and the cursor's compare-and-set lets one of them record it.
+pub struct BrokerRelay {
+    outbox: Arc<dyn OutboxStore>,
+    target: Arc<dyn EventTarget>,
+    config: BrokerRelayConfig,
+}
+
+impl std::fmt::Debug for BrokerRelay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BrokerRelay")
+            .field("target", &self.target.name())
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl BrokerRelay {
+    /// A relay of `outbox` to `target`.
+    pub fn new(
+        outbox: Arc<dyn OutboxStore>,
+        target: Arc<dyn EventTarget>,
+        config: BrokerRelayConfig,
+    ) -> Self {
+        Self {
+            outbox,
+            target,
+            config,
+        }
+    }
+
+    /// Runs until `shutdown` is cancelled. A batch in flight at shutdown is finished (its
+    /// confirmations waited for, each bounded by the target's timeout) and recorded.
+    pub async fn run(self, shutdown: CancellationToken) {
+        let name = self.target.name().to_owned();
+        tracing::info!(target_name = %name, "broker relay started");
+        let mut failures = 0u32;
+        let mut prepared = false;
+        let mut last_report = None::<tokio::time::Instant>;
+        while !shutdown.is_cancelled() {
+            let round = self.round(&mut prepared).await;
+            let idle = match round {
+                Ok(n) => {
+                    failures = 0;
+                    n < self.config.batch as usize
+                }
+                Err(e) => {
+                    failures = failures.saturating_add(1);
+                    prepared = false;
+                    metrics::counter!("outbox_publish_failures_total", "target" => name.clone())
+                        .increment(1);
+                    tracing::warn!(target_name = %name, error = %e,
+                                   "publishing outbox events failed; will retry");
+                    true
+                }
+            };
+            if last_report.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
+                last_report = Some(tokio::time::Instant::now());
+                report_progress(self.outbox.as_ref(), &name).await;
+            }
+            if !idle {
+                continue;
+            }
+            let pause = if failures == 0 {
+                self.config.poll_interval
+            } else {
+                crate::clock::backoff(self.config.retry_base, self.config.retry_max, failures)
+            };
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                _ = tokio::time::sleep(pause) => {}
+            }
+        }
+        report_progress(self.outbox.as_ref(), &name).await;
+        tracing::info!(target_name = %name, "broker relay stopped");
+    }
+
+    /// One round: publishes the events after the cursor (one batch) and records how far the
+    /// broker confirmed them. Returns how many were read.
+    async fn round(&self, prepared: &mut bool) -> Result<usize, RoundError> {
+        let name = self.target.name();
+        let durable = self.outbox.relay_cursor(name).await?;
+        let events = self.outbox.outbox_after(durable, self.config.batch).await?;
+        if events.is_empty() {
+            return Ok(0);
+        }
+        if !*prepared {
+            self.target.prepare().await?;
+            *prepared = true;
+        }
+        let log_id = self.outbox.log_id().await?;
+        let messages: Vec<BrokerMessage<'_>> = events
+            .iter()
+            .map(|e| BrokerMessage::of(log_id, e))
+            .collect();
+        let published = self.target.publish(&messages).await;
+        if let Some(last) = published
+            .acknowledged
+            .checked_sub(1)
+            .and_then(|i| events.get(i))
+        {
+            // The crash window of at-least-once: confirmed by the broker, not yet recorded.
+            crate::failpoint::crash_if_armed("after_broker_ack", &last.kind);
+            self.advance(durable, last.position).await?;
+            metrics::counter!("outbox_published_total", "target" => name.to_owned())
+                .increment(published.acknowledged as u64);
+        }
+        match published.error {
+            Some(e) => Err(e.into()),
+            None => Ok(events.len()),
+        }
+    }
+
+    /// Records the cursor's move (compare-and-set: another process's relay that recorded the
+    /// same batch first leaves nothing to do).
+    async fn advance(&self, from: OutboxPosition, to: OutboxPosition) -> Result<(), StoreError> {
+        self.outbox
+            .advance_relay(self.target.name(), from, to, &[])
+            .await?;
+        Ok(())
+    }
+}
+
+/// Sets the lag gauges of relay `name`: `outbox_lag_events` and `outbox_lag_seconds`.
+pub(crate) async fn report_progress(outbox: &dyn OutboxStore, name: &str) {
+    let Ok(progress) = outbox.relay_progress(name).await else {
+        return;
+    };
+    let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock);
+    let target = name.to_owned();
+    metrics::gauge!("outbox_lag_events", "target" => target.clone())
+        .set(progress.lag_events as f64);
+    metrics::gauge!("outbox_lag_seconds", "target" => target).set(progress.lag_seconds(now));
+}
