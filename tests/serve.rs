@@ -407,3 +407,195 @@ async fn serve_with_a_retention_purges_finished_sagas_on_its_own() {
     }
     drop(server);
 }
+
+/// One sample of a Prometheus text exposition: its family's type, labels and value.
+#[derive(Debug, Clone)]
+struct Sample {
+    kind: String,
+    labels: std::collections::BTreeMap<String, String>,
+    value: f64,
+}
+
+/// Parses a Prometheus text exposition into samples by series name, each with the `# TYPE`
+/// of its family (a histogram's `_bucket`, `_sum` and `_count` belong to it); panics on a line
+/// that is not of the format, or a series without `# TYPE` and `# HELP`.
+fn parse_exposition(text: &str) -> std::collections::BTreeMap<String, Vec<Sample>> {
+    use std::collections::BTreeMap;
+    let mut types = BTreeMap::new();
+    let mut helps = std::collections::BTreeSet::new();
+    let mut out: BTreeMap<String, Vec<Sample>> = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let (name, kind) = rest.split_once(' ').unwrap();
+            types.insert(name.to_owned(), kind.to_owned());
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("# HELP ") {
+            helps.insert(rest.split_once(' ').unwrap().0.to_owned());
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').unwrap();
+        let (name, labels) = match series.split_once('{') {
+            Some((name, rest)) => (name, rest.strip_suffix('}').unwrap()),
+            None => (series, ""),
+        };
+        let labels = labels
+            .split(',')
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                let (k, v) = p.split_once('=').unwrap();
+                (k.to_owned(), v.trim_matches('"').to_owned())
+            })
+            .collect();
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|s| name.strip_suffix(s))
+            .filter(|f| types.get(*f).is_some_and(|k| k == "histogram"))
+            .unwrap_or(name);
+        let kind = types
+            .get(family)
+            .unwrap_or_else(|| panic!("{family} has no # TYPE"))
+            .clone();
+        assert!(helps.contains(family), "{family} has no # HELP");
+        out.entry(name.to_owned()).or_default().push(Sample {
+            kind,
+            labels,
+            value: value.parse().unwrap(),
+        });
+    }
+    out
+}
+
+/// A fresh server's first scrape already has every series whose labels are known, at 0, with
+/// its type; histograms and HTTP series appear with the first saga and request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_server_has_its_series_at_zero_from_the_first_scrape() {
+    let db = TempDb::sqlite();
+    let server = Server::spawn(&db.url, db.dir.path(), &[], &[]).await;
+    let scrape = || async {
+        let text = reqwest::get(format!("{}/metrics", server.base))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        parse_exposition(&text)
+    };
+    let first = scrape().await;
+    let value = |m: &std::collections::BTreeMap<String, Vec<Sample>>,
+                 name: &str,
+                 labels: &[(&str, &str)]|
+     -> Option<(String, f64)> {
+        m.get(name)?
+            .iter()
+            .find(|s| {
+                s.labels.len() == labels.len()
+                    && labels
+                        .iter()
+                        .all(|(k, v)| s.labels.get(*k).map(String::as_str) == Some(*v))
+            })
+            .map(|s| (s.kind.clone(), s.value))
+    };
+    let counter = |v: f64| Some(("counter".to_owned(), v));
+    let gauge = |v: f64| Some(("gauge".to_owned(), v));
+    for name in ["place_order", "book_trip", "fulfil_order"] {
+        assert_eq!(
+            value(&first, "saga_started_total", &[("name", name)]),
+            counter(0.0)
+        );
+        for status in ["COMPLETED", "COMPENSATED", "FAILED", "ABORTED"] {
+            assert_eq!(
+                value(
+                    &first,
+                    "saga_ended_total",
+                    &[("name", name), ("status", status)]
+                ),
+                counter(0.0),
+                "{name} {status}"
+            );
+        }
+    }
+    let retries = [
+        ("name", "place_order"),
+        ("step", "charge_payment"),
+        ("phase", "action"),
+    ];
+    assert_eq!(
+        value(&first, "saga_step_retries_total", &retries),
+        counter(0.0)
+    );
+    let undone = [("name", "place_order"), ("step", "reserve_stock")];
+    assert_eq!(
+        value(&first, "saga_compensations_total", &undone),
+        counter(0.0)
+    );
+    for status in [
+        "QUEUED",
+        "RUNNING",
+        "COMPENSATING",
+        "COMPLETED",
+        "COMPENSATED",
+        "FAILED",
+        "ABORTED",
+    ] {
+        assert_eq!(
+            value(&first, "sagas_by_status", &[("status", status)]),
+            gauge(0.0),
+            "{status}"
+        );
+    }
+    for kind in ["sleep", "signal", "child", "scheduled"] {
+        assert_eq!(value(&first, "saga_waiting", &[("kind", kind)]), gauge(0.0));
+    }
+    for name in [
+        "idempotent_replays_total",
+        "webhook_failures_total",
+        "saga_purged_total",
+    ] {
+        assert_eq!(value(&first, name, &[]), counter(0.0), "{name}");
+    }
+    for result in ["delivered", "gave_up"] {
+        assert_eq!(
+            value(&first, "webhook_deliveries_total", &[("result", result)]),
+            counter(0.0)
+        );
+    }
+    assert_eq!(value(&first, "saga_needs_attention", &[]), gauge(0.0));
+    let version = env!("CARGO_PKG_VERSION");
+    assert_eq!(
+        value(&first, "saga_build_info", &[("version", version)]),
+        gauge(1.0)
+    );
+
+    let id = server
+        .start(
+            "place_order",
+            serde_json::json!({"order_id": "o-m", "user": "ada", "amount": 5}),
+        )
+        .await;
+    server
+        .wait_for(id, Duration::from_secs(30), |s| s["status"] == "COMPLETED")
+        .await;
+    let after = scrape().await;
+    let ended = [("name", "place_order"), ("status", "COMPLETED")];
+    assert_eq!(value(&after, "saga_ended_total", &ended), counter(1.0));
+    assert_eq!(
+        value(&after, "sagas_by_status", &[("status", "COMPLETED")]),
+        gauge(1.0)
+    );
+    let lived = value(&after, "saga_duration_seconds_count", &ended).unwrap();
+    assert_eq!(lived, ("histogram".to_owned(), 1.0));
+    let post = [
+        ("method", "POST"),
+        ("route", "/v1/sagas/{saga}"),
+        ("status", "202"),
+    ];
+    assert_eq!(
+        value(&after, "http_request_duration_seconds_count", &post),
+        Some(("histogram".to_owned(), 1.0))
+    );
+    assert!(after["saga_step_duration_seconds_bucket"]
+        .iter()
+        .all(|s| s.kind == "histogram"));
+    drop(server);
+}

@@ -64,6 +64,24 @@ async fn metrics_expose_the_saga_and_http_series() {
         ),
         ("saga_needs_attention", vec![]),
         (
+            "saga_duration_seconds_count",
+            vec![("name", "fails"), ("status", "COMPENSATED")],
+        ),
+        ("sagas_by_status", vec![("status", "COMPLETED")]),
+        ("sagas_by_status", vec![("status", "FAILED")]),
+        (
+            "saga_build_info",
+            vec![("version", env!("CARGO_PKG_VERSION"))],
+        ),
+        (
+            "http_request_duration_seconds_bucket",
+            vec![
+                ("method", "POST"),
+                ("route", "/v1/sagas/{saga}"),
+                ("status", "200"),
+            ],
+        ),
+        (
             "http_requests_total",
             vec![
                 ("method", "POST"),

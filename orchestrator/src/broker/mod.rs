@@ -174,6 +174,8 @@ impl BrokerRelay {
     pub async fn run(self, shutdown: CancellationToken) {
         let name = self.target.name().to_owned();
         tracing::info!(target_name = %name, "broker relay started");
+        metrics::counter!("outbox_published_total", "target" => name.clone()).increment(0);
+        metrics::counter!("outbox_publish_failures_total", "target" => name.clone()).increment(0);
         let mut failures = 0u32;
         let mut prepared = false;
         let mut last_report = None::<tokio::time::Instant>;

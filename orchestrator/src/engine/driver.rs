@@ -223,6 +223,10 @@ impl Driver {
                         metrics::counter!("saga_ended_total",
                             "name" => self.saga.name.clone(), "status" => self.saga.status.as_str())
                         .increment(1);
+                        let lived = (now - self.saga.created_at).max(0) as f64 / 1000.0;
+                        metrics::histogram!("saga_duration_seconds",
+                            "name" => self.saga.name.clone(), "status" => self.saga.status.as_str())
+                        .record(lived);
                         self.inner.notify_terminal(self.saga.id, self.saga.status);
                     }
                     return Ok(());

@@ -9,12 +9,16 @@
 //! |---|---|---|
 //! | `saga_started_total` | counter | `name` |
 //! | `saga_ended_total` | counter | `name`, `status` |
+//! | `saga_duration_seconds` | histogram | `name`, `status`: from creation to the end |
 //! | `saga_step_duration_seconds` | histogram | `name`, `step`, `phase`, `outcome` |
 //! | `saga_step_retries_total` | counter | `name`, `step`, `phase` |
 //! | `saga_compensations_total` | counter | `name`, `step` |
 //! | `saga_needs_attention` | gauge | (none): refreshed from the store at each scrape |
 //! | `saga_waiting` | gauge | `kind` (`sleep`, `signal`, `child`, `scheduled`): refreshed from the store at each scrape |
+//! | `sagas_by_status` | gauge | `status`: refreshed from the store at each scrape |
 //! | `http_requests_total` | counter | `method`, `route` (the route template), `status` |
+//! | `http_request_duration_seconds` | histogram | `method`, `route`, `status` |
+//! | `saga_build_info` | gauge | `version` (always 1) |
 //! | `outbox_lag_events`, `outbox_lag_seconds` | gauge | `target` (`webhooks`, `nats`) |
 //! | `outbox_published_total`, `outbox_publish_failures_total` | counter | `target` |
 
@@ -35,6 +39,18 @@ use crate::model::ListFilter;
 /// The bucket bounds of `saga_step_duration_seconds`, from 5 ms to 5 minutes.
 const STEP_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+];
+
+/// The bucket bounds of `saga_duration_seconds`: sagas may sleep or wait for days.
+const SAGA_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0, 60.0, 300.0, 3600.0, 86400.0,
+    604800.0,
+];
+
+/// The bucket bounds of `http_request_duration_seconds`, from 1 ms (a long poll may take
+/// minutes).
+const HTTP_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0, 120.0,
 ];
 
 /// At most this many flagged sagas are counted for `saga_needs_attention` (one page of the
@@ -59,11 +75,17 @@ pub(crate) fn handle() -> PrometheusHandle {
 }
 
 fn install() -> PrometheusHandle {
-    let builder = PrometheusBuilder::new();
-    let builder = match builder.set_buckets_for_metric(
-        Matcher::Full("saga_step_duration_seconds".to_owned()),
-        STEP_BUCKETS,
-    ) {
+    let buckets = [
+        ("saga_step_duration_seconds", STEP_BUCKETS),
+        ("saga_duration_seconds", SAGA_BUCKETS),
+        ("http_request_duration_seconds", HTTP_BUCKETS),
+    ];
+    let builder = buckets
+        .iter()
+        .try_fold(PrometheusBuilder::new(), |b, (name, bounds)| {
+            b.set_buckets_for_metric(Matcher::Full((*name).to_owned()), bounds)
+        });
+    let builder = match builder {
         Ok(b) => b,
         Err(e) => {
             tracing::warn!(error = %e, "cannot set histogram buckets; using summaries");
@@ -102,6 +124,24 @@ fn describe() {
     describe_counter!(
         "saga_ended_total",
         "Sagas that reached a terminal status, by definition name and status."
+    );
+    describe_histogram!(
+        "saga_duration_seconds",
+        Unit::Seconds,
+        "Duration of each saga that ended, from its creation to its terminal status, by status."
+    );
+    describe_gauge!(
+        "sagas_by_status",
+        "Sagas in the log in each status, read from the store at each scrape."
+    );
+    describe_histogram!(
+        "http_request_duration_seconds",
+        Unit::Seconds,
+        "Time to answer each HTTP request, by method, route template and status."
+    );
+    describe_gauge!(
+        "saga_build_info",
+        "Always 1; the version label says which build of the orchestrator is running."
     );
     describe_histogram!(
         "saga_step_duration_seconds",
@@ -165,6 +205,49 @@ fn describe() {
     );
 }
 
+/// Registers, at 0, every series whose labels are known before anything happens: the saga
+/// series of each definition of `registry` (started, ended by status, retries, compensations),
+/// the unlabelled counters, the webhook results and the build info, so that rates and
+/// absences can be told apart from the first scrape. Series labelled by an answer (HTTP
+/// statuses) or a target configured later appear with their first value.
+pub(crate) fn zero_series(registry: &saga_dsl::Registry) {
+    use crate::model::SagaStatus;
+    use saga_dsl::Phase;
+    for def in registry.iter() {
+        let name = def.name().to_owned();
+        metrics::counter!("saga_started_total", "name" => name.clone()).increment(0);
+        for status in SagaStatus::ALL.iter().filter(|s| s.is_terminal()) {
+            metrics::counter!("saga_ended_total", "name" => name.clone(),
+                              "status" => status.as_str())
+            .increment(0);
+        }
+        for step in def.steps() {
+            let step_name = step.name().to_owned();
+            for phase in [Phase::Action, Phase::Compensation] {
+                metrics::counter!("saga_step_retries_total", "name" => name.clone(),
+                                  "step" => step_name.clone(), "phase" => phase.as_str())
+                .increment(0);
+            }
+            if step.compensation().is_some() {
+                metrics::counter!("saga_compensations_total", "name" => name.clone(),
+                                  "step" => step_name.clone())
+                .increment(0);
+            }
+        }
+    }
+    for counter in [
+        "idempotent_replays_total",
+        "webhook_failures_total",
+        "saga_purged_total",
+    ] {
+        metrics::counter!(counter).increment(0);
+    }
+    for result in ["delivered", "gave_up"] {
+        metrics::counter!("webhook_deliveries_total", "result" => result).increment(0);
+    }
+    metrics::gauge!("saga_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+}
+
 /// A method as a label: the standard ones by name, anything else as `OTHER`, so that a client
 /// cannot create series at will.
 fn method_label(method: &Method) -> &'static str {
@@ -189,12 +272,21 @@ pub(crate) async fn track_requests(req: Request, next: Next) -> Response {
         .get::<MatchedPath>()
         .map(|m| m.as_str().to_owned())
         .unwrap_or_else(|| "unmatched".to_owned());
+    let started = std::time::Instant::now();
     let response = next.run(req).await;
+    let status = response.status().as_str().to_owned();
+    metrics::histogram!(
+        "http_request_duration_seconds",
+        "method" => method,
+        "route" => route.clone(),
+        "status" => status.clone()
+    )
+    .record(started.elapsed().as_secs_f64());
     metrics::counter!(
         "http_requests_total",
         "method" => method,
         "route" => route,
-        "status" => response.status().as_str().to_owned()
+        "status" => status
     )
     .increment(1);
     response
@@ -202,8 +294,10 @@ pub(crate) async fn track_requests(req: Request, next: Next) -> Response {
 
 /// The OpenAPI description of `GET /metrics`.
 const METRICS_DESCRIPTION: &str = "The process's series in the Prometheus text format: sagas \
-    started and ended, step durations, retries, compensations, the needs-attention count, the \
-    sagas waiting by what they wait for, and HTTP requests. Needs the bearer token when the server has one.";
+    started and ended, saga and step durations, retries, compensations, sagas by status, the \
+    needs-attention count, the sagas waiting by what they wait for, HTTP requests and their \
+    durations, the outbox relays' lag, and the build. Series whose labels are known at start are \
+    there at 0 from the first scrape. Needs the bearer token when the server has one.";
 
 /// `GET /metrics`: the Prometheus text exposition of this process's series.
 #[utoipa::path(
@@ -232,6 +326,14 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> Result<Response, A
         }
         // Still serve the other series: a scrape that fails entirely would hide them too.
         Err(e) => tracing::warn!(error = %e, "cannot count the sagas needing attention"),
+    }
+    match state.engine.store().count_by_status().await {
+        Ok(counts) => {
+            for (status, n) in counts {
+                metrics::gauge!("sagas_by_status", "status" => status.as_str()).set(n as f64);
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot count the sagas by status"),
     }
     match state.engine.store().waiting().await {
         Ok(w) => {

@@ -298,12 +298,14 @@ pub fn router_with_shutdown(
     // The served document also has each registered saga's own start route and input schema.
     let doc = definitions::with_start_routes(&doc, engine.registry());
     let state = AppState {
+        metrics: metrics::handle(),
         engine,
         config: config.clone(),
         openapi: Bytes::from(definitions::to_json(&doc)),
-        metrics: metrics::handle(),
         shutdown,
     };
+    // After the recorder is installed (by `handle`), so that the zeros reach it.
+    metrics::zero_series(state.engine.registry());
     routes
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)

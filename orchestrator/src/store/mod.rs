@@ -415,6 +415,9 @@ pub trait Store: IdempotencyStore + OutboxStore + Send + Sync + 'static {
     /// How many sagas wait without a worker, by what they wait for.
     async fn waiting(&self) -> Result<crate::model::WaitingCounts>;
 
+    /// How many sagas the log holds in each status (every status, 0 for those with none).
+    async fn count_by_status(&self) -> Result<Vec<(crate::model::SagaStatus, u64)>>;
+
     /// A saga's event history, oldest first.
     async fn events(&self, id: Uuid) -> Result<Vec<Event>>;
 

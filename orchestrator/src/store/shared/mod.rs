@@ -163,6 +163,10 @@ impl<B: SqlBackend> Store for B {
         reads::saga_ids_with_prefix(self.reader(), prefix, limit).await
     }
 
+    async fn count_by_status(&self) -> Result<Vec<(SagaStatus, u64)>> {
+        reads::count_by_status(self.reader()).await
+    }
+
     async fn waiting(&self) -> Result<WaitingCounts> {
         let now = SqlBackend::now(self).await?;
         reads::waiting(self.reader(), now).await

@@ -119,6 +119,25 @@ pub(crate) async fn list_sagas(reader: Reader<'_>, filter: &ListFilter) -> Resul
 
 /// The waiting stages of unfinished sagas by kind, and the scheduled starts still ahead. Walks
 /// `sagas_status` for the unfinished sagas and their steps' keys, never the finished log.
+/// Sagas per status, every status listed (counted on the `sagas_status` index).
+pub(crate) async fn count_by_status(reader: Reader<'_>) -> Result<Vec<(SagaStatus, u64)>> {
+    let rows = reader
+        .all(
+            "SELECT status, COUNT(*) AS n FROM sagas GROUP BY status",
+            &[],
+        )
+        .await?;
+    let mut counts: Vec<(SagaStatus, u64)> = SagaStatus::ALL.iter().map(|s| (*s, 0)).collect();
+    for row in &rows {
+        let status: String = row.get("status")?;
+        let n = u64::try_from(row.get::<i64>("n")?).unwrap_or(0);
+        if let Some(slot) = counts.iter_mut().find(|(s, _)| s.as_str() == status) {
+            slot.1 = n;
+        }
+    }
+    Ok(counts)
+}
+
 pub(crate) async fn waiting(reader: Reader<'_>, now: i64) -> Result<WaitingCounts> {
     let rows = reader
         .all(
