@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::{self, consumer::pull, consumer::AckPolicy};
 use futures_util::StreamExt;
 use orchestrator::broker::nats::{NatsConfig, NatsTarget, TARGET_NAME};
-use orchestrator::broker::{BrokerRelay, BrokerRelayConfig};
+use orchestrator::broker::{BrokerRelay, BrokerRelayConfig, EventTarget};
 use orchestrator::Store;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
@@ -93,14 +93,15 @@ pub async fn run(
             BrokerRelayConfig::default(),
         )
     };
+    // The relay makes the stream only once it has events to publish: make it first, so the
+    // consumer can attach before any saga runs.
+    NatsTarget::new(config.clone())
+        .prepare()
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let stream = js.get_stream(&config.stream).await?;
     let relaying = CancellationToken::new();
     let relay = tokio::spawn(relay_of().run(relaying.clone()));
-    let stream = loop {
-        if let Ok(stream) = js.get_stream(&config.stream).await {
-            break stream;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
     let consumer: jetstream::consumer::PullConsumer = stream
         .create_consumer(pull::Config {
             ack_policy: AckPolicy::None,
