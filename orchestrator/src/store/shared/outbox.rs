@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use super::sql::{Arg, Reader};
+use super::sql::{Arg, Reader, Tx};
 use super::SqlBackend;
 use crate::model::Millis;
 use crate::store::idempotency::Callback;
@@ -72,12 +72,7 @@ pub(crate) async fn advance_relay<B: SqlBackend>(
 ) -> Result<bool> {
     let mut tx = store.begin().await?;
     let now = tx.now().await?;
-    tx.exec(
-        "INSERT INTO relay_cursors (name, tx, event_id, updated_at) VALUES ($1, 0, 0, $2) \
-         ON CONFLICT (name) DO NOTHING",
-        &[Arg::Str(name), Arg::Int(now)],
-    )
-    .await?;
+    insert_cursor(&mut tx, name, now).await?;
     let moved = tx
         .exec(
             "UPDATE relay_cursors SET tx = $1, event_id = $2, updated_at = $3 \
@@ -341,16 +336,22 @@ async fn progress_after(
     })
 }
 
-/// Creates relay `name`'s cursor, at the start of the log, if it has none.
-pub(crate) async fn open_relay<B: SqlBackend>(store: &B, name: &str) -> Result<()> {
-    let mut tx = store.begin().await?;
-    let now = tx.now().await?;
+/// In `tx`: relay `name`'s cursor at the start of the log, if it has none.
+async fn insert_cursor(tx: &mut Tx, name: &str, now: Millis) -> Result<()> {
     tx.exec(
         "INSERT INTO relay_cursors (name, tx, event_id, updated_at) VALUES ($1, 0, 0, $2) \
          ON CONFLICT (name) DO NOTHING",
         &[Arg::Str(name), Arg::Int(now)],
     )
     .await?;
+    Ok(())
+}
+
+/// Creates relay `name`'s cursor, at the start of the log, if it has none.
+pub(crate) async fn open_relay<B: SqlBackend>(store: &B, name: &str) -> Result<()> {
+    let mut tx = store.begin().await?;
+    let now = tx.now().await?;
+    insert_cursor(&mut tx, name, now).await?;
     tx.commit().await?;
     Ok(())
 }
