@@ -166,8 +166,14 @@ impl NotifyStore {
         let backend = if url.starts_with("sqlite:") {
             let options = SqliteConnectOptions::from_str(url)?
                 .create_if_missing(true)
-                .journal_mode(SqliteJournalMode::Wal)
                 .busy_timeout(Duration::from_secs(10));
+            // Switching the journal mode takes a lock the busy timeout does not wait for: only
+            // the consumer sets it, and a ledger reader finds the file as the consumer left it.
+            let options = if consuming {
+                options.journal_mode(SqliteJournalMode::Wal)
+            } else {
+                options
+            };
             let pool = SqlitePoolOptions::new()
                 .max_connections(2)
                 .connect_with(options)
