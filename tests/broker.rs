@@ -521,3 +521,15 @@ async fn while_nats_is_down_events_wait_and_none_is_lost() {
     );
     server.kill9();
 }
+
+/// Reading the consumer's ledger creates and changes nothing: before the consumer has made
+/// its database the ledger is empty and no file appears (a reader that made the file would
+/// hold a lock the starting consumer cannot wait for).
+#[tokio::test]
+async fn reading_the_ledger_before_the_consumer_starts_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = ledger(dir.path()).await;
+    assert_eq!(ledger["handled"], 0);
+    assert_eq!(ledger["sagas"], json!({}));
+    assert!(!dir.path().join("notify.db").exists());
+}

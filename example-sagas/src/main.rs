@@ -304,11 +304,11 @@ async fn serve(cli: &Cli, args: &ServeCommand) -> anyhow::Result<()> {
 
 async fn notify_consumer(args: &NotifyArgs) -> anyhow::Result<()> {
     use example_sagas::notify::{consume, ConsumeConfig, NotifyStore};
-    let store = NotifyStore::open(&args.notify_database_url, !args.ledger)
-        .await
-        .with_context(|| format!("cannot open {}", redact_url(&args.notify_database_url)))?;
+    let cannot_open = || format!("cannot open {}", redact_url(&args.notify_database_url));
     if args.ledger {
-        let ledger = store.ledger().await?;
+        let ledger = NotifyStore::read_ledger(&args.notify_database_url)
+            .await
+            .with_context(cannot_open)?;
         let mut out = std::io::stdout().lock();
         if args.json {
             serde_json::to_writer_pretty(&mut out, &ledger)?;
@@ -350,6 +350,9 @@ async fn notify_consumer(args: &NotifyArgs) -> anyhow::Result<()> {
             shutdown.cancel();
         });
     }
+    let store = NotifyStore::open(&args.notify_database_url)
+        .await
+        .with_context(cannot_open)?;
     let config = ConsumeConfig {
         nats_url: args.nats_url.clone(),
         stream: args.nats_stream.clone(),

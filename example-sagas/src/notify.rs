@@ -151,6 +151,29 @@ macro_rules! on_backend {
     };
 }
 
+fn is_postgres(url: &str) -> bool {
+    url.starts_with("postgres://") || url.starts_with("postgresql://")
+}
+
+/// Connects, retrying while another process holds a lock the busy timeout does not wait for
+/// (switching a new file to WAL while a reader looks at it).
+async fn connect_sqlite(options: SqliteConnectOptions) -> Result<sqlx::SqlitePool, NotifyError> {
+    let mut tries = 0;
+    loop {
+        let pool = SqlitePoolOptions::new()
+            .max_connections(2)
+            .connect_with(options.clone())
+            .await;
+        match pool {
+            Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("5") && tries < 50 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            pool => return Ok(pool?),
+        }
+    }
+}
+
 fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -159,37 +182,24 @@ fn now_ms() -> i64 {
 }
 
 impl NotifyStore {
-    /// Opens (creating if missing) the database at `url` and its tables; `consuming` also
-    /// readies the processed-messages table (a ledger reader leaves it to the consumer, which
-    /// may be writing at the time).
-    pub async fn open(url: &str, consuming: bool) -> Result<Self, NotifyError> {
+    /// Opens the consumer's database at `url`, creating it and its tables if missing.
+    pub async fn open(url: &str) -> Result<Self, NotifyError> {
         let backend = if url.starts_with("sqlite:") {
             let options = SqliteConnectOptions::from_str(url)?
                 .create_if_missing(true)
+                .journal_mode(SqliteJournalMode::Wal)
                 .busy_timeout(Duration::from_secs(10));
-            // Switching the journal mode takes a lock the busy timeout does not wait for: only
-            // the consumer sets it, and a ledger reader finds the file as the consumer left it.
-            let options = if consuming {
-                options.journal_mode(SqliteJournalMode::Wal)
-            } else {
-                options
-            };
-            let pool = SqlitePoolOptions::new()
-                .max_connections(2)
-                .connect_with(options)
-                .await?;
-            // Taking the write lock first, the busy timeout applies: a consumer may be writing.
+            let pool = connect_sqlite(options).await?;
+            // Taking the write lock first, the busy timeout applies: a reader may hold the file.
             let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
             for sql in create("INTEGER PRIMARY KEY AUTOINCREMENT") {
                 sqlx::query(&sql).execute(&mut *tx).await?;
             }
             tx.commit().await?;
             let consumer = IdempotentConsumer::new(pool, CONSUMER);
-            if consuming {
-                consumer.migrate().await?;
-            }
+            consumer.migrate().await?;
             Backend::Sqlite(consumer)
-        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        } else if is_postgres(url) {
             let pool = sqlx::postgres::PgPoolOptions::new()
                 .max_connections(2)
                 .connect(url)
@@ -198,14 +208,51 @@ impl NotifyStore {
                 sqlx::query(&sql).execute(&pool).await?;
             }
             let consumer = IdempotentConsumer::new(pool, CONSUMER);
-            if consuming {
-                consumer.migrate().await?;
-            }
+            consumer.migrate().await?;
             Backend::Postgres(consumer)
         } else {
             return Err(NotifyError::UnsupportedUrl(url.to_owned()));
         };
         Ok(Self { backend })
+    }
+
+    /// Reads the ledger of the database at `url` without creating or changing anything, so a
+    /// reader never takes a lock a running consumer would wait for. A database the consumer
+    /// has not made yet is an empty ledger.
+    pub async fn read_ledger(url: &str) -> Result<Ledger, NotifyError> {
+        let backend = if url.starts_with("sqlite:") {
+            let options =
+                SqliteConnectOptions::from_str(url)?.busy_timeout(Duration::from_secs(10));
+            if !options.get_filename().exists() {
+                return Ok(Ledger::default());
+            }
+            let pool = connect_sqlite(options).await?;
+            let made: Option<String> = sqlx::query_scalar(
+                "SELECT name FROM sqlite_master WHERE type = 'table' AND name = 'notify_duplicates'",
+            )
+            .fetch_optional(&pool)
+            .await?;
+            if made.is_none() {
+                return Ok(Ledger::default());
+            }
+            Backend::Sqlite(IdempotentConsumer::new(pool, CONSUMER))
+        } else if is_postgres(url) {
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .connect(url)
+                .await?;
+            let made: Option<String> =
+                sqlx::query_scalar("SELECT to_regclass('notify_duplicates')::text")
+                    .fetch_one(&pool)
+                    .await?;
+            if made.is_none() {
+                return Ok(Ledger::default());
+            }
+            Backend::Postgres(IdempotentConsumer::new(pool, CONSUMER))
+        } else {
+            return Err(NotifyError::UnsupportedUrl(url.to_owned()));
+        };
+        Self { backend }.ledger().await
     }
 
     /// Handles one event once per `message_id`: records its notification, in one transaction
