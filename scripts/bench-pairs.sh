@@ -9,6 +9,8 @@
 # BACKENDS (default `sqlite postgres`), SCENARIOS (default `happy compensate`) and INFLIGHT
 # (default `1 16 64`) pick the cells. PostgreSQL runs on a fresh database each time, at
 # SAGA_BENCH_PG_HOST:SAGA_BENCH_PG_PORT (default 127.0.0.1:5432, user postgres, trust auth).
+# OLD_ARGS and NEW_ARGS add `bench` flags to one build's runs (the same binary twice, with and
+# without `--otlp-endpoint`, measures a setting instead of a change).
 # Prints one line per run: `pair backend=B scenario=S inflight=N rep=R build=old|new rate=X
 # cpu_ms_per_saga=Y commits_per_saga=Z`; scripts/bench-pairs-summary.py makes the table.
 set -euo pipefail
@@ -18,7 +20,8 @@ inflight="${INFLIGHT:-1 16 64}"
 host="${SAGA_BENCH_PG_HOST:-127.0.0.1}"; port="${SAGA_BENCH_PG_PORT:-5432}"
 run_one() { # build binary backend scenario n rep
     local build="$1" bin="$2" backend="$3" scenario="$4" n="$5" rep="$6"
-    local sagas=$(( n == 1 ? 2000 : 15000 )) dir db_args=()
+    local sagas=$(( n == 1 ? 2000 : 15000 )) dir db_args=() extra
+    if [ "$build" = old ]; then extra="${OLD_ARGS:-}"; else extra="${NEW_ARGS:-}"; fi
     dir="$(mktemp -d)"
     if [ "$backend" = postgres ]; then
         local db="pairs_${build}_${n}"
@@ -30,7 +33,7 @@ run_one() { # build binary backend scenario n rep
     fi
     /usr/bin/time -f "%U %S" -o "$dir/time" "$bin" bench --scenario "$scenario" "${db_args[@]}" \
         --shop-database-url "sqlite://$dir/shop.db" --sagas "$sagas" --concurrency "$n" --json \
-        >"$dir/report"
+        $extra >"$dir/report"
     python3 - "$dir" "$sagas" <<'PY' | sed "s/^/pair backend=$backend scenario=$scenario inflight=$n rep=$rep build=$build /"
 import json, sys
 d, sagas = sys.argv[1], int(sys.argv[2])

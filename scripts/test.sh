@@ -38,7 +38,7 @@ echo "== storage tests again, PostgreSQL store =="
 SAGA_TEST_BACKEND=postgres cargo test --workspace \
     --test store_contract --test operators --test retention --test engine --test stages --test children --test fulfil_order --test log_upgrade --test properties --test crash --test http --test cli \
     --test cli_terminal --test bad_input --test idempotency --test webhooks --test discovery \
-    --test broker --test consumer "$@"
+    --test broker --test consumer --test tracing "$@"
 
 # The install path the README gives for the `saga` CLI (a debug build, to reuse the artifacts
 # of the tests; `cargo install --path orchestrator` builds it in release).

@@ -52,6 +52,7 @@ fn new_saga(name: &str, steps: &[(&str, StepKindName)]) -> NewSaga {
         steps: steps.iter().map(|(n, k)| ((*n).to_owned(), *k)).collect(),
         first_attempt: false,
         start_at: None,
+        traceparent: None,
     }
 }
 
@@ -1394,4 +1395,51 @@ async fn saga_ids_with_prefix_is_a_range_of_the_ids_in_order() {
     );
     assert_eq!(find("0a1b2c3c", 10).await, [outside[0]]);
     assert!(find("ffffffff", 10).await.is_empty());
+}
+
+/// The trace context a saga was started in is kept with it, on every create path (plain,
+/// leased with its first action written ahead), and read back with the saga and with its
+/// outbox events, which carry it to webhooks and brokers.
+#[tokio::test]
+async fn a_saga_keeps_the_trace_context_it_was_started_in() {
+    let db = TempDb::new();
+    let stores = db.stores().await;
+    let store = stores.log.clone();
+    let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let mut plain = one_step();
+    plain.traceparent = Some(tp.to_owned());
+    let plain = store.create_saga(plain).await.unwrap();
+    let mut ahead = four_steps();
+    ahead.traceparent = Some(tp.to_owned());
+    ahead.first_attempt = true;
+    let ahead = store
+        .create_saga_leased(ahead, &LeaseRequest::new("w", 60_000))
+        .await
+        .unwrap();
+    let untraced = store.create_saga(one_step()).await.unwrap();
+    for id in [plain.id, ahead.saga.id] {
+        let saga = store.get_saga(id).await.unwrap().unwrap();
+        assert_eq!(saga.traceparent.as_deref(), Some(tp));
+    }
+    let saga = store.get_saga(untraced.id).await.unwrap().unwrap();
+    assert_eq!(saga.traceparent, None);
+    // On PostgreSQL the outbox shows events once no older transaction of the cluster (another
+    // test's, say) is still open.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let events = loop {
+        let events = stores
+            .outbox
+            .outbox_after(Default::default(), 100)
+            .await
+            .unwrap();
+        if events.len() == 3 || std::time::Instant::now() > deadline {
+            break events;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(events.len(), 3);
+    for e in events {
+        let expected = (e.saga_id != untraced.id).then_some(tp);
+        assert_eq!(e.traceparent.as_deref(), expected, "{e:?}");
+    }
 }

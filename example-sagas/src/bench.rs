@@ -137,13 +137,26 @@ pub struct BenchPlan {
     pub workers: usize,
     /// Orchestrator processes: this one plus `processes - 1` helper processes (PostgreSQL only).
     pub processes: usize,
+    /// Where this process's engine exports its spans (`--otlp-endpoint`); disabled by default.
+    pub telemetry: orchestrator::telemetry::Telemetry,
 }
 
-/// An engine over `store` that runs the benchmark saga (and the parallel one, if asked).
+/// An engine over `store` that runs the benchmark saga (and the parallel one, if asked),
+/// exporting no spans.
 pub fn bench_engine(
     store: Arc<dyn Store>,
     workers: usize,
     parallel: bool,
+) -> anyhow::Result<Engine> {
+    traced_bench_engine(store, workers, parallel, Default::default())
+}
+
+/// [`bench_engine`], its spans exported through `telemetry`.
+pub fn traced_bench_engine(
+    store: Arc<dyn Store>,
+    workers: usize,
+    parallel: bool,
+    telemetry: orchestrator::telemetry::Telemetry,
 ) -> anyhow::Result<Engine> {
     let mut registry = Registry::new();
     registry.register(bench_saga()?)?;
@@ -155,6 +168,7 @@ pub fn bench_engine(
         Arc::new(registry),
         EngineConfig {
             workers,
+            telemetry,
             ..EngineConfig::default()
         },
     ))
@@ -222,7 +236,12 @@ pub async fn run(store: Arc<dyn Store>, plan: &BenchPlan) -> anyhow::Result<Benc
         plan.processes <= 1 || plan.backend == "postgres",
         "several processes share a database only on PostgreSQL"
     );
-    let engine = bench_engine(store.clone(), plan.workers, scenario == Scenario::Parallel)?;
+    let engine = traced_bench_engine(
+        store.clone(),
+        plan.workers,
+        scenario == Scenario::Parallel,
+        plan.telemetry.clone(),
+    )?;
     let shutdown = CancellationToken::new();
     let runner = {
         let (engine, shutdown) = (engine.clone(), shutdown.clone());

@@ -20,6 +20,7 @@ use example_sagas::shop::Shop;
 use orchestrator::cli::{self, AdminCommand, CliError, DatabaseArgs, LogFormat};
 use orchestrator::server::{shutdown_signal, NewFiles};
 use orchestrator::store::redact_url;
+use orchestrator::telemetry::Telemetry;
 use orchestrator::{Orchestrator, ServeArgs};
 use tokio_util::sync::CancellationToken;
 
@@ -177,6 +178,9 @@ struct BenchArgs {
     /// Print the figures as JSON.
     #[arg(long)]
     json: bool,
+    /// Export the engine's spans to this OTLP/HTTP collector while it runs.
+    #[arg(long, value_name = "URL")]
+    otlp_endpoint: Option<String>,
 }
 
 #[tokio::main]
@@ -192,12 +196,32 @@ async fn main() -> ExitCode {
         Err(e) => e.exit(),
     };
     let serving = matches!(cli.cmd, Command::Serve(_));
-    cli::init_tracing(
+    // Made before the log, so that the spans the participants open go with the sagas' traces.
+    let telemetry = match &cli.cmd {
+        Command::Serve(args) => match args
+            .serve
+            .otlp_endpoint
+            .as_deref()
+            .filter(|e| !e.is_empty())
+        {
+            Some(endpoint) => match Telemetry::otlp(endpoint) {
+                Ok(telemetry) => telemetry,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    return ExitCode::FAILURE;
+                }
+            },
+            None => Telemetry::disabled(),
+        },
+        _ => Telemetry::disabled(),
+    };
+    cli::init_tracing_with(
         cli.log_format == LogFormat::Json,
         if serving { "info" } else { "warn" },
+        &telemetry,
     );
     let result = match &cli.cmd {
-        Command::Serve(args) => serve(&cli, args).await,
+        Command::Serve(args) => serve(&cli, args, telemetry).await,
         Command::Ledger { json } => ledger(&cli, *json).await,
         Command::NotifyConsumer(args) => notify_consumer(args).await,
         Command::Bench(args) => run_bench(&cli, args, db_explicit).await,
@@ -270,7 +294,7 @@ async fn admin(cli: &Cli, cmd: &AdminCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn serve(cli: &Cli, args: &ServeCommand) -> anyhow::Result<()> {
+async fn serve(cli: &Cli, args: &ServeCommand, telemetry: Telemetry) -> anyhow::Result<()> {
     // The participants' database is the application's own: a start that fails removes it
     // again if it was just created, as the server does with the saga log.
     let shop_files = NewFiles::before_open(&cli.shop_database_url);
@@ -291,6 +315,7 @@ async fn serve(cli: &Cli, args: &ServeCommand) -> anyhow::Result<()> {
     let started = Orchestrator::builder(registry)
         .database_url(&cli.db.database_url)
         .args(&args.serve)
+        .telemetry(telemetry)
         .start()
         .await;
     match started {
@@ -447,6 +472,10 @@ async fn run_bench(cli: &Cli, args: &BenchArgs, db_explicit: bool) -> anyhow::Re
         concurrency: args.concurrency,
         workers: args.workers.unwrap_or(args.concurrency),
         processes: args.processes.max(1),
+        telemetry: match &args.otlp_endpoint {
+            Some(endpoint) => Telemetry::otlp(endpoint)?,
+            None => Telemetry::disabled(),
+        },
     };
     let report = bench::run(store, &plan).await?;
     if args.json {

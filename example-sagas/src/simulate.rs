@@ -7,6 +7,7 @@ use std::time::Duration;
 use saga_dsl::{JsonSchema, StepContext, StepError};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use tracing::Instrument;
 
 use crate::shop::{is_voided, Label, Shop};
 
@@ -85,8 +86,11 @@ pub(crate) async fn act(
     }
     transient(&sim.transient_failures, &[step], ctx.attempt(), step)?;
     let key = ctx.idempotency_key().to_string();
+    // The participant's own span: exported with the saga's trace, a child of this attempt's.
+    let span = tracing::info_span!("shop.apply", effect = %call.effect, key = %key);
     let stored = shop
         .apply_once(&key, call.effect, call.owner, call.amount, call.output)
+        .instrument(span)
         .await?;
     if is_voided(&stored) {
         // Only possible when the compensation already ran for an unknown outcome; the saga is
@@ -122,8 +126,10 @@ pub(crate) async fn compensate(
     )?;
     let key = ctx.idempotency_key().to_string();
     let action_key = ctx.action_key().to_string();
+    let span = tracing::info_span!("shop.undo", effect = %undo, key = %key);
     let undone = shop
         .undo_once(&key, &action_key, action_effect, undo, owner)
+        .instrument(span)
         .await?;
     tracing::debug!(
         step = ctx.step_name(),

@@ -18,6 +18,8 @@
 //! - [`cli`]: the operator commands shared by `saga` and application binaries.
 //! - [`webhooks`]: the outbox relay and its signed webhook deliveries.
 //! - [`consumer`]: the idempotent-consumer helper for participants' own handlers.
+//! - [`broker`]: the outbox's message-broker targets (NATS JetStream).
+//! - [`telemetry`]: traces of sagas over OpenTelemetry (OTLP/HTTP).
 //!
 //! ## Where to look
 //!
@@ -52,6 +54,7 @@ pub mod model;
 pub mod retention;
 pub mod server;
 pub mod store;
+pub mod telemetry;
 pub mod webhooks;
 
 pub use engine::{Engine, EngineConfig, StartError, StartKey, StartOutcome, StartRequest, Started};

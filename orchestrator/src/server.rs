@@ -97,6 +97,9 @@ pub enum ServeError {
     /// not capture the events' subjects, say).
     #[error("cannot publish to the message broker: {0}")]
     Broker(TargetError),
+    /// Traces cannot be exported as asked (a bad `--otlp-endpoint`).
+    #[error(transparent)]
+    Telemetry(#[from] crate::telemetry::TelemetryError),
     /// The engine cannot run on this database (another process holds the SQLite file).
     #[error("the engine cannot start on {url}: {source}")]
     EngineStart {
@@ -150,6 +153,7 @@ impl Orchestrator {
             },
             tokens_file: None,
             nats: None,
+            otlp_endpoint: None,
             retention: None,
             shutdown: CancellationToken::new(),
             signals: true,
@@ -170,6 +174,7 @@ pub struct OrchestratorBuilder {
     webhooks: WebhookConfig,
     tokens_file: Option<std::path::PathBuf>,
     nats: Option<NatsConfig>,
+    otlp_endpoint: Option<String>,
     retention: Option<Duration>,
     shutdown: CancellationToken,
     signals: bool,
@@ -267,6 +272,9 @@ impl OrchestratorBuilder {
                 duplicate_window: args.nats_dedup_window,
                 ..NatsConfig::new(url.clone())
             });
+        if let Some(endpoint) = args.otlp_endpoint.as_ref().filter(|e| !e.is_empty()) {
+            self.otlp_endpoint = Some(endpoint.clone());
+        }
         let callbacks = crate::webhooks::CallbackPolicy::allowing(&args.allow_callback_hosts);
         self.http.callbacks = callbacks.clone();
         self.webhooks.callbacks = callbacks;
@@ -285,6 +293,23 @@ impl OrchestratorBuilder {
     /// start, a broker it cannot reach does not (events wait in the outbox until it can).
     pub fn nats(mut self, config: NatsConfig) -> Self {
         self.nats = Some(config);
+        self
+    }
+
+    /// Exports the spans of sagas to the OTLP/HTTP collector at `endpoint` (see
+    /// [`crate::telemetry`]), unless [`telemetry`](Self::telemetry) gives an exporter of the
+    /// application's own.
+    pub fn otlp_endpoint(mut self, endpoint: impl Into<String>) -> Self {
+        self.otlp_endpoint = Some(endpoint.into());
+        self
+    }
+
+    /// Exports the spans of sagas through `telemetry`: the one an application also hands its
+    /// `tracing` subscriber ([`Telemetry::tracing_layer`](crate::telemetry::Telemetry::tracing_layer)),
+    /// so that the spans its steps open join the sagas' traces. The server flushes it when it
+    /// stops.
+    pub fn telemetry(mut self, telemetry: crate::telemetry::Telemetry) -> Self {
+        self.engine.telemetry = telemetry;
         self
     }
 
@@ -308,6 +333,13 @@ impl OrchestratorBuilder {
     /// [module](self) for what is checked first. The server runs until it is stopped
     /// ([`Server::stop`], the token of [`shutdown_on`](Self::shutdown_on), or a signal).
     pub async fn start(mut self) -> Result<Server, ServeError> {
+        if let Some(endpoint) = &self.otlp_endpoint {
+            if !self.engine.telemetry.is_enabled() {
+                self.engine.telemetry = crate::telemetry::Telemetry::otlp(endpoint)?;
+            }
+        }
+        let exported = self.engine.telemetry.is_enabled();
+        self.webhooks.traces_exported = exported;
         if let Some(path) = &self.tokens_file {
             // Before anything is bound or created: a bad file changes nothing.
             let tokens = crate::http::tokens::read_tokens_file(path)?;
@@ -390,7 +422,9 @@ impl OrchestratorBuilder {
         }
         let relay = Relay::new(store.clone(), self.webhooks.clone())?;
         let broker = match &self.nats {
-            Some(config) => Some(nats_relay(&store, config, shown_url).await?),
+            Some(config) => {
+                Some(nats_relay(&store, config, shown_url, self.webhooks.traces_exported).await?)
+            }
             None => None,
         };
         let engine = Engine::new(store, self.registry.clone(), self.engine.clone());
@@ -422,6 +456,7 @@ async fn nats_relay(
     store: &Arc<dyn Store>,
     config: &NatsConfig,
     shown_url: &str,
+    traces_exported: bool,
 ) -> Result<BrokerRelay, ServeError> {
     let target = NatsTarget::new(config.clone());
     match tokio::time::timeout(config.timeout, target.prepare()).await {
@@ -444,7 +479,10 @@ async fn nats_relay(
     Ok(BrokerRelay::new(
         store.clone(),
         Arc::new(target),
-        BrokerRelayConfig::default(),
+        BrokerRelayConfig {
+            traces_exported,
+            ..BrokerRelayConfig::default()
+        },
     ))
 }
 
@@ -557,6 +595,11 @@ impl Server {
         swept.map_err(|_| ServeError::Panicked {
             task: "idempotency sweeper",
         })?;
+        // The spans of the last calls, exported before the process ends.
+        let telemetry = self.engine.config().telemetry.clone();
+        if telemetry.is_enabled() {
+            let _ = tokio::task::spawn_blocking(move || telemetry.shutdown()).await;
+        }
         ran.map_err(ServeError::Engine)?;
         served.map_err(ServeError::Http)?;
         Ok(())
@@ -793,4 +836,9 @@ pub struct ServeArgs {
     /// events (e.g. 2m).
     #[arg(long, default_value = "2m", value_name = "DURATION", value_parser = crate::retention::parse_duration)]
     pub nats_dedup_window: Duration,
+    /// Export traces over OTLP/HTTP to this collector (`http://HOST:4318`, to which
+    /// `/v1/traces` is added, or the full URL): one trace per saga, a span per attempt.
+    /// Without it no span is made.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
 }

@@ -9,6 +9,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::shared::{InputCache, SharedState, Stage};
+use crate::trace::TraceContext;
 use crate::StepError;
 
 /// Whether a call is a step's action or its compensation.
@@ -105,6 +106,7 @@ pub struct StepContext {
     outputs: Arc<BTreeMap<String, Value>>,
     branch: Option<BranchOf>,
     state: Option<SharedState>,
+    trace: Option<TraceContext>,
 }
 
 impl StepContext {
@@ -132,7 +134,22 @@ impl StepContext {
             outputs,
             branch: None,
             state: None,
+            trace: None,
         }
+    }
+
+    /// This context, with the trace context of the call. The orchestrator does this.
+    pub fn with_trace(mut self, trace: TraceContext) -> Self {
+        self.trace = Some(trace);
+        self
+    }
+
+    /// The W3C trace context of this call: its attempt's span when the orchestrator exports
+    /// traces, else its saga's. Hand [`TraceContext::traceparent`] to the participant as the
+    /// `traceparent` header so that its spans join the saga's trace. `None` only for a
+    /// context built by hand.
+    pub fn trace(&self) -> Option<TraceContext> {
+        self.trace
     }
 
     /// This context, with the state of the saga's definition

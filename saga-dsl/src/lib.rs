@@ -74,6 +74,7 @@ mod registry;
 mod retry;
 mod shared;
 mod step;
+mod trace;
 
 pub use context::{branch_idempotency_key, child_saga_id, idempotency_key, Phase, StepContext};
 pub use definition::{SagaBuilder, SagaDefinition, INPUT_ROOT};
@@ -85,6 +86,7 @@ pub use step::{
     Action, BranchOf, Compensation, Step, StepKind, DEFAULT_ATTEMPT_TIMEOUT,
     DEFAULT_MAP_CONCURRENCY, MAX_BRANCHES,
 };
+pub use trace::TraceContext;
 
 /// Re-exported so that step code can name JSON values without its own dependency.
 pub use serde_json::Value;

@@ -94,6 +94,7 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
         ("GET", "/v1/sagas/{saga}"),
         ("GET", "/v1/sagas"),
         ("GET", "/v1/sagas/{saga}/events"),
+        ("GET", "/v1/sagas/{saga}/attempts"),
         ("GET", "/v1/sagas/{saga}/deliveries"),
         ("POST", "/v1/sagas/{saga}/cancel"),
         ("POST", "/v1/sagas/{saga}/abort"),
@@ -302,6 +303,30 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
         ),
         (
             "GET",
+            "/v1/sagas/{saga}/attempts",
+            api.req(Method::GET, &format!("/v1/sagas/{unknown}/attempts")),
+            "404",
+        ),
+        (
+            "GET",
+            "/v1/sagas/{saga}/attempts",
+            api.req(Method::GET, &format!("/v1/sagas/{done}/attempts")),
+            "200",
+        ),
+        (
+            "GET",
+            "/v1/sagas/{saga}/attempts",
+            api.req(Method::GET, "/v1/sagas/x/attempts"),
+            "400",
+        ),
+        (
+            "GET",
+            "/v1/sagas/{saga}/attempts",
+            api.anonymous(Method::GET, &format!("/v1/sagas/{done}/attempts")),
+            "401",
+        ),
+        (
+            "GET",
             "/v1/sagas/{saga}/deliveries",
             api.req(Method::GET, &format!("/v1/sagas/{done}/deliveries")),
             "200",
@@ -463,6 +488,12 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
             "GET",
             "/v1/sagas/{saga}/events",
             format!("/v1/sagas/{done}/events"),
+            START_ONLY,
+        ),
+        (
+            "GET",
+            "/v1/sagas/{saga}/attempts",
+            format!("/v1/sagas/{done}/attempts"),
             START_ONLY,
         ),
         (

@@ -7,6 +7,7 @@
 pub mod api;
 pub mod fixtures;
 pub mod nats;
+pub mod otlp;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -123,6 +123,8 @@ pub struct Stored {
     pub message_id: String,
     /// Its body.
     pub body: serde_json::Value,
+    /// Its `traceparent` header.
+    pub traceparent: String,
 }
 
 /// Every message the stream holds, in stream order.
@@ -142,6 +144,11 @@ pub async fn messages(stream: &mut Stream) -> Vec<Stored> {
                 .map(|v| v.as_str().to_owned())
                 .unwrap_or_default(),
             body: serde_json::from_slice(&m.payload).unwrap(),
+            traceparent: m
+                .headers
+                .get("traceparent")
+                .map(|v| v.as_str().to_owned())
+                .unwrap_or_default(),
         });
     }
     out

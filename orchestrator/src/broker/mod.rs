@@ -48,15 +48,19 @@ pub struct BrokerMessage<'a> {
     pub message_id: String,
     /// The JSON body, the same document a webhook delivery carries.
     pub body: Vec<u8>,
+    /// The W3C `traceparent` of the event's saga span.
+    pub traceparent: String,
 }
 
 impl<'a> BrokerMessage<'a> {
-    /// The message of `event` in the log `log_id`.
-    pub fn of(log_id: Uuid, event: &'a OutboxEvent) -> Self {
+    /// The message of `event` in the log `log_id`; `traces_exported` as in
+    /// [`BrokerRelayConfig`].
+    pub fn of(log_id: Uuid, event: &'a OutboxEvent, traces_exported: bool) -> Self {
         Self {
             event,
             message_id: message_id(log_id, event.id()),
             body: serde_json::to_vec(&WebhookPayload::of(event)).unwrap_or_default(),
+            traceparent: event.trace_header(traces_exported),
         }
     }
 }
@@ -115,6 +119,9 @@ pub struct BrokerRelayConfig {
     pub retry_base: Duration,
     /// The longest delay after failures. Default: 10 seconds.
     pub retry_max: Duration,
+    /// Whether the sagas' spans are exported ([`crate::telemetry`]), so that the `traceparent`
+    /// each message carries says its saga span is sampled. Default: false.
+    pub traces_exported: bool,
 }
 
 impl Default for BrokerRelayConfig {
@@ -124,6 +131,7 @@ impl Default for BrokerRelayConfig {
             poll_interval: Duration::from_millis(50),
             retry_base: Duration::from_millis(200),
             retry_max: Duration::from_secs(10),
+            traces_exported: false,
         }
     }
 }
@@ -233,7 +241,7 @@ impl BrokerRelay {
         let log_id = self.outbox.log_id().await?;
         let messages: Vec<BrokerMessage<'_>> = events
             .iter()
-            .map(|e| BrokerMessage::of(log_id, e))
+            .map(|e| BrokerMessage::of(log_id, e, self.config.traces_exported))
             .collect();
         let published = self.target.publish(&messages).await;
         if let Some(last) = published

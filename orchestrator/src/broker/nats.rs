@@ -172,7 +172,8 @@ impl EventTarget for NatsTarget {
             let publish = PublishMessage::build()
                 .payload(m.body.clone().into())
                 .message_id(&m.message_id)
-                .header("Saga-Event-Id", m.event.id().to_string().as_str());
+                .header("Saga-Event-Id", m.event.id().to_string().as_str())
+                .header("traceparent", m.traceparent.as_str());
             let subject = subject(&m.event.saga_name, &m.event.kind);
             match context.send_publish(subject, publish).await {
                 Ok(ack) => pending.push(ack),

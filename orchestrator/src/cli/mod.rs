@@ -98,22 +98,43 @@ pub enum LogFormat {
 /// orchestrator (the `saga` CLI, application binaries) should call this once, first thing.
 /// Does nothing if a subscriber is already installed.
 pub fn init_tracing(json: bool, default_filter: &str) {
+    init_tracing_with(
+        json,
+        default_filter,
+        &crate::telemetry::Telemetry::disabled(),
+    );
+}
+
+/// [`init_tracing`], and, when `telemetry` exports spans, the layer that exports the spans an
+/// application's steps open through `tracing` with them
+/// ([`Telemetry::tracing_layer`](crate::telemetry::Telemetry::tracing_layer)).
+pub fn init_tracing_with(
+    json: bool,
+    default_filter: &str,
+    telemetry: &crate::telemetry::Telemetry,
+) {
     use std::io::IsTerminal;
-    use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::{EnvFilter, Layer};
 
     let filter =
         EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let ansi = std::io::stderr().is_terminal() && !no_color();
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let logs = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(ansi && !json);
-    // An error means a subscriber is already set (a test harness, an embedding application).
-    let _ = if json {
-        builder.json().try_init()
+    let logs = if json {
+        logs.json().boxed()
     } else {
-        builder.try_init()
+        logs.boxed()
     };
+    // The log level filters the log alone: the spans steps open are exported at any level.
+    // An error means a subscriber is already set (a test harness, an embedding application).
+    let _ = tracing_subscriber::registry()
+        .with(telemetry.tracing_layer())
+        .with(logs.with_filter(filter))
+        .try_init();
 }
 
 /// Whether the user asked for no colour (<https://no-color.org>: `NO_COLOR` set and not empty).

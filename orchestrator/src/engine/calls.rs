@@ -27,6 +27,10 @@ impl CallResult {
     }
 }
 
+/// A call to make: an action or a compensation with its context.
+pub(super) type CallFuture =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Value, StepError>> + Send>>;
+
 /// What a task returns: the call's own result, or the timeout that cut it short.
 type TaskResult = Result<Result<Value, StepError>, tokio::time::error::Elapsed>;
 
@@ -40,6 +44,8 @@ pub(super) struct Call {
     pub(super) attempt: u32,
     /// When it started, for the duration metric.
     pub(super) started: Instant,
+    /// Its span's context, when spans are exported.
+    pub(super) span: Option<opentelemetry::Context>,
     timeout: Duration,
 }
 
@@ -64,23 +70,34 @@ impl InFlight {
         self.calls.is_empty()
     }
 
-    /// Starts `run` for the call of row `index` in `phase`, cut short after `timeout`.
+    /// Starts `run` for the call of row `index` in `phase`, cut short after `timeout`, in the
+    /// context of its attempt's `span` if there is one.
     pub(super) fn start(
         &mut self,
         index: usize,
         phase: Phase,
         attempt: u32,
         timeout: Duration,
-        run: impl std::future::Future<Output = Result<Value, StepError>> + Send + 'static,
+        span: Option<opentelemetry::Context>,
+        run: CallFuture,
     ) {
-        let handle = self
-            .tasks
-            .spawn(async move { tokio::time::timeout(timeout, run).await });
+        let handle = match &span {
+            // The call sees its attempt's span as the current OpenTelemetry context.
+            Some(cx) => {
+                let run = opentelemetry::trace::FutureExt::with_context(run, cx.clone());
+                self.tasks
+                    .spawn(async move { tokio::time::timeout(timeout, run).await })
+            }
+            None => self
+                .tasks
+                .spawn(async move { tokio::time::timeout(timeout, run).await }),
+        };
         let call = Call {
             index,
             phase,
             attempt,
             started: Instant::now(),
+            span,
             timeout,
         };
         self.calls.insert(handle.id(), call);

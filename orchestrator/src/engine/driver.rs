@@ -20,7 +20,7 @@ use tokio_retry::RetryIf;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use super::calls::{CallResult, InFlight};
+use super::calls::{CallFuture, CallResult, InFlight};
 use super::decide::Decision;
 use super::plan::{self, NextCall};
 use super::Inner;
@@ -30,6 +30,7 @@ use crate::store::{
     Applied, AttemptChange, Claimed, Lease, NewEvent, NewStep, SagaUpdate, StepUpdate, StoreError,
     Transition,
 };
+use crate::telemetry::{self, AttemptSpan, SagaTrace};
 
 /// Changes made in memory and not yet written.
 #[derive(Debug, Clone, Default)]
@@ -72,6 +73,10 @@ pub(super) async fn drive(
             return;
         };
         let input = Arc::new(saga.input.clone());
+        let trace = inner
+            .config
+            .telemetry
+            .saga_trace(saga.id, saga.traceparent.as_deref());
         let mut driver = Driver {
             inner,
             lease: claimed.lease,
@@ -83,6 +88,7 @@ pub(super) async fn drive(
             pending: Pending::default(),
             slot: Some(slot),
             elements: HashMap::new(),
+            trace,
         };
         match driver.run(ahead).await {
             Ok(()) => {}
@@ -113,6 +119,8 @@ pub(super) struct Driver {
     pub(super) slot: Option<tokio::sync::OwnedSemaphorePermit>,
     /// The elements of the branches of mapped groups, by row name, once computed.
     pub(super) elements: HashMap<String, Arc<Value>>,
+    /// The saga's place in its trace, derived from its row.
+    pub(super) trace: SagaTrace,
 }
 
 impl Driver {
@@ -191,7 +199,10 @@ impl Driver {
             let attempt = self.saga.steps[0].action.attempts;
             self.start_call(&mut calls, 0, Phase::Action, attempt);
         } else {
-            self.recover_interrupted();
+            let interrupted = self.recover_interrupted();
+            if !interrupted.is_empty() && self.inner.config.telemetry.is_enabled() {
+                self.trace_interrupted(&interrupted).await;
+            }
         }
         loop {
             if !calls.is_empty() {
@@ -228,6 +239,10 @@ impl Driver {
                             "name" => self.saga.name.clone(), "status" => self.saga.status.as_str())
                         .record(lived);
                         self.inner.notify_terminal(self.saga.id, self.saga.status);
+                        self.inner
+                            .config
+                            .telemetry
+                            .end_saga(&self.saga, &self.trace, now);
                     }
                     return Ok(());
                 }
@@ -322,51 +337,69 @@ impl Driver {
     /// Starts a call whose write-ahead is committed.
     fn start_call(&mut self, calls: &mut InFlight, index: usize, phase: Phase, attempt: u32) {
         crash_if_armed(before_point(phase), &self.saga.steps[index].name);
-        let ctx = self.context(index, phase, attempt);
-        let Some(step) = self.call_site(index) else {
+        let span = self
+            .inner
+            .config
+            .telemetry
+            .start_attempt(&self.trace, self.attempt_span(index, phase, attempt));
+        let mut ctx = self.context(index, phase, attempt);
+        if let Some(span) = &span {
+            ctx = ctx.with_trace(telemetry::context_of(span));
+        }
+        let (timeout, run): (Duration, CallFuture) = match (self.call_site(index), phase) {
             // A row the definition does not know (a branch of a renamed group): fail it.
-            let name = &self.saga.steps[index].name;
-            let error = StepError::permanent(format!("the definition has no step {name}"));
-            calls.start(
-                index,
-                phase,
-                attempt,
-                Duration::ZERO,
-                async move { Err(error) },
-            );
-            return;
+            (None, _) => {
+                let name = &self.saga.steps[index].name;
+                let error = StepError::permanent(format!("the definition has no step {name}"));
+                (Duration::ZERO, Box::pin(async move { Err(error) }))
+            }
+            (Some(step), Phase::Action) => match step.action().cloned() {
+                Some(action) => (
+                    step.attempt_timeout(),
+                    Box::pin(async move { action.run(ctx).await }),
+                ),
+                // Steps that call nothing are decided without a call (`decide`).
+                None => (
+                    step.attempt_timeout(),
+                    Box::pin(async { Err(StepError::permanent("step has no action")) }),
+                ),
+            },
+            (Some(step), Phase::Compensation) => match step.compensation().cloned() {
+                Some(comp) => (
+                    step.compensation_attempt_timeout(),
+                    Box::pin(async move { comp.run(ctx).await.map(|()| Value::Null) }),
+                ),
+                // Only compensatable steps are ever compensated (`needs_compensation`).
+                None => (
+                    step.compensation_attempt_timeout(),
+                    Box::pin(async { Err(StepError::permanent("step has no compensation")) }),
+                ),
+            },
         };
-        match phase {
-            Phase::Action => {
-                let timeout = step.attempt_timeout();
-                match step.action().cloned() {
-                    Some(action) => calls.start(index, phase, attempt, timeout, async move {
-                        action.run(ctx).await
-                    }),
-                    // Steps that call nothing are decided without a call (`decide`).
-                    None => calls.start(index, phase, attempt, timeout, async {
-                        Err(StepError::permanent("step has no action"))
-                    }),
-                }
-            }
-            Phase::Compensation => {
-                let timeout = step.compensation_attempt_timeout();
-                match step.compensation().cloned() {
-                    Some(comp) => calls.start(index, phase, attempt, timeout, async move {
-                        comp.run(ctx).await.map(|()| Value::Null)
-                    }),
-                    // Only compensatable steps are ever compensated (`needs_compensation`).
-                    None => calls.start(index, phase, attempt, timeout, async {
-                        Err(StepError::permanent("step has no compensation"))
-                    }),
-                }
-            }
+        calls.start(index, phase, attempt, timeout, span, run);
+    }
+
+    /// What the span of an attempt of row `index` names.
+    fn attempt_span(&self, index: usize, phase: Phase, attempt: u32) -> AttemptSpan<'_> {
+        AttemptSpan {
+            saga_id: self.saga.id,
+            saga_name: &self.saga.name,
+            step: &self.saga.steps[index].name,
+            phase,
+            attempt,
         }
     }
 
     /// Records a call that ended, in memory, to be written with whatever comes next.
     fn finish_call(&mut self, done: super::calls::Finished) {
-        let call = done.call;
+        let mut call = done.call;
+        if let Some(span) = &mut call.span {
+            let error = match &done.result {
+                CallResult::Ok(_) => None,
+                CallResult::Err { error, .. } => Some(error.message()),
+            };
+            telemetry::end_attempt(span, done.result.outcome(), error);
+        }
         metrics::histogram!("saga_step_duration_seconds",
             "name" => self.saga.name.clone(), "step" => self.metric_step(call.index),
             "phase" => call.phase.as_str(), "outcome" => done.result.outcome())
@@ -377,8 +410,10 @@ impl Driver {
 
     /// A phase left `RUNNING` by a previous owner was interrupted: its outcome is unknown. Close
     /// its attempt and schedule the same call again (same idempotency key), within its budget.
-    fn recover_interrupted(&mut self) {
+    /// Returns the attempts it closed.
+    fn recover_interrupted(&mut self) -> Vec<(usize, Phase, u32)> {
         let now = self.now();
+        let mut interrupted = Vec::new();
         for index in 0..self.saga.steps.len() {
             // A group's own row is `RUNNING` while its branches are: it makes no call.
             if self.saga.steps[index].kind == StepKindName::Parallel {
@@ -402,6 +437,32 @@ impl Driver {
                 self.fail_phase(index, phase, attempt, &error, true, "interrupted", now);
                 // The same call is made again at once.
                 self.saga.next_run_at = Some(now);
+                interrupted.push((index, phase, attempt));
+            }
+        }
+        interrupted
+    }
+
+    /// Emits the spans of attempts a stopped process began (it could not): from their start in
+    /// the attempt log to now, interrupted.
+    async fn trace_interrupted(&self, interrupted: &[(usize, Phase, u32)]) {
+        let attempts = match self.inner.store.attempts(self.saga.id).await {
+            Ok(attempts) => attempts,
+            Err(e) => {
+                tracing::debug!(error = %e, "no spans for the interrupted attempts");
+                return;
+            }
+        };
+        for &(index, phase, attempt) in interrupted {
+            let started = attempts.iter().find(|a| {
+                a.step_index as usize == index && a.phase == phase.as_str() && a.attempt == attempt
+            });
+            if let Some(a) = started {
+                self.inner.config.telemetry.interrupted_attempt(
+                    &self.trace,
+                    self.attempt_span(index, phase, attempt),
+                    a.started_at,
+                );
             }
         }
     }
@@ -468,7 +529,8 @@ impl Driver {
             Arc::new(outputs),
         )
         .with_state(self.def.state().cloned())
-        .with_input_cache(self.typed_input.clone());
+        .with_input_cache(self.typed_input.clone())
+        .with_trace(self.trace.context);
         match row.branch_of() {
             Some((group, branch)) => {
                 let element = self.element_of(index);

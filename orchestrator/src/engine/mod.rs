@@ -55,6 +55,9 @@ pub struct EngineConfig {
     pub hold_backoff_below: Duration,
     /// This process's worker id (also the lease owner).
     pub worker_id: String,
+    /// Where the spans of sagas and their attempts go (see [`crate::telemetry`]); disabled by
+    /// default.
+    pub telemetry: crate::telemetry::Telemetry,
 }
 
 impl EngineConfig {
@@ -73,6 +76,7 @@ impl Default for EngineConfig {
             needs_attention_after: 5,
             hold_backoff_below: Duration::from_millis(250),
             worker_id: default_worker_id(),
+            telemetry: crate::telemetry::Telemetry::disabled(),
         }
     }
 }

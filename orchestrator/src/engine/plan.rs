@@ -424,6 +424,7 @@ mod tests {
             parent_id: None,
             parent_stage: None,
             scheduled_at: None,
+            traceparent: None,
             steps,
             stages: Vec::new(),
         }

@@ -47,6 +47,10 @@ pub struct StartRequest {
     /// A scheduled start (`Saga-Start-At`): the saga is created `QUEUED` and starts at this
     /// time (milliseconds since the epoch), which must not be in the past.
     pub start_at: Option<Millis>,
+    /// The trace the saga joins (the start request's `traceparent`): its spans are children
+    /// of this one. Not part of an idempotent start's fingerprint: a retry comes from
+    /// another span.
+    pub trace: Option<saga_dsl::TraceContext>,
 }
 
 impl StartRequest {
@@ -59,7 +63,14 @@ impl StartRequest {
             callback: None,
             answer_later: false,
             start_at: None,
+            trace: None,
         }
+    }
+
+    /// Joining the trace of `parent`: the saga's spans are its children.
+    pub fn in_trace(mut self, parent: saga_dsl::TraceContext) -> Self {
+        self.trace = Some(parent);
+        self
     }
 
     /// Started at `at` (milliseconds since the epoch) rather than now.
@@ -239,6 +250,7 @@ impl Engine {
             callback,
             answer_later,
             start_at,
+            trace,
         } = request;
         let def = self
             .inner
@@ -261,6 +273,7 @@ impl Engine {
         }
         let mut new = NewSaga::of(def, input);
         new.start_at = start_at;
+        new.traceparent = trace.map(|t| t.traceparent());
         // With a free worker here, the saga is created already leased to this process and
         // driven at once: no claim, no wait for the run loop, and no commit of its own for the
         // first write-ahead. Freed unused unless this start creates the saga.

@@ -22,7 +22,7 @@ use crate::http::idempotency::{parse_key, StartHeaders, IDEMPOTENT_REPLAYED};
 use crate::http::openapi::ErrorBody;
 use crate::http::prefer::{applied_headers, Wait};
 use crate::http::state::AppState;
-use crate::model::{Event, Saga, SagaPage, SagaStatus};
+use crate::model::{Attempt, Event, Saga, SagaPage, SagaStatus};
 use crate::store::{CancelOutcome, Delivery, SavedResponse, SignalOutcome, SignalRequest};
 
 /// The body of `GET /v1/sagas/{id}/events`.
@@ -30,6 +30,13 @@ use crate::store::{CancelOutcome, Delivery, SavedResponse, SignalOutcome, Signal
 pub(crate) struct Events {
     /// The history, oldest first.
     events: Vec<Event>,
+}
+
+/// The body of `GET /v1/sagas/{id}/attempts`.
+#[derive(Debug, Serialize, ToSchema)]
+pub(crate) struct Attempts {
+    /// Every attempt of every action and compensation, by step, phase and attempt number.
+    attempts: Vec<Attempt>,
 }
 
 /// The body of `GET /v1/sagas/{id}/deliveries`.
@@ -196,6 +203,9 @@ async fn wait_for_end(state: &AppState, id: Uuid, wait: Duration) -> Option<Saga
          description = "An RFC 3339 instant: the saga is created `QUEUED` with `scheduled_at` \
                         and starts then (a cancel before that ends it `COMPENSATED` with \
                         nothing run). An instant in the past is `422 start_in_past`"),
+        ("traceparent" = Option<String>, Header,
+         description = "W3C Trace Context: the saga's trace joins this one, its saga span a \
+                        child of this span (an invalid value is ignored)"),
     ),
     request_body(
         content = serde_json::Value,
@@ -277,6 +287,9 @@ pub(crate) async fn start_saga(
     }
     if let Some(at) = headers.start_at {
         request = request.at(at);
+    }
+    if let Some(trace) = headers.trace {
+        request = request.in_trace(trace);
     }
     let (started, pending) = match state.engine.start(request).await? {
         StartOutcome::Created {
@@ -512,6 +525,44 @@ pub(crate) async fn saga_events(
         find_saga(&state, id).await?;
     }
     Ok(Json(Events { events }))
+}
+
+/// `GET /v1/sagas/{id}/attempts`: the attempt log of the saga, each call with its worker,
+/// times, outcome and error; `404` for an unknown saga.
+#[utoipa::path(
+    get,
+    path = "/v1/sagas/{saga}/attempts",
+    tag = "sagas",
+    operation_id = "saga_attempts",
+    summary = "Read a saga's attempt log",
+    description = "Every attempt of every action and compensation: the worker that made it, \
+        the lease epoch it held, when it started and ended, and its outcome (`succeeded`, \
+        `failed`, `retryable`, `timed_out`, `interrupted`, `abandoned`, or none while it \
+        runs) with its error.",
+    params(("saga" = Uuid, Path, description = "The saga id")),
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "The attempts, by step, phase and number", body = Attempts),
+        (status = 400, description = "Malformed saga id", body = ErrorBody),
+        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
+        (status = 403, description = "`forbidden`: the token lacks this route's scope", body = ErrorBody),
+        (status = 404, description = "No saga with this id", body = ErrorBody),
+        (status = 500, description = "Internal error (details in the server log)",
+         body = ErrorBody),
+        (status = 503, description = "Database unavailable or request timed out",
+         body = ErrorBody),
+    )
+)]
+pub(crate) async fn saga_attempts(
+    State(state): State<AppState>,
+    SagaId(id): SagaId,
+) -> Result<Json<Attempts>, ApiError> {
+    let attempts = state.engine.store().attempts(id).await?;
+    // A saga that has made no call yet has no attempts: only then is the saga itself looked up.
+    if attempts.is_empty() {
+        find_saga(&state, id).await?;
+    }
+    Ok(Json(Attempts { attempts }))
 }
 
 /// `GET /v1/sagas/{id}/deliveries`: the saga's webhook deliveries (one per event and target),

@@ -199,6 +199,19 @@ pub(crate) struct StartHeaders {
     pub(crate) scope: String,
     /// `Saga-Start-At`, in milliseconds since the epoch.
     pub(crate) start_at: Option<Millis>,
+    /// `traceparent`: the trace the saga joins.
+    pub(crate) trace: Option<saga_dsl::TraceContext>,
+}
+
+/// Reads `traceparent` (W3C Trace Context). As the recommendation says, a missing, repeated or
+/// invalid one is ignored, never refused: the saga then starts a trace of its own.
+pub(crate) fn parse_trace(headers: &HeaderMap) -> Option<saga_dsl::TraceContext> {
+    let mut values = headers.get_all("traceparent").iter();
+    let value = values.next()?;
+    if values.next().is_some() {
+        return None;
+    }
+    crate::telemetry::parse_traceparent(value.to_str().ok()?)
 }
 
 /// Reads `Saga-Start-At`: one RFC 3339 instant (`2026-12-24T18:00:00Z`, or with an offset).
@@ -252,6 +265,7 @@ impl FromRequestParts<AppState> for StartHeaders {
             callback,
             scope,
             start_at,
+            trace: parse_trace(&parts.headers),
         })
     }
 }

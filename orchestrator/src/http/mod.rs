@@ -212,6 +212,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(handlers::list_sagas))
         .routes(routes!(handlers::get_saga, handlers::start_saga))
         .routes(routes!(handlers::saga_events))
+        .routes(routes!(handlers::saga_attempts))
         .routes(routes!(handlers::cancel_saga))
         .routes(routes!(handlers::signal_saga))
         .routes(routes!(handlers::saga_deliveries))
@@ -254,6 +255,7 @@ fn to_json(doc: &utoipa::openapi::OpenApi) -> String {
 /// | `GET /v1/sagas/{id}` | the saga with its steps |
 /// | `GET /v1/sagas?status=&name=&needs_attention=&limit=&cursor=` | a page of sagas, newest first |
 /// | `GET /v1/sagas/{id}/events` | the saga's event history |
+/// | `GET /v1/sagas/{id}/attempts` | the saga's attempt log |
 /// | `POST /v1/sagas/{id}/cancel` | request cancellation: `202`, or `409` when too late |
 /// | `POST /v1/sagas/{id}/signals/{signal}` | deliver a signal with a JSON payload: `202` |
 /// | `GET /v1/sagas/{id}/deliveries` | the saga's webhook deliveries |

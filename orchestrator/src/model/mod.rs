@@ -331,6 +331,10 @@ pub struct Saga {
     #[serde(with = "opt_time", default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub scheduled_at: Option<Millis>,
+    /// The W3C trace context the start carried (`traceparent`), or a child saga's parent's:
+    /// the trace the saga's spans join. Without one the saga's trace is its own.
+    #[serde(skip)]
+    pub traceparent: Option<String>,
     /// The rows of the step log, in order: the stages, then the branches of parallel groups
     /// (named `group/branch`).
     pub steps: Vec<StepRecord>,
@@ -442,7 +446,7 @@ pub struct Event {
 }
 
 /// One attempt of an action or compensation, as kept in the attempt log.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct Attempt {
     /// Step index.
     pub step_index: u32,
@@ -458,9 +462,11 @@ pub struct Attempt {
     pub lease_epoch: i64,
     /// Started.
     #[serde(serialize_with = "ser_time")]
+    #[schema(value_type = String, format = DateTime)]
     pub started_at: Millis,
     /// Ended (`None` while running, or forever if its process died).
     #[serde(serialize_with = "ser_opt_time")]
+    #[schema(value_type = Option<String>, format = DateTime)]
     pub ended_at: Option<Millis>,
     /// `succeeded`, `failed`, `retryable`, `timed_out`, `interrupted`, `abandoned` (an
     /// operator's abort or mark-compensated took it over in flight), or `None` while running.

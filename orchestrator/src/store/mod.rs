@@ -76,6 +76,8 @@ pub struct NewSaga {
     /// For a scheduled start (`Saga-Start-At`): when the saga becomes due. It is created
     /// `QUEUED` and unleased, with this as its `scheduled_at`; `None` makes it due now.
     pub start_at: Option<Millis>,
+    /// The W3C `traceparent` the saga's trace joins (a client's, a parent saga's), if any.
+    pub traceparent: Option<String>,
 }
 
 impl NewSaga {
@@ -94,6 +96,7 @@ impl NewSaga {
                 .collect(),
             first_attempt: false,
             start_at: None,
+            traceparent: None,
         }
     }
 

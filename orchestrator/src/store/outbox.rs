@@ -61,12 +61,22 @@ pub struct OutboxEvent {
     pub at: Millis,
     /// Its details.
     pub data: Value,
+    /// The `traceparent` its saga's trace joins, as its row keeps it.
+    pub traceparent: Option<String>,
 }
 
 impl OutboxEvent {
     /// The event id (unique across all sagas; receivers deduplicate by it).
     pub fn id(&self) -> i64 {
         self.position.event_id
+    }
+
+    /// The `traceparent` its deliveries carry: its saga span's context, sampled if the
+    /// saga's spans are `exported` (or as the trace the saga joined decided).
+    pub fn trace_header(&self, exported: bool) -> String {
+        crate::telemetry::SagaTrace::of(self.saga_id, self.traceparent.as_deref(), exported)
+            .context
+            .traceparent()
     }
 }
 

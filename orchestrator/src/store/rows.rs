@@ -112,6 +112,7 @@ pub(super) fn saga_from_row<R: LogRow>(row: &R, steps: Vec<StepRecord>) -> Resul
             .transpose()?,
         parent_stage: row.get("parent_stage")?,
         scheduled_at: row.get("scheduled_at")?,
+        traceparent: row.get("traceparent")?,
         steps,
         stages: Vec::new(),
     })
@@ -245,6 +246,7 @@ pub(super) fn new_saga_record(new: NewSaga, now: Millis, owner: Option<String>) 
         parent_id: None,
         parent_stage: None,
         scheduled_at: new.start_at,
+        traceparent: new.traceparent,
         steps,
         stages: Vec::new(),
     }
@@ -310,8 +312,8 @@ pub(super) fn page_from_rows<R: LogRow>(rows: &[R], limit: u32) -> Result<SagaPa
 }
 
 /// An outbox event from a row with columns `event_id`, `tx` (the committing transaction on
-/// PostgreSQL, `0` on SQLite), `saga_id` as text, `saga_name`, `at`, `type`, `step` and `data`
-/// as text.
+/// PostgreSQL, `0` on SQLite), `saga_id` as text, `saga_name`, `at`, `type`, `step`, `data`
+/// as text and the saga's `traceparent`.
 pub(super) fn outbox_event_from_row<R: LogRow>(
     row: &R,
 ) -> Result<crate::store::outbox::OutboxEvent> {
@@ -330,5 +332,6 @@ pub(super) fn outbox_event_from_row<R: LogRow>(
         data: data
             .and_then(|d| serde_json::from_str(&d).ok())
             .unwrap_or(Value::Null),
+        traceparent: row.get("traceparent")?,
     })
 }

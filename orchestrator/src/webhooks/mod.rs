@@ -93,6 +93,9 @@ pub struct WebhookConfig {
     /// A PEM file of certificates to trust besides the public roots, for receivers whose
     /// certificates a private CA signed (`--webhook-ca-file`).
     pub ca_file: Option<std::path::PathBuf>,
+    /// Whether the sagas' spans are exported ([`crate::telemetry`]), so that the `traceparent`
+    /// each delivery carries says its saga span is sampled. Default: false.
+    pub traces_exported: bool,
 }
 
 impl Default for WebhookConfig {
@@ -109,6 +112,7 @@ impl Default for WebhookConfig {
             batch: 200,
             callbacks: CallbackPolicy::default(),
             ca_file: None,
+            traces_exported: false,
         }
     }
 }
@@ -127,6 +131,7 @@ impl std::fmt::Debug for WebhookConfig {
             .field("batch", &self.batch)
             .field("callbacks", &self.callbacks)
             .field("ca_file", &self.ca_file)
+            .field("traces_exported", &self.traces_exported)
             .finish()
     }
 }
@@ -473,7 +478,11 @@ impl Relay {
         let mut request = client
             .post(&d.target)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .header(EVENT_ID_HEADER, d.event.id().to_string());
+            .header(EVENT_ID_HEADER, d.event.id().to_string())
+            .header(
+                "traceparent",
+                d.event.trace_header(self.config.traces_exported),
+            );
         if let Some(secret) = secret {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

@@ -108,6 +108,7 @@ pub(crate) const NEW_SAGAS: Cols = &[
     ("ahead", "boolean"),
     ("pivot", "boolean"),
     ("start_at", "bigint"),
+    ("traceparent", "text"),
 ];
 
 /// The steps of the new sagas.
@@ -492,6 +493,7 @@ pub(crate) struct CreateCols<'a> {
     ahead: Vec<bool>,
     pivot: Vec<bool>,
     start_at: Vec<Option<Millis>>,
+    traceparent: Vec<Option<&'a str>>,
     step_saga: Vec<Uuid>,
     step_idx: Vec<i64>,
     step_name: Vec<&'a str>,
@@ -526,6 +528,7 @@ impl<'a> CreateCols<'a> {
             c.ahead.push(ahead);
             c.pivot.push(ahead && n.first_is_point_of_no_return());
             c.start_at.push(n.start_at);
+            c.traceparent.push(n.traceparent.as_deref());
             for (idx, (name, kind)) in n.steps.iter().enumerate() {
                 c.step_saga.push(n.id);
                 c.step_idx.push(i64::try_from(idx).unwrap_or(i64::MAX));
@@ -552,6 +555,7 @@ impl<'a> CreateCols<'a> {
             .bind(&self.ahead)
             .bind(&self.pivot)
             .bind(&self.start_at)
+            .bind(&self.traceparent)
             .bind(&self.step_saga)
             .bind(&self.step_idx)
             .bind(&self.step_name)

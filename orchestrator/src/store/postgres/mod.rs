@@ -93,7 +93,7 @@ impl std::fmt::Debug for PgStore {
 const SAGA_SELECT: &str = "SELECT id::text AS id, name, version, definition_hash, status, needs_attention, \
      blocked, cancel_requested, pivot_reached, input::text AS input, output::text AS output, error, \
      next_run_at, lease_owner, lease_epoch, lease_expires_at, created_at, updated_at, \
-     parent_id::text AS parent_id, parent_stage, scheduled_at FROM sagas";
+     parent_id::text AS parent_id, parent_stage, scheduled_at, traceparent FROM sagas";
 
 const STEPS_SELECT: &str =
     "SELECT saga_id::text AS saga_id, idx, name, kind, status, attempts, last_error, \

@@ -57,7 +57,7 @@ impl SqlOutbox for PgStore {
     async fn outbox_after(&self, after: OutboxPosition, limit: u32) -> Result<Vec<OutboxEvent>> {
         let rows = sqlx::query(
             "SELECT e.id AS event_id, e.tx::text::bigint AS tx, e.saga_id::text AS saga_id, \
-             s.name AS saga_name, e.at, e.type, e.step, e.data::text AS data \
+             s.name AS saga_name, e.at, e.type, e.step, e.data::text AS data, s.traceparent \
              FROM events e JOIN sagas s ON s.id = e.saga_id \
              WHERE (e.tx, e.id) > ($1::bigint::text::xid8, $2) \
                AND e.tx < pg_snapshot_xmin(pg_current_snapshot()) \

@@ -70,8 +70,8 @@ pub(crate) async fn start<B: SqlBackend>(
     let created = tx
         .exec(
             "INSERT INTO sagas (id, name, version, definition_hash, definition_key, status, \
-             input, next_run_at, created_at, updated_at, parent_id, parent_stage) \
-             VALUES ($1, $2, $3, $4, $5, 'QUEUED', $6::jsonb, $7, $7, $7, $8, $9) \
+             input, next_run_at, created_at, updated_at, parent_id, parent_stage, traceparent) \
+             VALUES ($1, $2, $3, $4, $5, 'QUEUED', $6::jsonb, $7, $7, $7, $8, $9, $10) \
              ON CONFLICT (id) DO NOTHING",
             &[
                 Arg::Id(child.id),
@@ -83,6 +83,7 @@ pub(crate) async fn start<B: SqlBackend>(
                 Arg::Int(now),
                 Arg::Id(parent),
                 Arg::Str(stage),
+                Arg::OptStr(child.traceparent.as_deref()),
             ],
         )
         .await?

@@ -125,7 +125,7 @@ pub(crate) async fn claim_deliveries<B: SqlBackend>(
             &format!(
                 "SELECT d.event_id, d.target, d.kind, d.attempts::bigint AS attempts, \
                  {} AS tx, e.saga_id::text AS saga_id, s.name AS saga_name, e.at, e.type, \
-                 e.step, e.data::text AS data, c.secret \
+                 e.step, e.data::text AS data, s.traceparent, c.secret \
                  FROM webhook_deliveries d \
                  JOIN events e ON e.id = d.event_id \
                  JOIN sagas s ON s.id = e.saga_id \

@@ -20,8 +20,8 @@ const MAX_PAGE: u32 = 1000;
 const SELECT_SAGA: &str = "SELECT id::text AS id, name, version, definition_hash, status, \
      needs_attention, blocked, cancel_requested, pivot_reached, input::text AS input, \
      output::text AS output, error, next_run_at, lease_owner, lease_epoch, lease_expires_at, \
-     created_at, updated_at, parent_id::text AS parent_id, parent_stage, scheduled_at \
-     FROM sagas WHERE id = $1";
+     created_at, updated_at, parent_id::text AS parent_id, parent_stage, scheduled_at, \
+     traceparent FROM sagas WHERE id = $1";
 
 const SELECT_STEPS: &str = "SELECT saga_id::text AS saga_id, idx, name, kind, status, attempts, \
      last_error, outcome_unknown, output::text AS output, started_at, ended_at, comp_status, \

@@ -193,6 +193,7 @@ mod tests {
             steps: vec![("a".to_owned(), StepKindName::Compensatable)],
             first_attempt: false,
             start_at: None,
+            traceparent: None,
         }
     }
 

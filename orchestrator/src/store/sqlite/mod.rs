@@ -341,7 +341,7 @@ fn split_durability(url: &str) -> Result<(String, SqliteDurability)> {
 
 const SELECT_SAGA: &str = "SELECT id, name, version, definition_hash, status, needs_attention, blocked, \
      cancel_requested, pivot_reached, input, output, error, next_run_at, lease_owner, lease_epoch, lease_expires_at, \
-     created_at, updated_at, parent_id, parent_stage, scheduled_at \
+     created_at, updated_at, parent_id, parent_stage, scheduled_at, traceparent \
      FROM sagas WHERE id = ?1";
 
 const SELECT_STEPS: &str =

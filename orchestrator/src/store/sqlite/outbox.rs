@@ -40,7 +40,8 @@ impl SqlOutbox for SqliteStore {
 
     async fn outbox_after(&self, after: OutboxPosition, limit: u32) -> Result<Vec<OutboxEvent>> {
         let rows = sqlx::query(
-            "SELECT e.id AS event_id, 0 AS tx, e.saga_id, s.name AS saga_name, e.at, e.type, e.step, e.data \
+            "SELECT e.id AS event_id, 0 AS tx, e.saga_id, s.name AS saga_name, e.at, e.type, e.step, e.data, \
+             s.traceparent \
              FROM events e JOIN sagas s ON s.id = e.saga_id \
              WHERE e.id > ?1 ORDER BY e.id LIMIT ?2",
         )

@@ -110,6 +110,7 @@ async fn events_keep_their_ids_and_deliveries_through_the_rebuild_and_new_ones_f
         steps: vec![],
         first_attempt: false,
         start_at: None,
+        traceparent: None,
     };
     store.create_saga(new.clone()).await.expect("a new saga");
     let after = store

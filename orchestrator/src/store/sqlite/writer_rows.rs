@@ -73,8 +73,8 @@ const EVENT: &str =
 
 const NEW_SAGA: &str = "INSERT INTO sagas (id, name, version, definition_hash, definition_key, \
      status, input, next_run_at, created_at, updated_at, lease_owner, lease_epoch, \
-     lease_expires_at, pivot_reached, scheduled_at) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?11, ?6, COALESCE(?13, ?7), ?7, ?7, ?8, ?9, ?10, ?12, ?13)";
+     lease_expires_at, pivot_reached, scheduled_at, traceparent) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?11, ?6, COALESCE(?13, ?7), ?7, ?7, ?8, ?9, ?10, ?12, ?13, ?14)";
 
 const NEW_CALLBACK: &str = "INSERT INTO saga_callbacks (saga_id, url, secret) VALUES (?1, ?2, ?3)";
 
@@ -122,6 +122,7 @@ pub(crate) fn create_saga(
             status.as_str(),
             ahead && n.first_is_point_of_no_return(),
             n.start_at,
+            n.traceparent,
         ],
     )?;
     let mut step = db.prepare_cached(NEW_STEP).map_err(from_rusqlite)?;

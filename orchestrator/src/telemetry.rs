@@ -1,0 +1,463 @@
+//! Traces of sagas, exported over OpenTelemetry's OTLP/HTTP (`serve --otlp-endpoint URL`).
+//!
+//! **One trace per saga**, however many processes, restarts and days it takes. Nothing of it
+//! lives in memory between calls: a saga's trace context is derived from its log. Its trace is
+//! the one its start joined (the `traceparent` of the start `POST`, kept in its row; a child
+//! saga's is its parent's saga span) or else its own, whose trace id is the saga id. Its
+//! **saga span** has an id derived from the saga id too, so every process finds the same one;
+//! the span itself is exported when the saga ends, spanning its whole life.
+//!
+//! Every attempt of every action and compensation is a span, child of the saga span, with the
+//! attributes `saga.id`, `saga.name`, `saga.step`, `saga.phase`, `saga.attempt` and
+//! `saga.outcome`; a failed attempt has the error status and message. The call runs inside
+//! its span's OpenTelemetry context, and the step is given that context
+//! ([`saga_dsl::StepContext::trace`]) to send on as a `traceparent`. Webhook deliveries and
+//! broker messages carry the saga span's `traceparent`.
+//!
+//! Spans go to a bounded queue that a thread of the SDK exports in batches
+//! (`OTEL_BSP_SCHEDULE_DELAY`, `OTEL_BSP_MAX_QUEUE_SIZE`, …): the engine never waits for the
+//! collector, and a collector that is away costs dropped spans, never a slower saga. Without
+//! an endpoint, [`Telemetry::disabled`], no span is built at all.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry::trace::{
+    Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
+    TraceState, Tracer as _, TracerProvider as _,
+};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_otlp::{Protocol, WithExportConfig};
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{SdkTracerProvider, Tracer};
+use opentelemetry_sdk::Resource;
+use saga_dsl::{Phase, TraceContext};
+use uuid::Uuid;
+
+use crate::model::{Millis, Saga, SagaStatus};
+
+/// The service name spans carry unless `OTEL_SERVICE_NAME` says otherwise.
+pub const DEFAULT_SERVICE_NAME: &str = "saga-orchestrator";
+
+/// Why traces cannot be exported as asked.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TelemetryError {
+    /// The endpoint is not an `http` or `https` URL.
+    #[error("invalid OTLP endpoint {0:?}: give the collector's http(s)://HOST:PORT")]
+    Endpoint(String),
+    /// The exporter could not be built.
+    #[error("cannot build the OTLP exporter: {0}")]
+    Exporter(String),
+}
+
+/// Where the spans of sagas go: nowhere ([`Telemetry::disabled`], the default) or to an
+/// OTLP/HTTP collector ([`Telemetry::otlp`]). Cheap to clone; the clones share one exporter.
+#[derive(Clone, Default)]
+pub struct Telemetry {
+    inner: Option<Arc<Exporting>>,
+}
+
+struct Exporting {
+    provider: SdkTracerProvider,
+    tracer: Tracer,
+    endpoint: String,
+}
+
+impl fmt::Debug for Telemetry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.inner {
+            Some(e) => write!(f, "Telemetry(otlp {})", e.endpoint),
+            None => f.write_str("Telemetry(disabled)"),
+        }
+    }
+}
+
+/// The URL spans are posted to: `endpoint` itself if it names a path, else its `/v1/traces`
+/// (as `OTEL_EXPORTER_OTLP_ENDPOINT` is read).
+fn traces_url(endpoint: &str) -> Result<String, TelemetryError> {
+    let bad = || TelemetryError::Endpoint(endpoint.to_owned());
+    let url = reqwest::Url::parse(endpoint).map_err(|_| bad())?;
+    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
+        return Err(bad());
+    }
+    if url.path().trim_end_matches('/').is_empty() {
+        Ok(format!("{}/v1/traces", endpoint.trim_end_matches('/')))
+    } else {
+        Ok(endpoint.to_owned())
+    }
+}
+
+impl Telemetry {
+    /// No spans: nothing is built or exported.
+    pub fn disabled() -> Self {
+        Self::default()
+    }
+
+    /// Exports spans to the OTLP/HTTP collector at `endpoint` (`http://HOST:4318`, to which
+    /// `/v1/traces` is added, or the full URL of its traces path), as protobuf, in batches.
+    /// The service name is `OTEL_SERVICE_NAME`, else [`DEFAULT_SERVICE_NAME`].
+    pub fn otlp(endpoint: &str) -> Result<Self, TelemetryError> {
+        let url = traces_url(endpoint)?;
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(Protocol::HttpBinary)
+            .with_endpoint(url.clone())
+            .with_timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| TelemetryError::Exporter(e.to_string()))?;
+        let mut resource = Resource::builder();
+        if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
+            resource = resource.with_service_name(DEFAULT_SERVICE_NAME);
+        }
+        let provider = SdkTracerProvider::builder()
+            .with_batch_exporter(exporter)
+            .with_resource(resource.build())
+            .build();
+        let tracer = provider.tracer("orchestrator");
+        Ok(Self {
+            inner: Some(Arc::new(Exporting {
+                provider,
+                tracer,
+                endpoint: url,
+            })),
+        })
+    }
+
+    /// Whether spans are exported.
+    pub fn is_enabled(&self) -> bool {
+        self.inner.is_some()
+    }
+
+    /// A `tracing` layer that exports the spans an application's steps open (through
+    /// `tracing`, at `INFO` or above) to the same collector, each a child of the attempt that
+    /// runs it; `None` when disabled. The orchestrator's own and its dependencies' spans stay
+    /// out (its traces are the sagas'), as do the exporter's logs, which would feed themselves.
+    pub fn tracing_layer<S>(&self) -> Option<impl tracing_subscriber::Layer<S>>
+    where
+        S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    {
+        use tracing_subscriber::Layer as _;
+        const INTERNAL: &[&str] = &[
+            "orchestrator",
+            "opentelemetry",
+            "tower",
+            "tower_http",
+            "axum",
+            "hyper",
+            "h2",
+            "reqwest",
+            "sqlx",
+            "async_nats",
+            "tokio",
+            "rustls",
+        ];
+        let tracer = self.inner.as_ref()?.tracer.clone();
+        Some(
+            tracing_opentelemetry::layer()
+                .with_tracer(tracer)
+                .with_filter(tracing_subscriber::filter::filter_fn(|meta| {
+                    let target = meta.target();
+                    if *meta.level() > tracing::Level::INFO {
+                        return false;
+                    }
+                    !INTERNAL.iter().any(|t| {
+                        target
+                            .strip_prefix(t)
+                            .is_some_and(|rest| rest.is_empty() || rest.starts_with("::"))
+                    })
+                })),
+        )
+    }
+
+    /// Exports the spans still queued and stops the exporter (blocking: call it from a
+    /// blocking thread). Spans ended after this are dropped.
+    pub fn shutdown(&self) {
+        if let Some(e) = &self.inner {
+            if let Err(err) = e.provider.shutdown() {
+                tracing::warn!(error = %err, "exporting the last spans failed");
+            }
+        }
+    }
+
+    /// The trace context of saga `id` whose row holds `traceparent`.
+    pub(crate) fn saga_trace(&self, id: Uuid, traceparent: Option<&str>) -> SagaTrace {
+        SagaTrace::of(id, traceparent, self.is_enabled())
+    }
+
+    /// Starts the span of an attempt (none when disabled): the context the call runs in.
+    pub(crate) fn start_attempt(
+        &self,
+        trace: &SagaTrace,
+        call: AttemptSpan<'_>,
+    ) -> Option<Context> {
+        self.attempt_span(trace, call, None)
+    }
+
+    /// Emits the span of an attempt that a stopped process began and never recorded: from
+    /// `started_at` to now, its outcome unknown.
+    pub(crate) fn interrupted_attempt(
+        &self,
+        trace: &SagaTrace,
+        call: AttemptSpan<'_>,
+        started_at: Millis,
+    ) {
+        if let Some(mut cx) = self.attempt_span(trace, call, Some(started_at)) {
+            end_attempt(
+                &mut cx,
+                "interrupted",
+                Some("interrupted: the process making this attempt stopped before recording its outcome"),
+            );
+        }
+    }
+
+    fn attempt_span(
+        &self,
+        trace: &SagaTrace,
+        call: AttemptSpan<'_>,
+        started_at: Option<Millis>,
+    ) -> Option<Context> {
+        let e = self.inner.as_ref()?;
+        let stage = call
+            .step
+            .split_once('/')
+            .map_or(call.step, |(group, _)| group);
+        let mut builder = e
+            .tracer
+            .span_builder(format!("{} {stage}", call.phase))
+            .with_kind(SpanKind::Internal)
+            .with_attributes([
+                KeyValue::new("saga.id", call.saga_id.to_string()),
+                KeyValue::new("saga.name", call.saga_name.to_owned()),
+                KeyValue::new("saga.step", call.step.to_owned()),
+                KeyValue::new("saga.phase", call.phase.as_str()),
+                KeyValue::new("saga.attempt", i64::from(call.attempt)),
+            ]);
+        if let Some(at) = started_at {
+            builder = builder.with_start_time(system_time(at));
+        }
+        let span = builder.start_with_context(&e.tracer, &trace.as_parent());
+        Some(Context::new().with_span(span))
+    }
+
+    /// Emits the saga span of `saga`, which ended at `ended_at`: from its creation to then,
+    /// with its status (an error unless it completed).
+    pub(crate) fn end_saga(&self, saga: &Saga, trace: &SagaTrace, ended_at: Millis) {
+        let Some(e) = &self.inner else {
+            return;
+        };
+        let mut builder = e
+            .tracer
+            .span_builder(format!("saga {}", saga.name))
+            .with_kind(SpanKind::Internal)
+            .with_span_id(SpanId::from_bytes(trace.context.span_id))
+            .with_start_time(system_time(saga.created_at))
+            .with_attributes([
+                KeyValue::new("saga.id", saga.id.to_string()),
+                KeyValue::new("saga.name", saga.name.clone()),
+                KeyValue::new("saga.version", i64::from(saga.version)),
+                KeyValue::new("saga.status", saga.status.as_str()),
+            ]);
+        let parent = match trace.parent {
+            Some(span) => remote(trace.context.trace_id, span, trace.context.sampled),
+            None => {
+                builder = builder.with_trace_id(TraceId::from_bytes(trace.context.trace_id));
+                Context::new()
+            }
+        };
+        let mut span = builder.start_with_context(&e.tracer, &parent);
+        if saga.status == SagaStatus::Completed {
+            span.set_status(Status::Ok);
+        } else {
+            let why = saga.error.clone().unwrap_or_default();
+            span.set_status(Status::error(format!("{}: {why}", saga.status.as_str())));
+        }
+        span.end_with_timestamp(system_time(ended_at));
+    }
+}
+
+/// What an attempt's span names.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AttemptSpan<'a> {
+    pub(crate) saga_id: Uuid,
+    pub(crate) saga_name: &'a str,
+    /// The row's name: a stage, or `group/branch`.
+    pub(crate) step: &'a str,
+    pub(crate) phase: Phase,
+    pub(crate) attempt: u32,
+}
+
+/// Ends the attempt span of `cx` with its outcome; an error marks it failed.
+pub(crate) fn end_attempt(cx: &mut Context, outcome: &'static str, error: Option<&str>) {
+    let span = cx.span();
+    span.set_attribute(KeyValue::new("saga.outcome", outcome));
+    match error {
+        Some(message) => span.set_status(Status::error(message.to_owned())),
+        None => span.set_status(Status::Ok),
+    }
+    span.end();
+}
+
+/// The W3C context of the span `cx` holds.
+pub(crate) fn context_of(cx: &Context) -> TraceContext {
+    let span = cx.span();
+    let sc = span.span_context();
+    TraceContext {
+        trace_id: sc.trace_id().to_bytes(),
+        span_id: sc.span_id().to_bytes(),
+        sampled: sc.is_sampled(),
+    }
+}
+
+/// A saga's place in a trace: its saga span, and the span that span is a child of (the start
+/// request's caller, a parent saga), if any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SagaTrace {
+    /// The saga span's context, as sent with its webhook deliveries and broker messages.
+    pub context: TraceContext,
+    /// The id of the span the saga span is a child of.
+    pub parent: Option<[u8; 8]>,
+}
+
+impl SagaTrace {
+    /// The trace of saga `id` whose row holds `traceparent` (as [`parse_traceparent`] wrote
+    /// it); `recording` says whether its spans are exported (a saga without a parent's
+    /// decision is sampled then).
+    pub fn of(id: Uuid, traceparent: Option<&str>, recording: bool) -> Self {
+        let bytes = id.as_bytes();
+        let mut span_id = [0u8; 8];
+        span_id.copy_from_slice(&bytes[8..]);
+        if span_id == [0; 8] {
+            span_id[7] = 1;
+        }
+        match traceparent.and_then(parse_traceparent) {
+            Some(parent) => Self {
+                context: TraceContext {
+                    trace_id: parent.trace_id,
+                    span_id,
+                    sampled: parent.sampled,
+                },
+                parent: Some(parent.span_id),
+            },
+            None => Self {
+                context: TraceContext {
+                    trace_id: *bytes,
+                    span_id,
+                    sampled: recording,
+                },
+                parent: None,
+            },
+        }
+    }
+
+    /// The saga span as the remote parent of its attempts' spans.
+    fn as_parent(&self) -> Context {
+        remote(
+            self.context.trace_id,
+            self.context.span_id,
+            self.context.sampled,
+        )
+    }
+}
+
+fn remote(trace_id: [u8; 16], span_id: [u8; 8], sampled: bool) -> Context {
+    let flags = if sampled {
+        TraceFlags::SAMPLED
+    } else {
+        TraceFlags::default()
+    };
+    Context::new().with_remote_span_context(SpanContext::new(
+        TraceId::from_bytes(trace_id),
+        SpanId::from_bytes(span_id),
+        flags,
+        true,
+        TraceState::NONE,
+    ))
+}
+
+/// A `traceparent` header's context, if it is a valid one (W3C Trace Context: an unknown
+/// version's extra fields are ignored, an invalid header is no parent at all).
+pub fn parse_traceparent(header: &str) -> Option<TraceContext> {
+    let carrier = HashMap::from([("traceparent".to_owned(), header.trim().to_owned())]);
+    let cx = TraceContextPropagator::new().extract(&carrier);
+    let span = cx.span();
+    let sc = span.span_context();
+    sc.is_valid().then(|| TraceContext {
+        trace_id: sc.trace_id().to_bytes(),
+        span_id: sc.span_id().to_bytes(),
+        sampled: sc.is_sampled(),
+    })
+}
+
+fn system_time(ms: Millis) -> SystemTime {
+    SystemTime::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_valid_traceparent_is_read_and_a_bad_one_is_no_parent() {
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let parsed = parse_traceparent(tp).unwrap();
+        assert_eq!(parsed.traceparent(), tp);
+        for bad in [
+            "",
+            "garbage",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+        ] {
+            assert_eq!(parse_traceparent(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn a_saga_joins_the_trace_it_was_started_in_with_a_span_of_its_own() {
+        let id = Uuid::now_v7();
+        let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        let joined = SagaTrace::of(id, Some(tp), false);
+        assert_eq!(
+            joined.context.trace_id_hex(),
+            "4bf92f3577b34da6a3ce929d0e0e4736"
+        );
+        assert_eq!(joined.parent, Some(parse_traceparent(tp).unwrap().span_id));
+        assert!(joined.context.sampled, "the caller's decision");
+        // The same in every process, and the saga span's id is not the caller's.
+        assert_eq!(SagaTrace::of(id, Some(tp), true), joined);
+        assert_ne!(joined.context.span_id, joined.parent.unwrap());
+
+        let own = SagaTrace::of(id, None, true);
+        assert_eq!(own.context.trace_id, *id.as_bytes());
+        assert_eq!(own.parent, None);
+        assert!(own.context.sampled);
+        assert!(!SagaTrace::of(id, None, false).context.sampled);
+        assert_ne!(
+            SagaTrace::of(Uuid::now_v7(), None, true).context.span_id,
+            own.context.span_id
+        );
+    }
+
+    #[test]
+    fn an_endpoint_gets_the_traces_path_unless_it_names_one() {
+        assert_eq!(
+            traces_url("http://127.0.0.1:4318").unwrap(),
+            "http://127.0.0.1:4318/v1/traces"
+        );
+        assert_eq!(
+            traces_url("http://collector:4318/").unwrap(),
+            "http://collector:4318/v1/traces"
+        );
+        assert_eq!(
+            traces_url("https://collector/otlp/v1/traces").unwrap(),
+            "https://collector/otlp/v1/traces"
+        );
+        assert!(traces_url("collector:4318").is_err());
+        assert!(traces_url("grpc://collector:4317").is_err());
+    }
+}
