@@ -5,7 +5,8 @@
 # PostgreSQL is started here if it is installed and down; SAGA_TEST_PG_URL names another server.
 # If PostgreSQL cannot be reached, the PostgreSQL half fails: it is never skipped. `nats-server`
 # is installed if missing (SAGA_TEST_NATS_SERVER names another binary); without it the broker
-# tests fail.
+# tests fail. Debian's Chromium is installed if missing (CHROMIUM names another one) for the web
+# console's browser tests, which drive it with playwright-core from npm; without it they fail.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,6 +27,12 @@ if ! command -v nats-server >/dev/null 2>&1 && [ -z "${SAGA_TEST_NATS_SERVER:-}"
     fi
 fi
 
+if ! command -v chromium >/dev/null 2>&1 && [ -z "${CHROMIUM:-}" ]; then
+    if command -v apt-get >/dev/null 2>&1; then
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+    fi
+fi
+
 # The crash tests spawn the real binaries; build them before the tests look for them.
 cargo build --workspace --bins
 
@@ -39,6 +46,10 @@ SAGA_TEST_BACKEND=postgres cargo test --workspace \
     --test store_contract --test operators --test retention --test engine --test stages --test children --test fulfil_order --test log_upgrade --test properties --test crash --test http --test cli \
     --test cli_terminal --test bad_input --test idempotency --test webhooks --test discovery \
     --test broker --test consumer --test tracing "$@"
+
+# The web console in a real browser, against the `example-sagas` built above.
+echo "== web console, Chromium =="
+(cd tests/browser && npm ci --no-audit --no-fund --loglevel=error && npm test)
 
 # The install path the README gives for the `saga` CLI (a debug build, to reuse the artifacts
 # of the tests; `cargo install --path orchestrator` builds it in release).

@@ -1136,6 +1136,16 @@ async fn blocked_sagas_are_flagged_once_and_claimed_by_a_process_that_has_their_
     let flags: Vec<_> = events.iter().filter(|e| e.kind == "saga.blocked").collect();
     assert_eq!(flags.len(), 1, "{events:?}");
     assert_eq!(flags[0].data["definition"], unknown_key);
+    // Listed and counted as blocked (the console's filter and counts).
+    let only_blocked = ListFilter {
+        blocked: true,
+        limit: 10,
+        ..ListFilter::default()
+    };
+    let page = store.list_sagas(&only_blocked).await.unwrap();
+    let ids: Vec<Uuid> = page.sagas.iter().map(|s| s.id).collect();
+    assert_eq!(ids, [unknown]);
+    assert_eq!(store.count_flagged().await.unwrap(), (0, 1));
 
     // A process without the definition never takes it.
     let claimed = claim_all(&store, "w", &key_of("s")).await;
@@ -1151,6 +1161,7 @@ async fn blocked_sagas_are_flagged_once_and_claimed_by_a_process_that_has_their_
     assert_eq!(claimed[0].saga.id, unknown);
     assert!(!claimed[0].saga.blocked);
     assert!(!store.get_saga(unknown).await.unwrap().unwrap().blocked);
+    assert_eq!(store.count_flagged().await.unwrap(), (0, 0));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@
 
 mod auth;
 mod client;
+mod console;
 mod health;
 mod malformed;
 mod metrics;

@@ -101,6 +101,8 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
         ("POST", "/v1/sagas/{saga}/retry"),
         ("POST", "/v1/sagas/{saga}/steps/{step}/mark-compensated"),
         ("GET", "/v1/definitions"),
+        ("GET", "/v1/counts"),
+        ("GET", "/v1/whoami"),
         ("GET", "/healthz"),
         ("GET", "/metrics"),
         ("GET", "/openapi.json"),
@@ -450,6 +452,30 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
         ),
         (
             "GET",
+            "/v1/counts",
+            api.req(Method::GET, "/v1/counts"),
+            "200",
+        ),
+        (
+            "GET",
+            "/v1/counts",
+            api.anonymous(Method::GET, "/v1/counts"),
+            "401",
+        ),
+        (
+            "GET",
+            "/v1/whoami",
+            api.req(Method::GET, "/v1/whoami"),
+            "200",
+        ),
+        (
+            "GET",
+            "/v1/whoami",
+            api.anonymous(Method::GET, "/v1/whoami"),
+            "401",
+        ),
+        (
+            "GET",
             "/healthz",
             api.anonymous(Method::GET, "/healthz"),
             "200",
@@ -521,6 +547,8 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
             START_ONLY,
         ),
         ("GET", "/metrics", "/metrics".to_owned(), START_ONLY),
+        ("GET", "/v1/counts", "/v1/counts".to_owned(), START_ONLY),
+        ("GET", "/v1/whoami", "/v1/whoami".to_owned(), START_ONLY),
         ("POST", "/v1/sagas/{saga}/abort", abort(&done), READ_ONLY),
         ("POST", "/v1/sagas/{saga}/retry", retry(&done), READ_ONLY),
         (

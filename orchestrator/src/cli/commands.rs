@@ -289,6 +289,7 @@ async fn list(
         needs_attention: a.needs_attention,
         limit: a.limit,
         cursor,
+        ..ListFilter::default()
     };
     let page = store.list_sagas(&filter).await?;
     if a.json {

@@ -48,6 +48,16 @@ impl ClientId {
     }
 }
 
+/// What the caller of a request may do: the scopes of its token, or every scope when the API
+/// is open. Found in the request's extensions beside its [`ClientId`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CallerScopes {
+    /// The scopes, as its token grants them.
+    pub(crate) scopes: Vec<Scope>,
+    /// Whether the server asks for tokens at all.
+    pub(crate) auth_required: bool,
+}
+
 /// One accepted token, kept only as its digest, with its name and scopes.
 #[derive(Clone)]
 struct Known {
@@ -222,6 +232,10 @@ pub(crate) async fn authenticate(
 ) -> Response {
     if auth.known.is_empty() {
         req.extensions_mut().insert(ClientId::anonymous());
+        req.extensions_mut().insert(CallerScopes {
+            scopes: vec![Scope::Admin],
+            auth_required: false,
+        });
         return next.run(req).await;
     }
     let route = req.extensions().get::<MatchedPath>().map(|m| m.as_str());
@@ -230,6 +244,7 @@ pub(crate) async fn authenticate(
         Credentials::Bearer(token) => auth.find(token),
         _ => None,
     };
+    let scopes = known.map(|k| k.scopes.clone()).unwrap_or_default();
     let client = match known {
         Some(known) => {
             if path_protected {
@@ -248,6 +263,10 @@ pub(crate) async fn authenticate(
         None => ClientId::anonymous(),
     };
     req.extensions_mut().insert(client);
+    req.extensions_mut().insert(CallerScopes {
+        scopes,
+        auth_required: true,
+    });
     next.run(req).await
 }
 

@@ -154,8 +154,40 @@ struct RawListQuery {
     status: Option<String>,
     name: Option<String>,
     needs_attention: Option<String>,
+    blocked: Option<String>,
+    created_after: Option<String>,
+    created_before: Option<String>,
+    id_prefix: Option<String>,
     limit: Option<String>,
     cursor: Option<String>,
+}
+
+/// A boolean query parameter: `true`/`1` or `false`/`0` (empty: false).
+fn flag(name: &str, value: Option<String>) -> Result<bool, ApiError> {
+    match non_empty(value).as_deref() {
+        None | Some("false") | Some("0") => Ok(false),
+        Some("true") | Some("1") => Ok(true),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "{name} must be true or false, got {}",
+            quote(other)
+        ))),
+    }
+}
+
+/// An RFC 3339 time query parameter, in milliseconds since the epoch.
+fn instant(name: &str, value: Option<String>) -> Result<Option<crate::model::Millis>, ApiError> {
+    non_empty(value)
+        .map(|text| {
+            chrono::DateTime::parse_from_rfc3339(text.trim())
+                .map(|t| t.timestamp_millis())
+                .map_err(|_| {
+                    ApiError::bad_request(format!(
+                        "{name} must be an RFC 3339 time such as 2026-12-24T18:00:00Z, got {}",
+                        quote(&text)
+                    ))
+                })
+        })
+        .transpose()
 }
 
 /// The filters and page of `GET /v1/sagas`, validated.
@@ -212,20 +244,20 @@ impl RawListQuery {
                 })
             })
             .transpose()?;
-        let needs_attention = match non_empty(self.needs_attention).as_deref() {
-            None | Some("false") | Some("0") => false,
-            Some("true") | Some("1") => true,
-            Some(other) => {
-                return Err(ApiError::bad_request(format!(
-                    "needs_attention must be true or false, got {}",
-                    quote(other)
-                )))
-            }
-        };
+        let id_prefix = non_empty(self.id_prefix)
+            .map(|p| {
+                crate::model::IdPrefix::parse(&p)
+                    .map_err(|e| ApiError::bad_request(format!("id_prefix: {e}")))
+            })
+            .transpose()?;
         Ok(ListFilter {
             status,
             name: non_empty(self.name),
-            needs_attention,
+            needs_attention: flag("needs_attention", self.needs_attention)?,
+            blocked: flag("blocked", self.blocked)?,
+            created_after: instant("created_after", self.created_after)?,
+            created_before: instant("created_before", self.created_before)?,
+            id_prefix,
             limit,
             cursor,
         })

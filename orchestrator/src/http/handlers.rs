@@ -453,7 +453,7 @@ async fn find_saga(state: &AppState, id: Uuid) -> Result<Saga, ApiError> {
         .ok_or_else(|| ApiError::not_found(format!("no saga with id {id}")))
 }
 
-/// `GET /v1/sagas?status=&name=&needs_attention=&limit=&cursor=`: a page of sagas, newest
+/// `GET /v1/sagas?status=&name=&needs_attention=&blocked=&created_after=&created_before=&id_prefix=&limit=&cursor=`: a page of sagas, newest
 /// first, `{"sagas": [...], "next_cursor": id or null}`. `limit` defaults to 50, at most 1000.
 #[utoipa::path(
     get,
@@ -468,6 +468,14 @@ async fn find_saga(state: &AppState, id: Uuid) -> Result<Saga, ApiError> {
         ("name" = Option<String>, Query, description = "Only sagas of this definition name"),
         ("needs_attention" = Option<bool>, Query,
          description = "Only sagas flagged as needing a person"),
+        ("blocked" = Option<bool>, Query,
+         description = "Only sagas whose definition no running process has"),
+        ("created_after" = Option<String>, Query,
+         description = "Only sagas created at or after this RFC 3339 time"),
+        ("created_before" = Option<String>, Query,
+         description = "Only sagas created before this RFC 3339 time"),
+        ("id_prefix" = Option<String>, Query,
+         description = "Only sagas whose id starts with these (8 or more) hexadecimal digits"),
         ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000,
          description = "Page size, 1 to 1000 (default 50)"),
         ("cursor" = Option<Uuid>, Query,

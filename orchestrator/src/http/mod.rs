@@ -82,6 +82,7 @@
 //! ```
 
 mod auth;
+mod console;
 mod definitions;
 mod error;
 mod extract;
@@ -91,6 +92,7 @@ mod metrics;
 mod middleware;
 mod openapi;
 mod operators;
+mod overview;
 mod prefer;
 mod state;
 pub mod tokens;
@@ -220,6 +222,8 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(operators::retry_saga))
         .routes(routes!(operators::mark_compensated))
         .routes(routes!(definitions::list_definitions))
+        .routes(routes!(overview::counts))
+        .routes(routes!(overview::whoami))
 }
 
 /// The OpenAPI document of the API, without any application's sagas: `GET /openapi.json`
@@ -263,9 +267,12 @@ fn to_json(doc: &utoipa::openapi::OpenApi) -> String {
 /// | `POST /v1/sagas/{id}/retry` | an operator makes a waiting or failed step retry now (audited) |
 /// | `POST /v1/sagas/{id}/steps/{step}/mark-compensated` | an operator vouches for a compensation done by hand (audited) |
 /// | `GET /v1/definitions` | the registered definitions: stages, hash, input schema |
+/// | `GET /v1/counts` | sagas by status, needing attention, blocked |
+/// | `GET /v1/whoami` | the caller's token name and scopes |
 /// | `GET /healthz` | `200` when the store answers, else `503` |
 /// | `GET /metrics` | Prometheus text |
 /// | `GET /openapi.json` | the OpenAPI document, with a start route per saga ([`openapi_for`]) |
+/// | `GET /ui/` | the web console (its files need no token; what it reads does) |
 ///
 /// Every error, including an unknown route (`404`) and a wrong method (`405`), is JSON
 /// `{"error": {"code": …, "message": …}}`, and every response carries an `x-request-id` header.
@@ -305,10 +312,12 @@ pub fn router_with_shutdown(
         config: config.clone(),
         openapi: Bytes::from(definitions::to_json(&doc)),
         shutdown,
+        counts: Arc::default(),
     };
     // After the recorder is installed (by `handle`), so that the zeros reach it.
     metrics::zero_series(state.engine.registry());
     routes
+        .merge(console::routes())
         .fallback(handlers::not_found)
         .method_not_allowed_fallback(handlers::method_not_allowed)
         .with_state(state)

@@ -24,6 +24,8 @@ pub(crate) struct AppState {
     /// Cancelled when the server shuts down: long waits (`Prefer: wait`) end early, so that
     /// they do not hold a graceful shutdown.
     pub(crate) shutdown: CancellationToken,
+    /// The last reading of `GET /v1/counts`, shared by every request.
+    pub(crate) counts: Arc<crate::http::overview::CountsCache>,
 }
 
 impl std::fmt::Debug for AppState {

@@ -410,6 +410,14 @@ pub struct ListFilter {
     pub name: Option<String>,
     /// Only sagas flagged as needing attention.
     pub needs_attention: bool,
+    /// Only sagas whose definition no running process has.
+    pub blocked: bool,
+    /// Only sagas created at or after this time.
+    pub created_after: Option<Millis>,
+    /// Only sagas created before this time.
+    pub created_before: Option<Millis>,
+    /// Only sagas whose id starts so.
+    pub id_prefix: Option<IdPrefix>,
     /// Page size (the store caps it).
     pub limit: u32,
     /// Start after this id (keyset pagination, newest first).

@@ -421,6 +421,10 @@ pub trait Store: IdempotencyStore + OutboxStore + Send + Sync + 'static {
     /// How many sagas the log holds in each status (every status, 0 for those with none).
     async fn count_by_status(&self) -> Result<Vec<(crate::model::SagaStatus, u64)>>;
 
+    /// How many sagas need attention, and how many unfinished ones are blocked (no running
+    /// process has their definition): each counted on an index, never the whole log.
+    async fn count_flagged(&self) -> Result<(u64, u64)>;
+
     /// A saga's event history, oldest first.
     async fn events(&self, id: Uuid) -> Result<Vec<Event>>;
 

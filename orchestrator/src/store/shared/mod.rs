@@ -167,6 +167,10 @@ impl<B: SqlBackend> Store for B {
         reads::count_by_status(self.reader()).await
     }
 
+    async fn count_flagged(&self) -> Result<(u64, u64)> {
+        reads::count_flagged(self.reader()).await
+    }
+
     async fn waiting(&self) -> Result<WaitingCounts> {
         let now = SqlBackend::now(self).await?;
         reads::waiting(self.reader(), now).await

@@ -108,6 +108,19 @@ pub(crate) async fn list_sagas(reader: Reader<'_>, filter: &ListFilter) -> Resul
     if filter.needs_attention {
         sql.push_str(reader.dialect().needs_attention());
     }
+    if filter.blocked {
+        sql.push_str(" AND blocked = TRUE");
+    }
+    if let Some(after) = filter.created_after {
+        and(&mut sql, &mut args, "created_at >=", Arg::Int(after));
+    }
+    if let Some(before) = filter.created_before {
+        and(&mut sql, &mut args, "created_at <", Arg::Int(before));
+    }
+    if let Some(prefix) = &filter.id_prefix {
+        and(&mut sql, &mut args, "id >=", Arg::Id(prefix.low()));
+        and(&mut sql, &mut args, "id <=", Arg::Id(prefix.high()));
+    }
     if let Some(cursor) = filter.cursor {
         and(&mut sql, &mut args, "id <", Arg::Id(cursor));
     }
@@ -117,8 +130,6 @@ pub(crate) async fn list_sagas(reader: Reader<'_>, filter: &ListFilter) -> Resul
     page_from_rows(&rows, limit)
 }
 
-/// The waiting stages of unfinished sagas by kind, and the scheduled starts still ahead. Walks
-/// `sagas_status` for the unfinished sagas and their steps' keys, never the finished log.
 /// Sagas per status, every status listed (counted on the `sagas_status` index).
 pub(crate) async fn count_by_status(reader: Reader<'_>) -> Result<Vec<(SagaStatus, u64)>> {
     let rows = reader
@@ -138,6 +149,36 @@ pub(crate) async fn count_by_status(reader: Reader<'_>) -> Result<Vec<(SagaStatu
     Ok(counts)
 }
 
+/// Sagas needing attention (on the partial index `sagas_attention`) and unfinished sagas that
+/// are blocked (on `sagas_status`: finished ones are never looked at).
+pub(crate) async fn count_flagged(reader: Reader<'_>) -> Result<(u64, u64)> {
+    let count = |row: Option<Row>| -> Result<u64> {
+        Ok(match row {
+            Some(row) => u64::try_from(row.get::<i64>("n")?).unwrap_or(0),
+            None => 0,
+        })
+    };
+    let attention = reader
+        .opt(
+            &format!(
+                "SELECT COUNT(*) AS n FROM sagas WHERE TRUE{}",
+                reader.dialect().needs_attention()
+            ),
+            &[],
+        )
+        .await?;
+    let blocked = reader
+        .opt(
+            "SELECT COUNT(*) AS n FROM sagas \
+             WHERE status IN ('QUEUED', 'RUNNING', 'COMPENSATING') AND blocked = TRUE",
+            &[],
+        )
+        .await?;
+    Ok((count(attention)?, count(blocked)?))
+}
+
+/// The waiting stages of unfinished sagas by kind, and the scheduled starts still ahead. Walks
+/// `sagas_status` for the unfinished sagas and their steps' keys, never the finished log.
 pub(crate) async fn waiting(reader: Reader<'_>, now: i64) -> Result<WaitingCounts> {
     let rows = reader
         .all(

@@ -1,0 +1,994 @@
+// The saga console: plain ES module, no build step, no dependency. It reads and steers sagas
+// through the same HTTP API as any client, with the user's token (kept for this tab only, in
+// sessionStorage, and sent as a bearer header: never in a URL or a cookie).
+//
+// Live updates are a cheap poll: a running saga's page reads the saga, its attempts, events
+// and deliveries every 2 seconds, the list its page and the (server-cached) counts every 5;
+// nothing is polled while the tab is hidden or once a saga has ended.
+
+const TOKEN_KEY = 'saga-console-token';
+const FINAL = new Set(['COMPLETED', 'COMPENSATED', 'ABORTED']);
+const STATUSES = ['QUEUED', 'RUNNING', 'COMPENSATING', 'COMPLETED', 'COMPENSATED', 'FAILED', 'ABORTED'];
+const UNKNOWN_OUTCOMES = new Set(['timed_out', 'interrupted', 'abandoned']);
+const FAILED_OUTCOMES = new Set(['failed', 'retryable']);
+const SAGA_POLL_MS = 2000;
+const LIST_POLL_MS = 5000;
+const ZOOMS = [1, 2, 4, 8, 16, 32, 64];
+const EXPAND_BRANCHES_UP_TO = 16;
+
+const state = {
+  token: sessionStorage.getItem(TOKEN_KEY),
+  me: null,
+  definitions: null,
+  generation: 0, // bumped at every navigation: pollers of an older page stop
+  listCursors: {}, // per filter: the cursors of the pages before the current one
+  view: {}, // per saga: zoom, collapsed groups, selected bar
+};
+
+// ---- small helpers ------------------------------------------------------------------------
+
+/** Builds an element: `el('a', {href: '#'}, 'text', child)`. Text is always text, never HTML. */
+function el(tag, props = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(props || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === 'class') node.className = v;
+    else if (k === 'style') node.style.cssText = v; // through the CSSOM: allowed by the CSP
+    else if (k.startsWith('on')) node.addEventListener(k.slice(2), v);
+    else if (k === 'dataset') Object.assign(node.dataset, v);
+    else if (v === true) node.setAttribute(k, '');
+    else node.setAttribute(k, String(v));
+  }
+  for (const c of children.flat()) {
+    if (c === undefined || c === null || c === false) continue;
+    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return node;
+}
+
+class ApiError extends Error {
+  constructor(status, code, message) {
+    super(message);
+    this.status = status;
+    this.code = code;
+  }
+  describe() {
+    return `${this.status}${this.code ? ' ' + this.code : ''}: ${this.message}`;
+  }
+}
+
+async function api(path, { method = 'GET', body } = {}) {
+  const headers = { accept: 'application/json' };
+  if (state.token) headers.authorization = `Bearer ${state.token}`;
+  if (body !== undefined) headers['content-type'] = 'application/json';
+  let response;
+  try {
+    response = await fetch(path, {
+      method,
+      headers,
+      body: body === undefined ? undefined : JSON.stringify(body),
+      cache: 'no-store',
+    });
+  } catch (e) {
+    throw new ApiError(0, 'unreachable', `the server did not answer (${e.message})`);
+  }
+  const text = await response.text();
+  let data = null;
+  try {
+    data = text ? JSON.parse(text) : null;
+  } catch {
+    data = null;
+  }
+  if (!response.ok) {
+    const err = data && data.error ? data.error : {};
+    throw new ApiError(response.status, err.code, err.message || text || response.statusText);
+  }
+  return data;
+}
+
+function can(scope) {
+  const scopes = (state.me && state.me.scopes) || [];
+  return scopes.includes('admin') || scopes.includes(scope);
+}
+
+const localFormat = new Intl.DateTimeFormat(undefined, { dateStyle: 'medium', timeStyle: 'medium' });
+const timeOnly = new Intl.DateTimeFormat(undefined, { hour: '2-digit', minute: '2-digit', second: '2-digit' });
+
+function ms(iso) {
+  return iso ? Date.parse(iso) : null;
+}
+
+/** A time in the viewer's zone, UTC on hover. */
+function timeEl(iso, short = false) {
+  if (!iso) return el('span', { class: 'muted' }, '—');
+  const d = new Date(iso);
+  const text = short ? timeOnly.format(d) : localFormat.format(d);
+  return el('time', { datetime: iso, title: `UTC: ${d.toISOString()}` }, text);
+}
+
+function fmtDur(milliseconds) {
+  if (milliseconds === null || milliseconds === undefined || Number.isNaN(milliseconds)) return '—';
+  const m = Math.max(0, milliseconds);
+  if (m < 1000) return `${Math.round(m)} ms`;
+  if (m < 60_000) return `${(m / 1000).toFixed(m < 10_000 ? 2 : 1)} s`;
+  const s = Math.round(m / 1000);
+  if (s < 3600) return `${Math.floor(s / 60)} min ${s % 60} s`;
+  if (s < 86_400) return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min`;
+  return `${Math.floor(s / 86_400)} d ${Math.floor((s % 86_400) / 3600)} h`;
+}
+
+function badge(status, prefix = '') {
+  return el('span', { class: `badge s-${status}` }, prefix + status);
+}
+
+function shortId(id) {
+  return id ? id.slice(0, 8) : '';
+}
+
+function toast(message) {
+  const box = document.getElementById('toast');
+  const item = el('div', {}, message);
+  box.append(item);
+  setTimeout(() => item.remove(), 6000);
+}
+
+/** Replaces `node`'s children with the given ones, leaving out the absent (null, false). */
+function fill(node, ...children) {
+  node.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== false));
+  return node;
+}
+
+/** A labelled form field: the label beside its control, not around it. */
+function field(id, label, control) {
+  return el('div', { class: 'field' }, el('label', { for: id }, label), control);
+}
+
+function pretty(value) {
+  return el('pre', { class: 'json' }, JSON.stringify(value, null, 2));
+}
+
+function main() {
+  return document.getElementById('main');
+}
+
+/**
+ * Runs `tick` now (its error goes to the caller, which shows it) and then every `every` ms
+ * while the page it belongs to is shown and `tick` does not answer `false`.
+ */
+async function poll(tick, every) {
+  const generation = state.generation;
+  let timer = null;
+  const run = async () => {
+    if (generation !== state.generation) return;
+    if (document.hidden) {
+      timer = setTimeout(run, every);
+      return;
+    }
+    let again = true;
+    try {
+      again = (await tick()) !== false;
+    } catch (e) {
+      if (e instanceof ApiError && e.status === 401) return showLogin('The token was refused.');
+      console.warn(e);
+    }
+    if (again && generation === state.generation) timer = setTimeout(run, every);
+  };
+  if ((await tick()) !== false) timer = setTimeout(run, every);
+}
+
+// ---- identity -----------------------------------------------------------------------------
+
+async function loadMe() {
+  try {
+    state.me = await api('/v1/whoami');
+  } catch (e) {
+    if (e instanceof ApiError && (e.status === 401 || e.status === 403)) {
+      state.me = null;
+      return false;
+    }
+    throw e;
+  }
+  renderWho();
+  return true;
+}
+
+function renderWho() {
+  const who = document.getElementById('who');
+  who.replaceChildren();
+  if (!state.me) return;
+  const label = state.me.auth_required
+    ? `${state.me.name} (${state.me.scopes.join(', ')})`
+    : 'open API';
+  who.append(el('span', { title: 'The token this tab uses' }, label));
+  if (state.me.auth_required) {
+    who.append(
+      el('button', {
+        type: 'button',
+        onclick: () => {
+          sessionStorage.removeItem(TOKEN_KEY);
+          state.token = null;
+          state.me = null;
+          showLogin();
+        },
+      }, 'Sign out'),
+    );
+  }
+}
+
+function showLogin(problem) {
+  state.generation += 1;
+  document.getElementById('counts').replaceChildren();
+  renderWho();
+  const input = el('input', {
+    id: 'token', name: 'token', type: 'password', autocomplete: 'off', required: true, spellcheck: 'false',
+  });
+  const error = el('p', { class: 'error-text', role: 'alert', hidden: !problem }, problem || '');
+  const form = el('form', {
+    class: 'login',
+    onsubmit: async (ev) => {
+      ev.preventDefault();
+      state.token = input.value.trim();
+      if (await loadMe()) {
+        sessionStorage.setItem(TOKEN_KEY, state.token);
+        route();
+      } else {
+        state.token = null;
+        error.textContent = 'This token is not accepted by the server.';
+        error.hidden = false;
+      }
+    },
+  },
+  el('h1', {}, 'Sign in'),
+  el('p', { class: 'muted' }, 'This server asks for an API token. It is kept for this tab only.'),
+  field('token', 'API token', input),
+  error,
+  el('div', {}, el('button', { class: 'primary', type: 'submit' }, 'Sign in')));
+  fill(main(), form);
+  input.focus();
+}
+
+// ---- counts in the header -----------------------------------------------------------------
+
+async function refreshCounts(currentStatus) {
+  const counts = await api('/v1/counts');
+  const nav = document.getElementById('counts');
+  const chips = STATUSES.map((s) =>
+    el('a', {
+      href: `#/?status=${s}`,
+      'aria-current': currentStatus === s ? 'true' : 'false',
+      class: 'badge-chip',
+    }, `${s.toLowerCase()} ${counts.by_status[s] ?? 0}`));
+  chips.push(el('a', { href: '#/?needs_attention=1', class: 'flag' }, `needs attention ${counts.needs_attention}`));
+  if (counts.blocked) chips.push(el('a', { href: '#/?blocked=1', class: 'flag' }, `blocked ${counts.blocked}`));
+  fill(nav, chips);
+}
+
+// ---- the list of sagas --------------------------------------------------------------------
+
+function toLocalInput(iso) {
+  if (!iso) return '';
+  const d = new Date(iso);
+  const pad = (n) => String(n).padStart(2, '0');
+  return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}T${pad(d.getHours())}:${pad(d.getMinutes())}`;
+}
+
+function listQuery(params) {
+  const q = new URLSearchParams();
+  if (params.get('status')) q.set('status', params.get('status'));
+  if (params.get('name')) q.set('name', params.get('name'));
+  if (params.get('needs_attention')) q.set('needs_attention', 'true');
+  if (params.get('blocked')) q.set('blocked', 'true');
+  if (params.get('after')) q.set('created_after', params.get('after'));
+  if (params.get('before')) q.set('created_before', params.get('before'));
+  if (params.get('id')) q.set('id_prefix', params.get('id'));
+  q.set('limit', '50');
+  return q;
+}
+
+function sagaRow(s) {
+  return el('tr', { class: s.needs_attention ? 'attention' : '' },
+    el('td', { class: 'idcell' }, el('a', { href: `#/sagas/${s.id}`, class: 'mono' }, s.id)),
+    el('td', {}, s.name),
+    el('td', {}, badge(s.status), ' ',
+      s.needs_attention ? el('span', { class: 'badge flagbadge' }, 'needs attention') : null, ' ',
+      s.blocked ? el('span', { class: 'badge flagbadge' }, 'blocked') : null),
+    el('td', { class: 'opt' }, timeEl(s.created_at)),
+    el('td', { class: 'opt' }, timeEl(s.updated_at)),
+    el('td', { class: 'err', title: s.error || '' }, s.error || ''));
+}
+
+function sagaTable(sagas, caption) {
+  return el('div', { class: 'table-wrap' }, el('table', {},
+    el('caption', { class: 'muted', style: 'text-align:left' }, caption),
+    el('thead', {}, el('tr', {},
+      el('th', { scope: 'col' }, 'Id'), el('th', { scope: 'col' }, 'Saga'), el('th', { scope: 'col' }, 'Status'),
+      el('th', { scope: 'col', class: 'opt' }, 'Created'), el('th', { scope: 'col', class: 'opt' }, 'Updated'),
+      el('th', { scope: 'col' }, 'Error'))),
+    el('tbody', {}, sagas.map(sagaRow))));
+}
+
+async function renderList(params) {
+  document.title = 'Sagas';
+  if (!state.definitions) {
+    state.definitions = (await api('/v1/definitions')).definitions;
+  }
+  const names = [...new Set(state.definitions.map((d) => d.name))].sort();
+  const status = el('select', { id: 'f-status', name: 'status' },
+    el('option', { value: '' }, 'any'),
+    STATUSES.map((s) => el('option', { value: s, selected: params.get('status') === s }, s)));
+  const name = el('select', { id: 'f-name', name: 'name' },
+    el('option', { value: '' }, 'any'),
+    names.map((n) => el('option', { value: n, selected: params.get('name') === n }, n)));
+  const attention = el('input', { id: 'f-attention', type: 'checkbox', checked: !!params.get('needs_attention') });
+  const blocked = el('input', { id: 'f-blocked', type: 'checkbox', checked: !!params.get('blocked') });
+  const after = el('input', { id: 'f-after', type: 'datetime-local', value: toLocalInput(params.get('after')) });
+  const before = el('input', { id: 'f-before', type: 'datetime-local', value: toLocalInput(params.get('before')) });
+  const idPrefix = el('input', {
+    id: 'f-id', type: 'search', value: params.get('id') || '', placeholder: '8+ hex digits', size: 14,
+    autocomplete: 'off', spellcheck: 'false',
+  });
+  const apply = () => {
+    const q = new URLSearchParams();
+    if (status.value) q.set('status', status.value);
+    if (name.value) q.set('name', name.value);
+    if (attention.checked) q.set('needs_attention', '1');
+    if (blocked.checked) q.set('blocked', '1');
+    if (after.value) q.set('after', new Date(after.value).toISOString());
+    if (before.value) q.set('before', new Date(before.value).toISOString());
+    if (idPrefix.value.trim()) q.set('id', idPrefix.value.trim());
+    location.hash = `#/?${q}`;
+  };
+  const form = el('form', {
+    class: 'filters', role: 'search', 'aria-label': 'Filter sagas',
+    onsubmit: (ev) => { ev.preventDefault(); apply(); },
+  },
+  field('f-status', 'Status', status),
+  field('f-name', 'Saga', name),
+  el('label', { class: 'check', for: 'f-attention' }, attention, 'Needs attention'),
+  el('label', { class: 'check', for: 'f-blocked' }, blocked, 'Blocked'),
+  field('f-after', 'Created from', after),
+  field('f-before', 'Created before', before),
+  field('f-id', 'Id starts with', idPrefix),
+  el('div', { class: 'actions' },
+    el('button', { type: 'submit', class: 'primary' }, 'Apply'),
+    el('button', { type: 'button', onclick: () => { location.hash = '#/'; } }, 'Clear')));
+  for (const input of [status, name, attention, blocked, after, before]) input.addEventListener('change', apply);
+
+  const queue = el('section', { class: 'attention-queue', 'aria-labelledby': 'q-title', hidden: true });
+  const results = el('section', { 'aria-labelledby': 'r-title' },
+    el('h2', { id: 'r-title' }, 'Sagas'), el('p', { class: 'muted' }, 'Loading…'));
+  fill(main(), el('h1', {}, 'Sagas'), queue, form, results);
+
+  const filterKey = listQuery(params).toString();
+  const cursors = state.listCursors[filterKey] || (state.listCursors[filterKey] = []);
+  const cursor = params.get('cursor');
+  const filtering = [...params.keys()].some((k) => k !== 'cursor');
+  await poll(async () => {
+    const q = listQuery(params);
+    if (cursor) q.set('cursor', cursor);
+    const [page, attentionPage] = await Promise.all([
+      api(`/v1/sagas?${q}`),
+      filtering ? null : api('/v1/sagas?needs_attention=true&limit=10'),
+      refreshCounts(params.get('status')),
+    ]);
+    if (attentionPage && attentionPage.sagas.length) {
+      queue.hidden = false;
+      fill(queue, 
+        el('h2', { id: 'q-title' }, `Needs attention first (${attentionPage.sagas.length}${attentionPage.next_cursor ? '+' : ''})`),
+        sagaTable(attentionPage.sagas, 'Compensations that keep failing, failed sagas: each waits for a person.'),
+        attentionPage.next_cursor ? el('a', { href: '#/?needs_attention=1' }, 'All sagas needing attention') : null);
+    } else {
+      queue.hidden = true;
+    }
+    const pager = el('div', { class: 'pager' },
+      el('button', {
+        type: 'button', disabled: !cursor,
+        onclick: () => {
+          const previous = cursors.pop();
+          const q2 = new URLSearchParams(params);
+          if (previous) q2.set('cursor', previous); else q2.delete('cursor');
+          location.hash = `#/?${q2}`;
+        },
+      }, '← Newer'),
+      el('button', {
+        type: 'button', disabled: !page.next_cursor,
+        onclick: () => {
+          cursors.push(cursor || '');
+          const q2 = new URLSearchParams(params);
+          q2.set('cursor', page.next_cursor);
+          location.hash = `#/?${q2}`;
+        },
+      }, 'Older →'));
+    fill(results, 
+      el('h2', { id: 'r-title' }, 'Sagas'),
+      page.sagas.length
+        ? sagaTable(page.sagas, 'Newest first. Times in your time zone; hover for UTC.')
+        : el('p', { class: 'muted' }, 'No saga matches these filters.'),
+      pager);
+  }, LIST_POLL_MS);
+}
+
+// ---- one saga -----------------------------------------------------------------------------
+
+function viewOf(id) {
+  return state.view[id] || (state.view[id] = { zoom: 1, collapsed: null, selected: null, lane: null, tableOpen: new Set() });
+}
+
+async function renderSaga(id) {
+  document.title = `Saga ${shortId(id)}`;
+  fill(main(), el('p', { class: 'muted' }, 'Loading…'));
+  const header = el('div');
+  const timeline = el('section', { 'aria-labelledby': 't-title' });
+  const panels = el('div', { class: 'panels' });
+  let scaffolded = false;
+  let deliveriesEvery = 0;
+  let deliveries = { deliveries: [] };
+  await poll(async () => {
+    const [saga, attempts, events] = await Promise.all([
+      api(`/v1/sagas/${id}`),
+      api(`/v1/sagas/${id}/attempts`),
+      api(`/v1/sagas/${id}/events`),
+      refreshCounts(null),
+    ]);
+    if (deliveriesEvery++ % 3 === 0) deliveries = await api(`/v1/sagas/${id}/deliveries`);
+    if (!scaffolded) {
+      fill(main(), 
+        el('p', {}, el('a', { href: '#/' }, '← All sagas')), header, timeline, panels);
+      scaffolded = true;
+    }
+    const now = Date.now();
+    renderSagaHeader(header, saga, now);
+    renderTimeline(timeline, saga, attempts.attempts, events.events, now);
+    renderPanels(panels, saga, events.events, deliveries.deliveries);
+    return !FINAL.has(saga.status) || deliveries.deliveries.some((d) => d.state === 'pending');
+  }, SAGA_POLL_MS);
+}
+
+function renderSagaHeader(box, saga, now) {
+  const ended = FINAL.has(saga.status);
+  const lived = (ended ? ms(saga.updated_at) : now) - ms(saga.created_at);
+  const children = saga.stages.filter((s) => s.child_id);
+  const meta = el('dl', { class: 'meta' },
+    el('div', {}, el('dt', {}, 'Id'), el('dd', { class: 'mono' }, saga.id)),
+    el('div', {}, el('dt', {}, 'Definition'), el('dd', {}, `${saga.name} v${saga.version}`,
+      el('span', { class: 'muted mono' }, ` #${saga.definition_hash}`))),
+    el('div', {}, el('dt', {}, 'Created'), el('dd', {}, timeEl(saga.created_at))),
+    el('div', {}, el('dt', {}, ended ? 'Ended' : 'Updated'), el('dd', {}, timeEl(saga.updated_at))),
+    el('div', {}, el('dt', {}, ended ? 'Took' : 'Running for'), el('dd', {}, fmtDur(lived))),
+    saga.scheduled_at ? el('div', {}, el('dt', {}, 'Scheduled for'), el('dd', {}, timeEl(saga.scheduled_at))) : null,
+    saga.next_run_at && !ended ? el('div', {}, el('dt', {}, 'Next run'), el('dd', {}, timeEl(saga.next_run_at))) : null,
+    saga.lease_owner ? el('div', {}, el('dt', {}, 'Driven by'), el('dd', { class: 'mono' }, `${saga.lease_owner} (epoch ${saga.lease_epoch})`)) : null,
+    saga.parent_id ? el('div', {}, el('dt', {}, 'Parent'), el('dd', {},
+      el('a', { href: `#/sagas/${saga.parent_id}`, class: 'mono' }, shortId(saga.parent_id)),
+      saga.parent_stage ? ` (stage ${saga.parent_stage})` : '')) : null,
+    children.length ? el('div', {}, el('dt', {}, 'Children'), el('dd', {}, children.map((c) =>
+      el('span', {}, el('a', { href: `#/sagas/${c.child_id}`, class: 'mono' }, shortId(c.child_id)), ` (${c.name}) `)))) : null);
+  fill(box, 
+    el('h1', {}, saga.name, badge(saga.status),
+      saga.needs_attention ? el('span', { class: 'badge flagbadge' }, 'needs attention') : null,
+      saga.blocked ? el('span', { class: 'badge flagbadge' }, 'blocked: no running process has this definition') : null,
+      saga.cancel_requested && !ended ? el('span', { class: 'badge flagbadge' }, 'cancel requested') : null,
+      saga.pivot_reached ? el('span', { class: 'badge s-NONE' }, 'past its point of no return') : null),
+    saga.error ? el('p', { class: 'notice', role: 'note' }, saga.error) : null,
+    meta,
+    actionBar(saga));
+}
+
+// ---- the timeline -------------------------------------------------------------------------
+
+function stepsOf(saga) {
+  const lanes = [];
+  for (const stage of saga.stages) {
+    const kind = stage.kind === 'step' ? stage.step_kind : stage.kind;
+    lanes.push({ key: stage.name, label: stage.name, kind, rec: stage, stage, depth: 0 });
+    for (const b of stage.branches || []) {
+      lanes.push({
+        key: b.name, label: b.name.slice(stage.name.length + 1), kind: 'branch', rec: b, stage, depth: 1,
+      });
+    }
+  }
+  return lanes;
+}
+
+/** The time range drawn: the saga's life, stretched to show near deadlines. */
+function axisOf(saga, attempts, now) {
+  const t0 = ms(saga.created_at);
+  let end = FINAL.has(saga.status) ? ms(saga.updated_at) : now;
+  for (const a of attempts) end = Math.max(end, ms(a.ended_at) || ms(a.started_at));
+  const lived = Math.max(end - t0, 1);
+  const deadlines = [];
+  const walk = (rec) => {
+    if (rec.status !== 'WAITING' && rec.status !== 'RETRYING') return;
+    for (const d of [rec.wake_at, rec.timeout_at]) if (d) deadlines.push(ms(d));
+  };
+  for (const stage of saga.stages) {
+    walk(stage);
+    (stage.branches || []).forEach(walk);
+  }
+  if (!FINAL.has(saga.status) && saga.next_run_at) deadlines.push(ms(saga.next_run_at));
+  let t1 = end;
+  for (const d of deadlines) {
+    // A deadline soon enough is drawn in place; a far one is named at the edge instead, so
+    // that an hour's timeout does not squash a second of calls into a pixel.
+    if (d > t1 && d - t0 <= lived * 4) t1 = d;
+  }
+  t1 += (t1 - t0) * 0.02 + 1;
+  return { t0, t1, span: t1 - t0, now };
+}
+
+function pct(axis, t) {
+  return `${(((t - axis.t0) / axis.span) * 100).toFixed(4)}%`;
+}
+
+function widthPct(axis, from, to) {
+  return `${((Math.max(to - from, 0) / axis.span) * 100).toFixed(4)}%`;
+}
+
+function ticks(axis, zoom) {
+  // About one label per 150 pixels of a track as wide as the screen allows.
+  const labels = Math.max(3, Math.floor(((window.innerWidth - 240) * zoom) / 150));
+  const target = axis.span / labels;
+  const pow = 10 ** Math.floor(Math.log10(target));
+  const step = [1, 2, 5, 10].map((m) => m * pow).find((s) => s >= target) || target;
+  const out = [];
+  for (let t = 0; t <= axis.span; t += step) {
+    out.push(el('div', { class: 'tick', style: `left:${pct(axis, axis.t0 + t)}`, 'aria-hidden': 'true' },
+      t === 0 ? timeOnly.format(new Date(axis.t0)) : `+${fmtDur(t)}`));
+  }
+  return out;
+}
+
+function outcomeClass(a, running) {
+  if (running) return 'running';
+  if (FAILED_OUTCOMES.has(a.outcome)) return 'failed';
+  if (UNKNOWN_OUTCOMES.has(a.outcome)) return 'unknown';
+  return 'ok';
+}
+
+function attemptBar(axis, lane, a, view, select) {
+  const running = !a.outcome && !a.ended_at;
+  const start = ms(a.started_at);
+  const end = running ? axis.now : ms(a.ended_at) || start;
+  const cls = outcomeClass(a, running);
+  const mark = cls === 'failed' ? '✕' : cls === 'unknown' ? '?' : '';
+  const what = `${lane.key} ${a.phase} attempt ${a.attempt}: ${running ? 'running' : a.outcome}, ${fmtDur(end - start)}`;
+  const key = `${a.step}|${a.phase}|${a.attempt}`;
+  return el('button', {
+    type: 'button',
+    class: `bar ${a.phase} ${cls}`,
+    style: `left:${pct(axis, start)};width:${widthPct(axis, start, end)}`,
+    title: a.error ? `${what}: ${a.error}` : what,
+    'aria-label': a.error ? `${what}: ${a.error}` : what,
+    'aria-pressed': view.selected === key ? 'true' : 'false',
+    dataset: { phase: a.phase, outcome: a.outcome || 'running', attempt: a.attempt, lane: lane.key },
+    onclick: () => select(key),
+  }, mark ? el('span', { class: 'mark', 'aria-hidden': 'true' }, mark) : null);
+}
+
+function laneTrack(axis, lane, laneAttempts, saga, view, select) {
+  const track = el('div', { class: 'tl-track', role: 'cell' });
+  const rec = lane.rec;
+  // Waits drawn as bars: sleeps, signal waits, child sagas, and a group's whole run.
+  if (['sleep', 'signal', 'child', 'parallel'].includes(lane.kind) && rec.started_at) {
+    const from = ms(rec.started_at);
+    const to = rec.ended_at ? ms(rec.ended_at) : FINAL.has(saga.status) ? ms(saga.updated_at) : axis.now;
+    const label = lane.kind === 'sleep' ? 'sleeping'
+      : lane.kind === 'signal' ? `waiting for ${rec.waiting_for || 'a signal'}`
+        : lane.kind === 'child' ? 'child saga' : `${(rec.branches || []).length} branches`;
+    const attrs = {
+      class: `bar ${lane.kind === 'child' ? 'childbar' : 'waitbar'}`,
+      style: `left:${pct(axis, from)};width:${widthPct(axis, from, to)}`,
+      title: `${lane.key}: ${label}, ${fmtDur(to - from)}`,
+      'aria-label': `${lane.key}: ${label}, ${fmtDur(to - from)}`,
+    };
+    track.append(lane.kind === 'child' && rec.child_id
+      ? el('a', { ...attrs, href: `#/sagas/${rec.child_id}` }, 'child')
+      : el('span', { ...attrs, role: 'img' }, lane.kind === 'parallel' ? '' : label));
+    if (rec.compensation && rec.compensation.started_at && lane.kind !== 'parallel') {
+      const cf = ms(rec.compensation.started_at);
+      const ct = rec.compensation.ended_at ? ms(rec.compensation.ended_at) : axis.now;
+      track.append(el('span', {
+        class: 'bar compensation', role: 'img', style: `left:${pct(axis, cf)};width:${widthPct(axis, cf, ct)}`,
+        'aria-label': `${lane.key}: undoing, ${rec.compensation.status}`, title: `${lane.key}: undoing`,
+      }));
+    }
+  }
+  // Deadlines: a sleep's wake time, a signal's timeout, a retry's next attempt.
+  const deadline = (t, text) => {
+    if (t <= axis.t1) {
+      track.append(el('div', { class: 'deadline', style: `left:${pct(axis, t)}`, title: `${text} ${new Date(t).toISOString()}` },
+        el('span', {}, `${text} ${timeOnly.format(new Date(t))}`)));
+    } else {
+      track.append(el('span', { class: 'beyond', title: new Date(t).toISOString() }, `${text} ${localFormat.format(new Date(t))} →`));
+    }
+  };
+  if (rec.status === 'WAITING' && rec.wake_at) deadline(ms(rec.wake_at), 'wakes');
+  if (rec.status === 'WAITING' && rec.timeout_at) deadline(ms(rec.timeout_at), 'times out');
+  // Retry waits: from one attempt's end to the next one's start, or to the next run.
+  const byPhase = { action: [], compensation: [] };
+  for (const a of laneAttempts) byPhase[a.phase].push(a);
+  for (const [phase, list] of Object.entries(byPhase)) {
+    list.sort((x, y) => x.attempt - y.attempt);
+    for (let i = 1; i < list.length; i++) {
+      const from = ms(list[i - 1].ended_at);
+      const to = ms(list[i].started_at);
+      if (from && to > from) {
+        track.append(el('div', {
+          class: 'retrywait', style: `left:${pct(axis, from)};width:${widthPct(axis, from, to)}`,
+          title: `retry wait ${fmtDur(to - from)}`,
+        }));
+      }
+    }
+    const last = list[list.length - 1];
+    const phaseRec = phase === 'action' ? rec : rec.compensation;
+    if (last && last.ended_at && phaseRec && phaseRec.status === 'RETRYING' && !FINAL.has(saga.status)) {
+      const next = ms(rec.wake_at) || ms(saga.next_run_at);
+      if (next && next > ms(last.ended_at)) {
+        const to = Math.min(next, axis.t1);
+        track.append(el('div', {
+          class: 'retrywait', style: `left:${pct(axis, ms(last.ended_at))};width:${widthPct(axis, ms(last.ended_at), to)}`,
+          title: `next attempt at ${new Date(next).toISOString()}`,
+        }));
+        deadline(next, 'retries');
+      }
+    }
+  }
+  for (const a of laneAttempts) track.append(attemptBar(axis, lane, a, view, select));
+  if (!laneAttempts.length && !rec.started_at) {
+    track.append(el('span', { class: 'lane-note' }, rec.status === 'SKIPPED' ? 'skipped: its condition was false' : 'not started'));
+  }
+  return track;
+}
+
+function laneLabel(lane, laneAttempts, view, onToggle, onLane) {
+  const rec = lane.rec;
+  const comp = rec.compensation && !['NONE', 'PENDING'].includes(rec.compensation.status)
+    ? badge(rec.compensation.status, '↩ ') : null;
+  let toggle = null;
+  if (lane.kind === 'parallel') {
+    const branches = rec.branches || [];
+    const collapsed = view.collapsed.has(lane.key);
+    const tally = {};
+    for (const b of branches) tally[b.status] = (tally[b.status] || 0) + 1;
+    const summary = Object.entries(tally).map(([s, n]) => `${n} ${s.toLowerCase()}`).join(', ');
+    toggle = el('button', {
+      type: 'button', class: 'toggle', 'aria-expanded': collapsed ? 'false' : 'true',
+      title: summary, onclick: () => onToggle(lane.key),
+    }, `${collapsed ? '▸' : '▾'} ${branches.length}`);
+  }
+  const retried = ['action', 'compensation'].some((p) => laneAttempts.filter((a) => a.phase === p).length > 1);
+  const count = retried ? el('span', { class: 'count-chip', title: `${laneAttempts.length} attempts` }, `${laneAttempts.length}×`) : null;
+  const name = el('button', {
+    type: 'button', class: 'name', title: `${lane.key} (${lane.kind}): show its attempts`,
+    onclick: () => onLane(lane.key),
+  }, lane.label);
+  if (lane.depth) {
+    // One line: the branch's name first; its statuses as short badges, spelt out on hover.
+    const undo = rec.compensation && !['NONE', 'PENDING'].includes(rec.compensation.status)
+      ? el('span', { class: `badge mini s-${rec.compensation.status}`, title: `undo: ${rec.compensation.status}` }, '↩') : null;
+    return el('div', { class: 'tl-label branch', role: 'rowheader' },
+      el('div', { class: 'line' }, name, count,
+        el('span', { class: `badge mini s-${rec.status}`, title: rec.status }, rec.status.slice(0, 4)), undo));
+  }
+  const kind = ['sleep', 'signal', 'child', 'parallel'].includes(lane.kind) ? el('span', { class: 'kind' }, lane.kind) : null;
+  return el('div', { class: 'tl-label', role: 'rowheader' },
+    el('div', { class: 'line' }, toggle, name, count),
+    el('div', { class: 'line small' }, kind, badge(rec.status), comp));
+}
+
+function renderTimeline(box, saga, attempts, events, now) {
+  const view = viewOf(saga.id);
+  const lanes = stepsOf(saga);
+  if (view.collapsed === null) {
+    view.collapsed = new Set(lanes.filter((l) => l.kind === 'parallel' && (l.rec.branches || []).length > EXPAND_BRANCHES_UP_TO).map((l) => l.key));
+  }
+  const axis = axisOf(saga, attempts, now);
+  const byLane = {};
+  for (const a of attempts) (byLane[a.step] || (byLane[a.step] = [])).push(a);
+  const oldScroll = box.querySelector('.tl-scroll');
+  const scroll = oldScroll ? { left: oldScroll.scrollLeft, top: oldScroll.scrollTop } : null;
+  const rerender = () => renderTimeline(box, saga, attempts, events, now);
+  const select = (key) => { view.selected = key; view.lane = null; rerender(); };
+  const onToggle = (key) => {
+    if (view.collapsed.has(key)) view.collapsed.delete(key); else view.collapsed.add(key);
+    rerender();
+  };
+  const onLane = (key) => { view.lane = key; view.selected = null; rerender(); };
+  const rows = [el('div', { class: 'tl-row tl-axis', role: 'row' },
+    el('div', { class: 'tl-label', role: 'columnheader' }, 'Stage'),
+    el('div', { class: 'tl-track', role: 'cell' }, ticks(axis, view.zoom)))];
+  for (const lane of lanes) {
+    if (lane.depth && view.collapsed.has(lane.stage.name)) continue;
+    const laneAttempts = byLane[lane.key] || [];
+    rows.push(el('div', { class: `tl-row${lane.depth ? ' branch' : ''}`, role: 'row', dataset: { lane: lane.key, status: lane.rec.status } },
+      laneLabel(lane, laneAttempts, view, onToggle, onLane),
+      laneTrack(axis, lane, laneAttempts, saga, view, select)));
+  }
+  const grid = el('div', { class: 'tl-grid', role: 'table', 'aria-label': 'Timeline: one lane per stage and branch, one bar per attempt', style: `--zoom:${view.zoom}` }, rows);
+  if (!FINAL.has(saga.status)) grid.append(el('div', { class: 'nowline', style: `left:calc(var(--label-w) + (100% - var(--label-w)) * ${((now - axis.t0) / axis.span).toFixed(4)})`, title: 'now' }));
+  const zoomTo = (z) => { view.zoom = z; rerender(); };
+  const zi = ZOOMS.indexOf(view.zoom);
+  const toolbar = el('div', { class: 'tl-toolbar' },
+    el('div', { role: 'group', 'aria-label': 'Zoom' },
+      el('button', { type: 'button', 'aria-label': 'Zoom out', disabled: zi <= 0, onclick: () => zoomTo(ZOOMS[zi - 1]) }, '−'), ' ',
+      el('button', { type: 'button', onclick: () => zoomTo(1) }, `Fit (${view.zoom}×)`), ' ',
+      el('button', { type: 'button', 'aria-label': 'Zoom in', disabled: zi >= ZOOMS.length - 1, onclick: () => zoomTo(ZOOMS[zi + 1]) }, '+')),
+    el('ul', { class: 'legend', 'aria-label': 'Legend' },
+      el('li', {}, el('span', { class: 'bar action' }), 'action'),
+      el('li', {}, el('span', { class: 'bar compensation' }), 'compensation'),
+      el('li', {}, el('span', { class: 'bar action failed' }, '✕'), 'failed'),
+      el('li', {}, el('span', { class: 'bar action unknown' }, '?'), 'outcome unknown'),
+      el('li', {}, el('span', { class: 'bar waitbar' }), 'sleep or wait'),
+      el('li', {}, el('span', { class: 'retrywait', style: 'position:static;display:inline-block;width:1.6rem' }), 'retry wait'),
+      el('li', {}, el('span', { class: 'deadline', style: 'position:static;display:inline-block;height:.9rem' }), 'deadline')));
+  const details = el('div', { class: 'details', 'aria-live': 'polite', id: 'attempt-details' });
+  fillDetails(details, view, attempts, saga);
+  const scrollBox = el('div', { class: 'tl-scroll' }, grid);
+  fill(box, el('h2', { id: 't-title' }, 'Timeline'), toolbar, scrollBox, details);
+  if (scroll) {
+    scrollBox.scrollLeft = scroll.left;
+    scrollBox.scrollTop = scroll.top;
+  }
+}
+
+function fillDetails(box, view, attempts, saga) {
+  if (view.selected) {
+    const a = attempts.find((x) => `${x.step}|${x.phase}|${x.attempt}` === view.selected);
+    if (a) {
+      const end = a.ended_at ? ms(a.ended_at) : Date.now();
+      box.append(el('h3', { style: 'margin:.1rem 0 .4rem;font-size:1rem' }, `${a.step}: ${a.phase} attempt ${a.attempt}`),
+        el('dl', {},
+          el('dt', {}, 'Outcome'), el('dd', {}, a.outcome || 'running (no result recorded yet)'),
+          el('dt', {}, 'Error'), el('dd', {}, a.error || '—'),
+          el('dt', {}, 'Started'), el('dd', {}, timeEl(a.started_at)),
+          el('dt', {}, 'Ended'), el('dd', {}, timeEl(a.ended_at)),
+          el('dt', {}, 'Duration'), el('dd', {}, fmtDur(end - ms(a.started_at))),
+          el('dt', {}, 'Worker'), el('dd', { class: 'mono' }, `${a.worker} (lease epoch ${a.lease_epoch})`)));
+      return;
+    }
+  }
+  if (view.lane) {
+    const list = attempts.filter((a) => a.step === view.lane);
+    box.append(el('h3', { style: 'margin:.1rem 0 .4rem;font-size:1rem' }, `${view.lane}: ${list.length} attempt${list.length === 1 ? '' : 's'}`),
+      list.length ? el('div', { class: 'table-wrap', style: 'max-height:20rem;overflow:auto' }, el('table', {},
+        el('thead', {}, el('tr', {}, ['Phase', '#', 'Outcome', 'Started', 'Took', 'Worker', 'Error'].map((h) => el('th', { scope: 'col' }, h)))),
+        el('tbody', {}, list.map((a) => el('tr', {},
+          el('td', {}, a.phase), el('td', {}, a.attempt), el('td', {}, a.outcome || 'running'),
+          el('td', {}, timeEl(a.started_at, true)),
+          el('td', {}, fmtDur((a.ended_at ? ms(a.ended_at) : Date.now()) - ms(a.started_at))),
+          el('td', { class: 'mono' }, a.worker), el('td', { class: 'err', title: a.error || '' }, a.error || '')))))) : el('p', { class: 'muted' }, 'No call made.'));
+    return;
+  }
+  box.append(el('p', { class: 'muted', style: 'margin:0' },
+    `${attempts.length} attempt${attempts.length === 1 ? '' : 's'} in all. Select a bar for its error, worker and duration, or a stage's name for all its attempts.`));
+}
+
+// ---- the panels beside the timeline -------------------------------------------------------
+
+function stageRow(r, kind, indent) {
+  return el('tr', {},
+    el('td', { style: indent ? 'padding-left:1.5rem' : '' }, indent ? r.name.split('/').slice(1).join('/') : r.name),
+    el('td', {}, kind), el('td', {}, badge(r.status)), el('td', {}, r.attempts),
+    el('td', { class: 'err', title: r.last_error || '' }, r.last_error || ''),
+    el('td', {}, badge(r.compensation.status)), el('td', {}, r.compensation.attempts),
+    el('td', { class: 'err', title: r.compensation.last_error || '' }, r.compensation.last_error || ''));
+}
+
+function stagesTable(saga, view) {
+  const rows = [];
+  for (const stage of saga.stages) {
+    rows.push(stageRow(stage, stage.kind === 'step' ? stage.step_kind : stage.kind, false));
+    const branches = stage.branches || [];
+    if (!branches.length) continue;
+    const open = view.tableOpen.has(stage.name) || branches.length <= 8;
+    if (open) {
+      for (const b of branches) rows.push(stageRow(b, 'branch', true));
+    }
+    if (branches.length > 8) {
+      rows.push(el('tr', {}, el('td', { colspan: 8 }, el('button', {
+        type: 'button', 'aria-expanded': open ? 'true' : 'false',
+        onclick: (ev) => {
+          if (open) view.tableOpen.delete(stage.name); else view.tableOpen.add(stage.name);
+          const table = ev.target.closest('section');
+          table.replaceWith(stagesTable(saga, view));
+        },
+      }, open ? `Hide the ${branches.length} branches of ${stage.name}` : `Show the ${branches.length} branches of ${stage.name}`))));
+    }
+  }
+  return el('section', { class: 'wide' }, el('h2', {}, 'Stages'),
+    el('div', { class: 'table-wrap' }, el('table', {},
+      el('thead', {}, el('tr', {}, ['Stage', 'Kind', 'Status', 'Attempts', 'Last error', 'Undo', 'Undo attempts', 'Undo error'].map((h) => el('th', { scope: 'col' }, h)))),
+      el('tbody', {}, rows))));
+}
+
+function renderPanels(box, saga, events, deliveries) {
+  const view = viewOf(saga.id);
+  const outputs = {};
+  for (const s of saga.stages) if (s.output !== null && s.output !== undefined) outputs[s.name] = s.output;
+  fill(box,
+    stagesTable(saga, view),
+    el('section', {}, el('h2', {}, 'Input'), pretty(saga.input)),
+    el('section', {}, el('h2', {}, saga.status === 'COMPLETED' ? 'Output' : 'Outputs so far'),
+      Object.keys(outputs).length ? pretty(saga.output || outputs) : el('p', { class: 'muted' }, 'None yet.')),
+    el('section', { class: 'wide' }, el('h2', {}, `Events (${events.length})`),
+      el('div', { class: 'table-wrap', style: 'max-height:24rem;overflow:auto' }, el('table', {},
+        el('thead', {}, el('tr', {}, ['#', 'Time', 'Type', 'Step', 'Details'].map((h) => el('th', { scope: 'col' }, h)))),
+        el('tbody', {}, events.map((e) => el('tr', {},
+          el('td', {}, e.seq), el('td', {}, timeEl(e.at, true)), el('td', {}, e.type), el('td', {}, e.step || ''),
+          el('td', { class: 'mono', style: 'overflow-wrap:anywhere' }, e.data && Object.keys(e.data).length ? JSON.stringify(e.data) : ''))))))),
+    el('section', { class: 'wide' }, el('h2', {}, `Webhook deliveries (${deliveries.length})`),
+      deliveries.length ? el('div', { class: 'table-wrap', style: 'max-height:24rem;overflow:auto' }, el('table', {},
+        el('thead', {}, el('tr', {}, ['Event', 'Target', 'State', 'Attempts', 'Last answer'].map((h) => el('th', { scope: 'col' }, h)))),
+        el('tbody', {}, deliveries.map((d) => el('tr', {},
+          el('td', {}, `${d.type} #${d.event_id}`), el('td', { class: 'mono', style: 'overflow-wrap:anywhere' }, d.target),
+          el('td', {}, d.state, d.state === 'pending' && d.next_attempt_at ? el('span', { class: 'muted' }, ' next ', timeEl(d.next_attempt_at, true)) : null),
+          el('td', {}, d.attempts),
+          el('td', { class: 'err', title: d.last_error || '' }, d.last_error || (d.last_status ? `HTTP ${d.last_status}` : '')))))))
+        : el('p', { class: 'muted' }, 'No webhook target for this saga.')));
+}
+
+// ---- operator actions ---------------------------------------------------------------------
+
+/** A confirmation dialog; `run` gets the form's values and returns a message, or throws. */
+function confirmDialog({ title, text, fields = [], submit, danger = false, run }) {
+  const error = el('p', { class: 'error-text', role: 'alert', hidden: true });
+  const submitButton = el('button', { type: 'submit', class: danger ? 'danger' : 'primary' }, submit);
+  const dialog = el('dialog', { 'aria-labelledby': 'dlg-title' });
+  const close = () => { dialog.close(); dialog.remove(); };
+  const form = el('form', {
+    method: 'dialog',
+    onsubmit: async (ev) => {
+      ev.preventDefault();
+      const values = Object.fromEntries(new FormData(form).entries());
+      submitButton.disabled = true;
+      error.hidden = true;
+      try {
+        const message = await run(values);
+        close();
+        toast(message);
+        route();
+      } catch (e) {
+        error.textContent = e instanceof ApiError ? `Refused: ${e.describe()}` : e.message;
+        error.hidden = false;
+        submitButton.disabled = false;
+      }
+    },
+  },
+  el('h2', { id: 'dlg-title', style: 'margin-top:0' }, title),
+  text ? el('p', {}, text) : null,
+  fields,
+  error,
+  el('div', { class: 'buttons' },
+    el('button', { type: 'button', onclick: close }, 'Keep as is'),
+    submitButton));
+  dialog.append(form);
+  dialog.addEventListener('cancel', () => dialog.remove());
+  document.body.append(dialog);
+  dialog.showModal();
+  const first = form.querySelector('textarea, input, select');
+  (first || submitButton).focus();
+}
+
+function reasonField() {
+  return field('dlg-reason', 'Reason (kept in the saga\'s events, with your token\'s name)',
+    el('textarea', { id: 'dlg-reason', name: 'reason', required: true, rows: 3 }));
+}
+
+function actionBar(saga) {
+  const bar = el('div', { class: 'actionbar', role: 'group', 'aria-label': 'Operator actions' });
+  const ended = FINAL.has(saga.status);
+  const id = saga.id;
+  const compensationsStuck = [];
+  const retrying = [];
+  for (const stage of saga.stages) {
+    for (const r of [stage, ...(stage.branches || [])]) {
+      if (['FAILED', 'RETRYING', 'UNKNOWN', 'RUNNING'].includes(r.compensation.status) && r.compensation.attempts > 0) compensationsStuck.push(r.name);
+      if (r.status === 'RETRYING' || r.compensation.status === 'RETRYING') retrying.push(r.name);
+    }
+  }
+  if (can('start') && !ended && !saga.pivot_reached && !['COMPENSATING', 'FAILED'].includes(saga.status)) {
+    bar.append(el('button', {
+      type: 'button', class: 'danger', onclick: () => confirmDialog({
+        title: 'Cancel this saga?',
+        text: 'Everything it did so far is undone, in reverse order. It cannot be taken back.',
+        submit: 'Cancel the saga', danger: true,
+        run: async () => { await api(`/v1/sagas/${id}/cancel`, { method: 'POST' }); return 'Cancel requested: the saga is being compensated.'; },
+      }),
+    }, 'Cancel…'));
+  }
+  if (can('start') && !ended && saga.status !== 'FAILED') {
+    const waiting = saga.stages.filter((s) => s.status === 'WAITING' && s.waiting_for).map((s) => s.waiting_for);
+    bar.append(el('button', {
+      type: 'button', onclick: () => confirmDialog({
+        title: 'Send a signal',
+        text: waiting.length ? `The saga waits for: ${waiting.join(', ')}.` : 'A signal sent before the saga waits for it is kept until it does.',
+        fields: [
+          field('dlg-signal', 'Signal', el('input', { id: 'dlg-signal', name: 'signal', required: true, value: waiting[0] || '', autocomplete: 'off' })),
+          field('dlg-payload', 'Payload (JSON)', el('textarea', { id: 'dlg-payload', name: 'payload', rows: 4 }, '{}')),
+        ],
+        submit: 'Send',
+        run: async (v) => {
+          let payload;
+          try {
+            payload = JSON.parse(v.payload || 'null');
+          } catch (e) {
+            throw new Error(`The payload is not JSON: ${e.message}`);
+          }
+          const r = await api(`/v1/sagas/${id}/signals/${encodeURIComponent(v.signal)}`, { method: 'POST', body: payload });
+          return `Signal ${v.signal}: ${r && r.outcome ? r.outcome.replace('_', ' ') : 'sent'}.`;
+        },
+      }),
+    }, 'Send signal…'));
+  }
+  if (can('operate') && (saga.status === 'FAILED' || (retrying.length && !ended))) {
+    bar.append(el('button', {
+      type: 'button', onclick: () => confirmDialog({
+        title: 'Retry now?',
+        text: saga.status === 'FAILED' ? 'The failed step is attempted again, with the same idempotency key.'
+          : `The waiting retry of ${retrying.join(', ')} is made now instead of at its time.`,
+        submit: 'Retry now',
+        run: async () => { await api(`/v1/sagas/${id}/retry`, { method: 'POST' }); return 'Retry requested.'; },
+      }),
+    }, 'Retry…'));
+  }
+  if (can('operate') && !ended) {
+    bar.append(el('button', {
+      type: 'button', class: 'danger', onclick: () => confirmDialog({
+        title: 'Abort this saga?',
+        text: 'It stops where it is, without compensating: whatever it did stays done. A call in flight is recorded as abandoned.',
+        fields: [reasonField()], submit: 'Abort', danger: true,
+        run: async (v) => { await api(`/v1/sagas/${id}/abort`, { method: 'POST', body: { reason: v.reason } }); return 'Saga aborted.'; },
+      }),
+    }, 'Abort…'));
+  }
+  if (can('operate') && !ended && compensationsStuck.length) {
+    bar.append(el('button', {
+      type: 'button', onclick: () => confirmDialog({
+        title: 'Mark a compensation as done by hand',
+        text: 'Only when you have undone the step yourself: the saga then goes on compensating the steps before it.',
+        fields: [
+          field('dlg-step', 'Step', el('select', { id: 'dlg-step', name: 'step' }, compensationsStuck.map((s) => el('option', { value: s }, s)))),
+          reasonField(),
+        ],
+        submit: 'Mark compensated',
+        run: async (v) => {
+          await api(`/v1/sagas/${id}/steps/${encodeURIComponent(v.step)}/mark-compensated`, { method: 'POST', body: { reason: v.reason } });
+          return `${v.step} marked compensated.`;
+        },
+      }),
+    }, 'Mark compensated…'));
+  }
+  return bar.childElementCount ? bar : null;
+}
+
+// ---- routing ------------------------------------------------------------------------------
+
+async function route() {
+  state.generation += 1;
+  if (!state.me) {
+    try {
+      if (!(await loadMe())) return showLogin(state.token ? 'The token was refused.' : undefined);
+    } catch (e) {
+      fill(main(), el('p', { class: 'notice', role: 'alert' }, `The server cannot be reached: ${e.message}`));
+      return undefined;
+    }
+  }
+  const hash = location.hash.replace(/^#/, '') || '/';
+  const [path, query] = hash.split('?');
+  const sagaMatch = path.match(/^\/sagas\/([0-9a-fA-F-]{36})$/);
+  try {
+    if (sagaMatch) await renderSaga(sagaMatch[1].toLowerCase());
+    else await renderList(new URLSearchParams(query || ''));
+  } catch (e) {
+    if (e instanceof ApiError && e.status === 401) return showLogin('The token was refused.');
+    fill(main(), el('p', { class: 'notice', role: 'alert' }, e instanceof ApiError ? e.describe() : e.message),
+      el('p', {}, el('a', { href: '#/' }, '← All sagas')));
+  }
+  return undefined;
+}
+
+window.addEventListener('hashchange', () => {
+  route();
+  main().focus({ preventScroll: true });
+});
+route();

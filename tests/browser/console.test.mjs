@@ -1,0 +1,225 @@
+// The web console in a real Chromium against a real server: the list and its filters, a
+// compensated saga's timeline checked against its attempt log, cancel and a signal through the
+// buttons (and a refusal shown as the API said it), and tokens: asked for, kept for the tab
+// only, a read-only one offered no action.
+//
+// Run with `npm test` here, after `cargo build -p example-sagas` (scripts/test.sh does both).
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { startServer, start, waitFor, launchBrowser, TOKENS } from './harness.mjs';
+
+let browser;
+before(async () => {
+  browser = await launchBrowser();
+});
+after(async () => {
+  await browser?.close();
+});
+
+async function open(server, hash = '') {
+  const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+  const page = await context.newPage();
+  const errors = [];
+  page.on('pageerror', (e) => errors.push(e.message));
+  await page.goto(`${server.base}/ui/${hash}`);
+  return { page, context, errors };
+}
+
+const compensatedOrder = {
+  order_id: 'o-2', user: 'ada', amount: 1200,
+  simulate: { fail_step: 'assign_rider', transient_failures: { charge_payment: 1 } },
+};
+
+test('the list shows the sagas, filters them by status and opens one', async () => {
+  const server = await startServer();
+  try {
+    const undone = await start(server, 'place_order', compensatedOrder);
+    const done = await start(server, 'place_order', { order_id: 'o-1', user: 'ada', amount: 10 });
+    await waitFor(server, undone, (s) => s.status === 'COMPENSATED');
+    await waitFor(server, done, (s) => s.status === 'COMPLETED');
+    const { page, context, errors } = await open(server);
+    const rows = page.locator('tbody tr');
+    await rows.nth(1).waitFor();
+    assert.equal(await rows.count(), 2);
+    assert.match(await page.locator('#counts').innerText(), /compensated 1/);
+
+    await page.getByLabel('Status', { exact: true }).selectOption('COMPENSATED');
+    await page.waitForFunction(() => document.querySelectorAll('tbody tr').length === 1);
+    assert.match(page.url(), /status=COMPENSATED/);
+    const link = page.locator('tbody tr a');
+    assert.equal(await link.innerText(), undone);
+    await link.click();
+    await page.locator('h1 .badge').filter({ hasText: 'COMPENSATED' }).waitFor();
+    assert.match(await page.locator('h1').innerText(), /place_order/);
+    assert.deepEqual(errors, []);
+    await context.close();
+  } finally {
+    await server.stop();
+  }
+});
+
+test('a compensated saga has a lane per stage and a bar per attempt of its log', async () => {
+  const server = await startServer();
+  try {
+    const id = await start(server, 'place_order', compensatedOrder);
+    await waitFor(server, id, (s) => s.status === 'COMPENSATED');
+    const { attempts } = await server.api(`/v1/sagas/${id}/attempts`);
+    const { page, context, errors } = await open(server, `#/sagas/${id}`);
+    await page.locator('.tl-row[data-lane="assign_rider"]').waitFor();
+
+    const lanes = await page.locator('.tl-row[data-lane]').evaluateAll(
+      (rows) => rows.map((r) => [r.dataset.lane, r.dataset.status]));
+    assert.deepEqual(lanes, [
+      ['reserve_stock', 'SUCCEEDED'], ['charge_payment', 'SUCCEEDED'], ['assign_rider', 'FAILED'],
+    ]);
+    const bars = await page.locator('.bar[data-lane]').evaluateAll((all) => all.map((b) => ({
+      step: b.dataset.lane, phase: b.dataset.phase, attempt: Number(b.dataset.attempt), outcome: b.dataset.outcome,
+      failed: b.classList.contains('failed'), compensation: b.classList.contains('compensation'),
+    })));
+    assert.equal(bars.length, attempts.length, 'one bar per attempt');
+    for (const a of attempts) {
+      const bar = bars.find((b) => b.step === a.step && b.phase === a.phase && b.attempt === a.attempt);
+      assert.ok(bar, `${a.step} ${a.phase} #${a.attempt} has a bar`);
+      assert.equal(bar.outcome, a.outcome);
+      assert.equal(bar.failed, a.outcome === 'failed' || a.outcome === 'retryable');
+      assert.equal(bar.compensation, a.phase === 'compensation');
+    }
+    assert.equal(bars.filter((b) => b.compensation).length, 2, 'refund and release');
+    assert.equal(bars.filter((b) => b.failed).length, 2, 'the transient charge failure and the rider');
+
+    // A bar tells its attempt: outcome, error, worker.
+    await page.locator('.bar[data-lane="assign_rider"]').click();
+    const details = page.locator('#attempt-details');
+    await details.getByText('no rider within 5 km').waitFor();
+    assert.match(await details.innerText(), /Worker/);
+    assert.deepEqual(errors, []);
+    await context.close();
+  } finally {
+    await server.stop();
+  }
+});
+
+test('cancel through its button compensates a sleeping saga', async () => {
+  const server = await startServer();
+  try {
+    const id = await start(server, 'fulfil_order', {
+      order_id: 'f-1', user: 'ada', amount: 4200, cooling_off_ms: 600000,
+      items: [{ sku: 'sku-1', qty: 1 }],
+    });
+    await waitFor(server, id, (s) => s.stages.some((st) => st.name === 'cooling_off' && st.status === 'WAITING'));
+    const { page, context, errors } = await open(server, `#/sagas/${id}`);
+    await page.locator('.tl-row[data-lane="cooling_off"][data-status="WAITING"]').waitFor();
+    await page.getByRole('button', { name: 'Cancel…' }).click();
+    const dialog = page.getByRole('dialog');
+    await dialog.getByText('Cancel this saga?').waitFor();
+    await dialog.getByRole('button', { name: 'Cancel the saga' }).click();
+    await page.locator('#toast').getByText('Cancel requested').waitFor();
+    await page.locator('h1 .badge').filter({ hasText: 'COMPENSATED' }).waitFor({ timeout: 20000 });
+    assert.equal((await server.api(`/v1/sagas/${id}`)).status, 'COMPENSATED');
+    assert.deepEqual(errors, []);
+    await context.close();
+  } finally {
+    await server.stop();
+  }
+});
+
+test('a signal sent through its button lets the saga go on, and a refused one shows why', async () => {
+  const server = await startServer();
+  try {
+    const id = await start(server, 'fulfil_order', {
+      order_id: 'f-2', user: 'ada', amount: 4200, needs_approval: true,
+      items: [{ sku: 'sku-1', qty: 1 }, { sku: 'sku-2', qty: 2 }],
+    });
+    await waitFor(server, id, (s) => s.stages.some((st) => st.status === 'WAITING'));
+    const { page, context, errors } = await open(server, `#/sagas/${id}`);
+    await page.locator('.tl-row[data-lane="await_approval"][data-status="WAITING"]').waitFor();
+
+    // One the saga does not wait for: the API's 404 is shown, and nothing changes.
+    await page.getByRole('button', { name: 'Send signal…' }).click();
+    let dialog = page.getByRole('dialog');
+    await dialog.getByLabel('Signal').fill('no_such_signal');
+    await dialog.getByRole('button', { name: 'Send' }).click();
+    await dialog.getByRole('alert').getByText(/Refused: 404/).waitFor();
+    await dialog.getByRole('button', { name: 'Keep as is' }).click();
+
+    await page.getByRole('button', { name: 'Send signal…' }).click();
+    dialog = page.getByRole('dialog');
+    assert.equal(await dialog.getByLabel('Signal').inputValue(), 'approval', 'the awaited signal is offered');
+    await dialog.getByLabel('Payload (JSON)').fill('{"approved": true, "by": "grace"}');
+    await dialog.getByRole('button', { name: 'Send' }).click();
+    await page.locator('#toast').getByText('Signal approval: received').waitFor();
+    await page.locator('h1 .badge').filter({ hasText: 'COMPLETED' }).waitFor({ timeout: 20000 });
+    const saga = await server.api(`/v1/sagas/${id}`);
+    assert.equal(saga.status, 'COMPLETED');
+    assert.deepEqual(saga.stages.find((s) => s.name === 'await_approval').output, { approved: true, by: 'grace' });
+    assert.deepEqual(errors, []);
+    await context.close();
+  } finally {
+    await server.stop();
+  }
+});
+
+test('with tokens the console asks for one, keeps it for the tab only, and a read-only one sees no action', async () => {
+  const server = await startServer({ tokens: true });
+  try {
+    const id = await start(server, 'fulfil_order', {
+      order_id: 'f-3', user: 'ada', amount: 100, needs_approval: true, items: [{ sku: 'a', qty: 1 }],
+    });
+    await waitFor(server, id, (s) => s.stages.some((st) => st.status === 'WAITING'));
+    const { page, context, errors } = await open(server, `#/sagas/${id}`);
+    const token = page.getByLabel('API token');
+    await token.fill('not-a-token');
+    await page.getByRole('button', { name: 'Sign in' }).click();
+    await page.getByText('This token is not accepted').waitFor();
+
+    await token.fill(TOKENS.reader);
+    await page.getByRole('button', { name: 'Sign in' }).click();
+    await page.locator('.tl-row[data-lane="await_approval"]').waitFor();
+    assert.match(await page.locator('#who').innerText(), /viewer \(read\)/);
+    assert.equal(await page.locator('.actionbar').count(), 0, 'a read-only token sees no action');
+    assert.ok(!page.url().includes(TOKENS.reader), 'the token is never in the URL');
+    assert.deepEqual(await context.cookies(), [], 'nor in a cookie');
+    assert.equal(await page.evaluate(() => localStorage.length), 0, 'nor kept beyond the tab');
+    assert.equal(await page.evaluate(() => sessionStorage.getItem('saga-console-token')), TOKENS.reader);
+
+    // Another tab starts without it.
+    const other = await context.newPage();
+    await other.goto(`${server.base}/ui/`);
+    await other.getByLabel('API token').waitFor();
+    await other.close();
+
+    await page.getByRole('button', { name: 'Sign out' }).click();
+    await token.fill(TOKENS.admin);
+    await page.getByRole('button', { name: 'Sign in' }).click();
+    for (const name of ['Cancel…', 'Send signal…', 'Abort…']) {
+      await page.getByRole('button', { name }).waitFor();
+    }
+    assert.deepEqual(errors, []);
+    await context.close();
+  } finally {
+    await server.stop();
+  }
+});
+
+test('a group of 64 branches is folded into one lane until asked for', async () => {
+  const server = await startServer();
+  try {
+    const items = Array.from({ length: 64 }, (_, i) => ({ sku: `sku-${i}`, qty: 1 }));
+    const id = await start(server, 'fulfil_order', {
+      order_id: 'f-64', user: 'ada', amount: 100, items, simulate: { fail_step: 'reserve_items/sku-40' },
+    });
+    await waitFor(server, id, (s) => s.status === 'COMPENSATED');
+    const { page, context, errors } = await open(server, `#/sagas/${id}`);
+    const toggle = page.locator('.tl-row[data-lane="reserve_items"] button.toggle');
+    await toggle.waitFor();
+    assert.equal(await page.locator('.tl-row.branch').count(), 0, 'folded');
+    await toggle.click();
+    await page.locator('.tl-row.branch').nth(63).waitFor();
+    assert.equal(await page.locator('.tl-row.branch').count(), 64);
+    assert.equal(await page.locator('.tl-row[data-lane="reserve_items/sku-40"] .bar.failed').count(), 1);
+    assert.deepEqual(errors, []);
+    await context.close();
+  } finally {
+    await server.stop();
+  }
+});
