@@ -388,3 +388,38 @@ async fn an_attempt_a_crash_cut_short_is_a_span_marked_interrupted() {
     assert_eq!(again.attributes["saga.attempt"], json!(2));
     server.kill9();
 }
+
+/// A saga an operator aborts is ended by no driver: the abort emits its saga span, an error
+/// with the `ABORTED` status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aborted_saga_has_its_span_too() {
+    let receiver = OtlpReceiver::start().await;
+    let db = TempDb::new();
+    let server = Server::spawn(
+        &db.url,
+        db.dir.path(),
+        &[("OTEL_BSP_SCHEDULE_DELAY", "50")],
+        &["--otlp-endpoint", &receiver.endpoint],
+    )
+    .await;
+    let input = json!({"order_id": "o-5", "user": "ada", "amount": 10,
+        "simulate": {"delay_ms": 3000}});
+    let id = server.start("place_order", input).await;
+    let aborted = reqwest::Client::new()
+        .post(format!("{}/v1/sagas/{id}/abort", server.base))
+        .json(&json!({"reason": "customer called"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(aborted.status(), 200);
+    let spans = receiver
+        .wait_for(LONG, |spans| {
+            !span_named(spans, id, "saga place_order").is_empty()
+        })
+        .await;
+    let saga_span = span_named(&spans, id, "saga place_order")[0];
+    assert_eq!(saga_span.attr("saga.status"), "ABORTED");
+    assert_eq!(saga_span.status_code, 2);
+    assert_eq!(saga_span.trace_id, hex(id.as_bytes()));
+    server.kill9();
+}

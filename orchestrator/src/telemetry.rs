@@ -244,11 +244,15 @@ impl Telemetry {
     }
 
     /// Emits the saga span of `saga`, which ended at `ended_at`: from its creation to then,
-    /// with its status (an error unless it completed).
+    /// with its status (an error unless it completed). Not for a `FAILED` saga, which waits
+    /// for a person and may run again: its span is emitted once, when it has really ended.
     pub(crate) fn end_saga(&self, saga: &Saga, trace: &SagaTrace, ended_at: Millis) {
         let Some(e) = &self.inner else {
             return;
         };
+        if saga.status == SagaStatus::Failed {
+            return;
+        }
         let mut builder = e
             .tracer
             .span_builder(format!("saga {}", saga.name))
