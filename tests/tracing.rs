@@ -423,3 +423,55 @@ async fn an_aborted_saga_has_its_span_too() {
     assert_eq!(saga_span.trace_id, hex(id.as_bytes()));
     server.kill9();
 }
+
+/// With a sample ratio, a share of the sagas is traced, each one whole (its saga span and
+/// every attempt) and the others not at all, as the saga id decides in every process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sampled_share_of_the_sagas_is_traced_whole_and_the_rest_not_at_all() {
+    let receiver = OtlpReceiver::start().await;
+    let seen: Seen = Arc::default();
+    let db = TempDb::new();
+    let store = db.store().await;
+    let telemetry = Telemetry::otlp(&receiver.endpoint)
+        .unwrap()
+        .with_sample_ratio(0.5);
+    let config = EngineConfig {
+        telemetry: telemetry.clone(),
+        ..test_config()
+    };
+    let eng = RunningEngine::start(store.clone(), registry_of(traced_sagas(&seen)), config);
+    eng.ready().await;
+    let mut ids = Vec::new();
+    for _ in 0..40 {
+        ids.push(eng.engine.start_saga("traced", json!({})).await.unwrap().id);
+    }
+    for id in &ids {
+        wait_terminal(&store, *id).await;
+    }
+    eng.stop().await;
+    tokio::task::spawn_blocking(move || telemetry.shutdown())
+        .await
+        .unwrap();
+    let spans = receiver.spans();
+    let sampling = orchestrator::telemetry::Sampling::ratio(0.5);
+    let traced: Vec<Uuid> = ids
+        .iter()
+        .copied()
+        .filter(|id| sampling.records(*id))
+        .collect();
+    assert!(
+        (5..=35).contains(&traced.len()),
+        "about half: {}",
+        traced.len()
+    );
+    for id in &ids {
+        let saga_spans = span_named(&spans, *id, "saga traced").len();
+        let attempt_spans = span_named(&spans, *id, "action call").len();
+        let expected = usize::from(traced.contains(id));
+        assert_eq!((saga_spans, attempt_spans), (expected, expected), "{id}");
+    }
+    let seen = seen.lock().unwrap().clone();
+    for (id, trace) in seen {
+        assert_eq!(trace.sampled, traced.contains(&id), "{id}");
+    }
+}

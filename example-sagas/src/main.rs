@@ -181,6 +181,9 @@ struct BenchArgs {
     /// Export the engine's spans to this OTLP/HTTP collector while it runs.
     #[arg(long, value_name = "URL")]
     otlp_endpoint: Option<String>,
+    /// The share of sagas whose spans are exported, with --otlp-endpoint.
+    #[arg(long, default_value_t = 1.0, value_name = "RATIO")]
+    otlp_sample_ratio: f64,
 }
 
 #[tokio::main]
@@ -198,20 +201,12 @@ async fn main() -> ExitCode {
     let serving = matches!(cli.cmd, Command::Serve(_));
     // Made before the log, so that the spans the participants open go with the sagas' traces.
     let telemetry = match &cli.cmd {
-        Command::Serve(args) => match args
-            .serve
-            .otlp_endpoint
-            .as_deref()
-            .filter(|e| !e.is_empty())
-        {
-            Some(endpoint) => match Telemetry::otlp(endpoint) {
-                Ok(telemetry) => telemetry,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return ExitCode::FAILURE;
-                }
-            },
-            None => Telemetry::disabled(),
+        Command::Serve(args) => match args.serve.telemetry() {
+            Ok(telemetry) => telemetry,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
         },
         _ => Telemetry::disabled(),
     };
@@ -473,7 +468,7 @@ async fn run_bench(cli: &Cli, args: &BenchArgs, db_explicit: bool) -> anyhow::Re
         workers: args.workers.unwrap_or(args.concurrency),
         processes: args.processes.max(1),
         telemetry: match &args.otlp_endpoint {
-            Some(endpoint) => Telemetry::otlp(endpoint)?,
+            Some(endpoint) => Telemetry::otlp(endpoint)?.with_sample_ratio(args.otlp_sample_ratio),
             None => Telemetry::disabled(),
         },
     };

@@ -154,6 +154,7 @@ impl Orchestrator {
             tokens_file: None,
             nats: None,
             otlp_endpoint: None,
+            otlp_sample_ratio: 1.0,
             retention: None,
             shutdown: CancellationToken::new(),
             signals: true,
@@ -175,6 +176,7 @@ pub struct OrchestratorBuilder {
     tokens_file: Option<std::path::PathBuf>,
     nats: Option<NatsConfig>,
     otlp_endpoint: Option<String>,
+    otlp_sample_ratio: f64,
     retention: Option<Duration>,
     shutdown: CancellationToken,
     signals: bool,
@@ -275,6 +277,7 @@ impl OrchestratorBuilder {
         if let Some(endpoint) = args.otlp_endpoint.as_ref().filter(|e| !e.is_empty()) {
             self.otlp_endpoint = Some(endpoint.clone());
         }
+        self.otlp_sample_ratio = args.otlp_sample_ratio;
         let callbacks = crate::webhooks::CallbackPolicy::allowing(&args.allow_callback_hosts);
         self.http.callbacks = callbacks.clone();
         self.webhooks.callbacks = callbacks;
@@ -301,6 +304,13 @@ impl OrchestratorBuilder {
     /// application's own.
     pub fn otlp_endpoint(mut self, endpoint: impl Into<String>) -> Self {
         self.otlp_endpoint = Some(endpoint.into());
+        self
+    }
+
+    /// Exports the traces of only `ratio` of the sagas (0 to 1, chosen by saga id; default 1)
+    /// to the [`otlp_endpoint`](Self::otlp_endpoint).
+    pub fn otlp_sample_ratio(mut self, ratio: f64) -> Self {
+        self.otlp_sample_ratio = ratio;
         self
     }
 
@@ -335,11 +345,11 @@ impl OrchestratorBuilder {
     pub async fn start(mut self) -> Result<Server, ServeError> {
         if let Some(endpoint) = &self.otlp_endpoint {
             if !self.engine.telemetry.is_enabled() {
-                self.engine.telemetry = crate::telemetry::Telemetry::otlp(endpoint)?;
+                self.engine.telemetry = crate::telemetry::Telemetry::otlp(endpoint)?
+                    .with_sample_ratio(self.otlp_sample_ratio);
             }
         }
-        let exported = self.engine.telemetry.is_enabled();
-        self.webhooks.traces_exported = exported;
+        self.webhooks.trace_sampling = self.engine.telemetry.sampling();
         if let Some(path) = &self.tokens_file {
             // Before anything is bound or created: a bad file changes nothing.
             let tokens = crate::http::tokens::read_tokens_file(path)?;
@@ -423,7 +433,7 @@ impl OrchestratorBuilder {
         let relay = Relay::new(store.clone(), self.webhooks.clone())?;
         let broker = match &self.nats {
             Some(config) => {
-                Some(nats_relay(&store, config, shown_url, self.webhooks.traces_exported).await?)
+                Some(nats_relay(&store, config, shown_url, self.webhooks.trace_sampling).await?)
             }
             None => None,
         };
@@ -456,7 +466,7 @@ async fn nats_relay(
     store: &Arc<dyn Store>,
     config: &NatsConfig,
     shown_url: &str,
-    traces_exported: bool,
+    trace_sampling: crate::telemetry::Sampling,
 ) -> Result<BrokerRelay, ServeError> {
     let target = NatsTarget::new(config.clone());
     match tokio::time::timeout(config.timeout, target.prepare()).await {
@@ -480,7 +490,7 @@ async fn nats_relay(
         store.clone(),
         Arc::new(target),
         BrokerRelayConfig {
-            traces_exported,
+            trace_sampling,
             ..BrokerRelayConfig::default()
         },
     ))
@@ -841,4 +851,31 @@ pub struct ServeArgs {
     /// Without it no span is made.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
     pub otlp_endpoint: Option<String>,
+    /// The share of sagas whose traces are exported, 0 to 1, chosen by saga id (a saga
+    /// started with a `traceparent` follows its caller's choice).
+    #[arg(long, default_value_t = 1.0, env = "SAGA_OTLP_SAMPLE_RATIO", value_name = "RATIO",
+          value_parser = parse_ratio)]
+    pub otlp_sample_ratio: f64,
+}
+
+impl ServeArgs {
+    /// The exporter these flags ask for ([`Telemetry::disabled`](crate::telemetry::Telemetry::disabled)
+    /// without `--otlp-endpoint`): for an application that also hands it to its `tracing`
+    /// subscriber, then to [`OrchestratorBuilder::telemetry`].
+    pub fn telemetry(
+        &self,
+    ) -> Result<crate::telemetry::Telemetry, crate::telemetry::TelemetryError> {
+        match self.otlp_endpoint.as_deref().filter(|e| !e.is_empty()) {
+            Some(endpoint) => Ok(crate::telemetry::Telemetry::otlp(endpoint)?
+                .with_sample_ratio(self.otlp_sample_ratio)),
+            None => Ok(crate::telemetry::Telemetry::disabled()),
+        }
+    }
+}
+
+fn parse_ratio(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+        _ => Err(format!("{text:?} is not a ratio from 0 to 1")),
+    }
 }

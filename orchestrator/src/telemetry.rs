@@ -32,7 +32,7 @@ use opentelemetry::trace::{
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_otlp::{Protocol, WithExportConfig};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{SdkTracerProvider, Tracer};
+use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider, Tracer};
 use opentelemetry_sdk::Resource;
 use saga_dsl::{Phase, TraceContext};
 use uuid::Uuid;
@@ -54,11 +54,61 @@ pub enum TelemetryError {
     Exporter(String),
 }
 
+/// Which sagas' traces are recorded: none, all, or a share of them chosen by saga id, so
+/// that every process makes the same choice for a saga and a trace is whole or absent. A saga
+/// that joins a caller's trace follows the caller's choice; a child saga, its parent's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Sampling {
+    /// The share recorded, in millionths.
+    per_million: u32,
+}
+
+impl Sampling {
+    /// No trace is recorded (no exporter).
+    pub const NONE: Self = Self { per_million: 0 };
+    /// Every trace is recorded.
+    pub const ALL: Self = Self {
+        per_million: 1_000_000,
+    };
+
+    /// `ratio` of the traces (0 to 1; outside, the nearest bound).
+    pub fn ratio(ratio: f64) -> Self {
+        let clamped = if ratio.is_nan() {
+            0.0
+        } else {
+            ratio.clamp(0.0, 1.0)
+        };
+        Self {
+            per_million: (clamped * 1_000_000.0).round() as u32,
+        }
+    }
+
+    /// Whether the saga `id`, whose trace is its own, is recorded: decided by a hash of the
+    /// id (whose bits are not all random: a UUIDv7 counts within its millisecond), the same in
+    /// every process.
+    pub fn records(self, id: Uuid) -> bool {
+        match self.per_million {
+            0 => false,
+            1_000_000.. => true,
+            share => {
+                let (hi, lo) = id.as_u64_pair();
+                // SplitMix64's finaliser: every bit of the id moves every bit of the result.
+                let mut x = hi ^ lo.rotate_left(32);
+                x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                x ^= x >> 31;
+                u128::from(x) * 1_000_000 < u128::from(share) << 64
+            }
+        }
+    }
+}
+
 /// Where the spans of sagas go: nowhere ([`Telemetry::disabled`], the default) or to an
 /// OTLP/HTTP collector ([`Telemetry::otlp`]). Cheap to clone; the clones share one exporter.
 #[derive(Clone, Default)]
 pub struct Telemetry {
     inner: Option<Arc<Exporting>>,
+    sampling: Sampling,
 }
 
 struct Exporting {
@@ -70,7 +120,7 @@ struct Exporting {
 impl fmt::Debug for Telemetry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.inner {
-            Some(e) => write!(f, "Telemetry(otlp {})", e.endpoint),
+            Some(e) => write!(f, "Telemetry(otlp {}, {:?})", e.endpoint, self.sampling),
             None => f.write_str("Telemetry(disabled)"),
         }
     }
@@ -113,7 +163,9 @@ impl Telemetry {
         if std::env::var_os("OTEL_SERVICE_NAME").is_none() {
             resource = resource.with_service_name(DEFAULT_SERVICE_NAME);
         }
+        // The saga's trace context decides (`Sampling`); the SDK only follows it.
         let provider = SdkTracerProvider::builder()
+            .with_sampler(Sampler::ParentBased(Box::new(Sampler::AlwaysOn)))
             .with_batch_exporter(exporter)
             .with_resource(resource.build())
             .build();
@@ -124,7 +176,21 @@ impl Telemetry {
                 tracer,
                 endpoint: url,
             })),
+            sampling: Sampling::ALL,
         })
+    }
+
+    /// Records only `ratio` of the sagas' traces (chosen by saga id; see [`Sampling`]).
+    pub fn with_sample_ratio(mut self, ratio: f64) -> Self {
+        if self.is_enabled() {
+            self.sampling = Sampling::ratio(ratio);
+        }
+        self
+    }
+
+    /// Which traces are recorded: [`Sampling::NONE`] when disabled.
+    pub fn sampling(&self) -> Sampling {
+        self.sampling
     }
 
     /// Whether spans are exported.
@@ -185,7 +251,20 @@ impl Telemetry {
 
     /// The trace context of saga `id` whose row holds `traceparent`.
     pub(crate) fn saga_trace(&self, id: Uuid, traceparent: Option<&str>) -> SagaTrace {
-        SagaTrace::of(id, traceparent, self.is_enabled())
+        SagaTrace::of(id, traceparent, self.sampling)
+    }
+
+    /// The attributes every attempt span of saga `id` named `name` carries, made once for all
+    /// its attempts (shared, not copied, by each span); none when disabled.
+    pub(crate) fn saga_attrs(&self, id: Uuid, name: &str) -> SagaAttrs {
+        if self.sampling == Sampling::NONE {
+            return SagaAttrs::default();
+        }
+        let text = |s: String| opentelemetry::StringValue::from(Arc::<str>::from(s));
+        SagaAttrs(vec![
+            KeyValue::new("saga.id", text(id.to_string())),
+            KeyValue::new("saga.name", text(name.to_owned())),
+        ])
     }
 
     /// Starts the span of an attempt (none when disabled): the context the call runs in.
@@ -221,6 +300,10 @@ impl Telemetry {
         started_at: Option<Millis>,
     ) -> Option<Context> {
         let e = self.inner.as_ref()?;
+        if !trace.context.sampled {
+            // Not recorded: no span at all, rather than one the SDK would build and drop.
+            return None;
+        }
         let stage = call
             .step
             .split_once('/')
@@ -229,13 +312,11 @@ impl Telemetry {
             .tracer
             .span_builder(format!("{} {stage}", call.phase))
             .with_kind(SpanKind::Internal)
-            .with_attributes([
-                KeyValue::new("saga.id", call.saga_id.to_string()),
-                KeyValue::new("saga.name", call.saga_name.to_owned()),
+            .with_attributes(call.saga.0.iter().cloned().chain([
                 KeyValue::new("saga.step", call.step.to_owned()),
                 KeyValue::new("saga.phase", call.phase.as_str()),
                 KeyValue::new("saga.attempt", i64::from(call.attempt)),
-            ]);
+            ]));
         if let Some(at) = started_at {
             builder = builder.with_start_time(system_time(at));
         }
@@ -250,7 +331,7 @@ impl Telemetry {
         let Some(e) = &self.inner else {
             return;
         };
-        if saga.status == SagaStatus::Failed {
+        if saga.status == SagaStatus::Failed || !trace.context.sampled {
             return;
         }
         let mut builder = e
@@ -283,11 +364,15 @@ impl Telemetry {
     }
 }
 
+/// The saga's own attributes on its attempt spans ([`Telemetry::saga_attrs`]).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct SagaAttrs(Vec<KeyValue>);
+
 /// What an attempt's span names.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct AttemptSpan<'a> {
-    pub(crate) saga_id: Uuid,
-    pub(crate) saga_name: &'a str,
+    /// The saga's attributes.
+    pub(crate) saga: &'a SagaAttrs,
     /// The row's name: a stage, or `group/branch`.
     pub(crate) step: &'a str,
     pub(crate) phase: Phase,
@@ -328,9 +413,8 @@ pub struct SagaTrace {
 
 impl SagaTrace {
     /// The trace of saga `id` whose row holds `traceparent` (as [`parse_traceparent`] wrote
-    /// it); `recording` says whether its spans are exported (a saga without a parent's
-    /// decision is sampled then).
-    pub fn of(id: Uuid, traceparent: Option<&str>, recording: bool) -> Self {
+    /// it); a trace of its own is recorded as `sampling` decides for it.
+    pub fn of(id: Uuid, traceparent: Option<&str>, sampling: Sampling) -> Self {
         let bytes = id.as_bytes();
         let mut span_id = [0u8; 8];
         span_id.copy_from_slice(&bytes[8..]);
@@ -350,7 +434,7 @@ impl SagaTrace {
                 context: TraceContext {
                     trace_id: *bytes,
                     span_id,
-                    sampled: recording,
+                    sampled: sampling.records(id),
                 },
                 parent: None,
             },
@@ -425,7 +509,7 @@ mod tests {
     fn a_saga_joins_the_trace_it_was_started_in_with_a_span_of_its_own() {
         let id = Uuid::now_v7();
         let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-        let joined = SagaTrace::of(id, Some(tp), false);
+        let joined = SagaTrace::of(id, Some(tp), Sampling::NONE);
         assert_eq!(
             joined.context.trace_id_hex(),
             "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -433,18 +517,36 @@ mod tests {
         assert_eq!(joined.parent, Some(parse_traceparent(tp).unwrap().span_id));
         assert!(joined.context.sampled, "the caller's decision");
         // The same in every process, and the saga span's id is not the caller's.
-        assert_eq!(SagaTrace::of(id, Some(tp), true), joined);
+        assert_eq!(SagaTrace::of(id, Some(tp), Sampling::ALL), joined);
         assert_ne!(joined.context.span_id, joined.parent.unwrap());
 
-        let own = SagaTrace::of(id, None, true);
+        let own = SagaTrace::of(id, None, Sampling::ALL);
         assert_eq!(own.context.trace_id, *id.as_bytes());
         assert_eq!(own.parent, None);
         assert!(own.context.sampled);
-        assert!(!SagaTrace::of(id, None, false).context.sampled);
+        assert!(!SagaTrace::of(id, None, Sampling::NONE).context.sampled);
         assert_ne!(
-            SagaTrace::of(Uuid::now_v7(), None, true).context.span_id,
+            SagaTrace::of(Uuid::now_v7(), None, Sampling::ALL)
+                .context
+                .span_id,
             own.context.span_id
         );
+    }
+
+    #[test]
+    fn a_share_of_the_sagas_is_recorded_the_same_way_everywhere() {
+        let ids: Vec<Uuid> = (0..20_000).map(|_| Uuid::now_v7()).collect();
+        for ratio in [0.0, 0.1, 0.5, 1.0] {
+            let sampling = Sampling::ratio(ratio);
+            let recorded = ids.iter().filter(|id| sampling.records(**id)).count();
+            let share = recorded as f64 / ids.len() as f64;
+            assert!((share - ratio).abs() < 0.02, "{ratio}: {share}");
+            for id in &ids[..100] {
+                assert_eq!(sampling.records(*id), sampling.records(*id));
+            }
+        }
+        assert_eq!(Sampling::ratio(2.0), Sampling::ALL);
+        assert_eq!(Sampling::ratio(f64::NAN), Sampling::NONE);
     }
 
     #[test]

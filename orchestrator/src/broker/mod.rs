@@ -37,6 +37,7 @@ use uuid::Uuid;
 
 use crate::store::outbox::{OutboxEvent, OutboxPosition, OutboxStore};
 use crate::store::StoreError;
+use crate::telemetry::Sampling;
 use crate::webhooks::WebhookPayload;
 
 /// One event as a broker target sends it.
@@ -53,14 +54,13 @@ pub struct BrokerMessage<'a> {
 }
 
 impl<'a> BrokerMessage<'a> {
-    /// The message of `event` in the log `log_id`; `traces_exported` as in
-    /// [`BrokerRelayConfig`].
-    pub fn of(log_id: Uuid, event: &'a OutboxEvent, traces_exported: bool) -> Self {
+    /// The message of `event` in the log `log_id`; `sampling` as in [`BrokerRelayConfig`].
+    pub fn of(log_id: Uuid, event: &'a OutboxEvent, sampling: Sampling) -> Self {
         Self {
             event,
             message_id: message_id(log_id, event.id()),
             body: serde_json::to_vec(&WebhookPayload::of(event)).unwrap_or_default(),
-            traceparent: event.trace_header(traces_exported),
+            traceparent: event.trace_header(sampling),
         }
     }
 }
@@ -119,9 +119,9 @@ pub struct BrokerRelayConfig {
     pub retry_base: Duration,
     /// The longest delay after failures. Default: 10 seconds.
     pub retry_max: Duration,
-    /// Whether the sagas' spans are exported ([`crate::telemetry`]), so that the `traceparent`
-    /// each message carries says its saga span is sampled. Default: false.
-    pub traces_exported: bool,
+    /// Which sagas' spans are exported ([`crate::telemetry`]), so that the `traceparent` each
+    /// message carries says whether its saga span is sampled. Default: none.
+    pub trace_sampling: Sampling,
 }
 
 impl Default for BrokerRelayConfig {
@@ -131,7 +131,7 @@ impl Default for BrokerRelayConfig {
             poll_interval: Duration::from_millis(50),
             retry_base: Duration::from_millis(200),
             retry_max: Duration::from_secs(10),
-            traces_exported: false,
+            trace_sampling: Sampling::NONE,
         }
     }
 }
@@ -241,7 +241,7 @@ impl BrokerRelay {
         let log_id = self.outbox.log_id().await?;
         let messages: Vec<BrokerMessage<'_>> = events
             .iter()
-            .map(|e| BrokerMessage::of(log_id, e, self.config.traces_exported))
+            .map(|e| BrokerMessage::of(log_id, e, self.config.trace_sampling))
             .collect();
         let published = self.target.publish(&messages).await;
         if let Some(last) = published

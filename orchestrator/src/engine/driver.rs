@@ -30,7 +30,7 @@ use crate::store::{
     Applied, AttemptChange, Claimed, Lease, NewEvent, NewStep, SagaUpdate, StepUpdate, StoreError,
     Transition,
 };
-use crate::telemetry::{self, AttemptSpan, SagaTrace};
+use crate::telemetry::{self, AttemptSpan, SagaAttrs, SagaTrace};
 
 /// Changes made in memory and not yet written.
 #[derive(Debug, Clone, Default)]
@@ -77,6 +77,7 @@ pub(super) async fn drive(
             .config
             .telemetry
             .saga_trace(saga.id, saga.traceparent.as_deref());
+        let span_attrs = inner.config.telemetry.saga_attrs(saga.id, &saga.name);
         let mut driver = Driver {
             inner,
             lease: claimed.lease,
@@ -89,6 +90,7 @@ pub(super) async fn drive(
             slot: Some(slot),
             elements: HashMap::new(),
             trace,
+            span_attrs,
         };
         match driver.run(ahead).await {
             Ok(()) => {}
@@ -121,6 +123,8 @@ pub(super) struct Driver {
     pub(super) elements: HashMap<String, Arc<Value>>,
     /// The saga's place in its trace, derived from its row.
     pub(super) trace: SagaTrace,
+    /// The attributes of its attempt spans, made once.
+    span_attrs: SagaAttrs,
 }
 
 impl Driver {
@@ -382,8 +386,7 @@ impl Driver {
     /// What the span of an attempt of row `index` names.
     fn attempt_span(&self, index: usize, phase: Phase, attempt: u32) -> AttemptSpan<'_> {
         AttemptSpan {
-            saga_id: self.saga.id,
-            saga_name: &self.saga.name,
+            saga: &self.span_attrs,
             step: &self.saga.steps[index].name,
             phase,
             attempt,

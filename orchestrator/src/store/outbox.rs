@@ -71,10 +71,10 @@ impl OutboxEvent {
         self.position.event_id
     }
 
-    /// The `traceparent` its deliveries carry: its saga span's context, sampled if the
-    /// saga's spans are `exported` (or as the trace the saga joined decided).
-    pub fn trace_header(&self, exported: bool) -> String {
-        crate::telemetry::SagaTrace::of(self.saga_id, self.traceparent.as_deref(), exported)
+    /// The `traceparent` its deliveries carry: its saga span's context, sampled as
+    /// `sampling` decides for the saga (or as the trace it joined decided).
+    pub fn trace_header(&self, sampling: crate::telemetry::Sampling) -> String {
+        crate::telemetry::SagaTrace::of(self.saga_id, self.traceparent.as_deref(), sampling)
             .context
             .traceparent()
     }

@@ -93,9 +93,9 @@ pub struct WebhookConfig {
     /// A PEM file of certificates to trust besides the public roots, for receivers whose
     /// certificates a private CA signed (`--webhook-ca-file`).
     pub ca_file: Option<std::path::PathBuf>,
-    /// Whether the sagas' spans are exported ([`crate::telemetry`]), so that the `traceparent`
-    /// each delivery carries says its saga span is sampled. Default: false.
-    pub traces_exported: bool,
+    /// Which sagas' spans are exported ([`crate::telemetry`]), so that the `traceparent` each
+    /// delivery carries says whether its saga span is sampled. Default: none.
+    pub trace_sampling: crate::telemetry::Sampling,
 }
 
 impl Default for WebhookConfig {
@@ -112,7 +112,7 @@ impl Default for WebhookConfig {
             batch: 200,
             callbacks: CallbackPolicy::default(),
             ca_file: None,
-            traces_exported: false,
+            trace_sampling: crate::telemetry::Sampling::NONE,
         }
     }
 }
@@ -131,7 +131,7 @@ impl std::fmt::Debug for WebhookConfig {
             .field("batch", &self.batch)
             .field("callbacks", &self.callbacks)
             .field("ca_file", &self.ca_file)
-            .field("traces_exported", &self.traces_exported)
+            .field("trace_sampling", &self.trace_sampling)
             .finish()
     }
 }
@@ -481,7 +481,7 @@ impl Relay {
             .header(EVENT_ID_HEADER, d.event.id().to_string())
             .header(
                 "traceparent",
-                d.event.trace_header(self.config.traces_exported),
+                d.event.trace_header(self.config.trace_sampling),
             );
         if let Some(secret) = secret {
             let now = std::time::SystemTime::now()
