@@ -6,7 +6,10 @@
 // Run with `npm test` here, after `cargo build -p example-sagas` (scripts/test.sh does both).
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
+import { createRequire } from 'node:module';
 import { startServer, start, waitFor, launchBrowser, TOKENS } from './harness.mjs';
+
+const axePath = createRequire(import.meta.url).resolve('axe-core/axe.min.js');
 
 let browser;
 before(async () => {
@@ -218,6 +221,33 @@ test('a group of 64 branches is folded into one lane until asked for', async () 
     assert.equal(await page.locator('.tl-row.branch').count(), 64);
     assert.equal(await page.locator('.tl-row[data-lane="reserve_items/sku-40"] .bar.failed').count(), 1);
     assert.deepEqual(errors, []);
+    await context.close();
+  } finally {
+    await server.stop();
+  }
+});
+
+test('the list and a saga page pass the WCAG 2.1 AA checks of axe, and the timeline works from the keyboard', async () => {
+  const server = await startServer();
+  try {
+    const id = await start(server, 'place_order', compensatedOrder);
+    await waitFor(server, id, (s) => s.status === 'COMPENSATED');
+    // axe is injected as a script, which the console's own policy forbids: this context only.
+    const context = await browser.newContext({ bypassCSP: true, viewport: { width: 1280, height: 900 } });
+    const page = await context.newPage();
+    for (const hash of ['', `#/sagas/${id}`]) {
+      await page.goto(`${server.base}/ui/${hash}`);
+      await page.locator(hash ? '.tl-row[data-lane]' : 'tbody tr').first().waitFor();
+      await page.addScriptTag({ path: axePath });
+      const result = await page.evaluate(() => window.axe.run(document, { runOnly: ['wcag2a', 'wcag2aa', 'wcag21aa'] }));
+      const violations = result.violations.map((v) => `${v.id}: ${v.help} (${v.nodes.map((n) => n.target.join(' ')).join(', ')})`);
+      assert.deepEqual(violations, [], hash || 'the list');
+    }
+    // A bar is a button: reached with Tab, opened with Enter.
+    const bar = page.locator('.bar[data-lane="assign_rider"]');
+    await bar.focus();
+    await page.keyboard.press('Enter');
+    await page.locator('#attempt-details').getByText('no rider within 5 km').waitFor();
     await context.close();
   } finally {
     await server.stop();

@@ -723,7 +723,7 @@ function renderTimeline(box, saga, attempts, events, now) {
       el('li', {}, el('span', { class: 'deadline', style: 'position:static;display:inline-block;height:.9rem' }), 'deadline')));
   const details = el('div', { class: 'details', 'aria-live': 'polite', id: 'attempt-details' });
   fillDetails(details, view, attempts, saga);
-  const scrollBox = el('div', { class: 'tl-scroll' }, grid);
+  const scrollBox = el('div', { class: 'tl-scroll', tabindex: 0, role: 'region', 'aria-label': 'Timeline, scrollable' }, grid);
   fill(box, el('h2', { id: 't-title' }, 'Timeline'), toolbar, scrollBox, details);
   if (scroll) {
     scrollBox.scrollLeft = scroll.left;
@@ -750,7 +750,7 @@ function fillDetails(box, view, attempts, saga) {
   if (view.lane) {
     const list = attempts.filter((a) => a.step === view.lane);
     box.append(el('h3', { style: 'margin:.1rem 0 .4rem;font-size:1rem' }, `${view.lane}: ${list.length} attempt${list.length === 1 ? '' : 's'}`),
-      list.length ? el('div', { class: 'table-wrap', style: 'max-height:20rem;overflow:auto' }, el('table', {},
+      list.length ? el('div', { class: 'table-wrap', style: 'max-height:20rem;overflow:auto', tabindex: 0, role: 'region', 'aria-label': `Attempts of ${view.lane}` }, el('table', {},
         el('thead', {}, el('tr', {}, ['Phase', '#', 'Outcome', 'Started', 'Took', 'Worker', 'Error'].map((h) => el('th', { scope: 'col' }, h)))),
         el('tbody', {}, list.map((a) => el('tr', {},
           el('td', {}, a.phase), el('td', {}, a.attempt), el('td', {}, a.outcome || 'running'),
@@ -811,13 +811,13 @@ function renderPanels(box, saga, events, deliveries) {
     el('section', {}, el('h2', {}, saga.status === 'COMPLETED' ? 'Output' : 'Outputs so far'),
       Object.keys(outputs).length ? pretty(saga.output || outputs) : el('p', { class: 'muted' }, 'None yet.')),
     el('section', { class: 'wide' }, el('h2', {}, `Events (${events.length})`),
-      el('div', { class: 'table-wrap', style: 'max-height:24rem;overflow:auto' }, el('table', {},
+      el('div', { class: 'table-wrap', style: 'max-height:24rem;overflow:auto', tabindex: 0, role: 'region', 'aria-label': 'Events' }, el('table', {},
         el('thead', {}, el('tr', {}, ['#', 'Time', 'Type', 'Step', 'Details'].map((h) => el('th', { scope: 'col' }, h)))),
         el('tbody', {}, events.map((e) => el('tr', {},
           el('td', {}, e.seq), el('td', {}, timeEl(e.at, true)), el('td', {}, e.type), el('td', {}, e.step || ''),
           el('td', { class: 'mono', style: 'overflow-wrap:anywhere' }, e.data && Object.keys(e.data).length ? JSON.stringify(e.data) : ''))))))),
     el('section', { class: 'wide' }, el('h2', {}, `Webhook deliveries (${deliveries.length})`),
-      deliveries.length ? el('div', { class: 'table-wrap', style: 'max-height:24rem;overflow:auto' }, el('table', {},
+      deliveries.length ? el('div', { class: 'table-wrap', style: 'max-height:24rem;overflow:auto', tabindex: 0, role: 'region', 'aria-label': 'Webhook deliveries' }, el('table', {},
         el('thead', {}, el('tr', {}, ['Event', 'Target', 'State', 'Attempts', 'Last answer'].map((h) => el('th', { scope: 'col' }, h)))),
         el('tbody', {}, deliveries.map((d) => el('tr', {},
           el('td', {}, `${d.type} #${d.event_id}`), el('td', { class: 'mono', style: 'overflow-wrap:anywhere' }, d.target),
