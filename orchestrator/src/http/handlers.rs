@@ -444,6 +444,15 @@ pub(crate) async fn get_saga(
     Ok((applied_headers(wait), Json(saga)).into_response())
 }
 
+/// `rows`, the rows of saga `id`; when there are none, `404` unless the saga exists (the saga
+/// is read only then, so a list with rows costs one read).
+async fn of_known_saga<T>(state: &AppState, id: Uuid, rows: Vec<T>) -> Result<Vec<T>, ApiError> {
+    if rows.is_empty() {
+        find_saga(state, id).await?;
+    }
+    Ok(rows)
+}
+
 async fn find_saga(state: &AppState, id: Uuid) -> Result<Saga, ApiError> {
     state
         .engine
@@ -527,11 +536,8 @@ pub(crate) async fn saga_events(
     SagaId(id): SagaId,
 ) -> Result<Json<Events>, ApiError> {
     let events = state.engine.store().events(id).await?;
-    // Every saga has at least its `saga.started` event, so only an empty history needs the
-    // extra read that tells "unknown saga" apart.
-    if events.is_empty() {
-        find_saga(&state, id).await?;
-    }
+    // Every saga has at least its `saga.started` event: only a typo gets here empty.
+    let events = of_known_saga(&state, id, events).await?;
     Ok(Json(Events { events }))
 }
 
@@ -566,10 +572,7 @@ pub(crate) async fn saga_attempts(
     SagaId(id): SagaId,
 ) -> Result<Json<Attempts>, ApiError> {
     let attempts = state.engine.store().attempts(id).await?;
-    // A saga that has made no call yet has no attempts: only then is the saga itself looked up.
-    if attempts.is_empty() {
-        find_saga(&state, id).await?;
-    }
+    let attempts = of_known_saga(&state, id, attempts).await?;
     Ok(Json(Attempts { attempts }))
 }
 
@@ -604,9 +607,7 @@ pub(crate) async fn saga_deliveries(
     SagaId(id): SagaId,
 ) -> Result<Json<Deliveries>, ApiError> {
     let deliveries = state.engine.store().deliveries(id).await?;
-    if deliveries.is_empty() {
-        find_saga(&state, id).await?;
-    }
+    let deliveries = of_known_saga(&state, id, deliveries).await?;
     Ok(Json(Deliveries { deliveries }))
 }
 
