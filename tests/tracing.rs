@@ -215,16 +215,14 @@ async fn a_compensated_saga_is_one_trace_beneath_its_callers_span() {
 }
 
 /// What the steps of the in-process sagas saw: their trace context, by saga.
-type Seen = Arc<Mutex<Vec<(Uuid, TraceContext)>>>;
+type Seen = Arc<Mutex<Vec<(Uuid, Option<TraceContext>)>>>;
 
 fn recording_step(name: &str, seen: &Seen) -> Step {
     let seen = seen.clone();
     let action = move |ctx: StepContext| {
         let seen = seen.clone();
         async move {
-            seen.lock()
-                .unwrap()
-                .push((ctx.saga_id(), ctx.trace().unwrap()));
+            seen.lock().unwrap().push((ctx.saga_id(), ctx.trace()));
             Ok::<_, StepError>(json!({}))
         }
     };
@@ -247,10 +245,11 @@ fn traced_sagas(seen: &Seen) -> [SagaDefinition; 2] {
     [child, parent]
 }
 
-/// Without an endpoint nothing is exported, and a step still gets its saga's context to pass
-/// on: a trace of its own (the saga id), not sampled; or the caller's, as the caller decided.
+/// Without an endpoint nothing is exported: a saga of its own has no trace context to pass on
+/// (one nobody records would only tell the services it calls not to record theirs), and a
+/// saga started in a caller's trace passes the caller's on, as the caller decided.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_an_endpoint_steps_still_get_their_sagas_trace_context() {
+async fn without_an_endpoint_only_a_callers_trace_is_passed_on() {
     let seen: Seen = Arc::default();
     let db = TempDb::new();
     let store = db.store().await;
@@ -274,10 +273,8 @@ async fn without_an_endpoint_steps_still_get_their_sagas_trace_context() {
 
     let seen = seen.lock().unwrap().clone();
     let of = |id: Uuid| seen.iter().find(|(s, _)| *s == id).unwrap().1;
-    let own_trace = of(own.id);
-    assert_eq!(own_trace.trace_id, *own.id.as_bytes());
-    assert!(!own_trace.sampled, "nothing records it");
-    let joined_trace = of(joined);
+    assert_eq!(of(own.id), None);
+    let joined_trace = of(joined).unwrap();
     assert_eq!(joined_trace.trace_id_hex(), CALLER_TRACE);
     assert!(joined_trace.sampled, "the caller's decision");
     assert_ne!(joined_trace.span_id, caller.span_id);
@@ -328,7 +325,7 @@ async fn steps_see_their_attempts_span_and_a_child_saga_joins_its_parents_trace(
     let call = span_named(&spans, child, "action call")[0];
     assert_eq!(call.parent_span_id, child_span.span_id);
     let seen = seen.lock().unwrap().clone();
-    let in_child = seen.iter().find(|(s, _)| *s == child).unwrap().1;
+    let in_child = seen.iter().find(|(s, _)| *s == child).unwrap().1.unwrap();
     assert_eq!(
         hex(&in_child.span_id),
         call.span_id,
@@ -336,7 +333,12 @@ async fn steps_see_their_attempts_span_and_a_child_saga_joins_its_parents_trace(
     );
     assert!(in_child.sampled);
     let after = span_named(&spans, parent.id, "action after")[0];
-    let in_parent = seen.iter().find(|(s, _)| *s == parent.id).unwrap().1;
+    let in_parent = seen
+        .iter()
+        .find(|(s, _)| *s == parent.id)
+        .unwrap()
+        .1
+        .unwrap();
     assert_eq!(hex(&in_parent.span_id), after.span_id);
     assert_eq!(after.parent_span_id, parent_span.span_id);
 }
@@ -472,6 +474,37 @@ async fn a_sampled_share_of_the_sagas_is_traced_whole_and_the_rest_not_at_all() 
     }
     let seen = seen.lock().unwrap().clone();
     for (id, trace) in seen {
-        assert_eq!(trace.sampled, traced.contains(&id), "{id}");
+        assert_eq!(trace.unwrap().sampled, traced.contains(&id), "{id}");
     }
+}
+
+/// A saga not sampled exports nothing at all: neither its own spans nor those its
+/// participants open (they run in its unsampled context, so they are not roots of their own).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_saga_not_sampled_exports_nothing_not_even_its_participants_spans() {
+    let receiver = OtlpReceiver::start().await;
+    let db = TempDb::new();
+    let mut server = Server::spawn(
+        &db.url,
+        db.dir.path(),
+        &[("OTEL_BSP_SCHEDULE_DELAY", "50")],
+        &[
+            "--otlp-endpoint",
+            &receiver.endpoint,
+            "--otlp-sample-ratio",
+            "0",
+        ],
+    )
+    .await;
+    let undone = json!({"order_id": "o-6", "user": "ada", "amount": 10,
+        "simulate": {"fail_step": "assign_rider"}});
+    let id = server.start("place_order", undone).await;
+    server
+        .wait_for(id, LONG, |s| s["status"] == "COMPENSATED")
+        .await;
+    // A graceful stop exports whatever the exporter still holds.
+    server.signal("TERM");
+    let stopped = saga_suite::wait_exit(&mut server.child, LONG);
+    assert!(stopped.success());
+    assert_eq!(receiver.spans(), vec![], "nothing recorded");
 }

@@ -129,9 +129,10 @@ pub struct Orchestrator;
 impl Orchestrator {
     /// A server for the sagas of `registry`, with every setting at its default, except those
     /// the environment sets as it does for the `serve` command line: `DATABASE_URL`,
-    /// `SAGA_LISTEN`, `SAGA_WORKERS`, `SAGA_API_TOKEN` and `SAGA_WEBHOOK_SECRET` (so a
-    /// deployment configures every application the same way). The builder's own calls
-    /// override them.
+    /// `SAGA_LISTEN`, `SAGA_WORKERS`, `SAGA_API_TOKEN`, `SAGA_WEBHOOK_SECRET` and
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` (so a deployment configures every application the same
+    /// way; `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` wins over the last, as in any OpenTelemetry
+    /// SDK). The builder's own calls override them.
     pub fn builder(registry: Registry) -> OrchestratorBuilder {
         let env = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
         let mut engine = EngineConfig::default();
@@ -153,7 +154,7 @@ impl Orchestrator {
             },
             tokens_file: None,
             nats: None,
-            otlp_endpoint: None,
+            otlp_endpoint: env("OTEL_EXPORTER_OTLP_ENDPOINT"),
             otlp_sample_ratio: 1.0,
             retention: None,
             shutdown: CancellationToken::new(),
@@ -343,11 +344,9 @@ impl OrchestratorBuilder {
     /// [module](self) for what is checked first. The server runs until it is stopped
     /// ([`Server::stop`], the token of [`shutdown_on`](Self::shutdown_on), or a signal).
     pub async fn start(mut self) -> Result<Server, ServeError> {
-        if let Some(endpoint) = &self.otlp_endpoint {
-            if !self.engine.telemetry.is_enabled() {
-                self.engine.telemetry = crate::telemetry::Telemetry::otlp(endpoint)?
-                    .with_sample_ratio(self.otlp_sample_ratio);
-            }
+        if !self.engine.telemetry.is_enabled() {
+            self.engine.telemetry =
+                telemetry_for(self.otlp_endpoint.as_deref(), self.otlp_sample_ratio)?;
         }
         self.webhooks.trace_sampling = self.engine.telemetry.sampling();
         if let Some(path) = &self.tokens_file {
@@ -847,8 +846,8 @@ pub struct ServeArgs {
     #[arg(long, default_value = "2m", value_name = "DURATION", value_parser = crate::retention::parse_duration)]
     pub nats_dedup_window: Duration,
     /// Export traces over OTLP/HTTP to this collector (`http://HOST:4318`, to which
-    /// `/v1/traces` is added, or the full URL): one trace per saga, a span per attempt.
-    /// Without it no span is made.
+    /// `/v1/traces` is added; `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, a full URL, wins): one
+    /// trace per saga, a span per attempt. Without either no span is made.
     #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
     pub otlp_endpoint: Option<String>,
     /// The share of sagas whose traces are exported, 0 to 1, chosen by saga id (a saga
@@ -865,12 +864,26 @@ impl ServeArgs {
     pub fn telemetry(
         &self,
     ) -> Result<crate::telemetry::Telemetry, crate::telemetry::TelemetryError> {
-        match self.otlp_endpoint.as_deref().filter(|e| !e.is_empty()) {
-            Some(endpoint) => Ok(crate::telemetry::Telemetry::otlp(endpoint)?
-                .with_sample_ratio(self.otlp_sample_ratio)),
-            None => Ok(crate::telemetry::Telemetry::disabled()),
-        }
+        telemetry_for(self.otlp_endpoint.as_deref(), self.otlp_sample_ratio)
     }
+}
+
+/// The exporter of the collector at `endpoint`, or of `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`,
+/// which wins as the OpenTelemetry specification says; disabled with neither.
+fn telemetry_for(
+    endpoint: Option<&str>,
+    sample_ratio: f64,
+) -> Result<crate::telemetry::Telemetry, crate::telemetry::TelemetryError> {
+    use crate::telemetry::Telemetry;
+    let traces_url = std::env::var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        .ok()
+        .filter(|u| !u.is_empty());
+    let telemetry = match (traces_url, endpoint.filter(|e| !e.is_empty())) {
+        (Some(url), _) => Telemetry::otlp_traces_url(&url)?,
+        (None, Some(endpoint)) => Telemetry::otlp(endpoint)?,
+        (None, None) => return Ok(Telemetry::disabled()),
+    };
+    Ok(telemetry.with_sample_ratio(sample_ratio))
 }
 
 fn parse_ratio(text: &str) -> Result<f64, String> {

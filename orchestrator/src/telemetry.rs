@@ -59,19 +59,26 @@ pub enum TelemetryError {
 /// that joins a caller's trace follows the caller's choice; a child saga, its parent's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Sampling {
+    /// Whether traces are exported at all.
+    exporting: bool,
     /// The share recorded, in millionths.
     per_million: u32,
 }
 
 impl Sampling {
-    /// No trace is recorded (no exporter).
-    pub const NONE: Self = Self { per_million: 0 };
+    /// Nothing exports traces: a saga has a trace only if it joined a caller's.
+    pub const NONE: Self = Self {
+        exporting: false,
+        per_million: 0,
+    };
     /// Every trace is recorded.
     pub const ALL: Self = Self {
+        exporting: true,
         per_million: 1_000_000,
     };
 
-    /// `ratio` of the traces (0 to 1; outside, the nearest bound).
+    /// `ratio` of the traces (0 to 1; outside, the nearest bound) are recorded; the others
+    /// are traces all the same, marked not sampled.
     pub fn ratio(ratio: f64) -> Self {
         let clamped = if ratio.is_nan() {
             0.0
@@ -79,6 +86,7 @@ impl Sampling {
             ratio.clamp(0.0, 1.0)
         };
         Self {
+            exporting: true,
             per_million: (clamped * 1_000_000.0).round() as u32,
         }
     }
@@ -87,6 +95,9 @@ impl Sampling {
     /// id (whose bits are not all random: a UUIDv7 counts within its millisecond), the same in
     /// every process.
     pub fn records(self, id: Uuid) -> bool {
+        if !self.exporting {
+            return false;
+        }
         match self.per_million {
             0 => false,
             1_000_000.. => true,
@@ -126,18 +137,23 @@ impl fmt::Debug for Telemetry {
     }
 }
 
-/// The URL spans are posted to: `endpoint` itself if it names a path, else its `/v1/traces`
-/// (as `OTEL_EXPORTER_OTLP_ENDPOINT` is read).
-fn traces_url(endpoint: &str) -> Result<String, TelemetryError> {
-    let bad = || TelemetryError::Endpoint(endpoint.to_owned());
-    let url = reqwest::Url::parse(endpoint).map_err(|_| bad())?;
-    if !matches!(url.scheme(), "http" | "https") || url.host_str().is_none() {
-        return Err(bad());
+/// `url` if it is an `http` or `https` URL with a host.
+fn checked(url: &str) -> Result<&str, TelemetryError> {
+    match reqwest::Url::parse(url) {
+        Ok(u) if matches!(u.scheme(), "http" | "https") && u.host_str().is_some() => Ok(url),
+        _ => Err(TelemetryError::Endpoint(url.to_owned())),
     }
-    if url.path().trim_end_matches('/').is_empty() {
-        Ok(format!("{}/v1/traces", endpoint.trim_end_matches('/')))
+}
+
+/// The URL spans are posted to for the collector at `endpoint`: its `/v1/traces`, as
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` is read (a base URL, path included), unless it names that
+/// path already.
+fn traces_url(endpoint: &str) -> Result<String, TelemetryError> {
+    let base = checked(endpoint)?.trim_end_matches('/');
+    if base.ends_with("/v1/traces") {
+        Ok(base.to_owned())
     } else {
-        Ok(endpoint.to_owned())
+        Ok(format!("{base}/v1/traces"))
     }
 }
 
@@ -151,7 +167,15 @@ impl Telemetry {
     /// `/v1/traces` is added, or the full URL of its traces path), as protobuf, in batches.
     /// The service name is `OTEL_SERVICE_NAME`, else [`DEFAULT_SERVICE_NAME`].
     pub fn otlp(endpoint: &str) -> Result<Self, TelemetryError> {
-        let url = traces_url(endpoint)?;
+        Self::exporting_to(traces_url(endpoint)?)
+    }
+
+    /// Exports spans to exactly `url`, as `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is read.
+    pub fn otlp_traces_url(url: &str) -> Result<Self, TelemetryError> {
+        Self::exporting_to(checked(url)?.to_owned())
+    }
+
+    fn exporting_to(url: String) -> Result<Self, TelemetryError> {
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
             .with_protocol(Protocol::HttpBinary)
@@ -249,15 +273,15 @@ impl Telemetry {
         }
     }
 
-    /// The trace context of saga `id` whose row holds `traceparent`.
-    pub(crate) fn saga_trace(&self, id: Uuid, traceparent: Option<&str>) -> SagaTrace {
+    /// The trace context of saga `id` whose row holds `traceparent`, if it has one.
+    pub(crate) fn saga_trace(&self, id: Uuid, traceparent: Option<&str>) -> Option<SagaTrace> {
         SagaTrace::of(id, traceparent, self.sampling)
     }
 
     /// The attributes every attempt span of saga `id` named `name` carries, made once for all
     /// its attempts (shared, not copied, by each span); none when disabled.
     pub(crate) fn saga_attrs(&self, id: Uuid, name: &str) -> SagaAttrs {
-        if self.sampling == Sampling::NONE {
+        if !self.is_enabled() {
             return SagaAttrs::default();
         }
         let text = |s: String| opentelemetry::StringValue::from(Arc::<str>::from(s));
@@ -277,7 +301,8 @@ impl Telemetry {
     }
 
     /// Emits the span of an attempt that a stopped process began and never recorded: from
-    /// `started_at` to now, its outcome unknown.
+    /// `started_at` to now, its outcome unknown. Called once the recovery that closed it as
+    /// interrupted is committed, so a recovery that fails and is made again emits it once.
     pub(crate) fn interrupted_attempt(
         &self,
         trace: &SagaTrace,
@@ -375,7 +400,9 @@ pub(crate) struct AttemptSpan<'a> {
     pub(crate) saga: &'a SagaAttrs,
     /// The row's name: a stage, or `group/branch`.
     pub(crate) step: &'a str,
+    /// Action or compensation.
     pub(crate) phase: Phase,
+    /// Its number, from 1.
     pub(crate) attempt: u32,
 }
 
@@ -413,8 +440,10 @@ pub struct SagaTrace {
 
 impl SagaTrace {
     /// The trace of saga `id` whose row holds `traceparent` (as [`parse_traceparent`] wrote
-    /// it); a trace of its own is recorded as `sampling` decides for it.
-    pub fn of(id: Uuid, traceparent: Option<&str>, sampling: Sampling) -> Self {
+    /// it); a trace of its own is recorded as `sampling` decides for it. `None` when the saga
+    /// joined no trace and nothing exports traces: a context nobody records would only tell
+    /// the services it reaches not to record theirs.
+    pub fn of(id: Uuid, traceparent: Option<&str>, sampling: Sampling) -> Option<Self> {
         let bytes = id.as_bytes();
         let mut span_id = [0u8; 8];
         span_id.copy_from_slice(&bytes[8..]);
@@ -422,27 +451,29 @@ impl SagaTrace {
             span_id[7] = 1;
         }
         match traceparent.and_then(parse_traceparent) {
-            Some(parent) => Self {
+            Some(parent) => Some(Self {
                 context: TraceContext {
                     trace_id: parent.trace_id,
                     span_id,
                     sampled: parent.sampled,
                 },
                 parent: Some(parent.span_id),
-            },
-            None => Self {
+            }),
+            None if sampling == Sampling::NONE => None,
+            None => Some(Self {
                 context: TraceContext {
                     trace_id: *bytes,
                     span_id,
                     sampled: sampling.records(id),
                 },
                 parent: None,
-            },
+            }),
         }
     }
 
-    /// The saga span as the remote parent of its attempts' spans.
-    fn as_parent(&self) -> Context {
+    /// The saga span as the remote parent of its attempts' spans (and, when the saga is not
+    /// sampled, the context its calls run in, so that what they open is not recorded either).
+    pub(crate) fn as_parent(&self) -> Context {
         remote(
             self.context.trace_id,
             self.context.span_id,
@@ -509,7 +540,7 @@ mod tests {
     fn a_saga_joins_the_trace_it_was_started_in_with_a_span_of_its_own() {
         let id = Uuid::now_v7();
         let tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
-        let joined = SagaTrace::of(id, Some(tp), Sampling::NONE);
+        let joined = SagaTrace::of(id, Some(tp), Sampling::NONE).unwrap();
         assert_eq!(
             joined.context.trace_id_hex(),
             "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -517,16 +548,27 @@ mod tests {
         assert_eq!(joined.parent, Some(parse_traceparent(tp).unwrap().span_id));
         assert!(joined.context.sampled, "the caller's decision");
         // The same in every process, and the saga span's id is not the caller's.
-        assert_eq!(SagaTrace::of(id, Some(tp), Sampling::ALL), joined);
+        assert_eq!(SagaTrace::of(id, Some(tp), Sampling::ALL), Some(joined));
         assert_ne!(joined.context.span_id, joined.parent.unwrap());
 
-        let own = SagaTrace::of(id, None, Sampling::ALL);
+        let own = SagaTrace::of(id, None, Sampling::ALL).unwrap();
         assert_eq!(own.context.trace_id, *id.as_bytes());
         assert_eq!(own.parent, None);
         assert!(own.context.sampled);
-        assert!(!SagaTrace::of(id, None, Sampling::NONE).context.sampled);
+        assert!(
+            !SagaTrace::of(id, None, Sampling::ratio(0.0))
+                .unwrap()
+                .context
+                .sampled
+        );
+        assert_eq!(
+            SagaTrace::of(id, None, Sampling::NONE),
+            None,
+            "nobody's trace"
+        );
         assert_ne!(
             SagaTrace::of(Uuid::now_v7(), None, Sampling::ALL)
+                .unwrap()
                 .context
                 .span_id,
             own.context.span_id
@@ -546,7 +588,12 @@ mod tests {
             }
         }
         assert_eq!(Sampling::ratio(2.0), Sampling::ALL);
-        assert_eq!(Sampling::ratio(f64::NAN), Sampling::NONE);
+        assert!(!Sampling::ratio(f64::NAN).records(ids[0]));
+        assert_ne!(
+            Sampling::ratio(0.0),
+            Sampling::NONE,
+            "exported, none sampled"
+        );
     }
 
     #[test]
@@ -558,6 +605,11 @@ mod tests {
         assert_eq!(
             traces_url("http://collector:4318/").unwrap(),
             "http://collector:4318/v1/traces"
+        );
+        assert_eq!(
+            traces_url("https://gateway/otlp").unwrap(),
+            "https://gateway/otlp/v1/traces",
+            "a base URL's path is kept"
         );
         assert_eq!(
             traces_url("https://collector/otlp/v1/traces").unwrap(),

@@ -144,10 +144,11 @@ impl StepContext {
         self
     }
 
-    /// The W3C trace context of this call: its attempt's span when the orchestrator exports
-    /// traces, else its saga's. Hand [`TraceContext::traceparent`] to the participant as the
-    /// `traceparent` header so that its spans join the saga's trace. `None` only for a
-    /// context built by hand.
+    /// The W3C trace context of this call: its attempt's span when the orchestrator records
+    /// the saga's trace, else its saga's. Hand [`TraceContext::traceparent`] to the participant
+    /// as the `traceparent` header so that its spans join the saga's trace. `None` when the
+    /// saga has no trace (nothing exports traces and it joined no caller's) and for a context
+    /// built by hand.
     pub fn trace(&self) -> Option<TraceContext> {
         self.trace
     }

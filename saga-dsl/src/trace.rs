@@ -1,7 +1,8 @@
 //! The W3C trace context of a call, so that a participant's request can carry it.
 //!
-//! The orchestrator gives every call the context of its attempt's span (or, when it exports no
-//! traces, of its saga), and a step hands it on as a `traceparent` header:
+//! The orchestrator gives every call the context of its attempt's span (of its saga's when that
+//! saga is not sampled, or joined a caller's trace while nothing exports traces), and a step
+//! hands it on as a `traceparent` header:
 //!
 //! ```
 //! use saga_dsl::{StepContext, StepError};

@@ -243,11 +243,39 @@ test('the list and a saga page pass the WCAG 2.1 AA checks of axe, and the timel
       const violations = result.violations.map((v) => `${v.id}: ${v.help} (${v.nodes.map((n) => n.target.join(' ')).join(', ')})`);
       assert.deepEqual(violations, [], hash || 'the list');
     }
-    // A bar is a button: reached with Tab, opened with Enter.
+    // A bar is a button: focused, it opens with Enter.
     const bar = page.locator('.bar[data-lane="assign_rider"]');
     await bar.focus();
     await page.keyboard.press('Enter');
     await page.locator('#attempt-details').getByText('no rider within 5 km').waitFor();
+    await context.close();
+  } finally {
+    await server.stop();
+  }
+});
+
+test("keyboard focus stays where it was while a running saga's page updates itself", async () => {
+  const server = await startServer();
+  try {
+    const id = await start(server, 'fulfil_order', {
+      order_id: 'f-k', user: 'ada', amount: 10, needs_approval: true, items: [{ sku: 'a', qty: 1 }],
+    });
+    await waitFor(server, id, (s) => s.stages.some((st) => st.status === 'WAITING'));
+    const { page, context, errors } = await open(server, `#/sagas/${id}`);
+    await page.getByRole('button', { name: 'Send signal…' }).waitFor();
+    // Reached with Tab alone, from the top of the page.
+    let focused = null;
+    for (let i = 0; i < 80 && focused !== 'action Send signal…'; i++) {
+      await page.keyboard.press('Tab');
+      focused = await page.evaluate(() => document.activeElement?.dataset?.focus ?? null);
+    }
+    assert.equal(focused, 'action Send signal…');
+    // Several polls later (every 2 s), the same button still has the focus.
+    await page.waitForTimeout(4500);
+    assert.equal(await page.evaluate(() => document.activeElement?.dataset?.focus ?? null), 'action Send signal…');
+    await page.keyboard.press('Enter');
+    await page.getByRole('dialog').getByText('Send a signal').waitFor();
+    assert.deepEqual(errors, []);
     await context.close();
   } finally {
     await server.stop();

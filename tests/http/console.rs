@@ -12,6 +12,7 @@ use serde_json::{json, Value};
 use crate::{own, with_token, TOKEN};
 
 const READER: &str = "console-reader-token";
+const STARTER: &str = "console-starter-token";
 
 #[tokio::test]
 async fn the_console_is_served_from_the_binary_without_a_token() {
@@ -67,7 +68,10 @@ async fn the_console_is_served_from_the_binary_without_a_token() {
 async fn whoami_names_the_token_and_its_scopes() {
     let api = own(HttpConfig {
         api_token: Some(TOKEN.to_owned()),
-        api_tokens: vec![ApiToken::new("viewer", &[Scope::Read], READER)],
+        api_tokens: vec![
+            ApiToken::new("viewer", &[Scope::Read], READER),
+            ApiToken::new("starter", &[Scope::Start], STARTER),
+        ],
         ..HttpConfig::default()
     })
     .await;
@@ -83,6 +87,16 @@ async fn whoami_names_the_token_and_its_scopes() {
     );
     let nobody = Api::send(api.anonymous(Method::GET, "/v1/whoami")).await;
     assert_eq!(nobody.status, StatusCode::UNAUTHORIZED);
+    // A token that may not read may still ask what it may do.
+    let starter = Api::send(
+        api.anonymous(Method::GET, "/v1/whoami")
+            .bearer_auth(STARTER),
+    )
+    .await;
+    assert_eq!(
+        starter.body,
+        json!({"name": "starter", "scopes": ["start"], "auth_required": true})
+    );
 
     let open = own(HttpConfig::default()).await;
     let anyone = Api::send(open.anonymous(Method::GET, "/v1/whoami")).await;

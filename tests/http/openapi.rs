@@ -548,7 +548,6 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
         ),
         ("GET", "/metrics", "/metrics".to_owned(), START_ONLY),
         ("GET", "/v1/counts", "/v1/counts".to_owned(), START_ONLY),
-        ("GET", "/v1/whoami", "/v1/whoami".to_owned(), START_ONLY),
         ("POST", "/v1/sagas/{saga}/abort", abort(&done), READ_ONLY),
         ("POST", "/v1/sagas/{saga}/retry", retry(&done), READ_ONLY),
         (

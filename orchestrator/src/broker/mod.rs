@@ -49,8 +49,8 @@ pub struct BrokerMessage<'a> {
     pub message_id: String,
     /// The JSON body, the same document a webhook delivery carries.
     pub body: Vec<u8>,
-    /// The W3C `traceparent` of the event's saga span.
-    pub traceparent: String,
+    /// The W3C `traceparent` of the event's saga span, if its saga has a trace.
+    pub traceparent: Option<String>,
 }
 
 impl<'a> BrokerMessage<'a> {

@@ -169,11 +169,13 @@ impl EventTarget for NatsTarget {
         let mut pending = Vec::with_capacity(messages.len());
         let mut error = None;
         for m in messages {
-            let publish = PublishMessage::build()
+            let mut publish = PublishMessage::build()
                 .payload(m.body.clone().into())
                 .message_id(&m.message_id)
-                .header("Saga-Event-Id", m.event.id().to_string().as_str())
-                .header("traceparent", m.traceparent.as_str());
+                .header("Saga-Event-Id", m.event.id().to_string().as_str());
+            if let Some(traceparent) = &m.traceparent {
+                publish = publish.header("traceparent", traceparent.as_str());
+            }
             let subject = subject(&m.event.saga_name, &m.event.kind);
             match context.send_publish(subject, publish).await {
                 Ok(ack) => pending.push(ack),

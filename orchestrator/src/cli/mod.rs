@@ -129,7 +129,8 @@ pub fn init_tracing_with(
     } else {
         logs.boxed()
     };
-    // The log level filters the log alone: the spans steps open are exported at any level.
+    // The log level filters the log alone: the spans steps open are exported at INFO and
+    // above whatever the log shows.
     // An error means a subscriber is already set (a test harness, an embedding application).
     let _ = tracing_subscriber::registry()
         .with(telemetry.tracing_layer())

@@ -49,6 +49,20 @@ pub(super) struct Call {
     timeout: Duration,
 }
 
+impl Drop for Call {
+    /// A call dropped unfinished (its driver stopped: a lease lost, an operator's abort) ends
+    /// its span as the log records it, abandoned, rather than as the SDK would, without any.
+    fn drop(&mut self) {
+        if let Some(mut span) = self.span.take() {
+            crate::telemetry::end_attempt(
+                &mut span,
+                "abandoned",
+                Some("the driver stopped before the call ended"),
+            );
+        }
+    }
+}
+
 /// A finished call.
 pub(super) struct Finished {
     /// Which call.
@@ -71,7 +85,9 @@ impl InFlight {
     }
 
     /// Starts `run` for the call of row `index` in `phase`, cut short after `timeout`, in the
-    /// context of its attempt's `span` if there is one.
+    /// OpenTelemetry context `run_in` if there is one; its attempt's `span`, if any, ends with
+    /// it.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn start(
         &mut self,
         index: usize,
@@ -79,12 +95,13 @@ impl InFlight {
         attempt: u32,
         timeout: Duration,
         span: Option<opentelemetry::Context>,
+        run_in: Option<opentelemetry::Context>,
         run: CallFuture,
     ) {
-        let handle = match &span {
+        let handle = match run_in {
             // The call sees its attempt's span as the current OpenTelemetry context.
             Some(cx) => {
-                let run = opentelemetry::trace::FutureExt::with_context(run, cx.clone());
+                let run = opentelemetry::trace::FutureExt::with_context(run, cx);
                 self.tasks
                     .spawn(async move { tokio::time::timeout(timeout, run).await })
             }

@@ -114,7 +114,7 @@ impl Driver {
         let mut child = NewSaga::of(&def, input);
         child.id = id;
         // The child's trace is its parent's: its saga span a child of the parent's.
-        child.traceparent = Some(self.trace.context.traceparent());
+        child.traceparent = self.trace.map(|t| t.context.traceparent());
         Some(child)
     }
 

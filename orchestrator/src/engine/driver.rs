@@ -91,6 +91,7 @@ pub(super) async fn drive(
             elements: HashMap::new(),
             trace,
             span_attrs,
+            interrupted: Vec::new(),
         };
         match driver.run(ahead).await {
             Ok(()) => {}
@@ -121,8 +122,11 @@ pub(super) struct Driver {
     pub(super) slot: Option<tokio::sync::OwnedSemaphorePermit>,
     /// The elements of the branches of mapped groups, by row name, once computed.
     pub(super) elements: HashMap<String, Arc<Value>>,
-    /// The saga's place in its trace, derived from its row.
-    pub(super) trace: SagaTrace,
+    /// The saga's place in its trace, derived from its row; none without an exporter, unless
+    /// the saga joined a caller's trace.
+    pub(super) trace: Option<SagaTrace>,
+    /// Attempts closed as interrupted whose spans wait for that recovery's commit.
+    interrupted: Vec<(usize, Phase, u32)>,
     /// The attributes of its attempt spans, made once.
     span_attrs: SagaAttrs,
 }
@@ -203,10 +207,7 @@ impl Driver {
             let attempt = self.saga.steps[0].action.attempts;
             self.start_call(&mut calls, 0, Phase::Action, attempt);
         } else {
-            let interrupted = self.recover_interrupted();
-            if !interrupted.is_empty() && self.inner.config.telemetry.is_enabled() {
-                self.trace_interrupted(&interrupted).await;
-            }
+            self.interrupted = self.recover_interrupted();
         }
         loop {
             if !calls.is_empty() {
@@ -243,10 +244,9 @@ impl Driver {
                             "name" => self.saga.name.clone(), "status" => self.saga.status.as_str())
                         .record(lived);
                         self.inner.notify_terminal(self.saga.id, self.saga.status);
-                        self.inner
-                            .config
-                            .telemetry
-                            .end_saga(&self.saga, &self.trace, now);
+                        if let Some(trace) = &self.trace {
+                            self.inner.config.telemetry.end_saga(&self.saga, trace, now);
+                        }
                     }
                     return Ok(());
                 }
@@ -341,11 +341,17 @@ impl Driver {
     /// Starts a call whose write-ahead is committed.
     fn start_call(&mut self, calls: &mut InFlight, index: usize, phase: Phase, attempt: u32) {
         crash_if_armed(before_point(phase), &self.saga.steps[index].name);
-        let span = self
-            .inner
-            .config
-            .telemetry
-            .start_attempt(&self.trace, self.attempt_span(index, phase, attempt));
+        let telemetry = &self.inner.config.telemetry;
+        let (span, run_in) = match &self.trace {
+            Some(trace) if telemetry.is_enabled() => {
+                let span = telemetry.start_attempt(trace, self.attempt_span(index, phase, attempt));
+                // An attempt not sampled runs in its saga's unsampled context: the spans its
+                // step opens are not recorded either.
+                let run_in = span.clone().unwrap_or_else(|| trace.as_parent());
+                (span, Some(run_in))
+            }
+            _ => (None, None),
+        };
         let mut ctx = self.context(index, phase, attempt);
         if let Some(span) = &span {
             ctx = ctx.with_trace(telemetry::context_of(span));
@@ -380,7 +386,7 @@ impl Driver {
                 ),
             },
         };
-        calls.start(index, phase, attempt, timeout, span, run);
+        calls.start(index, phase, attempt, timeout, span, run_in, run);
     }
 
     /// What the span of an attempt of row `index` names.
@@ -396,12 +402,12 @@ impl Driver {
     /// Records a call that ended, in memory, to be written with whatever comes next.
     fn finish_call(&mut self, done: super::calls::Finished) {
         let mut call = done.call;
-        if let Some(span) = &mut call.span {
+        if let Some(mut span) = call.span.take() {
             let error = match &done.result {
                 CallResult::Ok(_) => None,
                 CallResult::Err { error, .. } => Some(error.message()),
             };
-            telemetry::end_attempt(span, done.result.outcome(), error);
+            telemetry::end_attempt(&mut span, done.result.outcome(), error);
         }
         metrics::histogram!("saga_step_duration_seconds",
             "name" => self.saga.name.clone(), "step" => self.metric_step(call.index),
@@ -449,6 +455,12 @@ impl Driver {
     /// Emits the spans of attempts a stopped process began (it could not): from their start in
     /// the attempt log to now, interrupted.
     async fn trace_interrupted(&self, interrupted: &[(usize, Phase, u32)]) {
+        let Some(trace) = self.trace.filter(|t| t.context.sampled) else {
+            return;
+        };
+        if !self.inner.config.telemetry.is_enabled() {
+            return;
+        }
         let attempts = match self.inner.store.attempts(self.saga.id).await {
             Ok(attempts) => attempts,
             Err(e) => {
@@ -462,7 +474,7 @@ impl Driver {
             });
             if let Some(a) = started {
                 self.inner.config.telemetry.interrupted_attempt(
-                    &self.trace,
+                    &trace,
                     self.attempt_span(index, phase, attempt),
                     a.started_at,
                 );
@@ -532,8 +544,11 @@ impl Driver {
             Arc::new(outputs),
         )
         .with_state(self.def.state().cloned())
-        .with_input_cache(self.typed_input.clone())
-        .with_trace(self.trace.context);
+        .with_input_cache(self.typed_input.clone());
+        let ctx = match &self.trace {
+            Some(trace) => ctx.with_trace(trace.context),
+            None => ctx,
+        };
         match row.branch_of() {
             Some((group, branch)) => {
                 let element = self.element_of(index);
@@ -754,6 +769,10 @@ impl Driver {
             },
         )
         .await;
+        if matches!(applied, Ok(Applied::Written)) && !self.interrupted.is_empty() {
+            let interrupted = std::mem::take(&mut self.interrupted);
+            self.trace_interrupted(&interrupted).await;
+        }
         if applied.is_err()
             || applied
                 .as_ref()

@@ -478,7 +478,7 @@ async fn find_saga(state: &AppState, id: Uuid) -> Result<Saga, ApiError> {
         ("needs_attention" = Option<bool>, Query,
          description = "Only sagas flagged as needing a person"),
         ("blocked" = Option<bool>, Query,
-         description = "Only sagas whose definition no running process has"),
+         description = "Only unfinished sagas whose definition no running process has"),
         ("created_after" = Option<String>, Query,
          description = "Only sagas created at or after this RFC 3339 time"),
         ("created_before" = Option<String>, Query,

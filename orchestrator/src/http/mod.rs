@@ -257,7 +257,7 @@ fn to_json(doc: &utoipa::openapi::OpenApi) -> String {
 /// |---|---|
 /// | `POST /v1/sagas/{name}` | start a saga: `202` with `Location` |
 /// | `GET /v1/sagas/{id}` | the saga with its steps |
-/// | `GET /v1/sagas?status=&name=&needs_attention=&limit=&cursor=` | a page of sagas, newest first |
+/// | `GET /v1/sagas?status=&name=&needs_attention=&blocked=&created_after=&created_before=&id_prefix=&limit=&cursor=` | a page of sagas, newest first |
 /// | `GET /v1/sagas/{id}/events` | the saga's event history |
 /// | `GET /v1/sagas/{id}/attempts` | the saga's attempt log |
 /// | `POST /v1/sagas/{id}/cancel` | request cancellation: `202`, or `409` when too late |

@@ -81,8 +81,7 @@ pub(crate) async fn abort_saga(
         .await?;
     // No driver ends an aborted saga: its span is emitted here.
     let telemetry = &state.engine.config().telemetry;
-    if telemetry.is_enabled() {
-        let trace = telemetry.saga_trace(saga.id, saga.traceparent.as_deref());
+    if let Some(trace) = telemetry.saga_trace(saga.id, saga.traceparent.as_deref()) {
         telemetry.end_saga(&saga, &trace, saga.updated_at);
     }
     Ok(Json(saga))

@@ -31,7 +31,7 @@ pub(crate) struct Counts {
     needs_attention: u64,
     /// Unfinished sagas whose definition no running process has.
     blocked: u64,
-    /// When these were counted (RFC 3339); at most two seconds old.
+    /// When these were counted (RFC 3339); never older than [`COUNTS_FRESH_FOR`].
     counted_at: String,
 }
 
@@ -106,9 +106,9 @@ pub(crate) struct WhoAmI {
         scope when the server asks for no token), so that a client offers only what it may do.",
     security((), ("bearer" = [])),
     responses(
-        (status = 200, description = "The caller", body = WhoAmI),
+        (status = 200, description = "The caller (any valid token, whatever its scopes)",
+         body = WhoAmI),
         (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the token lacks the `read` scope", body = ErrorBody),
     )
 )]
 pub(crate) async fn whoami(

@@ -410,7 +410,7 @@ pub struct ListFilter {
     pub name: Option<String>,
     /// Only sagas flagged as needing attention.
     pub needs_attention: bool,
-    /// Only sagas whose definition no running process has.
+    /// Only unfinished sagas whose definition no running process has.
     pub blocked: bool,
     /// Only sagas created at or after this time.
     pub created_after: Option<Millis>,

@@ -72,11 +72,11 @@ impl OutboxEvent {
     }
 
     /// The `traceparent` its deliveries carry: its saga span's context, sampled as
-    /// `sampling` decides for the saga (or as the trace it joined decided).
-    pub fn trace_header(&self, sampling: crate::telemetry::Sampling) -> String {
+    /// `sampling` decides for the saga (or as the trace it joined decided); none when its
+    /// saga has no trace.
+    pub fn trace_header(&self, sampling: crate::telemetry::Sampling) -> Option<String> {
         crate::telemetry::SagaTrace::of(self.saga_id, self.traceparent.as_deref(), sampling)
-            .context
-            .traceparent()
+            .map(|t| t.context.traceparent())
     }
 }
 

@@ -478,11 +478,10 @@ impl Relay {
         let mut request = client
             .post(&d.target)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .header(EVENT_ID_HEADER, d.event.id().to_string())
-            .header(
-                "traceparent",
-                d.event.trace_header(self.config.trace_sampling),
-            );
+            .header(EVENT_ID_HEADER, d.event.id().to_string());
+        if let Some(traceparent) = d.event.trace_header(self.config.trace_sampling) {
+            request = request.header("traceparent", traceparent);
+        }
         if let Some(secret) = secret {
             let now = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

@@ -153,10 +153,12 @@ function main() {
 
 /**
  * Runs `tick` now (its error goes to the caller, which shows it) and then every `every` ms
- * while the page it belongs to is shown and `tick` does not answer `false`.
+ * while the page of `generation` is shown and `tick` does not answer `false`. `tick` gets a
+ * function that tells whether that page is still the one shown: checked after each wait, so
+ * that a page left while it loaded never draws over the next one.
  */
-async function poll(tick, every) {
-  const generation = state.generation;
+async function poll(generation, tick, every) {
+  const current = () => generation === state.generation;
   let timer = null;
   const run = async () => {
     if (generation !== state.generation) return;
@@ -166,14 +168,14 @@ async function poll(tick, every) {
     }
     let again = true;
     try {
-      again = (await tick()) !== false;
+      again = (await tick(current)) !== false;
     } catch (e) {
       if (e instanceof ApiError && e.status === 401) return showLogin('The token was refused.');
       console.warn(e);
     }
     if (again && generation === state.generation) timer = setTimeout(run, every);
   };
-  if ((await tick()) !== false) timer = setTimeout(run, every);
+  if ((await tick(current)) !== false && current()) timer = setTimeout(run, every);
 }
 
 // ---- identity -----------------------------------------------------------------------------
@@ -249,8 +251,7 @@ function showLogin(problem) {
 
 // ---- counts in the header -----------------------------------------------------------------
 
-async function refreshCounts(currentStatus) {
-  const counts = await api('/v1/counts');
+function showCounts(counts, currentStatus) {
   const nav = document.getElementById('counts');
   const chips = STATUSES.map((s) =>
     el('a', {
@@ -308,10 +309,12 @@ function sagaTable(sagas, caption) {
 }
 
 async function renderList(params) {
+  const generation = state.generation;
   document.title = 'Sagas';
   if (!state.definitions) {
     state.definitions = (await api('/v1/definitions')).definitions;
   }
+  if (generation !== state.generation) return;
   const names = [...new Set(state.definitions.map((d) => d.name))].sort();
   const status = el('select', { id: 'f-status', name: 'status' },
     el('option', { value: '' }, 'any'),
@@ -363,14 +366,16 @@ async function renderList(params) {
   const cursors = state.listCursors[filterKey] || (state.listCursors[filterKey] = []);
   const cursor = params.get('cursor');
   const filtering = [...params.keys()].some((k) => k !== 'cursor');
-  await poll(async () => {
+  await poll(generation, async (current) => {
     const q = listQuery(params);
     if (cursor) q.set('cursor', cursor);
-    const [page, attentionPage] = await Promise.all([
+    const [page, attentionPage, counts] = await Promise.all([
       api(`/v1/sagas?${q}`),
       filtering ? null : api('/v1/sagas?needs_attention=true&limit=10'),
-      refreshCounts(params.get('status')),
+      api('/v1/counts'),
     ]);
+    if (!current()) return false;
+    showCounts(counts, params.get('status'));
     if (attentionPage && attentionPage.sagas.length) {
       queue.hidden = false;
       fill(queue, 
@@ -415,6 +420,7 @@ function viewOf(id) {
 }
 
 async function renderSaga(id) {
+  const generation = state.generation;
   document.title = `Saga ${shortId(id)}`;
   fill(main(), el('p', { class: 'muted' }, 'Loading…'));
   const header = el('div');
@@ -423,14 +429,19 @@ async function renderSaga(id) {
   let scaffolded = false;
   let deliveriesEvery = 0;
   let deliveries = { deliveries: [] };
-  await poll(async () => {
-    const [saga, attempts, events] = await Promise.all([
+  await poll(generation, async (current) => {
+    const [saga, attempts, events, counts] = await Promise.all([
       api(`/v1/sagas/${id}`),
       api(`/v1/sagas/${id}/attempts`),
       api(`/v1/sagas/${id}/events`),
-      refreshCounts(null),
+      api('/v1/counts'),
     ]);
     if (deliveriesEvery++ % 3 === 0) deliveries = await api(`/v1/sagas/${id}/deliveries`);
+    if (!current()) return false;
+    showCounts(counts, null);
+    // What has the keyboard's focus is found again in what is drawn anew.
+    const focused = document.activeElement && document.activeElement.dataset
+      ? document.activeElement.dataset.focus : undefined;
     if (!scaffolded) {
       fill(main(), 
         el('p', {}, el('a', { href: '#/' }, '← All sagas')), header, timeline, panels);
@@ -440,6 +451,10 @@ async function renderSaga(id) {
     renderSagaHeader(header, saga, now);
     renderTimeline(timeline, saga, attempts.attempts, events.events, now);
     renderPanels(panels, saga, events.events, deliveries.deliveries);
+    if (focused) {
+      const again = [...main().querySelectorAll('[data-focus]')].find((n) => n.dataset.focus === focused);
+      if (again) again.focus({ preventScroll: true });
+    }
     return !FINAL.has(saga.status) || deliveries.deliveries.some((d) => d.state === 'pending');
   }, SAGA_POLL_MS);
 }
@@ -560,7 +575,7 @@ function attemptBar(axis, lane, a, view, select) {
     title: a.error ? `${what}: ${a.error}` : what,
     'aria-label': a.error ? `${what}: ${a.error}` : what,
     'aria-pressed': view.selected === key ? 'true' : 'false',
-    dataset: { phase: a.phase, outcome: a.outcome || 'running', attempt: a.attempt, lane: lane.key },
+    dataset: { phase: a.phase, outcome: a.outcome || 'running', attempt: a.attempt, lane: lane.key, focus: `bar ${key}` },
     onclick: () => select(key),
   }, mark ? el('span', { class: 'mark', 'aria-hidden': 'true' }, mark) : null);
 }
@@ -652,14 +667,14 @@ function laneLabel(lane, laneAttempts, view, onToggle, onLane) {
     for (const b of branches) tally[b.status] = (tally[b.status] || 0) + 1;
     const summary = Object.entries(tally).map(([s, n]) => `${n} ${s.toLowerCase()}`).join(', ');
     toggle = el('button', {
-      type: 'button', class: 'toggle', 'aria-expanded': collapsed ? 'false' : 'true',
+      type: 'button', class: 'toggle', 'aria-expanded': collapsed ? 'false' : 'true', dataset: { focus: `toggle ${lane.key}` },
       title: summary, onclick: () => onToggle(lane.key),
     }, `${collapsed ? '▸' : '▾'} ${branches.length}`);
   }
   const retried = ['action', 'compensation'].some((p) => laneAttempts.filter((a) => a.phase === p).length > 1);
   const count = retried ? el('span', { class: 'count-chip', title: `${laneAttempts.length} attempts` }, `${laneAttempts.length}×`) : null;
   const name = el('button', {
-    type: 'button', class: 'name', title: `${lane.key} (${lane.kind}): show its attempts`,
+    type: 'button', class: 'name', title: `${lane.key} (${lane.kind}): show its attempts`, dataset: { focus: `lane ${lane.key}` },
     onclick: () => onLane(lane.key),
   }, lane.label);
   if (lane.depth) {
@@ -710,9 +725,9 @@ function renderTimeline(box, saga, attempts, events, now) {
   const zi = ZOOMS.indexOf(view.zoom);
   const toolbar = el('div', { class: 'tl-toolbar' },
     el('div', { role: 'group', 'aria-label': 'Zoom' },
-      el('button', { type: 'button', 'aria-label': 'Zoom out', disabled: zi <= 0, onclick: () => zoomTo(ZOOMS[zi - 1]) }, '−'), ' ',
-      el('button', { type: 'button', onclick: () => zoomTo(1) }, `Fit (${view.zoom}×)`), ' ',
-      el('button', { type: 'button', 'aria-label': 'Zoom in', disabled: zi >= ZOOMS.length - 1, onclick: () => zoomTo(ZOOMS[zi + 1]) }, '+')),
+      el('button', { type: 'button', 'aria-label': 'Zoom out', dataset: { focus: 'zoom out' }, disabled: zi <= 0, onclick: () => zoomTo(ZOOMS[zi - 1]) }, '−'), ' ',
+      el('button', { type: 'button', dataset: { focus: 'zoom fit' }, onclick: () => zoomTo(1) }, `Fit (${view.zoom}×)`), ' ',
+      el('button', { type: 'button', 'aria-label': 'Zoom in', dataset: { focus: 'zoom in' }, disabled: zi >= ZOOMS.length - 1, onclick: () => zoomTo(ZOOMS[zi + 1]) }, '+')),
     el('ul', { class: 'legend', 'aria-label': 'Legend' },
       el('li', {}, el('span', { class: 'bar action' }), 'action'),
       el('li', {}, el('span', { class: 'bar compensation' }), 'compensation'),
@@ -721,8 +736,11 @@ function renderTimeline(box, saga, attempts, events, now) {
       el('li', {}, el('span', { class: 'bar waitbar' }), 'sleep or wait'),
       el('li', {}, el('span', { class: 'retrywait', style: 'position:static;display:inline-block;width:1.6rem' }), 'retry wait'),
       el('li', {}, el('span', { class: 'deadline', style: 'position:static;display:inline-block;height:.9rem' }), 'deadline')));
-  const details = el('div', { class: 'details', 'aria-live': 'polite', id: 'attempt-details' });
+  let details = el('div', { class: 'details', 'aria-live': 'polite', id: 'attempt-details' });
   fillDetails(details, view, attempts, saga);
+  // The same details are left as they are, so that a live region does not speak again.
+  const shown = box.querySelector('#attempt-details');
+  if (shown && shown.textContent === details.textContent) details = shown;
   const scrollBox = el('div', { class: 'tl-scroll', tabindex: 0, role: 'region', 'aria-label': 'Timeline, scrollable' }, grid);
   fill(box, el('h2', { id: 't-title' }, 'Timeline'), toolbar, scrollBox, details);
   if (scroll) {
@@ -882,7 +900,12 @@ function actionBar(saga) {
   const retrying = [];
   for (const stage of saga.stages) {
     for (const r of [stage, ...(stage.branches || [])]) {
-      if (['FAILED', 'RETRYING', 'UNKNOWN', 'RUNNING'].includes(r.compensation.status) && r.compensation.attempts > 0) compensationsStuck.push(r.name);
+      // A compensation that failed or keeps failing, or one running while the saga waits
+      // for a person (a call that hangs).
+      const comp = r.compensation.status;
+      if (['FAILED', 'RETRYING', 'UNKNOWN'].includes(comp) || (comp === 'RUNNING' && saga.needs_attention)) {
+        compensationsStuck.push(r.name);
+      }
       if (r.status === 'RETRYING' || r.compensation.status === 'RETRYING') retrying.push(r.name);
     }
   }
@@ -896,7 +919,7 @@ function actionBar(saga) {
       }),
     }, 'Cancel…'));
   }
-  if (can('start') && !ended && saga.status !== 'FAILED') {
+  if (can('start') && !ended && !['FAILED', 'COMPENSATING'].includes(saga.status)) {
     const waiting = saga.stages.filter((s) => s.status === 'WAITING' && s.waiting_for).map((s) => s.waiting_for);
     bar.append(el('button', {
       type: 'button', onclick: () => confirmDialog({
@@ -941,7 +964,7 @@ function actionBar(saga) {
       }),
     }, 'Abort…'));
   }
-  if (can('operate') && !ended && compensationsStuck.length) {
+  if (can('operate') && ['COMPENSATING', 'FAILED'].includes(saga.status) && compensationsStuck.length) {
     bar.append(el('button', {
       type: 'button', onclick: () => confirmDialog({
         title: 'Mark a compensation as done by hand',
@@ -958,6 +981,7 @@ function actionBar(saga) {
       }),
     }, 'Mark compensated…'));
   }
+  for (const button of bar.querySelectorAll('button')) button.dataset.focus = `action ${button.textContent}`;
   return bar.childElementCount ? bar : null;
 }
 

@@ -109,7 +109,8 @@ pub(crate) async fn list_sagas(reader: Reader<'_>, filter: &ListFilter) -> Resul
         sql.push_str(reader.dialect().needs_attention());
     }
     if filter.blocked {
-        sql.push_str(" AND blocked = TRUE");
+        // As counted: an unfinished saga nobody can drive (an aborted one keeps its flag).
+        sql.push_str(" AND blocked = TRUE AND status IN ('QUEUED', 'RUNNING', 'COMPENSATING')");
     }
     if let Some(after) = filter.created_after {
         and(&mut sql, &mut args, "created_at >=", Arg::Int(after));
