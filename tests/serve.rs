@@ -467,7 +467,8 @@ fn parse_exposition(text: &str) -> std::collections::BTreeMap<String, Vec<Sample
 }
 
 /// A fresh server's first scrape already has every series whose labels are known, at 0, with
-/// its type; histograms and HTTP series appear with the first saga and request.
+/// its type: the histograms of saga and step durations and of each route's success answers
+/// too. Error answers' series appear with the first one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_server_has_its_series_at_zero_from_the_first_scrape() {
     let db = TempDb::sqlite();
@@ -561,6 +562,54 @@ async fn a_fresh_server_has_its_series_at_zero_from_the_first_scrape() {
         );
     }
     assert_eq!(value(&first, "saga_needs_attention", &[]), gauge(0.0));
+    let histogram = |v: f64| Some(("histogram".to_owned(), v));
+    let completed = [("name", "place_order"), ("status", "COMPLETED")];
+    for series in ["saga_duration_seconds_count", "saga_duration_seconds_sum"] {
+        assert_eq!(
+            value(&first, series, &completed),
+            histogram(0.0),
+            "{series}"
+        );
+    }
+    for (step, phase, outcome) in [
+        ("reserve_stock", "action", "succeeded"),
+        ("reserve_stock", "compensation", "timed_out"),
+        ("charge_payment", "action", "retryable"),
+    ] {
+        let labels = [
+            ("name", "place_order"),
+            ("step", step),
+            ("phase", phase),
+            ("outcome", outcome),
+        ];
+        assert_eq!(
+            value(&first, "saga_step_duration_seconds_count", &labels),
+            histogram(0.0),
+            "{step} {phase} {outcome}"
+        );
+    }
+    let accepted = [
+        ("method", "POST"),
+        ("route", "/v1/sagas/{saga}"),
+        ("status", "202"),
+    ];
+    assert_eq!(
+        value(&first, "http_request_duration_seconds_count", &accepted),
+        histogram(0.0)
+    );
+    assert_eq!(
+        value(&first, "http_requests_total", &accepted),
+        counter(0.0)
+    );
+    let buckets = first["http_request_duration_seconds_bucket"]
+        .iter()
+        .filter(|s| s.labels.get("route").map(String::as_str) == Some("/v1/sagas/{saga}"))
+        .filter(|s| s.labels.get("method").map(String::as_str) == Some("POST"))
+        .count();
+    assert!(
+        buckets > 10,
+        "every bucket of the start route is there: {buckets}"
+    );
     let version = env!("CARGO_PKG_VERSION");
     assert_eq!(
         value(&first, "saga_build_info", &[("version", version)]),

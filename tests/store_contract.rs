@@ -1313,6 +1313,11 @@ async fn list_sagas_filters_by_status_name_and_attention_and_pages_within_them()
         ..all.clone()
     };
     assert_eq!(list(attention).await, [flagged.saga.id]);
+    assert_eq!(
+        store.count_flagged().await.unwrap(),
+        (1, 0),
+        "counted as the filter lists"
+    );
     let queued_a = ListFilter {
         name: Some("a".to_owned()),
         status: Some(SagaStatus::Queued),

@@ -9,6 +9,9 @@ use saga_dsl::{Phase, StepError};
 use serde_json::Value;
 use tokio::task::{Id, JoinError, JoinSet};
 
+/// Every outcome a call can have, as [`CallResult::outcome`] names them.
+pub(crate) const CALL_OUTCOMES: &[&str] = &["succeeded", "retryable", "failed", "timed_out"];
+
 /// The outcome of one call.
 pub(super) enum CallResult {
     Ok(Value),
@@ -16,7 +19,7 @@ pub(super) enum CallResult {
 }
 
 impl CallResult {
-    /// The outcome as the attempt log names it, for metric labels.
+    /// The outcome as the attempt log names it, for metric labels: one of [`CALL_OUTCOMES`].
     pub(super) fn outcome(&self) -> &'static str {
         match self {
             Self::Ok(_) => "succeeded",

@@ -27,6 +27,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+pub(crate) use calls::CALL_OUTCOMES;
 pub use start::{
     canonical_json, fingerprint, PendingAnswer, StartKey, StartOutcome, StartRequest, Started,
 };

@@ -189,7 +189,7 @@ fn describe() {
     );
     describe_counter!(
         "outbox_publish_failures_total",
-        "Broker publish rounds that failed (the broker down, full or slow) and will be retried,          by target."
+        "Broker publish rounds that failed (the broker down, full or slow) and will be retried, by target."
     );
     describe_counter!(
         "webhook_deliveries_total",
@@ -206,13 +206,14 @@ fn describe() {
 }
 
 /// Registers, at 0, every series whose labels are known before anything happens: the saga
-/// series of each definition of `registry` (started, ended by status, retries, compensations),
-/// the unlabelled counters, the webhook results and the build info, so that rates and
-/// absences can be told apart from the first scrape. Series labelled by an answer (HTTP
-/// statuses) or a target configured later appear with their first value.
-pub(crate) fn zero_series(registry: &saga_dsl::Registry) {
+/// series of each definition of `registry` (started, ended by status, retries, compensations,
+/// the saga and step duration histograms), the HTTP series of each documented route and
+/// success status of `api`, the unlabelled counters, the webhook results and the build info,
+/// so that rates and absences can be told apart from the first scrape. Series labelled by an
+/// error status, or by a target configured later, appear with their first value.
+pub(crate) fn zero_series(registry: &saga_dsl::Registry, api: &utoipa::openapi::OpenApi) {
     use crate::model::SagaStatus;
-    use saga_dsl::Phase;
+    use saga_dsl::{Phase, StepKind};
     for def in registry.iter() {
         let name = def.name().to_owned();
         metrics::counter!("saga_started_total", "name" => name.clone()).increment(0);
@@ -220,6 +221,9 @@ pub(crate) fn zero_series(registry: &saga_dsl::Registry) {
             metrics::counter!("saga_ended_total", "name" => name.clone(),
                               "status" => status.as_str())
             .increment(0);
+            // A histogram handle that records nothing is rendered with empty buckets.
+            let _ = metrics::histogram!("saga_duration_seconds", "name" => name.clone(),
+                                        "status" => status.as_str());
         }
         for step in def.steps() {
             let step_name = step.name().to_owned();
@@ -227,6 +231,19 @@ pub(crate) fn zero_series(registry: &saga_dsl::Registry) {
                 metrics::counter!("saga_step_retries_total", "name" => name.clone(),
                                   "step" => step_name.clone(), "phase" => phase.as_str())
                 .increment(0);
+            }
+            // Waits make no calls; groups are timed under their own name, as their branches.
+            let phases: &[Phase] = match step.rank_kind() {
+                None => &[],
+                Some(StepKind::Compensatable) => &[Phase::Action, Phase::Compensation],
+                Some(_) => &[Phase::Action],
+            };
+            for phase in phases {
+                for outcome in crate::engine::CALL_OUTCOMES {
+                    let _ = metrics::histogram!("saga_step_duration_seconds",
+                        "name" => name.clone(), "step" => step_name.clone(),
+                        "phase" => phase.as_str(), "outcome" => *outcome);
+                }
             }
             if step.compensation().is_some() {
                 metrics::counter!("saga_compensations_total", "name" => name.clone(),
@@ -246,6 +263,40 @@ pub(crate) fn zero_series(registry: &saga_dsl::Registry) {
         metrics::counter!("webhook_deliveries_total", "result" => result).increment(0);
     }
     metrics::gauge!("saga_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    zero_http_series(api);
+}
+
+/// The HTTP series of every route of `api` with each success status it documents. Error
+/// statuses are left to appear when they happen: at 0 they would multiply the page by the
+/// number of possible answers for series that mostly stay empty.
+fn zero_http_series(api: &utoipa::openapi::OpenApi) {
+    for (route, item) in &api.paths.paths {
+        let operations = [
+            ("GET", &item.get),
+            ("POST", &item.post),
+            ("PUT", &item.put),
+            ("DELETE", &item.delete),
+            ("PATCH", &item.patch),
+            ("HEAD", &item.head),
+        ];
+        for (method, operation) in operations {
+            let Some(operation) = operation else { continue };
+            let successes = operation
+                .responses
+                .responses
+                .keys()
+                .filter(|s| s.starts_with('2'));
+            for status in successes {
+                let labels = [
+                    ("method", method.to_owned()),
+                    ("route", route.clone()),
+                    ("status", status.clone()),
+                ];
+                let _ = metrics::histogram!("http_request_duration_seconds", &labels);
+                metrics::counter!("http_requests_total", &labels).increment(0);
+            }
+        }
+    }
 }
 
 /// A method as a label: the standard ones by name, anything else as `OTHER`, so that a client

@@ -303,9 +303,9 @@ pub fn router_with_shutdown(
     if config.api_token.as_deref() == Some("") {
         tracing::warn!("the API token is empty: authentication is off");
     }
-    let (routes, doc) = api_routes().split_for_parts();
+    let (routes, api) = api_routes().split_for_parts();
     // The served document also has each registered saga's own start route and input schema.
-    let doc = definitions::with_start_routes(&doc, engine.registry());
+    let doc = definitions::with_start_routes(&api, engine.registry());
     let state = AppState {
         metrics: metrics::handle(),
         engine,
@@ -315,7 +315,7 @@ pub fn router_with_shutdown(
         counts: Arc::default(),
     };
     // After the recorder is installed (by `handle`), so that the zeros reach it.
-    metrics::zero_series(state.engine.registry());
+    metrics::zero_series(state.engine.registry(), &api);
     routes
         .merge(console::routes())
         .fallback(handlers::not_found)
