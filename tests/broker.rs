@@ -18,6 +18,10 @@ use serde_json::{json, Value};
 use uuid::Uuid;
 
 const LONG: Duration = Duration::from_secs(60);
+/// How soon a relay holding a batch for a broker that hung catches up once a broker is back:
+/// a few acknowledgement timeouts (5 s) and reconnections, where one timeout per event of
+/// the batch would take minutes.
+const CATCH_UP: Duration = Duration::from_secs(25);
 const TERMINAL: &[&str] = &["saga.completed", "saga.compensated", "saga.failed"];
 
 /// `example-sagas serve` on `db`, publishing to `nats`.
@@ -66,7 +70,12 @@ async fn log_events(db: &TempDb) -> BTreeMap<i64, (Uuid, String)> {
 
 /// Waits until the NATS relay has published everything (lag 0, its cursor at the last event).
 async fn wait_published(db: &TempDb) -> Value {
-    let deadline = tokio::time::Instant::now() + LONG;
+    wait_published_within(db, LONG).await
+}
+
+/// [`wait_published`], failing after `limit`.
+async fn wait_published_within(db: &TempDb, limit: Duration) -> Value {
+    let deadline = tokio::time::Instant::now() + limit;
     loop {
         let last = log_events(db).await.keys().last().copied().unwrap_or(0);
         let outbox = outbox(&db.url, db.dir.path()).await;
@@ -515,6 +524,55 @@ async fn while_nats_is_down_events_wait_and_none_is_lost() {
 
     nats.start_again();
     let outbox = wait_published(&db).await;
+    let mut stream = nats.stream("SAGAS").await;
+    assert_once_each(
+        &messages(&mut stream).await,
+        &log_events(&db).await,
+        outbox["log_id"].as_str().unwrap(),
+    );
+    server.kill9();
+}
+
+/// A broker that hangs with the relay's connection open, and is then replaced, costs the
+/// relay one acknowledgement timeout for the whole batch it had sent, not one per message:
+/// the events it held reach the new broker soon after it starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_that_hangs_holds_a_batch_for_one_timeout_not_one_per_event() {
+    let mut nats = NatsServer::start();
+    let db = TempDb::new();
+    let server = serve(&db, &nats, &[], &[]).await;
+    let first = server.start("place_order", order("o-1", json!({}))).await;
+    server
+        .wait_for(first, LONG, |s| s["status"] == "COMPLETED")
+        .await;
+    wait_published(&db).await;
+
+    nats.freeze();
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        ids.push(
+            server
+                .start("place_order", order(&format!("o-hung-{i}"), json!({})))
+                .await,
+        );
+    }
+    for id in &ids {
+        server
+            .wait_for(*id, LONG, |s| s["status"] == "COMPLETED")
+            .await;
+    }
+    // Past the first round's timeout (5 s): the relay has sent the whole backlog into the
+    // hung connection and waits for its acknowledgements.
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    let waiting = nats_relay(&outbox(&db.url, db.dir.path()).await);
+    assert!(
+        waiting["lag_events"].as_i64().unwrap() >= 20,
+        "the events wait: {waiting:#}"
+    );
+
+    nats.kill9();
+    nats.start_again();
+    let outbox = wait_published_within(&db, CATCH_UP).await;
     let mut stream = nats.stream("SAGAS").await;
     assert_once_each(
         &messages(&mut stream).await,

@@ -85,6 +85,17 @@ impl NatsServer {
         }
     }
 
+    /// Stops the server with SIGSTOP: it keeps its connections open and answers nothing, as a
+    /// broker on a host that hangs or behind a dropped network does.
+    pub fn freeze(&self) {
+        let child = self.child.as_ref().expect("the server is running");
+        let status = Command::new("kill")
+            .args(["-STOP", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill -STOP failed");
+    }
+
     /// A JetStream context on this server.
     pub async fn jetstream(&self) -> jetstream::Context {
         let client = async_nats::connect(self.url()).await.unwrap();

@@ -185,12 +185,16 @@ impl EventTarget for NatsTarget {
                 }
             }
         }
-        // Only an unbroken run of confirmations from the first counts; every future is still
-        // awaited, so none is left to the background acker.
+        // Awaited together, so that each one's timeout runs at once: a broker gone while the
+        // batch was queued costs one timeout, not one per message. Only an unbroken run of
+        // confirmations from the first counts.
         let mut acknowledged = 0;
         let mut unbroken = true;
-        for ack in pending {
-            match ack.await {
+        let acks = pending
+            .into_iter()
+            .map(std::future::IntoFuture::into_future);
+        for ack in futures_util::future::join_all(acks).await {
+            match ack {
                 Ok(_) if unbroken => acknowledged += 1,
                 Ok(_) => {}
                 Err(e) => {
