@@ -744,3 +744,80 @@ async fn a_relay_with_nothing_to_send_records_its_cursor_once_idle_not_per_batch
     assert_eq!(outbox.relay_cursor(RELAY_NAME).await.unwrap(), now_last);
     engine.stop().await;
 }
+
+/// On PostgreSQL event ids can commit out of order, and a relay reads by (transaction, id):
+/// its lag counts what it has not read in that order. An event with a smaller id that
+/// committed later is still owed; one with a larger id already read is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relays_lag_follows_its_reading_order_when_ids_commit_out_of_order() {
+    use sqlx::Connection;
+    let db = TempDb::postgres();
+    let stores = db.stores().await;
+    let journal = Journal::default();
+    let def = scripted_saga("s", 1, &[S::new("a", Pivot)], &journal);
+    let engine = RunningEngine::start(stores.log.clone(), registry_of([def]), test_config());
+    engine.ready().await;
+    let saga = engine.engine.start_saga("s", json!({})).await.unwrap();
+    wait_terminal(&stores.log, saga.id).await;
+    engine.stop().await;
+    let outbox = stores.outbox.clone();
+    let relay = Relay::new(outbox.clone(), WebhookConfig::default()).unwrap();
+    while relay.relay_once().await.unwrap() > 0 {}
+    let read = outbox.relay_cursor(RELAY_NAME).await.unwrap();
+    assert_eq!(
+        outbox.relay_progress(RELAY_NAME).await.unwrap().lag_events,
+        0
+    );
+
+    // `early` takes its transaction id first; `late` writes and commits an event before it.
+    let mut early = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let mut late = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let insert = "INSERT INTO events (saga_id, at, type) VALUES ($1, $2, 'test.event') \
+                  RETURNING id";
+    sqlx::query("BEGIN").execute(&mut early).await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut early)
+        .await
+        .unwrap();
+    let (low,): (i64,) = sqlx::query_as(insert)
+        .bind(saga.id)
+        .bind(1_000_i64)
+        .fetch_one(&mut late)
+        .await
+        .unwrap();
+    let (high,): (i64,) = sqlx::query_as(insert)
+        .bind(saga.id)
+        .bind(2_000_i64)
+        .fetch_one(&mut early)
+        .await
+        .unwrap();
+    sqlx::query("COMMIT").execute(&mut early).await.unwrap();
+    assert!(low < high);
+
+    let next = outbox.outbox_after(read, 10).await.unwrap();
+    let ids: Vec<i64> = next.iter().map(|e| e.id()).collect();
+    assert_eq!(ids, [high, low], "read in commit order");
+    let (first, second) = (next[0].position, next[1].position);
+
+    assert!(outbox
+        .advance_relay(RELAY_NAME, read, first, &[])
+        .await
+        .unwrap());
+    let owed = outbox.relay_progress(RELAY_NAME).await.unwrap();
+    assert_eq!(
+        (owed.lag_events, owed.oldest_unread_at),
+        (1, Some(1_000)),
+        "the smaller id is still owed: {owed:?}"
+    );
+
+    assert!(outbox
+        .advance_relay(RELAY_NAME, first, second, &[])
+        .await
+        .unwrap());
+    let done = outbox.relay_progress(RELAY_NAME).await.unwrap();
+    assert_eq!(
+        (done.lag_events, done.oldest_unread_at),
+        (0, None),
+        "the larger id was read already: {done:?}"
+    );
+}

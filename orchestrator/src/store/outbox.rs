@@ -267,7 +267,8 @@ pub struct RelayProgress {
     /// When it last recorded progress (`None`: never).
     #[serde(serialize_with = "crate::model::ser_opt_time")]
     pub updated_at: Option<Millis>,
-    /// Events written after its cursor, roughly (ids are not dense on PostgreSQL).
+    /// Events written after its cursor, in the order it reads them (on PostgreSQL, counted up
+    /// to 100,000).
     pub lag_events: i64,
     /// When the oldest event it has not read was written (`None`: it is up to date).
     #[serde(serialize_with = "crate::model::ser_opt_time")]

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use super::sql::{Arg, Reader, Tx};
+use super::sql::{Arg, Dialect, Reader, Tx};
 use super::SqlBackend;
 use crate::model::Millis;
 use crate::store::idempotency::Callback;
@@ -270,68 +270,100 @@ pub(crate) async fn deliveries(reader: Reader<'_>, saga: Uuid) -> Result<Vec<Del
 pub(crate) async fn relay_progress(reader: Reader<'_>, name: &str) -> Result<RelayProgress> {
     let row = reader
         .opt(
-            "SELECT event_id, updated_at FROM relay_cursors WHERE name = $1",
+            "SELECT tx, event_id, updated_at FROM relay_cursors WHERE name = $1",
             &[Arg::Str(name)],
         )
         .await?;
-    let (event_id, updated_at) = match row {
-        Some(row) => (row.get("event_id")?, Some(row.get("updated_at")?)),
-        None => (0, None),
+    let (cursor, updated_at) = match row {
+        Some(row) => (
+            OutboxPosition {
+                tx: row.get("tx")?,
+                event_id: row.get("event_id")?,
+            },
+            Some(row.get("updated_at")?),
+        ),
+        None => (OutboxPosition::default(), None),
     };
-    progress_after(reader, name, event_id, updated_at).await
+    progress_after(reader, name, cursor, updated_at).await
 }
 
 /// The progress of every relay with a cursor.
 pub(crate) async fn relays(reader: Reader<'_>) -> Result<Vec<RelayProgress>> {
     let rows = reader
         .all(
-            "SELECT name, event_id, updated_at FROM relay_cursors ORDER BY name",
+            "SELECT name, tx, event_id, updated_at FROM relay_cursors ORDER BY name",
             &[],
         )
         .await?;
     let mut out = Vec::with_capacity(rows.len());
     for row in &rows {
         let name: String = row.get("name")?;
-        let progress = progress_after(
-            reader,
-            &name,
-            row.get("event_id")?,
-            Some(row.get("updated_at")?),
-        )
-        .await?;
+        let cursor = OutboxPosition {
+            tx: row.get("tx")?,
+            event_id: row.get("event_id")?,
+        };
+        let progress = progress_after(reader, &name, cursor, Some(row.get("updated_at")?)).await?;
         out.push(progress);
     }
     Ok(out)
 }
 
-/// A relay's progress given its cursor: the events after it (the oldest found by the primary
-/// key, so this stays cheap however long the outbox).
+/// How many unread events are counted at most for a relay's lag on PostgreSQL; a longer
+/// backlog reads as this many, and its age (the oldest event's) still tells how bad it is.
+pub(crate) const LAG_COUNT_CAP: i64 = 100_000;
+
+/// A relay's progress given its cursor: the events after it in the order the relay reads
+/// them, the oldest found through an index, so this stays cheap however long the outbox.
+///
+/// SQLite's one writer commits ids in order and leaves no gaps, so the lag is the distance to
+/// the last id. PostgreSQL's ids commit out of order and skip values: the relay reads by
+/// (transaction, id), and the events after that position are counted, up to
+/// [`LAG_COUNT_CAP`].
 async fn progress_after(
     reader: Reader<'_>,
     name: &str,
-    event_id: i64,
+    cursor: OutboxPosition,
     updated_at: Option<Millis>,
 ) -> Result<RelayProgress> {
-    let row = reader
-        .opt(
-            "SELECT (SELECT COALESCE(MAX(id), 0) FROM events) AS last_id, \
-             (SELECT at FROM events WHERE id > $1 AND saga_id <> $2::uuid ORDER BY id LIMIT 1) AS oldest",
-            &[Arg::Int(event_id), Arg::Id(Uuid::nil())],
-        )
-        .await?;
-    let (last_id, oldest): (i64, Option<Millis>) = match row {
-        Some(row) => (row.get("last_id")?, row.get("oldest")?),
+    let nil = Arg::Id(Uuid::nil());
+    let row = match reader.dialect() {
+        Dialect::Sqlite => {
+            reader
+                .opt(
+                    "SELECT (SELECT COALESCE(MAX(id), 0) FROM events) - $1 AS lag, \
+                     (SELECT at FROM events WHERE id > $1 AND saga_id <> $2::uuid \
+                      ORDER BY id LIMIT 1) AS oldest",
+                    &[Arg::Int(cursor.event_id), nil],
+                )
+                .await?
+        }
+        Dialect::Postgres => {
+            reader
+                .opt(
+                    "SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM events \
+                             WHERE (tx, id) > ($1::bigint::text::xid8, $2) LIMIT $4) AS after) \
+                     AS lag, \
+                     (SELECT at FROM events WHERE (tx, id) > ($1::bigint::text::xid8, $2) \
+                      AND saga_id <> $3::uuid ORDER BY tx, id LIMIT 1) AS oldest",
+                    &[
+                        Arg::Int(cursor.tx),
+                        Arg::Int(cursor.event_id),
+                        nil,
+                        Arg::Int(LAG_COUNT_CAP),
+                    ],
+                )
+                .await?
+        }
+    };
+    let (lag, oldest): (i64, Option<Millis>) = match row {
+        Some(row) => (row.get("lag")?, row.get("oldest")?),
         None => (0, None),
     };
     Ok(RelayProgress {
         name: name.to_owned(),
-        event_id,
+        event_id: cursor.event_id,
         updated_at,
-        lag_events: if oldest.is_some() {
-            (last_id - event_id).max(0)
-        } else {
-            0
-        },
+        lag_events: if oldest.is_some() { lag.max(0) } else { 0 },
         oldest_unread_at: oldest,
     })
 }
