@@ -3,7 +3,8 @@
 //! processes — the relay killed between the broker's ack and recording it (within and past
 //! the duplicate window), the consumer killed between its commit and its ack, and the broker
 //! itself killed and started again. Each test runs its own `nats-server` (see
-//! `support/nats.rs`); the saga database is SQLite or PostgreSQL as `SAGA_TEST_BACKEND` says.
+//! `support/nats.rs`); the saga database and the consumer's are SQLite or PostgreSQL as
+//! `SAGA_TEST_BACKEND` says.
 
 #![allow(clippy::unwrap_used)]
 
@@ -77,7 +78,11 @@ async fn wait_published(db: &TempDb) -> Value {
 async fn wait_published_within(db: &TempDb, limit: Duration) -> Value {
     let deadline = tokio::time::Instant::now() + limit;
     loop {
-        let last = log_events(db).await.keys().last().copied().unwrap_or(0);
+        // The last event in the relay's reading order (commit order on PostgreSQL), which
+        // need not be the largest id.
+        let stores = db.stores().await;
+        let read = stores.outbox.outbox_after(Default::default(), 100_000);
+        let last = read.await.unwrap().last().map_or(0, |e| e.id());
         let outbox = outbox(&db.url, db.dir.path()).await;
         let relay = nats_relay(&outbox);
         if relay["lag_events"] == 0 && relay["event_id"] == last {
@@ -121,7 +126,8 @@ struct Consumer {
 }
 
 impl Consumer {
-    fn spawn(nats: &NatsServer, dir: &Path, env: &[(&str, &str)]) -> Self {
+    /// The consumer on its own database `notify` (SQLite or PostgreSQL, as the test's backend).
+    fn spawn(nats: &NatsServer, notify: &TempDb, env: &[(&str, &str)]) -> Self {
         let child = Command::new(bin_path("example-sagas"))
             .args([
                 "notify-consumer",
@@ -131,7 +137,8 @@ impl Consumer {
                 "1s",
             ])
             .arg("--notify-database-url")
-            .arg(format!("sqlite://{}", dir.join("notify.db").display()))
+            .arg(&notify.url)
+            .current_dir(notify.dir.path())
             .envs(env.iter().copied())
             .env("RUST_LOG", "error")
             .stdout(Stdio::null())
@@ -153,9 +160,8 @@ impl Drop for Consumer {
     }
 }
 
-/// `notify-consumer --ledger --json` of the consumer database in `dir`.
-async fn ledger(dir: &Path) -> Value {
-    let url = format!("sqlite://{}", dir.join("notify.db").display());
+/// `notify-consumer --ledger --json` of the consumer database `notify`.
+async fn ledger(notify: &TempDb) -> Value {
     let out = run_bin(
         "example-sagas",
         &[
@@ -163,9 +169,9 @@ async fn ledger(dir: &Path) -> Value {
             "--ledger",
             "--json",
             "--notify-database-url",
-            &url,
+            &notify.url,
         ],
-        dir,
+        notify.dir.path(),
     )
     .await;
     assert!(
@@ -177,10 +183,10 @@ async fn ledger(dir: &Path) -> Value {
 }
 
 /// Waits until the consumer's ledger has handled `events` notifications.
-async fn wait_handled(dir: &Path, events: usize) -> Value {
+async fn wait_handled(notify: &TempDb, events: usize) -> Value {
     let deadline = tokio::time::Instant::now() + LONG;
     loop {
-        let ledger = ledger(dir).await;
+        let ledger = ledger(notify).await;
         if ledger["handled"].as_u64() == Some(events as u64) {
             return ledger;
         }
@@ -302,6 +308,49 @@ async fn each_database_has_its_own_log_id_and_keeps_it() {
     assert_eq!(reopened.outbox.log_id().await.unwrap(), first);
 }
 
+/// A stream made before the server (by a consumer that started first, or by hand) with a
+/// shorter duplicate window than `--nats-dedup-window` is lengthened to it; a longer one is
+/// left as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_existing_streams_shorter_duplicate_window_is_lengthened_never_shortened() {
+    use async_nats::jetstream::stream::Config;
+    for (had, wanted) in [(1, 300), (600, 300)] {
+        let nats = NatsServer::start();
+        let js = nats.jetstream().await;
+        js.create_stream(Config {
+            name: "SAGAS".to_owned(),
+            subjects: vec!["sagas.>".to_owned()],
+            duplicate_window: Duration::from_secs(had),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let db = TempDb::new();
+        let window = format!("{wanted}s");
+        let server = serve(&db, &nats, &[], &["--nats-dedup-window", &window]).await;
+        let id = server.start("place_order", order("o-w", json!({}))).await;
+        server
+            .wait_for(id, LONG, |s| s["status"] == "COMPLETED")
+            .await;
+        wait_published(&db).await;
+        let info = nats
+            .stream("SAGAS")
+            .await
+            .info()
+            .await
+            .unwrap()
+            .config
+            .clone();
+        assert_eq!(
+            info.duplicate_window,
+            Duration::from_secs(had.max(wanted)),
+            "a stream of {had}s asked for {wanted}s"
+        );
+        assert_eq!(info.subjects, ["sagas.>"]);
+        server.kill9();
+    }
+}
+
 /// A stream named like the orchestrator's that does not capture its subjects stops the start
 /// with an error that says so, and creates nothing; a server without `--nats-url` needs no
 /// broker at all.
@@ -382,8 +431,9 @@ async fn a_relay_killed_after_the_ack_publishes_again_and_jetstream_drops_the_co
     let stored = messages(&mut stream).await;
     assert_once_each(&stored, &log, outbox["log_id"].as_str().unwrap());
 
-    let _consumer = Consumer::spawn(&nats, db.dir.path(), &[]);
-    let ledger = wait_handled(db.dir.path(), log.len()).await;
+    let notify = TempDb::new();
+    let _consumer = Consumer::spawn(&nats, &notify, &[]);
+    let ledger = wait_handled(&notify, log.len()).await;
     assert_ledger_once(&ledger, &log);
     assert_eq!(ledger["duplicates"], 0, "JetStream dropped the copies");
     server.kill9();
@@ -420,10 +470,11 @@ async fn past_the_duplicate_window_the_consumer_still_applies_each_event_once() 
         stored.len(),
         log.len()
     );
-    let _consumer = Consumer::spawn(&nats, db.dir.path(), &[]);
+    let notify = TempDb::new();
+    let _consumer = Consumer::spawn(&nats, &notify, &[]);
     let deadline = tokio::time::Instant::now() + LONG;
     let ledger = loop {
-        let ledger = ledger(db.dir.path()).await;
+        let ledger = ledger(&notify).await;
         let seen = ledger["handled"].as_u64().unwrap() + ledger["duplicates"].as_u64().unwrap();
         if seen == stored.len() as u64 {
             break ledger;
@@ -452,27 +503,27 @@ async fn a_consumer_killed_after_its_commit_gets_the_message_again_and_skips_it(
     wait_published(&db).await;
     let log = log_events(&db).await;
 
-    let dir = db.dir.path();
+    let notify = TempDb::new();
     let mut crashing = Consumer::spawn(
         &nats,
-        dir,
+        &notify,
         &[("SAGA_CRASH_AT", "after_consume_commit:saga.completed")],
     );
     assert!(
         !crashing.wait_exit(LONG).success(),
         "the crash point aborts"
     );
-    let committed = ledger(dir).await;
+    let committed = ledger(&notify).await;
     assert_eq!(
         committed["sagas"][id.to_string()]["terminal"]["saga.completed"],
         1,
         "committed before the crash: {committed:#}"
     );
 
-    let _consumer = Consumer::spawn(&nats, dir, &[]);
+    let _consumer = Consumer::spawn(&nats, &notify, &[]);
     let deadline = tokio::time::Instant::now() + LONG;
     let ledger = loop {
-        let ledger = ledger(dir).await;
+        let ledger = ledger(&notify).await;
         if ledger["duplicates"].as_u64().unwrap() >= 1 {
             break ledger;
         }
@@ -582,14 +633,73 @@ async fn a_broker_that_hangs_holds_a_batch_for_one_timeout_not_one_per_event() {
     server.kill9();
 }
 
+/// Runs `sql` on the database at `url` (SQLite or PostgreSQL).
+async fn execute(url: &str, sql: &str) {
+    use sqlx::Connection;
+    if url.starts_with("sqlite:") {
+        let mut conn = sqlx::SqliteConnection::connect(url).await.unwrap();
+        sqlx::query(sql).execute(&mut conn).await.unwrap();
+    } else {
+        let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+        sqlx::query(sql).execute(&mut conn).await.unwrap();
+    }
+}
+
+/// The consumer's database fails under it (here its table is renamed away): it keeps
+/// running, acks nothing it could not record, and once the database works again handles
+/// every event once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_whose_database_fails_retries_and_loses_nothing() {
+    let nats = NatsServer::start();
+    let db = TempDb::new();
+    let server = serve(&db, &nats, &[], &[]).await;
+    let first = server.start("place_order", order("o-1", json!({}))).await;
+    server
+        .wait_for(first, LONG, |s| s["status"] == "COMPLETED")
+        .await;
+    wait_published(&db).await;
+    let notify = TempDb::new();
+    let mut consumer = Consumer::spawn(&nats, &notify, &[]);
+    wait_handled(&notify, log_events(&db).await.len()).await;
+
+    execute(
+        &notify.url,
+        "ALTER TABLE notifications RENAME TO notifications_away",
+    )
+    .await;
+    let second = server.start("place_order", order("o-2", json!({}))).await;
+    server
+        .wait_for(second, LONG, |s| s["status"] == "COMPLETED")
+        .await;
+    wait_published(&db).await;
+    // Long enough for the consumer to have been handed the new events and failed on them.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        consumer.child.try_wait().unwrap().is_none(),
+        "the consumer keeps running"
+    );
+
+    execute(
+        &notify.url,
+        "ALTER TABLE notifications_away RENAME TO notifications",
+    )
+    .await;
+    let log = log_events(&db).await;
+    let ledger = wait_handled(&notify, log.len()).await;
+    assert_ledger_once(&ledger, &log);
+    assert!(consumer.child.try_wait().unwrap().is_none());
+    server.kill9();
+}
+
 /// Reading the consumer's ledger creates and changes nothing: before the consumer has made
 /// its database the ledger is empty and no file appears (a reader that made the file would
 /// hold a lock the starting consumer cannot wait for).
 #[tokio::test]
 async fn reading_the_ledger_before_the_consumer_starts_creates_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let ledger = ledger(dir.path()).await;
+    let notify = TempDb::sqlite();
+    let ledger = ledger(&notify).await;
     assert_eq!(ledger["handled"], 0);
     assert_eq!(ledger["sagas"], json!({}));
-    assert!(!dir.path().join("notify.db").exists());
+    let file = notify.url.strip_prefix("sqlite://").unwrap();
+    assert!(!Path::new(file).exists());
 }

@@ -349,7 +349,9 @@ pub struct ConsumeConfig {
 }
 
 /// Consumes until `shutdown`: each message handled once ([`NotifyStore::handle`]), then
-/// acked. Connection trouble is retried; the durable consumer resumes where it was.
+/// acked. Trouble with NATS or with the database is retried with backoff: a message whose
+/// work did not commit is not acked, so it comes again, and the durable consumer resumes
+/// where it was.
 pub async fn consume(
     store: &NotifyStore,
     config: &ConsumeConfig,
@@ -359,8 +361,8 @@ pub async fn consume(
     while !shutdown.is_cancelled() {
         match consume_once(store, config, &shutdown).await {
             Ok(()) => return Ok(()),
-            Err(NotifyError::Nats(e)) => {
-                tracing::warn!(error = %e, "consuming from NATS failed; will retry");
+            Err(e @ (NotifyError::Nats(_) | NotifyError::Database(_))) => {
+                tracing::warn!(error = %e, "consuming failed; will retry");
                 tokio::select! {
                     _ = shutdown.cancelled() => {}
                     _ = tokio::time::sleep(pause) => {}

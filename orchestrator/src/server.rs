@@ -841,8 +841,9 @@ pub struct ServeArgs {
     /// The JetStream stream that stores the events (created if missing, capturing `sagas.>`).
     #[arg(long, default_value = "SAGAS", value_name = "NAME")]
     pub nats_stream: String,
-    /// How long a stream this server creates remembers message ids, to drop republished
-    /// events (e.g. 2m).
+    /// How long the stream remembers message ids, to drop republished events (e.g. 2m): the
+    /// window of a stream this server creates; an existing one with a shorter window is
+    /// lengthened to it.
     #[arg(long, default_value = "2m", value_name = "DURATION", value_parser = crate::retention::parse_duration)]
     pub nats_dedup_window: Duration,
     /// Export traces over OTLP/HTTP to this collector (`http://HOST:4318`, to which

@@ -5,7 +5,8 @@
 //! sent once JetStream has acknowledged it, that is once the stream has stored it. The stream
 //! ([`NatsConfig::stream`], `SAGAS` by default, capturing `sagas.>`) is created at the first
 //! connection if it does not exist, with [`NatsConfig::duplicate_window`]; an existing one is
-//! checked to capture those subjects and to deduplicate.
+//! checked to capture those subjects and to deduplicate, and its window lengthened to that one
+//! if it is shorter.
 //!
 //! Why JetStream: it stores messages durably, acknowledges a publish once stored, and
 //! deduplicates by `Nats-Msg-Id` within a window, which turns the relay's at-least-once into
@@ -34,8 +35,10 @@ pub struct NatsConfig {
     pub url: String,
     /// The JetStream stream that stores the events (`--nats-stream`). Default: `SAGAS`.
     pub stream: String,
-    /// How long the stream remembers message ids to drop republished copies, when this
-    /// target creates it (`--nats-dedup-window`). Default: 2 minutes, JetStream's own.
+    /// How long the stream remembers message ids to drop republished copies
+    /// (`--nats-dedup-window`): the window of a stream this target creates, and the least it
+    /// accepts of one that exists (a shorter one is lengthened). Default: 2 minutes,
+    /// JetStream's own.
     pub duplicate_window: Duration,
     /// How long a connection, a stream request or a publish acknowledgement may take.
     /// Default: 5 seconds.
@@ -139,6 +142,20 @@ impl NatsTarget {
                 "JetStream stream {name} has no duplicate window: republished events would be \
                  stored twice"
             )));
+        }
+        // A stream made by someone else (a consumer that started first) may remember ids for
+        // less time than asked: lengthened, never shortened, since a longer window only costs
+        // the server memory.
+        let had = info.config.duplicate_window;
+        if had < self.config.duplicate_window {
+            let mut longer = info.config.clone();
+            longer.duplicate_window = self.config.duplicate_window;
+            context
+                .update_stream(&longer)
+                .await
+                .map_err(|e| TargetError::Unavailable(format!("JetStream stream {name}: {e}")))?;
+            tracing::info!(stream = %name, from = ?had, to = ?self.config.duplicate_window,
+                           "lengthened the stream's duplicate window");
         }
         Ok(())
     }
