@@ -4,9 +4,10 @@
 #
 # PostgreSQL is started here if it is installed and down; SAGA_TEST_PG_URL names another server.
 # If PostgreSQL cannot be reached, the PostgreSQL half fails: it is never skipped. `nats-server`
-# is installed if missing (SAGA_TEST_NATS_SERVER names another binary); without it the broker
-# tests fail. Debian's Chromium is installed if missing (CHROMIUM names another one) for the web
-# console's browser tests, which drive it with playwright-core from npm; without it they fail.
+# is installed if missing (SAGA_TEST_NATS_SERVER names another binary), and started on
+# 127.0.0.1:4222 with JetStream if nothing listens there; without it the broker tests fail.
+# Debian's Chromium is installed if missing (CHROMIUM names another one) for the web console's
+# browser tests, which drive it with playwright-core from npm; without it they fail.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,11 +21,23 @@ if [ -z "${SAGA_SKIP_PG_START:-}" ] && command -v pg_ctlcluster >/dev/null 2>&1;
     done
 fi
 
-# The broker tests run their own `nats-server` (JetStream), one per test; install it if missing.
+# The broker tests run their own `nats-server` (JetStream), one per test, so that they can kill
+# it; install it if missing. One test publishes to the machine's own server
+# (SAGA_TEST_NATS_URL, by default 127.0.0.1:4222): started here with JetStream when nothing
+# listens there.
 if ! command -v nats-server >/dev/null 2>&1 && [ -z "${SAGA_TEST_NATS_SERVER:-}" ]; then
     if command -v apt-get >/dev/null 2>&1; then
         apt-get update -qq && apt-get install -y -qq nats-server >/dev/null
     fi
+fi
+if [ -z "${SAGA_TEST_NATS_URL:-}" ] && ! (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null; then
+    mkdir -p /var/lib/nats-server
+    setsid nohup "${SAGA_TEST_NATS_SERVER:-nats-server}" -a 127.0.0.1 -p 4222 -js \
+        -sd /var/lib/nats-server -l /var/log/nats-server.log >/dev/null 2>&1 < /dev/null &
+    for _ in $(seq 1 40); do
+        (exec 3<>/dev/tcp/127.0.0.1/4222) 2>/dev/null && break
+        sleep 0.25
+    done
 fi
 
 if ! command -v chromium >/dev/null 2>&1 && [ -z "${CHROMIUM:-}" ]; then

@@ -13,7 +13,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use saga_suite::nats::{messages, NatsServer, Stored};
+use saga_suite::nats::{last_sequence, messages, messages_after, NatsServer, Stored};
 use saga_suite::{bin_path, run_bin, Server, TempDb};
 use serde_json::{json, Value};
 use uuid::Uuid;
@@ -291,6 +291,42 @@ async fn every_event_reaches_jetstream_once_with_its_subject_and_log_scoped_id()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    server.kill9();
+}
+
+/// The machine's own NATS server (`SAGA_TEST_NATS_URL`, by default `nats://127.0.0.1:4222`,
+/// which `scripts/test.sh` starts when it is down) takes this database's events in the
+/// shared `SAGAS` stream, each once under this database's log id, beside whatever other
+/// deployments have published there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_machines_nats_server_stores_this_databases_events_under_its_log_id() {
+    let url =
+        std::env::var("SAGA_TEST_NATS_URL").unwrap_or_else(|_| "nats://127.0.0.1:4222".to_owned());
+    let client = async_nats::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("NATS at {url} (SAGA_TEST_NATS_URL) is unreachable: {e}"));
+    let js = async_nats::jetstream::new(client);
+    let before = match js.get_stream("SAGAS").await {
+        Ok(mut stream) => last_sequence(&mut stream).await,
+        Err(_) => 0,
+    };
+    let db = TempDb::new();
+    let server = Server::spawn(&db.url, db.dir.path(), &[], &["--nats-url", &url]).await;
+    let id = server
+        .start("place_order", order("o-shared", json!({})))
+        .await;
+    server
+        .wait_for(id, LONG, |s| s["status"] == "COMPLETED")
+        .await;
+    let outbox = wait_published(&db).await;
+    let log_id = outbox["log_id"].as_str().unwrap();
+    let mut stream = js.get_stream("SAGAS").await.unwrap();
+    let ours: Vec<Stored> = messages_after(&mut stream, before)
+        .await
+        .into_iter()
+        .filter(|m| m.message_id.starts_with(&format!("{log_id}:")))
+        .collect();
+    assert_once_each(&ours, &log_events(&db).await, log_id);
     server.kill9();
 }
 

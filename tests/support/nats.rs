@@ -140,9 +140,19 @@ pub struct Stored {
 
 /// Every message the stream holds, in stream order.
 pub async fn messages(stream: &mut Stream) -> Vec<Stored> {
+    messages_after(stream, 0).await
+}
+
+/// The stream's last sequence number (0 when it is empty).
+pub async fn last_sequence(stream: &mut Stream) -> u64 {
+    stream.info().await.unwrap().state.last_sequence
+}
+
+/// The messages the stream holds after sequence `after`, in stream order.
+pub async fn messages_after(stream: &mut Stream, after: u64) -> Vec<Stored> {
     let info = stream.info().await.unwrap().clone();
     let mut out = Vec::new();
-    for seq in info.state.first_sequence..=info.state.last_sequence {
+    for seq in info.state.first_sequence.max(after + 1)..=info.state.last_sequence {
         if seq == 0 {
             continue;
         }
