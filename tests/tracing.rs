@@ -2,7 +2,8 @@
 //! which decodes the exporter's protobuf): one trace per saga under the `traceparent` of its
 //! start, a span per attempt with its outcome, failed attempts marked as errors, the
 //! participants' own spans beneath their attempts, the trace context handed to steps, sent
-//! with webhooks and inherited by child sagas, and a span for an attempt a crash cut short.
+//! with webhooks and broker messages and inherited by child sagas, and a span for an attempt a
+//! crash cut short.
 
 #![allow(clippy::unwrap_used)]
 
@@ -14,6 +15,7 @@ use orchestrator::engine::StartRequest;
 use orchestrator::telemetry::{parse_traceparent, Telemetry};
 use orchestrator::EngineConfig;
 use saga_dsl::{SagaDefinition, Step, StepContext, StepError, TraceContext};
+use saga_suite::nats::{messages, NatsServer};
 use saga_suite::otlp::{OtlpReceiver, ReceivedSpan};
 use saga_suite::{registry_of, test_config, wait_terminal, RunningEngine, Server, TempDb};
 use serde_json::{json, Value};
@@ -65,11 +67,13 @@ fn span_named<'a>(spans: &'a [ReceivedSpan], saga: Uuid, name: &str) -> Vec<&'a 
 /// A compensated `place_order` started under a caller's span: its saga span is a child of that
 /// span, every attempt in the log is one span under the saga span with its step, phase,
 /// attempt and outcome, the failed ones are errors, the participants' spans sit beneath their
-/// attempts, and the webhook deliveries carry the saga span's context.
+/// attempts, and the webhook deliveries and the broker's messages carry the saga span's
+/// context.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_compensated_saga_is_one_trace_beneath_its_callers_span() {
     let receiver = OtlpReceiver::start().await;
     let (hook, deliveries) = header_receiver().await;
+    let nats = NatsServer::start();
     let db = TempDb::new();
     let server = Server::spawn(
         &db.url,
@@ -80,6 +84,8 @@ async fn a_compensated_saga_is_one_trace_beneath_its_callers_span() {
             &receiver.endpoint,
             "--webhook-url",
             &hook,
+            "--nats-url",
+            &nats.url(),
         ],
     )
     .await;
@@ -209,6 +215,24 @@ async fn a_compensated_saga_is_one_trace_beneath_its_callers_span() {
             break;
         }
         assert!(tokio::time::Instant::now() < deadline, "{seen:#?}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    // And so does every message published to JetStream.
+    let mut stream = nats.stream("SAGAS").await;
+    let deadline = tokio::time::Instant::now() + LONG;
+    loop {
+        let published = messages(&mut stream).await;
+        if published
+            .iter()
+            .any(|m| m.body["type"] == "saga.compensated")
+        {
+            assert!(
+                published.iter().all(|m| m.traceparent == expected),
+                "{published:#?}"
+            );
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{published:#?}");
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
     server.kill9();

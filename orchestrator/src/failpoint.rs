@@ -6,8 +6,11 @@
 //! that point, exactly like a `kill -9` there. Points: `before_action`, `after_action`,
 //! `before_compensation`, `after_compensation`, and for a child stage `before_child` (its
 //! waiting record committed, the child not created) and `after_child` (the child created, the
-//! parent not yet parked). Unset (the normal case), this costs one
-//! branch on an empty list.
+//! parent not yet parked); for the outbox, by event type in place of a step,
+//! `after_webhook_send` (a webhook answered, its delivery not recorded), `after_broker_ack`
+//! (the broker acknowledged a batch ending with that event, the relay's cursor not moved) and,
+//! in a consumer, `after_consume_commit` (its work committed, the message not acked). Unset
+//! (the normal case), this costs one branch on an empty list.
 
 use std::sync::OnceLock;
 

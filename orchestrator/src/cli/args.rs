@@ -466,7 +466,7 @@ mod tests {
     }
 }
 
-/// Arguments of `workers`.
+/// Arguments of `outbox`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
 pub struct OutboxArgs {
     /// Print `{"log_id", "relays": […]}` instead of a table.
