@@ -620,6 +620,75 @@ async fn while_nats_is_down_events_wait_and_none_is_lost() {
     server.kill9();
 }
 
+/// A stream that is full refuses new messages: the events wait in the outbox (the lag and
+/// the failure counter show it) and go out, each once, when the stream has room again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_stream_delays_events_and_loses_none() {
+    use async_nats::jetstream::stream::{Config, DiscardPolicy};
+    let nats = NatsServer::start();
+    let js = nats.jetstream().await;
+    let small = Config {
+        name: "SAGAS".to_owned(),
+        subjects: vec!["sagas.>".to_owned()],
+        duplicate_window: Duration::from_secs(120),
+        max_messages: 3,
+        discard: DiscardPolicy::New,
+        ..Default::default()
+    };
+    js.create_stream(small.clone()).await.unwrap();
+    let db = TempDb::new();
+    let server = serve(&db, &nats, &[], &[]).await;
+    let id = server
+        .start("place_order", order("o-full", json!({})))
+        .await;
+    server
+        .wait_for(id, LONG, |s| s["status"] == "COMPLETED")
+        .await;
+    let deadline = tokio::time::Instant::now() + LONG;
+    loop {
+        let metrics = reqwest::get(format!("{}/metrics", server.base))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let failures = metrics
+            .lines()
+            .find_map(|l| l.strip_prefix("outbox_publish_failures_total{target=\"nats\"} "))
+            .map_or(0.0, |v| v.parse::<f64>().unwrap());
+        if failures >= 1.0 {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{metrics}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let waiting = nats_relay(&outbox(&db.url, db.dir.path()).await);
+    assert!(
+        waiting["lag_events"].as_i64().unwrap() > 0,
+        "the events wait: {waiting:#}"
+    );
+    let mut stream = nats.stream("SAGAS").await;
+    assert_eq!(
+        messages(&mut stream).await.len(),
+        3,
+        "the stream took what it had room for"
+    );
+
+    js.update_stream(Config {
+        max_messages: -1,
+        ..small
+    })
+    .await
+    .unwrap();
+    let outbox = wait_published(&db).await;
+    assert_once_each(
+        &messages(&mut stream).await,
+        &log_events(&db).await,
+        outbox["log_id"].as_str().unwrap(),
+    );
+    server.kill9();
+}
+
 /// A broker that hangs with the relay's connection open, and is then replaced, costs the
 /// relay one acknowledgement timeout for the whole batch it had sent, not one per message:
 /// the events it held reach the new broker soon after it starts.
