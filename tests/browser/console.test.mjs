@@ -216,6 +216,10 @@ test('a group of 64 branches is folded into one lane until asked for', async () 
     const toggle = page.locator('.tl-row[data-lane="reserve_items"] button.toggle');
     await toggle.waitFor();
     assert.equal(await page.locator('.tl-row.branch').count(), 0, 'folded');
+    // Folded, its lane still says what needs looking at, in words on the lane itself.
+    const summary = page.locator('.tl-row[data-lane="reserve_items"] .group-sum');
+    assert.equal(await summary.innerText(), '✕ 1 failed');
+    assert.ok(await summary.isVisible());
     await toggle.click();
     await page.locator('.tl-row.branch').nth(63).waitFor();
     assert.equal(await page.locator('.tl-row.branch').count(), 64);
@@ -275,6 +279,123 @@ test("keyboard focus stays where it was while a running saga's page updates itse
     assert.equal(await page.evaluate(() => document.activeElement?.dataset?.focus ?? null), 'action Send signal…');
     await page.keyboard.press('Enter');
     await page.getByRole('dialog').getByText('Send a signal').waitFor();
+    assert.deepEqual(errors, []);
+    await context.close();
+  } finally {
+    await server.stop();
+  }
+});
+
+test("a FAILED saga's timeline ends at its last activity, and mark-compensated is offered only where the server takes it", async () => {
+  const server = await startServer();
+  try {
+    const failed = await start(server, 'fulfil_order', {
+      order_id: 'f-f', user: 'ada', amount: 10, items: [{ sku: 'a', qty: 1 }], simulate: { fail_step: 'notify_customer' },
+    });
+    const stuck = await start(server, 'place_order', {
+      order_id: 'o-s', user: 'ada', amount: 10, simulate: { fail_step: 'assign_rider', compensation_failures: { charge_payment: 100000 } },
+    });
+    await waitFor(server, failed, (s) => s.status === 'FAILED');
+    const { page, context, errors } = await open(server, `#/sagas/${failed}`);
+    await page.locator('h1 .badge').filter({ hasText: 'FAILED' }).waitFor();
+    await page.locator('.bar[data-lane="notify_customer"]').waitFor();
+    const header = await page.locator('.meta').innerText();
+    assert.doesNotMatch(header, /Running for/i, 'a FAILED saga is not running');
+    assert.match(header, /Waiting for an operator since/i);
+    assert.equal(await page.locator('.nowline').count(), 0, 'no now-line: its time does not go on');
+    // Its last call ends near the right edge, and stays there as time goes by.
+    const edge = () => page.evaluate(() => {
+      const bar = document.querySelector('.bar[data-lane="notify_customer"]').getBoundingClientRect();
+      const track = document.querySelector('.tl-row[data-lane="notify_customer"] .tl-track').getBoundingClientRect();
+      return (bar.right - track.left) / track.width;
+    });
+    const first = await edge();
+    assert.ok(first > 0.9, `the last attempt ends at ${first} of the axis`);
+    await page.waitForTimeout(2500);
+    assert.equal(await edge(), first, 'the axis does not grow');
+    for (const name of ['Retry…', 'Abort…']) await page.getByRole('button', { name }).waitFor();
+    assert.equal(await page.getByRole('button', { name: 'Mark compensated…' }).count(), 0,
+      'the server refuses mark-compensated unless the saga is COMPENSATING');
+
+    // A compensation that keeps failing: offered, for the steps still to undo, the stuck one first.
+    await waitFor(server, stuck, (s) => s.steps.find((x) => x.name === 'charge_payment').compensation.status === 'RETRYING');
+    await page.goto(`${server.base}/ui/#/sagas/${stuck}`);
+    await page.getByRole('button', { name: 'Mark compensated…' }).click();
+    const dialog = page.getByRole('dialog');
+    const options = await dialog.getByLabel('Step').locator('option').evaluateAll((all) => all.map((o) => o.value));
+    assert.deepEqual(options, ['charge_payment', 'reserve_stock'], 'not assign_rider, whose action failed');
+    await dialog.getByLabel(/Reason/).fill('refunded by hand');
+    await dialog.getByRole('button', { name: 'Mark compensated' }).click();
+    await page.locator('#toast').getByText('charge_payment marked compensated').waitFor();
+    await page.locator('h1 .badge').filter({ hasText: 'COMPENSATED' }).waitFor({ timeout: 20000 });
+    assert.deepEqual(errors, []);
+    await context.close();
+  } finally {
+    await server.stop();
+  }
+});
+
+test('an undo whose outcome is unknown still looks like an undo, not like an action', async () => {
+  const server = await startServer();
+  try {
+    const slow = { order_id: 'o-u', user: 'ada', amount: 10, simulate: { fail_step: 'assign_rider', delay_ms: 1500 } };
+    // Aborted while an action runs, and while a compensation runs: both calls are abandoned.
+    const action = await start(server, 'place_order', { ...slow, order_id: 'o-ua' });
+    const undo = await start(server, 'place_order', slow);
+    const abort = (id) => server.api(`/v1/sagas/${id}/abort`, { method: 'POST', body: { reason: 'test' } });
+    await waitFor(server, action, (s) => s.steps[0].status === 'RUNNING', 30_000);
+    await abort(action);
+    await waitFor(server, undo, (s) => s.steps[1].compensation.status === 'RUNNING', 30_000);
+    await abort(undo);
+    const look = async (id, phase) => {
+      const { page, context, errors } = await open(server, `#/sagas/${id}`);
+      const bar = page.locator(`.bar[data-phase="${phase}"][data-outcome="abandoned"]`);
+      await bar.waitFor();
+      const seen = await bar.evaluate((b) => ({
+        classes: [...b.classList], background: getComputedStyle(b).backgroundImage,
+        color: getComputedStyle(b).backgroundColor, mark: b.textContent,
+      }));
+      assert.equal(await page.locator('.nowline').count(), 0, 'an aborted saga has no now-line');
+      assert.deepEqual(errors, []);
+      await context.close();
+      return seen;
+    };
+    const a = await look(action, 'action');
+    const c = await look(undo, 'compensation');
+    assert.ok(a.classes.includes('unknown') && c.classes.includes('unknown'), 'both are marked unknown');
+    assert.match(c.background, /135deg/, 'an undo keeps its diagonal stripes');
+    assert.doesNotMatch(a.background, /135deg/, 'an action has none');
+    assert.notEqual(a.background, c.background);
+    assert.equal(a.mark, '?');
+    assert.equal(c.mark, '↩?');
+  } finally {
+    await server.stop();
+  }
+});
+
+test("sagas started together are told apart by their short ids, and a running one's time is read on the server's clock", async () => {
+  const server = await startServer();
+  try {
+    const input = { order_id: 'o-t', user: 'ada', amount: 10, needs_approval: true, items: [{ sku: 'a', qty: 1 }] };
+    const ids = [await start(server, 'fulfil_order', input), await start(server, 'fulfil_order', input)];
+    for (const id of ids) await waitFor(server, id, (s) => s.stages.some((st) => st.status === 'WAITING'));
+    // A browser whose clock is an hour fast.
+    const context = await browser.newContext({ viewport: { width: 1280, height: 900 } });
+    const page = await context.newPage();
+    const errors = [];
+    page.on('pageerror', (e) => errors.push(e.message));
+    await page.clock.install({ time: Date.now() + 3_600_000 });
+    const titles = [];
+    for (const id of ids) {
+      await page.goto(`${server.base}/ui/#/sagas/${id}`);
+      await page.waitForFunction((short) => document.title.includes(short), `${id.slice(0, 8)}…${id.slice(-4)}`);
+      titles.push(await page.title());
+    }
+    assert.notEqual(titles[0], titles[1]);
+    await page.locator('.tl-row[data-lane="await_approval"]').waitFor();
+    await page.waitForTimeout(2500);
+    const lived = await page.locator('.meta div', { hasText: 'Running for' }).locator('dd').innerText();
+    assert.match(lived, /^\d+(\.\d+)? (ms|s)$/, `running for ${lived}, not an hour`);
     assert.deepEqual(errors, []);
     await context.close();
   } finally {

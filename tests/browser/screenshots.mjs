@@ -46,7 +46,7 @@ try {
   const desktop = { width: 1360, height: 860 };
   await shoot('', 'console-list.png', desktop);
   await shoot(`#/sagas/${undone}`, 'console-saga.png', desktop, async (page) => {
-    await page.locator('.bar.compensation.failed').first().click();
+    await page.locator('.tl-grid .bar.compensation.failed').first().click();
   });
   await shoot(`#/sagas/${branches}`, 'console-branches.png', desktop);
   await shoot(`#/sagas/${waiting}`, 'console-signal.png', desktop, async (page) => {

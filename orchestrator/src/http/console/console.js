@@ -6,8 +6,13 @@
 // and deliveries every 2 seconds, the list its page and the (server-cached) counts every 5;
 // nothing is polled while the tab is hidden or once a saga has ended.
 
+
 const TOKEN_KEY = 'saga-console-token';
-const FINAL = new Set(['COMPLETED', 'COMPENSATED', 'ABORTED']);
+// Nothing drives these on their own (the server's SagaStatus::is_terminal): their time axis
+// ends at their last activity. A FAILED saga waits for a person, who may still retry it.
+const STOPPED = new Set(['COMPLETED', 'COMPENSATED', 'ABORTED', 'FAILED']);
+// No operator action changes these any more: their page stops polling.
+const FINISHED = new Set(['COMPLETED', 'COMPENSATED', 'ABORTED']);
 const STATUSES = ['QUEUED', 'RUNNING', 'COMPENSATING', 'COMPLETED', 'COMPENSATED', 'FAILED', 'ABORTED'];
 const UNKNOWN_OUTCOMES = new Set(['timed_out', 'interrupted', 'abandoned']);
 const FAILED_OUTCOMES = new Set(['failed', 'retryable']);
@@ -22,7 +27,7 @@ const state = {
   definitions: null,
   generation: 0, // bumped at every navigation: pollers of an older page stop
   listCursors: {}, // per filter: the cursors of the pages before the current one
-  view: {}, // per saga: zoom, collapsed groups, selected bar
+  view: {}, // per saga: zoom, folded groups, selected bar
 };
 
 // ---- small helpers ------------------------------------------------------------------------
@@ -46,6 +51,7 @@ function el(tag, props = {}, ...children) {
   return node;
 }
 
+
 class ApiError extends Error {
   constructor(status, code, message) {
     super(message);
@@ -62,6 +68,7 @@ async function api(path, { method = 'GET', body } = {}) {
   if (state.token) headers.authorization = `Bearer ${state.token}`;
   if (body !== undefined) headers['content-type'] = 'application/json';
   let response;
+  const sent = Date.now();
   try {
     response = await fetch(path, {
       method,
@@ -72,6 +79,9 @@ async function api(path, { method = 'GET', body } = {}) {
   } catch (e) {
     throw new ApiError(0, 'unreachable', `the server did not answer (${e.message})`);
   }
+  // The Date header is the server's clock to the second, read between `sent` and now.
+  const date = Date.parse(response.headers.get('date') || '');
+  if (!Number.isNaN(date)) clockSample(date - Date.now(), date + 1000 - sent);
   const text = await response.text();
   let data = null;
   try {
@@ -91,18 +101,75 @@ function can(scope) {
   return scopes.includes('admin') || scopes.includes(scope);
 }
 
+// ---- the server's clock -------------------------------------------------------------------
+//
+// Running bars, the now-line and "running for" compare the server's timestamps with the
+// present, which must then be read on the server's clock, not the browser's. Each answer
+// bounds the offset between the two: its Date header (to the second) from both sides, and any
+// time the server reports (it is past by then) from below. The bounds of recent answers are
+// intersected; the browser's own clock is kept if it lies within them.
+
+const clock = { samples: [], offset: 0 };
+
+function clockSample(lo, hi) {
+  const at = Date.now();
+  clock.samples.push({ lo, hi, at });
+  clock.samples = clock.samples.filter((s) => at - s.at < 600_000).slice(-50);
+  let low = -Infinity;
+  let high = Infinity;
+  for (let i = clock.samples.length - 1; i >= 0; i--) {
+    const s = clock.samples[i];
+    const l = Math.max(low, s.lo);
+    const h = Math.min(high, s.hi);
+    if (l > h) break; // an older answer disagrees: one of the clocks was set since
+    low = l;
+    high = h;
+  }
+  clock.offset = Math.min(Math.max(0, low), high);
+}
+
+/** Notes that the server's clock had reached `iso` by now. */
+function serverWasAt(iso) {
+  const t = Date.parse(iso || '');
+  if (!Number.isNaN(t)) clockSample(t - Date.now(), Infinity);
+}
+
+function serverNow() {
+  return Date.now() + clock.offset;
+}
+
+// ---- times --------------------------------------------------------------------------------
+
 const localFormat = new Intl.DateTimeFormat(undefined, { dateStyle: 'medium', timeStyle: 'medium' });
 const timeOnly = new Intl.DateTimeFormat(undefined, { hour: '2-digit', minute: '2-digit', second: '2-digit' });
+const dayAndTime = new Intl.DateTimeFormat(undefined, {
+  month: 'short', day: 'numeric', hour: '2-digit', minute: '2-digit', second: '2-digit',
+});
 
 function ms(iso) {
   return iso ? Date.parse(iso) : null;
 }
 
-/** A time in the viewer's zone, UTC on hover. */
-function timeEl(iso, short = false) {
+function dayOf(t) {
+  const d = new Date(t);
+  return `${d.getFullYear()}-${d.getMonth()}-${d.getDate()}`;
+}
+
+/** Whether times between `from` and `to` need their date: they span days, or are not today's. */
+function needsDate(from, to) {
+  return dayOf(from) !== dayOf(to) || dayOf(to) !== dayOf(serverNow());
+}
+
+/** A clock time, with its date if `withDate`. */
+function clockText(t, withDate) {
+  return (withDate ? dayAndTime : timeOnly).format(new Date(t));
+}
+
+/** A time in the viewer's zone, UTC on hover; `short` leaves out the date unless `withDate`. */
+function timeEl(iso, short = false, withDate = false) {
   if (!iso) return el('span', { class: 'muted' }, '—');
   const d = new Date(iso);
-  const text = short ? timeOnly.format(d) : localFormat.format(d);
+  const text = short ? clockText(d, withDate) : localFormat.format(d);
   return el('time', { datetime: iso, title: `UTC: ${d.toISOString()}` }, text);
 }
 
@@ -121,8 +188,22 @@ function badge(status, prefix = '') {
   return el('span', { class: `badge s-${status}` }, prefix + status);
 }
 
+/**
+ * A short form of an id. Ids are UUIDv7: their first digits are their creation time, the
+ * same for sagas started together, so the last ones (random) are kept too.
+ */
 function shortId(id) {
-  return id ? id.slice(0, 8) : '';
+  return id ? `${id.slice(0, 8)}…${id.slice(-4)}` : '';
+}
+
+/** A whole id that a narrow screen shortens as `shortId` does, keeping it whole for reading. */
+function idText(id) {
+  return [
+    el('span', {}, id.slice(0, 8)),
+    el('span', { class: 'id-mid' }, id.slice(8, -4)),
+    el('span', { class: 'id-ell', 'aria-hidden': 'true' }, '…'),
+    el('span', {}, id.slice(-4)),
+  ];
 }
 
 function toast(message) {
@@ -143,13 +224,38 @@ function field(id, label, control) {
   return el('div', { class: 'field' }, el('label', { for: id }, label), control);
 }
 
-function pretty(value) {
-  return el('pre', { class: 'json' }, JSON.stringify(value, null, 2));
+function pretty(value, name) {
+  return el('pre', { class: 'json', tabindex: 0, role: 'region', 'aria-label': name, dataset: { focus: `json ${name}` } },
+    JSON.stringify(value, null, 2));
 }
 
 function main() {
   return document.getElementById('main');
 }
+
+// ---- drawing again ------------------------------------------------------------------------
+
+/**
+ * Draws `children` into `region`. What had the keyboard's focus there is found again in what
+ * is drawn anew, and the timeline keeps its scroll position.
+ */
+function update(region, children) {
+  const active = document.activeElement;
+  const focused = active && region.contains(active) && active.dataset ? active.dataset.focus : undefined;
+  const oldScroll = region.querySelector('.tl-scroll');
+  const scroll = oldScroll ? { left: oldScroll.scrollLeft, top: oldScroll.scrollTop } : null;
+  fill(region, children);
+  const scrollBox = region.querySelector('.tl-scroll');
+  if (scroll && scrollBox) {
+    scrollBox.scrollLeft = scroll.left;
+    scrollBox.scrollTop = scroll.top;
+  }
+  if (focused) {
+    const again = [...region.querySelectorAll('[data-focus]')].find((n) => n.dataset.focus === focused);
+    if (again) again.focus({ preventScroll: true });
+  }
+}
+
 
 /**
  * Runs `tick` now (its error goes to the caller, which shows it) and then every `every` ms
@@ -177,6 +283,7 @@ async function poll(generation, tick, every) {
   };
   if ((await tick(current)) !== false && current()) timer = setTimeout(run, every);
 }
+
 
 // ---- identity -----------------------------------------------------------------------------
 
@@ -249,9 +356,11 @@ function showLogin(problem) {
   input.focus();
 }
 
+
 // ---- counts in the header -----------------------------------------------------------------
 
 function showCounts(counts, currentStatus) {
+  serverWasAt(counts.counted_at);
   const nav = document.getElementById('counts');
   const chips = STATUSES.map((s) =>
     el('a', {
@@ -263,6 +372,7 @@ function showCounts(counts, currentStatus) {
   if (counts.blocked) chips.push(el('a', { href: '#/?blocked=1', class: 'flag' }, `blocked ${counts.blocked}`));
   fill(nav, chips);
 }
+
 
 // ---- the list of sagas --------------------------------------------------------------------
 
@@ -287,8 +397,8 @@ function listQuery(params) {
 }
 
 function sagaRow(s) {
-  return el('tr', { class: s.needs_attention ? 'attention' : '' },
-    el('td', { class: 'idcell' }, el('a', { href: `#/sagas/${s.id}`, class: 'mono' }, s.id)),
+  return el('tr', { class: s.needs_attention ? 'attention' : '', dataset: { key: s.id } },
+    el('td', { class: 'idcell' }, el('a', { href: `#/sagas/${s.id}`, class: 'mono' }, idText(s.id))),
     el('td', {}, s.name),
     el('td', {}, badge(s.status), ' ',
       s.needs_attention ? el('span', { class: 'badge flagbadge' }, 'needs attention') : null, ' ',
@@ -298,8 +408,8 @@ function sagaRow(s) {
     el('td', { class: 'err', title: s.error || '' }, s.error || ''));
 }
 
-function sagaTable(sagas, caption) {
-  return el('div', { class: 'table-wrap' }, el('table', {},
+function sagaTable(sagas, caption, name) {
+  return el('div', { class: 'table-wrap', dataset: { key: name } }, el('table', {},
     el('caption', { class: 'muted', style: 'text-align:left' }, caption),
     el('thead', {}, el('tr', {},
       el('th', { scope: 'col' }, 'Id'), el('th', { scope: 'col' }, 'Saga'), el('th', { scope: 'col' }, 'Status'),
@@ -380,7 +490,7 @@ async function renderList(params) {
       queue.hidden = false;
       fill(queue, 
         el('h2', { id: 'q-title' }, `Needs attention first (${attentionPage.sagas.length}${attentionPage.next_cursor ? '+' : ''})`),
-        sagaTable(attentionPage.sagas, 'Compensations that keep failing, failed sagas: each waits for a person.'),
+        sagaTable(attentionPage.sagas, 'Compensations that keep failing, failed sagas: each waits for a person.', 'queue'),
         attentionPage.next_cursor ? el('a', { href: '#/?needs_attention=1' }, 'All sagas needing attention') : null);
     } else {
       queue.hidden = true;
@@ -407,25 +517,45 @@ async function renderList(params) {
     fill(results, 
       el('h2', { id: 'r-title' }, 'Sagas'),
       page.sagas.length
-        ? sagaTable(page.sagas, 'Newest first. Times in your time zone; hover for UTC.')
+        ? sagaTable(page.sagas, 'Newest first. Times in your time zone; hover for UTC.', 'results')
         : el('p', { class: 'muted' }, 'No saga matches these filters.'),
       pager);
   }, LIST_POLL_MS);
 }
 
+
 // ---- one saga -----------------------------------------------------------------------------
 
 function viewOf(id) {
-  return state.view[id] || (state.view[id] = { zoom: 1, collapsed: null, selected: null, lane: null, tableOpen: new Set() });
+  return state.view[id] || (state.view[id] = { zoom: 1, folded: new Map(), selected: null, lane: null, tableOpen: new Set() });
+}
+
+/**
+ * Whether a group's branches are folded into its lane: as the user last chose, else when there
+ * are more than can be read at once. Decided for each group as it is drawn, so a group that
+ * starts or grows while the page is open folds too.
+ */
+function isFolded(view, group) {
+  if (view.folded.has(group.name)) return view.folded.get(group.name);
+  return (group.branches || []).length > EXPAND_BRANCHES_UP_TO;
+}
+
+/** The last time anything happened to the saga: its last change or its latest attempt's end. */
+function lastActivity(saga, attempts) {
+  let end = ms(saga.updated_at);
+  for (const a of attempts) end = Math.max(end, ms(a.ended_at) || ms(a.started_at));
+  return end;
 }
 
 async function renderSaga(id) {
   const generation = state.generation;
   document.title = `Saga ${shortId(id)}`;
   fill(main(), el('p', { class: 'muted' }, 'Loading…'));
-  const header = el('div');
-  const timeline = el('section', { 'aria-labelledby': 't-title' });
-  const panels = el('div', { class: 'panels' });
+  const page = {
+    header: el('div'),
+    timeline: el('section', { 'aria-labelledby': 't-title' }),
+    panels: el('div', { class: 'panels' }),
+  };
   let scaffolded = false;
   let deliveriesEvery = 0;
   let deliveries = { deliveries: [] };
@@ -438,55 +568,72 @@ async function renderSaga(id) {
     ]);
     if (deliveriesEvery++ % 3 === 0) deliveries = await api(`/v1/sagas/${id}/deliveries`);
     if (!current()) return false;
+    serverWasAt(saga.updated_at);
     showCounts(counts, null);
-    // What has the keyboard's focus is found again in what is drawn anew.
-    const focused = document.activeElement && document.activeElement.dataset
-      ? document.activeElement.dataset.focus : undefined;
+    Object.assign(page, { saga, attempts: attempts.attempts, events: events.events, deliveries: deliveries.deliveries });
     if (!scaffolded) {
-      fill(main(), 
-        el('p', {}, el('a', { href: '#/' }, '← All sagas')), header, timeline, panels);
+      fill(main(), el('p', {}, el('a', { href: '#/' }, '← All sagas')), page.header, page.timeline, page.panels);
       scaffolded = true;
     }
-    const now = Date.now();
-    renderSagaHeader(header, saga, now);
-    renderTimeline(timeline, saga, attempts.attempts, events.events, now);
-    renderPanels(panels, saga, events.events, deliveries.deliveries);
-    if (focused) {
-      const again = [...main().querySelectorAll('[data-focus]')].find((n) => n.dataset.focus === focused);
-      if (again) again.focus({ preventScroll: true });
-    }
-    return !FINAL.has(saga.status) || deliveries.deliveries.some((d) => d.state === 'pending');
+    drawSaga(page);
+    return !FINISHED.has(saga.status) || deliveries.deliveries.some((d) => d.state === 'pending');
   }, SAGA_POLL_MS);
 }
 
-function renderSagaHeader(box, saga, now) {
-  const ended = FINAL.has(saga.status);
-  const lived = (ended ? ms(saga.updated_at) : now) - ms(saga.created_at);
+/** Draws a saga's page; `only` names the one region a change of view is about. */
+function drawSaga(page, only = {}) {
+  const { saga } = page;
+  const live = !STOPPED.has(saga.status);
+  const now = serverNow();
+  document.title = `${saga.name} ${shortId(saga.id)} (${saga.status.toLowerCase()})`;
+  const withDate = needsDate(ms(saga.created_at), live ? now : lastActivity(saga, page.attempts));
+  const all = !Object.keys(only).length;
+  if (all || only.header) update(page.header, sagaHeader(saga, now));
+  if (all || only.timeline) update(page.timeline, timelineOf(page, now, withDate));
+  if (all || only.panels) update(page.panels, panelsOf(page, withDate));
+}
+
+function sagaHeader(saga, now) {
+  const stopped = STOPPED.has(saga.status);
+  const lived = (stopped ? ms(saga.updated_at) : now) - ms(saga.created_at);
   const children = saga.stages.filter((s) => s.child_id);
+  let since = ['Updated', timeEl(saga.updated_at)];
+  let took = [saga.status === 'QUEUED' ? 'Queued for' : 'Running for', fmtDur(lived)];
+  if (saga.status === 'FAILED') {
+    // Not running: it waits for a person to retry or abort it.
+    since = ['Waiting for an operator since', timeEl(saga.updated_at)];
+    took = ['Ran for', fmtDur(lived)];
+  } else if (stopped) {
+    since = ['Ended', timeEl(saga.updated_at)];
+    took = ['Took', fmtDur(lived)];
+  }
   const meta = el('dl', { class: 'meta' },
     el('div', {}, el('dt', {}, 'Id'), el('dd', { class: 'mono' }, saga.id)),
     el('div', {}, el('dt', {}, 'Definition'), el('dd', {}, `${saga.name} v${saga.version}`,
       el('span', { class: 'muted mono' }, ` #${saga.definition_hash}`))),
     el('div', {}, el('dt', {}, 'Created'), el('dd', {}, timeEl(saga.created_at))),
-    el('div', {}, el('dt', {}, ended ? 'Ended' : 'Updated'), el('dd', {}, timeEl(saga.updated_at))),
-    el('div', {}, el('dt', {}, ended ? 'Took' : 'Running for'), el('dd', {}, fmtDur(lived))),
-    saga.scheduled_at ? el('div', {}, el('dt', {}, 'Scheduled for'), el('dd', {}, timeEl(saga.scheduled_at))) : null,
-    saga.next_run_at && !ended ? el('div', {}, el('dt', {}, 'Next run'), el('dd', {}, timeEl(saga.next_run_at))) : null,
-    saga.lease_owner ? el('div', {}, el('dt', {}, 'Driven by'), el('dd', { class: 'mono' }, `${saga.lease_owner} (epoch ${saga.lease_epoch})`)) : null,
-    saga.parent_id ? el('div', {}, el('dt', {}, 'Parent'), el('dd', {},
-      el('a', { href: `#/sagas/${saga.parent_id}`, class: 'mono' }, shortId(saga.parent_id)),
+    el('div', { dataset: { key: 'since' } }, el('dt', {}, since[0]), el('dd', {}, since[1])),
+    el('div', { dataset: { key: 'took' } }, el('dt', {}, took[0]), el('dd', {}, took[1])),
+    saga.scheduled_at ? el('div', { dataset: { key: 'scheduled' } }, el('dt', {}, 'Scheduled for'), el('dd', {}, timeEl(saga.scheduled_at))) : null,
+    saga.next_run_at && !stopped ? el('div', { dataset: { key: 'next' } }, el('dt', {}, 'Next run'), el('dd', {}, timeEl(saga.next_run_at))) : null,
+    saga.lease_owner ? el('div', { dataset: { key: 'lease' } }, el('dt', {}, 'Driven by'), el('dd', { class: 'mono' }, `${saga.lease_owner} (epoch ${saga.lease_epoch})`)) : null,
+    saga.parent_id ? el('div', { dataset: { key: 'parent' } }, el('dt', {}, 'Parent'), el('dd', {},
+      el('a', { href: `#/sagas/${saga.parent_id}`, class: 'mono', title: saga.parent_id, dataset: { focus: 'parent' } }, shortId(saga.parent_id)),
       saga.parent_stage ? ` (stage ${saga.parent_stage})` : '')) : null,
-    children.length ? el('div', {}, el('dt', {}, 'Children'), el('dd', {}, children.map((c) =>
-      el('span', {}, el('a', { href: `#/sagas/${c.child_id}`, class: 'mono' }, shortId(c.child_id)), ` (${c.name}) `)))) : null);
-  fill(box, 
+    children.length ? el('div', { dataset: { key: 'children' } }, el('dt', {}, 'Children'), el('dd', {}, children.map((c) =>
+      el('span', { dataset: { key: c.child_id } },
+        el('a', { href: `#/sagas/${c.child_id}`, class: 'mono', title: c.child_id, dataset: { focus: `child ${c.child_id}` } }, shortId(c.child_id)),
+        ` (${c.name}) `)))) : null);
+  return [
     el('h1', {}, saga.name, badge(saga.status),
       saga.needs_attention ? el('span', { class: 'badge flagbadge' }, 'needs attention') : null,
       saga.blocked ? el('span', { class: 'badge flagbadge' }, 'blocked: no running process has this definition') : null,
-      saga.cancel_requested && !ended ? el('span', { class: 'badge flagbadge' }, 'cancel requested') : null,
+      saga.cancel_requested && !stopped ? el('span', { class: 'badge flagbadge' }, 'cancel requested') : null,
       saga.pivot_reached ? el('span', { class: 'badge s-NONE' }, 'past its point of no return') : null),
-    saga.error ? el('p', { class: 'notice', role: 'note' }, saga.error) : null,
+    saga.error ? el('p', { class: 'notice', role: 'note', dataset: { key: 'error' } }, saga.error) : null,
     meta,
-    actionBar(saga));
+    actionBar(saga),
+  ];
 }
 
 // ---- the timeline -------------------------------------------------------------------------
@@ -505,22 +652,29 @@ function stepsOf(saga) {
   return lanes;
 }
 
-/** The time range drawn: the saga's life, stretched to show near deadlines. */
+/**
+ * The time range drawn: the saga's life, stretched to show near deadlines. A saga that is not
+ * driven any more (finished, or FAILED and waiting for a person) ends at its last activity;
+ * one that is, at the present.
+ */
 function axisOf(saga, attempts, now) {
   const t0 = ms(saga.created_at);
-  let end = FINAL.has(saga.status) ? ms(saga.updated_at) : now;
-  for (const a of attempts) end = Math.max(end, ms(a.ended_at) || ms(a.started_at));
+  const live = !STOPPED.has(saga.status);
+  const last = lastActivity(saga, attempts);
+  const end = live ? Math.max(now, last) : last;
   const lived = Math.max(end - t0, 1);
   const deadlines = [];
-  const walk = (rec) => {
-    if (rec.status !== 'WAITING' && rec.status !== 'RETRYING') return;
-    for (const d of [rec.wake_at, rec.timeout_at]) if (d) deadlines.push(ms(d));
-  };
-  for (const stage of saga.stages) {
-    walk(stage);
-    (stage.branches || []).forEach(walk);
+  if (live) {
+    const walk = (rec) => {
+      if (rec.status !== 'WAITING' && rec.status !== 'RETRYING') return;
+      for (const d of [rec.wake_at, rec.timeout_at]) if (d) deadlines.push(ms(d));
+    };
+    for (const stage of saga.stages) {
+      walk(stage);
+      (stage.branches || []).forEach(walk);
+    }
+    if (saga.next_run_at) deadlines.push(ms(saga.next_run_at));
   }
-  if (!FINAL.has(saga.status) && saga.next_run_at) deadlines.push(ms(saga.next_run_at));
   let t1 = end;
   for (const d of deadlines) {
     // A deadline soon enough is drawn in place; a far one is named at the edge instead, so
@@ -528,7 +682,8 @@ function axisOf(saga, attempts, now) {
     if (d > t1 && d - t0 <= lived * 4) t1 = d;
   }
   t1 += (t1 - t0) * 0.02 + 1;
-  return { t0, t1, span: t1 - t0, now };
+  // `until`: where what has not ended (a running call, a wait) ends on the drawing.
+  return { t0, t1, span: t1 - t0, now, live, until: end };
 }
 
 function pct(axis, t) {
@@ -539,7 +694,7 @@ function widthPct(axis, from, to) {
   return `${((Math.max(to - from, 0) / axis.span) * 100).toFixed(4)}%`;
 }
 
-function ticks(axis, zoom) {
+function ticks(axis, zoom, withDate) {
   // About one label per 150 pixels of a track as wide as the screen allows.
   const labels = Math.max(3, Math.floor(((window.innerWidth - 240) * zoom) / 150));
   const target = axis.span / labels;
@@ -548,7 +703,7 @@ function ticks(axis, zoom) {
   const out = [];
   for (let t = 0; t <= axis.span; t += step) {
     out.push(el('div', { class: 'tick', style: `left:${pct(axis, axis.t0 + t)}`, 'aria-hidden': 'true' },
-      t === 0 ? timeOnly.format(new Date(axis.t0)) : `+${fmtDur(t)}`));
+      t === 0 ? clockText(axis.t0, withDate) : `+${fmtDur(t)}`));
   }
   return out;
 }
@@ -556,17 +711,23 @@ function ticks(axis, zoom) {
 function outcomeClass(a, running) {
   if (running) return 'running';
   if (FAILED_OUTCOMES.has(a.outcome)) return 'failed';
-  if (UNKNOWN_OUTCOMES.has(a.outcome)) return 'unknown';
+  if (UNKNOWN_OUTCOMES.has(a.outcome) || !a.outcome) return 'unknown';
   return 'ok';
 }
 
 function attemptBar(axis, lane, a, view, select) {
-  const running = !a.outcome && !a.ended_at;
+  // An attempt with no end in a saga nothing drives any more will not end: its outcome is unknown.
+  const open = !a.outcome && !a.ended_at;
+  const running = open && axis.live;
   const start = ms(a.started_at);
-  const end = running ? axis.now : ms(a.ended_at) || start;
+  const end = open ? axis.until : ms(a.ended_at) || start;
   const cls = outcomeClass(a, running);
-  const mark = cls === 'failed' ? '✕' : cls === 'unknown' ? '?' : '';
-  const what = `${lane.key} ${a.phase} attempt ${a.attempt}: ${running ? 'running' : a.outcome}, ${fmtDur(end - start)}`;
+  const phase = a.phase === 'compensation' ? 'undo' : 'action';
+  // The phase is in the mark as well as in the pattern, so both read at a glance.
+  const mark = (a.phase === 'compensation' ? '↩' : '') + (cls === 'failed' ? '✕' : cls === 'unknown' ? '?' : '');
+  // A running call is named by its start, not its length, so the label stays the same while it runs.
+  const outcome = running ? `running since ${clockText(start, false)}` : `${a.outcome || 'no result recorded'}, ${fmtDur(end - start)}`;
+  const what = `${lane.key} ${phase} attempt ${a.attempt}: ${outcome}`;
   const key = `${a.step}|${a.phase}|${a.attempt}`;
   return el('button', {
     type: 'button',
@@ -580,13 +741,25 @@ function attemptBar(axis, lane, a, view, select) {
   }, mark ? el('span', { class: 'mark', 'aria-hidden': 'true' }, mark) : null);
 }
 
-function laneTrack(axis, lane, laneAttempts, saga, view, select) {
+/** How many branches of a group failed, are stuck, run: shown on a folded group's lane. */
+function branchTally(branches) {
+  const tally = { failed: 0, stuck: 0, running: 0 };
+  for (const b of branches) {
+    const c = b.compensation.status;
+    if (b.status === 'UNKNOWN' || c === 'UNKNOWN' || c === 'FAILED') tally.stuck += 1;
+    else if (b.status === 'FAILED') tally.failed += 1;
+    else if (['RUNNING', 'RETRYING', 'WAITING'].includes(b.status) || ['RUNNING', 'RETRYING'].includes(c)) tally.running += 1;
+  }
+  return tally;
+}
+
+function laneTrack(axis, lane, laneAttempts, saga, view, select, withDate) {
   const track = el('div', { class: 'tl-track', role: 'cell' });
   const rec = lane.rec;
   // Waits drawn as bars: sleeps, signal waits, child sagas, and a group's whole run.
   if (['sleep', 'signal', 'child', 'parallel'].includes(lane.kind) && rec.started_at) {
     const from = ms(rec.started_at);
-    const to = rec.ended_at ? ms(rec.ended_at) : FINAL.has(saga.status) ? ms(saga.updated_at) : axis.now;
+    const to = rec.ended_at ? ms(rec.ended_at) : axis.until;
     const label = lane.kind === 'sleep' ? 'sleeping'
       : lane.kind === 'signal' ? `waiting for ${rec.waiting_for || 'a signal'}`
         : lane.kind === 'child' ? 'child saga' : `${(rec.branches || []).length} branches`;
@@ -594,60 +767,81 @@ function laneTrack(axis, lane, laneAttempts, saga, view, select) {
       class: `bar ${lane.kind === 'child' ? 'childbar' : 'waitbar'}`,
       style: `left:${pct(axis, from)};width:${widthPct(axis, from, to)}`,
       title: `${lane.key}: ${label}, ${fmtDur(to - from)}`,
-      'aria-label': `${lane.key}: ${label}, ${fmtDur(to - from)}`,
+      'aria-label': `${lane.key}: ${label}${rec.ended_at || !axis.live ? `, ${fmtDur(to - from)}` : ''}`,
     };
     track.append(lane.kind === 'child' && rec.child_id
-      ? el('a', { ...attrs, href: `#/sagas/${rec.child_id}` }, 'child')
+      ? el('a', { ...attrs, href: `#/sagas/${rec.child_id}`, dataset: { focus: `child bar ${lane.key}` } }, 'child')
       : el('span', { ...attrs, role: 'img' }, lane.kind === 'parallel' ? '' : label));
     if (rec.compensation && rec.compensation.started_at && lane.kind !== 'parallel') {
       const cf = ms(rec.compensation.started_at);
-      const ct = rec.compensation.ended_at ? ms(rec.compensation.ended_at) : axis.now;
+      const ct = rec.compensation.ended_at ? ms(rec.compensation.ended_at) : axis.until;
+      const cs = rec.compensation.status;
+      const cls = cs === 'FAILED' ? 'failed' : cs === 'UNKNOWN' ? 'unknown' : cs === 'RUNNING' && axis.live ? 'running' : 'ok';
       track.append(el('span', {
-        class: 'bar compensation', role: 'img', style: `left:${pct(axis, cf)};width:${widthPct(axis, cf, ct)}`,
-        'aria-label': `${lane.key}: undoing, ${rec.compensation.status}`, title: `${lane.key}: undoing`,
+        class: `bar compensation ${cls}`, role: 'img', style: `left:${pct(axis, cf)};width:${widthPct(axis, cf, ct)}`,
+        'aria-label': `${lane.key}: undoing, ${cs}`, title: `${lane.key}: undoing, ${cs}`,
       }));
     }
   }
-  // Deadlines: a sleep's wake time, a signal's timeout, a retry's next attempt.
+  if (lane.kind === 'parallel' && isFolded(view, rec)) {
+    // Folded, the group still says on its lane what needs looking at.
+    const tally = branchTally(rec.branches || []);
+    const parts = [
+      tally.failed ? el('span', { class: 'badge mini s-FAILED' }, `✕ ${tally.failed} failed`) : null,
+      tally.stuck ? el('span', { class: 'badge mini s-UNKNOWN' }, `? ${tally.stuck} stuck`) : null,
+      tally.running ? el('span', { class: 'badge mini s-RUNNING' }, `▶ ${tally.running} running`) : null,
+    ].filter(Boolean);
+    if (parts.length) track.append(el('span', { class: 'group-sum' }, parts));
+  }
+  // Deadlines: a sleep's wake time, a signal's timeout, a retry's next attempt. Those in the
+  // range are drawn in place, each label a line below the one before; the others are listed
+  // at the lane's right edge.
+  const beyond = [];
+  let placed = 0;
   const deadline = (t, text) => {
+    const day = withDate || dayOf(t) !== dayOf(axis.t0);
     if (t <= axis.t1) {
-      track.append(el('div', { class: 'deadline', style: `left:${pct(axis, t)}`, title: `${text} ${new Date(t).toISOString()}` },
-        el('span', {}, `${text} ${timeOnly.format(new Date(t))}`)));
+      const flip = (t - axis.t0) / axis.span > 0.7; // the label goes left of the line near the end
+      track.append(el('div', { class: `deadline${flip ? ' flip' : ''}`, style: `left:${pct(axis, t)}`, title: `${text} ${new Date(t).toISOString()}` },
+        el('span', { style: `top:${(placed * 0.8 - 0.1).toFixed(1)}rem` }, `${text} ${clockText(t, day)}`)));
+      placed += 1;
     } else {
-      track.append(el('span', { class: 'beyond', title: new Date(t).toISOString() }, `${text} ${localFormat.format(new Date(t))} →`));
+      beyond.push(el('span', { title: new Date(t).toISOString() }, `${text} ${localFormat.format(new Date(t))} →`));
     }
   };
-  if (rec.status === 'WAITING' && rec.wake_at) deadline(ms(rec.wake_at), 'wakes');
-  if (rec.status === 'WAITING' && rec.timeout_at) deadline(ms(rec.timeout_at), 'times out');
+  if (axis.live && rec.status === 'WAITING' && rec.wake_at) deadline(ms(rec.wake_at), 'wakes');
+  if (axis.live && rec.status === 'WAITING' && rec.timeout_at) deadline(ms(rec.timeout_at), 'times out');
   // Retry waits: from one attempt's end to the next one's start, or to the next run.
   const byPhase = { action: [], compensation: [] };
   for (const a of laneAttempts) byPhase[a.phase].push(a);
   for (const [phase, list] of Object.entries(byPhase)) {
     list.sort((x, y) => x.attempt - y.attempt);
+    const what = phase === 'compensation' ? 'undo retry wait' : 'retry wait';
     for (let i = 1; i < list.length; i++) {
       const from = ms(list[i - 1].ended_at);
       const to = ms(list[i].started_at);
       if (from && to > from) {
         track.append(el('div', {
-          class: 'retrywait', style: `left:${pct(axis, from)};width:${widthPct(axis, from, to)}`,
-          title: `retry wait ${fmtDur(to - from)}`,
+          class: `retrywait ${phase}`, style: `left:${pct(axis, from)};width:${widthPct(axis, from, to)}`,
+          title: `${what} ${fmtDur(to - from)}`,
         }));
       }
     }
     const last = list[list.length - 1];
     const phaseRec = phase === 'action' ? rec : rec.compensation;
-    if (last && last.ended_at && phaseRec && phaseRec.status === 'RETRYING' && !FINAL.has(saga.status)) {
+    if (last && last.ended_at && phaseRec && phaseRec.status === 'RETRYING' && axis.live) {
       const next = ms(rec.wake_at) || ms(saga.next_run_at);
       if (next && next > ms(last.ended_at)) {
         const to = Math.min(next, axis.t1);
         track.append(el('div', {
-          class: 'retrywait', style: `left:${pct(axis, ms(last.ended_at))};width:${widthPct(axis, ms(last.ended_at), to)}`,
-          title: `next attempt at ${new Date(next).toISOString()}`,
+          class: `retrywait ${phase}`, style: `left:${pct(axis, ms(last.ended_at))};width:${widthPct(axis, ms(last.ended_at), to)}`,
+          title: `${phase === 'compensation' ? 'next undo attempt' : 'next attempt'} at ${new Date(next).toISOString()}`,
         }));
-        deadline(next, 'retries');
+        deadline(next, phase === 'compensation' ? 'undo retries' : 'retries');
       }
     }
   }
+  if (beyond.length) track.append(el('div', { class: 'beyond' }, beyond));
   for (const a of laneAttempts) track.append(attemptBar(axis, lane, a, view, select));
   if (!laneAttempts.length && !rec.started_at) {
     track.append(el('span', { class: 'lane-note' }, rec.status === 'SKIPPED' ? 'skipped: its condition was false' : 'not started'));
@@ -658,18 +852,19 @@ function laneTrack(axis, lane, laneAttempts, saga, view, select) {
 function laneLabel(lane, laneAttempts, view, onToggle, onLane) {
   const rec = lane.rec;
   const comp = rec.compensation && !['NONE', 'PENDING'].includes(rec.compensation.status)
-    ? badge(rec.compensation.status, '↩ ') : null;
+    ? el('span', { class: `badge s-${rec.compensation.status}`, title: `undo: ${rec.compensation.status}` }, `↩ ${rec.compensation.status}`) : null;
   let toggle = null;
   if (lane.kind === 'parallel') {
     const branches = rec.branches || [];
-    const collapsed = view.collapsed.has(lane.key);
+    const folded = isFolded(view, rec);
     const tally = {};
     for (const b of branches) tally[b.status] = (tally[b.status] || 0) + 1;
     const summary = Object.entries(tally).map(([s, n]) => `${n} ${s.toLowerCase()}`).join(', ');
     toggle = el('button', {
-      type: 'button', class: 'toggle', 'aria-expanded': collapsed ? 'false' : 'true', dataset: { focus: `toggle ${lane.key}` },
-      title: summary, onclick: () => onToggle(lane.key),
-    }, `${collapsed ? '▸' : '▾'} ${branches.length}`);
+      type: 'button', class: 'toggle', 'aria-expanded': folded ? 'false' : 'true', dataset: { focus: `toggle ${lane.key}` },
+      title: summary, 'aria-label': `${folded ? 'Show' : 'Hide'} the ${branches.length} branches of ${lane.key}${summary ? ` (${summary})` : ''}`,
+      onclick: () => onToggle(lane.key, !folded),
+    }, `${folded ? '▸' : '▾'} ${branches.length}`);
   }
   const retried = ['action', 'compensation'].some((p) => laneAttempts.filter((a) => a.phase === p).length > 1);
   const count = retried ? el('span', { class: 'count-chip', title: `${laneAttempts.length} attempts` }, `${laneAttempts.length}×`) : null;
@@ -691,76 +886,66 @@ function laneLabel(lane, laneAttempts, view, onToggle, onLane) {
     el('div', { class: 'line small' }, kind, badge(rec.status), comp));
 }
 
-function renderTimeline(box, saga, attempts, events, now) {
+function timelineOf(page, now, withDate) {
+  const { saga, attempts } = page;
   const view = viewOf(saga.id);
   const lanes = stepsOf(saga);
-  if (view.collapsed === null) {
-    view.collapsed = new Set(lanes.filter((l) => l.kind === 'parallel' && (l.rec.branches || []).length > EXPAND_BRANCHES_UP_TO).map((l) => l.key));
-  }
   const axis = axisOf(saga, attempts, now);
   const byLane = {};
   for (const a of attempts) (byLane[a.step] || (byLane[a.step] = [])).push(a);
-  const oldScroll = box.querySelector('.tl-scroll');
-  const scroll = oldScroll ? { left: oldScroll.scrollLeft, top: oldScroll.scrollTop } : null;
-  const rerender = () => renderTimeline(box, saga, attempts, events, now);
+  const rerender = () => drawSaga(page, { timeline: true });
   const select = (key) => { view.selected = key; view.lane = null; rerender(); };
-  const onToggle = (key) => {
-    if (view.collapsed.has(key)) view.collapsed.delete(key); else view.collapsed.add(key);
-    rerender();
-  };
+  const onToggle = (key, fold) => { view.folded.set(key, fold); rerender(); };
   const onLane = (key) => { view.lane = key; view.selected = null; rerender(); };
-  const rows = [el('div', { class: 'tl-row tl-axis', role: 'row' },
+  const rows = [el('div', { class: 'tl-row tl-axis', role: 'row', dataset: { key: ' axis' } },
     el('div', { class: 'tl-label', role: 'columnheader' }, 'Stage'),
-    el('div', { class: 'tl-track', role: 'cell' }, ticks(axis, view.zoom)))];
+    el('div', { class: 'tl-track', role: 'cell' }, ticks(axis, view.zoom, withDate)))];
   for (const lane of lanes) {
-    if (lane.depth && view.collapsed.has(lane.stage.name)) continue;
+    if (lane.depth && isFolded(view, lane.stage)) continue;
     const laneAttempts = byLane[lane.key] || [];
-    rows.push(el('div', { class: `tl-row${lane.depth ? ' branch' : ''}`, role: 'row', dataset: { lane: lane.key, status: lane.rec.status } },
+    rows.push(el('div', { class: `tl-row${lane.depth ? ' branch' : ''}`, role: 'row', dataset: { lane: lane.key, status: lane.rec.status, key: `lane ${lane.key}` } },
       laneLabel(lane, laneAttempts, view, onToggle, onLane),
-      laneTrack(axis, lane, laneAttempts, saga, view, select)));
+      laneTrack(axis, lane, laneAttempts, saga, view, select, withDate)));
   }
   const grid = el('div', { class: 'tl-grid', role: 'table', 'aria-label': 'Timeline: one lane per stage and branch, one bar per attempt', style: `--zoom:${view.zoom}` }, rows);
-  if (!FINAL.has(saga.status)) grid.append(el('div', { class: 'nowline', style: `left:calc(var(--label-w) + (100% - var(--label-w)) * ${((now - axis.t0) / axis.span).toFixed(4)})`, title: 'now' }));
+  if (axis.live) grid.append(el('div', { class: 'nowline', dataset: { key: ' now' }, style: `left:calc(var(--label-w) + (100% - var(--label-w)) * ${((now - axis.t0) / axis.span).toFixed(4)})`, title: 'now' }));
   const zoomTo = (z) => { view.zoom = z; rerender(); };
   const zi = ZOOMS.indexOf(view.zoom);
+  const sample = (cls, mark) => el('span', { class: cls }, mark ? el('span', { class: 'mark' }, mark) : null);
   const toolbar = el('div', { class: 'tl-toolbar' },
     el('div', { role: 'group', 'aria-label': 'Zoom' },
       el('button', { type: 'button', 'aria-label': 'Zoom out', dataset: { focus: 'zoom out' }, disabled: zi <= 0, onclick: () => zoomTo(ZOOMS[zi - 1]) }, '−'), ' ',
       el('button', { type: 'button', dataset: { focus: 'zoom fit' }, onclick: () => zoomTo(1) }, `Fit (${view.zoom}×)`), ' ',
       el('button', { type: 'button', 'aria-label': 'Zoom in', dataset: { focus: 'zoom in' }, disabled: zi >= ZOOMS.length - 1, onclick: () => zoomTo(ZOOMS[zi + 1]) }, '+')),
     el('ul', { class: 'legend', 'aria-label': 'Legend' },
-      el('li', {}, el('span', { class: 'bar action' }), 'action'),
-      el('li', {}, el('span', { class: 'bar compensation' }), 'compensation'),
-      el('li', {}, el('span', { class: 'bar action failed' }, '✕'), 'failed'),
-      el('li', {}, el('span', { class: 'bar action unknown' }, '?'), 'outcome unknown'),
+      el('li', {}, sample('bar action ok'), 'action'),
+      el('li', {}, sample('bar compensation ok', '↩'), 'compensation'),
+      el('li', {}, sample('bar action failed', '✕'), sample('bar compensation failed', '↩✕'), 'failed'),
+      el('li', {}, sample('bar action unknown', '?'), sample('bar compensation unknown', '↩?'), 'outcome unknown'),
       el('li', {}, el('span', { class: 'bar waitbar' }), 'sleep or wait'),
-      el('li', {}, el('span', { class: 'retrywait', style: 'position:static;display:inline-block;width:1.6rem' }), 'retry wait'),
+      el('li', {}, el('span', { class: 'retrywait action', style: 'position:static;display:inline-block;width:1.6rem' }),
+        el('span', { class: 'retrywait compensation', style: 'position:static;display:inline-block;width:1.6rem' }), 'retry wait'),
       el('li', {}, el('span', { class: 'deadline', style: 'position:static;display:inline-block;height:.9rem' }), 'deadline')));
-  let details = el('div', { class: 'details', 'aria-live': 'polite', id: 'attempt-details' });
-  fillDetails(details, view, attempts, saga);
-  // The same details are left as they are, so that a live region does not speak again.
-  const shown = box.querySelector('#attempt-details');
-  if (shown && shown.textContent === details.textContent) details = shown;
-  const scrollBox = el('div', { class: 'tl-scroll', tabindex: 0, role: 'region', 'aria-label': 'Timeline, scrollable' }, grid);
-  fill(box, el('h2', { id: 't-title' }, 'Timeline'), toolbar, scrollBox, details);
-  if (scroll) {
-    scrollBox.scrollLeft = scroll.left;
-    scrollBox.scrollTop = scroll.top;
-  }
+  const details = el('div', { class: 'details', 'aria-live': 'polite', id: 'attempt-details' });
+  fillDetails(details, view, attempts, axis, withDate);
+  const scrollBox = el('div', { class: 'tl-scroll', tabindex: 0, role: 'region', 'aria-label': 'Timeline, scrollable', dataset: { focus: 'timeline' } }, grid);
+  return [el('h2', { id: 't-title' }, 'Timeline'), toolbar, scrollBox, details];
 }
 
-function fillDetails(box, view, attempts, saga) {
+function fillDetails(box, view, attempts, axis, withDate) {
+  // A running call's length is not counted here: the details are a live region, which would
+  // be read out again at every poll.
+  const took = (a) => (a.ended_at || !axis.live ? fmtDur((a.ended_at ? ms(a.ended_at) : axis.until) - ms(a.started_at)) : 'still running');
   if (view.selected) {
     const a = attempts.find((x) => `${x.step}|${x.phase}|${x.attempt}` === view.selected);
     if (a) {
-      const end = a.ended_at ? ms(a.ended_at) : Date.now();
       box.append(el('h3', { style: 'margin:.1rem 0 .4rem;font-size:1rem' }, `${a.step}: ${a.phase} attempt ${a.attempt}`),
         el('dl', {},
-          el('dt', {}, 'Outcome'), el('dd', {}, a.outcome || 'running (no result recorded yet)'),
+          el('dt', {}, 'Outcome'), el('dd', {}, a.outcome || (axis.live ? 'running (no result recorded yet)' : 'no result recorded')),
           el('dt', {}, 'Error'), el('dd', {}, a.error || '—'),
           el('dt', {}, 'Started'), el('dd', {}, timeEl(a.started_at)),
           el('dt', {}, 'Ended'), el('dd', {}, timeEl(a.ended_at)),
-          el('dt', {}, 'Duration'), el('dd', {}, fmtDur(end - ms(a.started_at))),
+          el('dt', {}, 'Duration'), el('dd', {}, took(a)),
           el('dt', {}, 'Worker'), el('dd', { class: 'mono' }, `${a.worker} (lease epoch ${a.lease_epoch})`)));
       return;
     }
@@ -768,12 +953,15 @@ function fillDetails(box, view, attempts, saga) {
   if (view.lane) {
     const list = attempts.filter((a) => a.step === view.lane);
     box.append(el('h3', { style: 'margin:.1rem 0 .4rem;font-size:1rem' }, `${view.lane}: ${list.length} attempt${list.length === 1 ? '' : 's'}`),
-      list.length ? el('div', { class: 'table-wrap', style: 'max-height:20rem;overflow:auto', tabindex: 0, role: 'region', 'aria-label': `Attempts of ${view.lane}` }, el('table', {},
+      list.length ? el('div', {
+        class: 'table-wrap', style: 'max-height:20rem;overflow:auto', tabindex: 0, role: 'region',
+        'aria-label': `Attempts of ${view.lane}`, dataset: { focus: `attempts ${view.lane}` },
+      }, el('table', {},
         el('thead', {}, el('tr', {}, ['Phase', '#', 'Outcome', 'Started', 'Took', 'Worker', 'Error'].map((h) => el('th', { scope: 'col' }, h)))),
-        el('tbody', {}, list.map((a) => el('tr', {},
-          el('td', {}, a.phase), el('td', {}, a.attempt), el('td', {}, a.outcome || 'running'),
-          el('td', {}, timeEl(a.started_at, true)),
-          el('td', {}, fmtDur((a.ended_at ? ms(a.ended_at) : Date.now()) - ms(a.started_at))),
+        el('tbody', {}, list.map((a) => el('tr', { dataset: { key: `${a.phase}|${a.attempt}` } },
+          el('td', {}, a.phase), el('td', {}, a.attempt), el('td', {}, a.outcome || (axis.live ? 'running' : 'no result')),
+          el('td', { class: 'nowrap' }, timeEl(a.started_at, true, withDate)),
+          el('td', {}, took(a)),
           el('td', { class: 'mono' }, a.worker), el('td', { class: 'err', title: a.error || '' }, a.error || '')))))) : el('p', { class: 'muted' }, 'No call made.'));
     return;
   }
@@ -784,7 +972,7 @@ function fillDetails(box, view, attempts, saga) {
 // ---- the panels beside the timeline -------------------------------------------------------
 
 function stageRow(r, kind, indent) {
-  return el('tr', {},
+  return el('tr', { dataset: { key: r.name } },
     el('td', { style: indent ? 'padding-left:1.5rem' : '' }, indent ? r.name.split('/').slice(1).join('/') : r.name),
     el('td', {}, kind), el('td', {}, badge(r.status)), el('td', {}, r.attempts),
     el('td', { class: 'err', title: r.last_error || '' }, r.last_error || ''),
@@ -792,7 +980,8 @@ function stageRow(r, kind, indent) {
     el('td', { class: 'err', title: r.compensation.last_error || '' }, r.compensation.last_error || ''));
 }
 
-function stagesTable(saga, view) {
+function stagesTable(page, view) {
+  const { saga } = page;
   const rows = [];
   for (const stage of saga.stages) {
     rows.push(stageRow(stage, stage.kind === 'step' ? stage.step_kind : stage.kind, false));
@@ -803,50 +992,52 @@ function stagesTable(saga, view) {
       for (const b of branches) rows.push(stageRow(b, 'branch', true));
     }
     if (branches.length > 8) {
-      rows.push(el('tr', {}, el('td', { colspan: 8 }, el('button', {
-        type: 'button', 'aria-expanded': open ? 'true' : 'false',
-        onclick: (ev) => {
+      rows.push(el('tr', { dataset: { key: ` toggle ${stage.name}` } }, el('td', { colspan: 8 }, el('button', {
+        type: 'button', 'aria-expanded': open ? 'true' : 'false', dataset: { focus: `stages ${stage.name}` },
+        onclick: () => {
           if (open) view.tableOpen.delete(stage.name); else view.tableOpen.add(stage.name);
-          const table = ev.target.closest('section');
-          table.replaceWith(stagesTable(saga, view));
+          drawSaga(page, { panels: true });
         },
       }, open ? `Hide the ${branches.length} branches of ${stage.name}` : `Show the ${branches.length} branches of ${stage.name}`))));
     }
   }
-  return el('section', { class: 'wide' }, el('h2', {}, 'Stages'),
+  return el('section', { class: 'wide', dataset: { key: 'stages' } }, el('h2', {}, 'Stages'),
     el('div', { class: 'table-wrap' }, el('table', {},
       el('thead', {}, el('tr', {}, ['Stage', 'Kind', 'Status', 'Attempts', 'Last error', 'Undo', 'Undo attempts', 'Undo error'].map((h) => el('th', { scope: 'col' }, h)))),
       el('tbody', {}, rows))));
 }
 
-function renderPanels(box, saga, events, deliveries) {
+function panelsOf(page, withDate) {
+  const { saga, events, deliveries } = page;
   const view = viewOf(saga.id);
   const outputs = {};
   for (const s of saga.stages) if (s.output !== null && s.output !== undefined) outputs[s.name] = s.output;
-  fill(box,
-    stagesTable(saga, view),
-    el('section', {}, el('h2', {}, 'Input'), pretty(saga.input)),
-    el('section', {}, el('h2', {}, saga.status === 'COMPLETED' ? 'Output' : 'Outputs so far'),
-      Object.keys(outputs).length ? pretty(saga.output || outputs) : el('p', { class: 'muted' }, 'None yet.')),
-    el('section', { class: 'wide' }, el('h2', {}, `Events (${events.length})`),
-      el('div', { class: 'table-wrap', style: 'max-height:24rem;overflow:auto', tabindex: 0, role: 'region', 'aria-label': 'Events' }, el('table', {},
+  return [
+    stagesTable(page, view),
+    el('section', { dataset: { key: 'input' } }, el('h2', {}, 'Input'), pretty(saga.input, 'Input')),
+    el('section', { dataset: { key: 'output' } }, el('h2', {}, saga.status === 'COMPLETED' ? 'Output' : 'Outputs so far'),
+      Object.keys(outputs).length ? pretty(saga.output || outputs, 'Outputs') : el('p', { class: 'muted' }, 'None yet.')),
+    el('section', { class: 'wide', dataset: { key: 'events' } }, el('h2', {}, `Events (${events.length})`),
+      el('div', { class: 'table-wrap', style: 'max-height:24rem;overflow:auto', tabindex: 0, role: 'region', 'aria-label': 'Events', dataset: { focus: 'events' } }, el('table', {},
         el('thead', {}, el('tr', {}, ['#', 'Time', 'Type', 'Step', 'Details'].map((h) => el('th', { scope: 'col' }, h)))),
-        el('tbody', {}, events.map((e) => el('tr', {},
-          el('td', {}, e.seq), el('td', {}, timeEl(e.at, true)), el('td', {}, e.type), el('td', {}, e.step || ''),
+        el('tbody', {}, events.map((e) => el('tr', { dataset: { key: String(e.seq) } },
+          el('td', {}, e.seq), el('td', { class: 'nowrap' }, timeEl(e.at, true, withDate)), el('td', {}, e.type), el('td', {}, e.step || ''),
           el('td', { class: 'mono', style: 'overflow-wrap:anywhere' }, e.data && Object.keys(e.data).length ? JSON.stringify(e.data) : ''))))))),
-    el('section', { class: 'wide' }, el('h2', {}, `Webhook deliveries (${deliveries.length})`),
-      deliveries.length ? el('div', { class: 'table-wrap', style: 'max-height:24rem;overflow:auto', tabindex: 0, role: 'region', 'aria-label': 'Webhook deliveries' }, el('table', {},
+    el('section', { class: 'wide', dataset: { key: 'deliveries' } }, el('h2', {}, `Webhook deliveries (${deliveries.length})`),
+      deliveries.length ? el('div', { class: 'table-wrap', style: 'max-height:24rem;overflow:auto', tabindex: 0, role: 'region', 'aria-label': 'Webhook deliveries', dataset: { focus: 'deliveries' } }, el('table', {},
         el('thead', {}, el('tr', {}, ['Event', 'Target', 'State', 'Attempts', 'Last answer'].map((h) => el('th', { scope: 'col' }, h)))),
-        el('tbody', {}, deliveries.map((d) => el('tr', {},
+        el('tbody', {}, deliveries.map((d) => el('tr', { dataset: { key: `${d.event_id}|${d.target}` } },
           el('td', {}, `${d.type} #${d.event_id}`), el('td', { class: 'mono', style: 'overflow-wrap:anywhere' }, d.target),
-          el('td', {}, d.state, d.state === 'pending' && d.next_attempt_at ? el('span', { class: 'muted' }, ' next ', timeEl(d.next_attempt_at, true)) : null),
+          el('td', {}, d.state, d.state === 'pending' && d.next_attempt_at ? el('span', { class: 'muted' }, ' next ', timeEl(d.next_attempt_at, true, withDate)) : null),
           el('td', {}, d.attempts),
           el('td', { class: 'err', title: d.last_error || '' }, d.last_error || (d.last_status ? `HTTP ${d.last_status}` : '')))))))
-        : el('p', { class: 'muted' }, 'No webhook target for this saga.')));
+        : el('p', { class: 'muted' }, 'No webhook target for this saga.')),
+  ];
 }
 
 // ---- operator actions ---------------------------------------------------------------------
 
+/** A confirmation dialog; `run` gets the form's values and returns a message, or throws. */
 /** A confirmation dialog; `run` gets the form's values and returns a message, or throws. */
 function confirmDialog({ title, text, fields = [], submit, danger = false, run }) {
   const error = el('p', { class: 'error-text', role: 'alert', hidden: true });
@@ -887,29 +1078,44 @@ function confirmDialog({ title, text, fields = [], submit, danger = false, run }
   (first || submitButton).focus();
 }
 
+
 function reasonField() {
   return field('dlg-reason', 'Reason (kept in the saga\'s events, with your token\'s name)',
     el('textarea', { id: 'dlg-reason', name: 'reason', required: true, rows: 3 }));
 }
 
+/**
+ * Whether a step's compensation still has to run, as the server decides it (needs_compensation
+ * in the model): a compensatable step whose action succeeded or may have had an effect, or a
+ * child stage that may have started its child, not yet undone or marked.
+ */
+function needsCompensation(step) {
+  let started;
+  if (step.kind === 'compensatable') started = step.outcome_unknown;
+  else if (step.kind === 'child') started = step.status === 'WAITING';
+  else return false;
+  return (step.status === 'SUCCEEDED' || (started && step.status !== 'PENDING'))
+    && !['SUCCEEDED', 'MANUAL'].includes(step.compensation.status);
+}
+
+/** A compensation a person should look at: failing, unknown, or running while the saga waits for one. */
+function compensationStuck(step, saga) {
+  const c = step.compensation.status;
+  return ['FAILED', 'RETRYING', 'UNKNOWN'].includes(c) || (c === 'RUNNING' && saga.needs_attention);
+}
+
 function actionBar(saga) {
-  const bar = el('div', { class: 'actionbar', role: 'group', 'aria-label': 'Operator actions' });
-  const ended = FINAL.has(saga.status);
+  const bar = el('div', { class: 'actionbar', role: 'group', 'aria-label': 'Operator actions', dataset: { key: 'actions' } });
+  const stopped = STOPPED.has(saga.status);
   const id = saga.id;
-  const compensationsStuck = [];
   const retrying = [];
   for (const stage of saga.stages) {
     for (const r of [stage, ...(stage.branches || [])]) {
-      // A compensation that failed or keeps failing, or one running while the saga waits
-      // for a person (a call that hangs).
-      const comp = r.compensation.status;
-      if (['FAILED', 'RETRYING', 'UNKNOWN'].includes(comp) || (comp === 'RUNNING' && saga.needs_attention)) {
-        compensationsStuck.push(r.name);
-      }
       if (r.status === 'RETRYING' || r.compensation.status === 'RETRYING') retrying.push(r.name);
     }
   }
-  if (can('start') && !ended && !saga.pivot_reached && !['COMPENSATING', 'FAILED'].includes(saga.status)) {
+  // Offered only where the server accepts them (store/rules.rs), so that no button leads to a refusal.
+  if (can('start') && !stopped && !saga.pivot_reached && saga.status !== 'COMPENSATING') {
     bar.append(el('button', {
       type: 'button', class: 'danger', onclick: () => confirmDialog({
         title: 'Cancel this saga?',
@@ -919,7 +1125,7 @@ function actionBar(saga) {
       }),
     }, 'Cancel…'));
   }
-  if (can('start') && !ended && !['FAILED', 'COMPENSATING'].includes(saga.status)) {
+  if (can('start') && !stopped && saga.status !== 'COMPENSATING') {
     const waiting = saga.stages.filter((s) => s.status === 'WAITING' && s.waiting_for).map((s) => s.waiting_for);
     bar.append(el('button', {
       type: 'button', onclick: () => confirmDialog({
@@ -943,7 +1149,7 @@ function actionBar(saga) {
       }),
     }, 'Send signal…'));
   }
-  if (can('operate') && (saga.status === 'FAILED' || (retrying.length && !ended))) {
+  if (can('operate') && (saga.status === 'FAILED' || (retrying.length && !stopped))) {
     bar.append(el('button', {
       type: 'button', onclick: () => confirmDialog({
         title: 'Retry now?',
@@ -954,7 +1160,7 @@ function actionBar(saga) {
       }),
     }, 'Retry…'));
   }
-  if (can('operate') && !ended) {
+  if (can('operate') && !FINISHED.has(saga.status)) {
     bar.append(el('button', {
       type: 'button', class: 'danger', onclick: () => confirmDialog({
         title: 'Abort this saga?',
@@ -964,13 +1170,18 @@ function actionBar(saga) {
       }),
     }, 'Abort…'));
   }
-  if (can('operate') && ['COMPENSATING', 'FAILED'].includes(saga.status) && compensationsStuck.length) {
+  // Only while compensating, for the steps whose compensation is still to be done; the
+  // stuck ones first.
+  const markable = saga.status === 'COMPENSATING' ? saga.steps.filter(needsCompensation) : [];
+  markable.sort((a, b) => Number(compensationStuck(b, saga)) - Number(compensationStuck(a, saga)));
+  if (can('operate') && markable.length) {
     bar.append(el('button', {
       type: 'button', onclick: () => confirmDialog({
         title: 'Mark a compensation as done by hand',
         text: 'Only when you have undone the step yourself: the saga then goes on compensating the steps before it.',
         fields: [
-          field('dlg-step', 'Step', el('select', { id: 'dlg-step', name: 'step' }, compensationsStuck.map((s) => el('option', { value: s }, s)))),
+          field('dlg-step', 'Step', el('select', { id: 'dlg-step', name: 'step' }, markable.map((s) =>
+            el('option', { value: s.name }, `${s.name} (undo ${s.compensation.status.toLowerCase()})`)))),
           reasonField(),
         ],
         submit: 'Mark compensated',
