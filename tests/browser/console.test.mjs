@@ -286,6 +286,19 @@ test("keyboard focus stays where it was while a running saga's page updates itse
   }
 });
 
+/** Counts the DOM changes under `selector` until `stop()`; the page keeps them in `window.__changes`. */
+async function watchChanges(page, selector) {
+  await page.evaluate((sel) => {
+    window.__changes = 0;
+    const observer = new MutationObserver((list) => { window.__changes += list.length; });
+    for (const node of document.querySelectorAll(sel)) {
+      observer.observe(node, { subtree: true, childList: true, attributes: true, characterData: true });
+    }
+    window.__observer = observer;
+  }, selector);
+  return async () => page.evaluate(() => { window.__observer.disconnect(); return window.__changes; });
+}
+
 test("a FAILED saga's timeline ends at its last activity, and mark-compensated is offered only where the server takes it", async () => {
   const server = await startServer();
   try {
@@ -373,8 +386,93 @@ test('an undo whose outcome is unknown still looks like an undo, not like an act
   }
 });
 
-test("sagas started together are told apart by their short ids, and a running one's time is read on the server's clock", async () => {
+test('live updates keep focus, scroll positions and a selection, and change nothing when nothing changed', async () => {
   const server = await startServer();
+  try {
+    const items = Array.from({ length: 12 }, (_, i) => ({ sku: `s-${i}`, qty: 1 }));
+    const waiting = () => start(server, 'fulfil_order', { order_id: 'f-l', user: 'ada', amount: 10, needs_approval: true, items });
+    const isWaiting = (s) => s.stages.some((st) => st.name === 'await_approval' && st.status === 'WAITING');
+    const approve = (id) => server.api(`/v1/sagas/${id}/signals/approval`, { method: 'POST', body: { approved: true, by: 'test' } });
+    const first = await waiting();
+    const second = await waiting();
+    const done = await start(server, 'place_order', compensatedOrder);
+    await waitFor(server, first, isWaiting);
+    await waitFor(server, second, isWaiting);
+    await waitFor(server, done, (s) => s.status === 'COMPENSATED');
+
+    // An ended saga's page: nothing is drawn again while nothing changes.
+    const { page, context, errors } = await open(server, `#/sagas/${done}`);
+    await page.locator('.bar[data-lane="assign_rider"]').waitFor();
+    let stop = await watchChanges(page, 'main, #counts');
+    await page.waitForTimeout(4500);
+    assert.equal(await stop(), 0, 'an unchanged saga is not drawn again');
+
+    // A waiting saga: its panels stay as they are until it changes.
+    await page.goto(`${server.base}/ui/#/sagas/${first}`);
+    await page.locator('.tl-row[data-lane="await_approval"][data-status="WAITING"]').waitFor();
+    stop = await watchChanges(page, '.panels');
+    await page.waitForTimeout(4500);
+    assert.equal(await stop(), 0, 'events and stages are not drawn again');
+
+    // Focus on a bar, the events scrolled: the saga goes on, and both stay as they were.
+    const events = page.getByRole('region', { name: 'Events' });
+    await events.evaluate((n) => { n.scrollTop = 60; window.__events = n; });
+    const bar = page.locator('.bar[data-lane="charge_payment"]');
+    await bar.focus();
+    await bar.evaluate((n) => { window.__bar = n; });
+    const before = await page.locator('h2', { hasText: /^Events/ }).innerText();
+    await approve(first);
+    await page.locator('h1 .badge').filter({ hasText: 'COMPLETED' }).waitFor({ timeout: 20000 });
+    await page.waitForFunction((text) => [...document.querySelectorAll('h2')].some((h) => h.textContent.startsWith('Events') && h.textContent !== text), before);
+    assert.ok(await page.evaluate(() => document.activeElement === window.__bar), 'the same bar keeps the focus');
+    assert.ok(await page.evaluate(() => document.contains(window.__events) && window.__events.scrollTop === 60), 'the events keep their scroll position');
+
+    // Text selected in the events: they wait until it is let go.
+    await page.goto(`${server.base}/ui/#/sagas/${second}`);
+    await page.locator('.tl-row[data-lane="await_approval"][data-status="WAITING"]').waitFor();
+    const heading = page.locator('h2', { hasText: /^Events/ });
+    const count = await heading.innerText();
+    await page.evaluate(() => {
+      const cell = document.querySelector('[aria-label="Events"] tbody tr td:nth-child(3)');
+      document.getSelection().selectAllChildren(cell);
+    });
+    await approve(second);
+    await page.locator('h1 .badge').filter({ hasText: 'COMPLETED' }).waitFor({ timeout: 20000 });
+    await page.waitForTimeout(2500);
+    assert.equal(await heading.innerText(), count, 'not drawn under a selection');
+    assert.ok(await page.evaluate(() => document.getSelection().toString().length > 0), 'the selection is still there');
+    await page.evaluate(() => document.getSelection().removeAllRanges());
+    await page.waitForFunction((text) => [...document.querySelectorAll('h2')].some((h) => h.textContent.startsWith('Events') && h.textContent !== text), count, { timeout: 10000 });
+
+    // The list: a count link and a saga link keep the focus as the list changes.
+    await page.goto(`${server.base}/ui/`);
+    await page.locator('tbody tr').nth(2).waitFor();
+    stop = await watchChanges(page, 'main, #counts');
+    await page.waitForTimeout(5500);
+    assert.equal(await stop(), 0, 'an unchanged list is not drawn again');
+    const chip = page.locator('#counts a[href="#/?status=COMPLETED"]');
+    await chip.focus();
+    await chip.evaluate((n) => { window.__chip = n; });
+    const completed = await start(server, 'place_order', { order_id: 'o-n', user: 'ada', amount: 10 });
+    await waitFor(server, completed, (s) => s.status === 'COMPLETED');
+    await page.waitForFunction(() => window.__chip.textContent === 'completed 3', null, { timeout: 15000 });
+    assert.ok(await page.evaluate(() => document.activeElement === window.__chip), 'the count link keeps the focus');
+    const link = page.locator(`tbody a[href="#/sagas/${first}"]`).first();
+    await link.focus();
+    await link.evaluate((n) => { window.__link = n; });
+    const another = await start(server, 'place_order', { order_id: 'o-m', user: 'ada', amount: 10 });
+    await page.locator(`tbody a[href="#/sagas/${another}"]`).waitFor({ timeout: 15000 });
+    assert.ok(await page.evaluate(() => document.activeElement === window.__link), 'the saga link keeps the focus');
+    assert.deepEqual(errors, []);
+    await context.close();
+  } finally {
+    await server.stop();
+  }
+});
+
+test("sagas started together are told apart by their short ids, a running one's time is read on the server's clock, and a failed refresh says so", async () => {
+  const server = await startServer();
+  let stopped = false;
   try {
     const input = { order_id: 'o-t', user: 'ada', amount: 10, needs_approval: true, items: [{ sku: 'a', qty: 1 }] };
     const ids = [await start(server, 'fulfil_order', input), await start(server, 'fulfil_order', input)];
@@ -396,9 +494,16 @@ test("sagas started together are told apart by their short ids, and a running on
     await page.waitForTimeout(2500);
     const lived = await page.locator('.meta div', { hasText: 'Running for' }).locator('dd').innerText();
     assert.match(lived, /^\d+(\.\d+)? (ms|s)$/, `running for ${lived}, not an hour`);
+
+    await server.stop();
+    stopped = true;
+    const notice = page.getByRole('status').filter({ hasText: 'Could not refresh' });
+    await notice.waitFor({ timeout: 10000 });
+    assert.match(await notice.innerText(), /showing the data from/);
+    await page.locator('.tl-row[data-lane="await_approval"]').waitFor(); // still shown
     assert.deepEqual(errors, []);
     await context.close();
   } finally {
-    await server.stop();
+    if (!stopped) await server.stop();
   }
 });

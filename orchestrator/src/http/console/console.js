@@ -2,10 +2,12 @@
 // through the same HTTP API as any client, with the user's token (kept for this tab only, in
 // sessionStorage, and sent as a bearer header: never in a URL or a cookie).
 //
-// Live updates are a cheap poll: a running saga's page reads the saga, its attempts, events
-// and deliveries every 2 seconds, the list its page and the (server-cached) counts every 5;
-// nothing is polled while the tab is hidden or once a saga has ended.
-
+// Live updates are a cheap poll: a saga's page reads the saga every 2 seconds and its attempts,
+// events and deliveries only when it changed; the list reads its page and the (server-cached)
+// counts every 5. Nothing is polled while the tab is hidden or once a saga is finished. What
+// did not change is not drawn again, and what is drawn again is patched in place (the same
+// nodes stay), so that the keyboard's focus, scroll positions and a screen reader's place
+// survive an update.
 
 const TOKEN_KEY = 'saga-console-token';
 // Nothing drives these on their own (the server's SagaStatus::is_terminal): their time axis
@@ -28,18 +30,22 @@ const state = {
   generation: 0, // bumped at every navigation: pollers of an older page stop
   listCursors: {}, // per filter: the cursors of the pages before the current one
   view: {}, // per saga: zoom, folded groups, selected bar
+  counts: null, // the counts last drawn, to draw them only when they change
 };
 
 // ---- small helpers ------------------------------------------------------------------------
 
-/** Builds an element: `el('a', {href: '#'}, 'text', child)`. Text is always text, never HTML. */
+/**
+ * Builds an element: `el('a', {href: '#'}, 'text', child)`. Text is always text, never HTML.
+ * Handlers are set as properties (`onclick`), so that a patch can hand them on (see morph).
+ */
 function el(tag, props = {}, ...children) {
   const node = document.createElement(tag);
   for (const [k, v] of Object.entries(props || {})) {
     if (v === undefined || v === null || v === false) continue;
     if (k === 'class') node.className = v;
     else if (k === 'style') node.style.cssText = v; // through the CSSOM: allowed by the CSP
-    else if (k.startsWith('on')) node.addEventListener(k.slice(2), v);
+    else if (k.startsWith('on')) node[k] = v;
     else if (k === 'dataset') Object.assign(node.dataset, v);
     else if (v === true) node.setAttribute(k, '');
     else node.setAttribute(k, String(v));
@@ -51,7 +57,6 @@ function el(tag, props = {}, ...children) {
   return node;
 }
 
-
 class ApiError extends Error {
   constructor(status, code, message) {
     super(message);
@@ -59,8 +64,12 @@ class ApiError extends Error {
     this.code = code;
   }
   describe() {
-    return `${this.status}${this.code ? ' ' + this.code : ''}: ${this.message}`;
+    return `${this.status ? this.status : ''}${this.code ? ' ' + this.code : ''}: ${this.message}`.trim();
   }
+}
+
+function describe(e) {
+  return e instanceof ApiError ? e.describe() : e.message;
 }
 
 async function api(path, { method = 'GET', body } = {}) {
@@ -233,57 +242,157 @@ function main() {
   return document.getElementById('main');
 }
 
-// ---- drawing again ------------------------------------------------------------------------
+// ---- drawing again without losing one's place -----------------------------------------------
 
-/**
- * Draws `children` into `region`. What had the keyboard's focus there is found again in what
- * is drawn anew, and the timeline keeps its scroll position.
- */
-function update(region, children) {
-  const active = document.activeElement;
-  const focused = active && region.contains(active) && active.dataset ? active.dataset.focus : undefined;
-  const oldScroll = region.querySelector('.tl-scroll');
-  const scroll = oldScroll ? { left: oldScroll.scrollLeft, top: oldScroll.scrollTop } : null;
-  fill(region, children);
-  const scrollBox = region.querySelector('.tl-scroll');
-  if (scroll && scrollBox) {
-    scrollBox.scrollLeft = scroll.left;
-    scrollBox.scrollTop = scroll.top;
+/** What pairs a node with its next version: its data-key, else its data-focus. */
+function keyOf(node) {
+  if (node.nodeType !== 1) return null;
+  return node.dataset.key ?? node.dataset.focus ?? null;
+}
+
+const HANDLERS = ['onclick', 'onchange', 'oninput', 'onsubmit', 'onkeydown'];
+
+/** Makes `old` like `fresh`, keeping every node that stands for the same thing in both. */
+function morph(old, fresh) {
+  for (const { name } of [...old.attributes]) {
+    if (!fresh.hasAttribute(name)) old.removeAttribute(name);
   }
-  if (focused) {
-    const again = [...region.querySelectorAll('[data-focus]')].find((n) => n.dataset.focus === focused);
-    if (again) again.focus({ preventScroll: true });
+  for (const { name, value } of fresh.attributes) {
+    if (name === 'style') {
+      if (old.style.cssText !== fresh.style.cssText) old.style.cssText = fresh.style.cssText; // CSSOM, as el() does
+    } else if (old.getAttribute(name) !== value) {
+      old.setAttribute(name, value);
+    }
+  }
+  for (const h of HANDLERS) if (old[h] !== fresh[h]) old[h] = fresh[h];
+  morphChildren(old, fresh);
+}
+
+function morphChildren(parent, fresh) {
+  const keyed = new Map();
+  for (const c of parent.childNodes) {
+    const k = keyOf(c);
+    if (k !== null) keyed.set(k, c);
+  }
+  let cursor = parent.firstChild;
+  for (const next of [...fresh.childNodes]) {
+    const k = keyOf(next);
+    let match = null;
+    if (k !== null) {
+      const found = keyed.get(k);
+      if (found && found.nodeName === next.nodeName) {
+        match = found;
+        keyed.delete(k);
+      }
+    } else if (cursor && keyOf(cursor) === null && cursor.nodeName === next.nodeName) {
+      match = cursor;
+    }
+    if (!match) {
+      parent.insertBefore(next, cursor);
+      continue;
+    }
+    if (match === cursor) cursor = cursor.nextSibling;
+    // moveBefore keeps a moved node's focus; insertBefore (older browsers) does not.
+    else if (parent.moveBefore) parent.moveBefore(match, cursor);
+    else parent.insertBefore(match, cursor);
+    if (match.nodeType === 1) morph(match, next);
+    else if (match.nodeValue !== next.nodeValue) match.nodeValue = next.nodeValue;
+  }
+  while (cursor) {
+    const after = cursor.nextSibling;
+    cursor.remove();
+    cursor = after;
   }
 }
 
+/** Whether the user has text selected in `region` (a redraw would take it away). */
+function selecting(region) {
+  const selection = document.getSelection();
+  if (!selection || selection.isCollapsed) return false;
+  for (let i = 0; i < selection.rangeCount; i++) {
+    if (selection.getRangeAt(i).intersectsNode(region)) return true;
+  }
+  return false;
+}
+
+/** A name for a focusable node that its next version shares. */
+function focusKey(node) {
+  if (node.dataset && node.dataset.focus) return `f ${node.dataset.focus}`;
+  if (node.id) return `#${node.id}`;
+  if (node.getAttribute('href')) return `href ${node.getAttribute('href')}`;
+  return `${node.tagName} ${node.getAttribute('aria-label') || node.textContent.trim()}`;
+}
+
+/**
+ * Draws `children` into `region` as a patch of what it shows. Not while the user selects text
+ * there (answers false: the caller tries again at its next poll) unless `force`. Focus that
+ * was in the region and lost with a node goes to the node's new version, if any.
+ */
+function update(region, children, force = false) {
+  if (!force && selecting(region)) return false;
+  const active = document.activeElement;
+  const had = active && active !== region && region.contains(active) ? focusKey(active) : null;
+  morphChildren(region, el('div', {}, children));
+  if (had && !region.contains(document.activeElement)) {
+    const again = [...region.querySelectorAll('a[href], button, input, select, textarea, [tabindex]')]
+      .find((n) => focusKey(n) === had);
+    if (again) again.focus({ preventScroll: true });
+    else if (document.activeElement === document.body) main().focus({ preventScroll: true });
+  }
+  return true;
+}
+
+// ---- polling and its problems ---------------------------------------------------------------
+
+/** Says, politely, that the page shows older data than it should; `null` says all is well. */
+function refreshNotice(problem, shownAt) {
+  const box = document.getElementById('refresh');
+  const text = problem
+    ? `${problem}${shownAt ? `; showing the data from ${timeOnly.format(new Date(shownAt))}` : ''}.`
+    : '';
+  if (box.textContent === text) return; // the same words are not announced again
+  fill(box, text ? el('p', {}, text) : null);
+}
 
 /**
  * Runs `tick` now (its error goes to the caller, which shows it) and then every `every` ms
  * while the page of `generation` is shown and `tick` does not answer `false`. `tick` gets a
  * function that tells whether that page is still the one shown: checked after each wait, so
- * that a page left while it loaded never draws over the next one.
+ * that a page left while it loaded never draws over the next one. A later failure leaves the
+ * page as it was, with a notice saying so until a poll succeeds.
  */
-async function poll(generation, tick, every) {
+async function poll(generation, tick, every, gone = 'the server no longer has it') {
   const current = () => generation === state.generation;
-  let timer = null;
+  let shownAt = Date.now();
   const run = async () => {
-    if (generation !== state.generation) return;
+    if (!current()) return;
     if (document.hidden) {
-      timer = setTimeout(run, every);
+      setTimeout(run, every);
       return;
     }
     let again = true;
     try {
       again = (await tick(current)) !== false;
+      if (current()) {
+        shownAt = Date.now();
+        refreshNotice(null);
+      }
     } catch (e) {
-      if (e instanceof ApiError && e.status === 401) return showLogin('The token was refused.');
-      console.warn(e);
+      if (!current()) return;
+      if (e instanceof ApiError && e.status === 401) {
+        showLogin('The token was refused.');
+        return;
+      }
+      if (e instanceof ApiError && e.status === 404) {
+        refreshNotice(`Not refreshed: ${gone}`, shownAt);
+        return; // it will not come back
+      }
+      refreshNotice(`Could not refresh: ${describe(e)}`, shownAt);
     }
-    if (again && generation === state.generation) timer = setTimeout(run, every);
+    if (again && current()) setTimeout(run, every);
   };
-  if ((await tick(current)) !== false && current()) timer = setTimeout(run, every);
+  if ((await tick(current)) !== false && current()) setTimeout(run, every);
 }
-
 
 // ---- identity -----------------------------------------------------------------------------
 
@@ -326,6 +435,8 @@ function renderWho() {
 
 function showLogin(problem) {
   state.generation += 1;
+  state.counts = null;
+  refreshNotice(null);
   document.getElementById('counts').replaceChildren();
   renderWho();
   const input = el('input', {
@@ -356,23 +467,27 @@ function showLogin(problem) {
   input.focus();
 }
 
-
 // ---- counts in the header -----------------------------------------------------------------
 
 function showCounts(counts, currentStatus) {
   serverWasAt(counts.counted_at);
+  const { counted_at: _, ...shown } = counts;
+  const key = JSON.stringify([shown, currentStatus]);
   const nav = document.getElementById('counts');
-  const chips = STATUSES.map((s) =>
-    el('a', {
-      href: `#/?status=${s}`,
-      'aria-current': currentStatus === s ? 'true' : 'false',
-      class: 'badge-chip',
-    }, `${s.toLowerCase()} ${counts.by_status[s] ?? 0}`));
-  chips.push(el('a', { href: '#/?needs_attention=1', class: 'flag' }, `needs attention ${counts.needs_attention}`));
-  if (counts.blocked) chips.push(el('a', { href: '#/?blocked=1', class: 'flag' }, `blocked ${counts.blocked}`));
-  fill(nav, chips);
+  if (key === state.counts && nav.childElementCount) return;
+  const chips = STATUSES.map((s) => {
+    const href = `#/?status=${s}`;
+    return el('a', {
+      href, 'aria-current': currentStatus === s ? 'true' : 'false', class: 'badge-chip', dataset: { key: href },
+    }, `${s.toLowerCase()} ${counts.by_status[s] ?? 0}`);
+  });
+  chips.push(el('a', { href: '#/?needs_attention=1', class: 'flag', dataset: { key: 'attention' } },
+    `needs attention ${counts.needs_attention}`));
+  if (counts.blocked) {
+    chips.push(el('a', { href: '#/?blocked=1', class: 'flag', dataset: { key: 'blocked' } }, `blocked ${counts.blocked}`));
+  }
+  if (update(nav, chips)) state.counts = key;
 }
-
 
 // ---- the list of sagas --------------------------------------------------------------------
 
@@ -476,6 +591,7 @@ async function renderList(params) {
   const cursors = state.listCursors[filterKey] || (state.listCursors[filterKey] = []);
   const cursor = params.get('cursor');
   const filtering = [...params.keys()].some((k) => k !== 'cursor');
+  const drawn = {};
   await poll(generation, async (current) => {
     const q = listQuery(params);
     if (cursor) q.set('cursor', cursor);
@@ -486,18 +602,26 @@ async function renderList(params) {
     ]);
     if (!current()) return false;
     showCounts(counts, params.get('status'));
-    if (attentionPage && attentionPage.sagas.length) {
-      queue.hidden = false;
-      fill(queue, 
-        el('h2', { id: 'q-title' }, `Needs attention first (${attentionPage.sagas.length}${attentionPage.next_cursor ? '+' : ''})`),
-        sagaTable(attentionPage.sagas, 'Compensations that keep failing, failed sagas: each waits for a person.', 'queue'),
-        attentionPage.next_cursor ? el('a', { href: '#/?needs_attention=1' }, 'All sagas needing attention') : null);
-    } else {
-      queue.hidden = true;
+    // Each part is drawn only when what it shows changed.
+    const queueKey = JSON.stringify(attentionPage);
+    if (queueKey !== drawn.queue) {
+      if (attentionPage && attentionPage.sagas.length) {
+        queue.hidden = false;
+        if (update(queue, [
+          el('h2', { id: 'q-title' }, `Needs attention first (${attentionPage.sagas.length}${attentionPage.next_cursor ? '+' : ''})`),
+          sagaTable(attentionPage.sagas, 'Compensations that keep failing, failed sagas: each waits for a person.', 'queue'),
+          attentionPage.next_cursor ? el('a', { href: '#/?needs_attention=1' }, 'All sagas needing attention') : null,
+        ])) drawn.queue = queueKey;
+      } else {
+        queue.hidden = true;
+        drawn.queue = queueKey;
+      }
     }
-    const pager = el('div', { class: 'pager' },
+    const resultsKey = JSON.stringify(page);
+    if (resultsKey === drawn.results) return true;
+    const pager = el('div', { class: 'pager', dataset: { key: 'pager' } },
       el('button', {
-        type: 'button', disabled: !cursor,
+        type: 'button', disabled: !cursor, dataset: { focus: 'newer' },
         onclick: () => {
           const previous = cursors.pop();
           const q2 = new URLSearchParams(params);
@@ -506,7 +630,7 @@ async function renderList(params) {
         },
       }, '← Newer'),
       el('button', {
-        type: 'button', disabled: !page.next_cursor,
+        type: 'button', disabled: !page.next_cursor, dataset: { focus: 'older' },
         onclick: () => {
           cursors.push(cursor || '');
           const q2 = new URLSearchParams(params);
@@ -514,15 +638,16 @@ async function renderList(params) {
           location.hash = `#/?${q2}`;
         },
       }, 'Older →'));
-    fill(results, 
+    if (update(results, [
       el('h2', { id: 'r-title' }, 'Sagas'),
       page.sagas.length
         ? sagaTable(page.sagas, 'Newest first. Times in your time zone; hover for UTC.', 'results')
         : el('p', { class: 'muted' }, 'No saga matches these filters.'),
-      pager);
+      pager,
+    ])) drawn.results = resultsKey;
+    return true;
   }, LIST_POLL_MS);
 }
-
 
 // ---- one saga -----------------------------------------------------------------------------
 
@@ -548,49 +673,106 @@ function lastActivity(saga, attempts) {
 }
 
 async function renderSaga(id) {
-  const generation = state.generation;
   document.title = `Saga ${shortId(id)}`;
   fill(main(), el('p', { class: 'muted' }, 'Loading…'));
   const page = {
+    id,
+    saga: null,
+    attempts: [],
+    events: [],
+    deliveries: [],
+    texts: {}, // each list as last fetched, to tell whether it changed
+    drawn: {}, // what each region shows, to draw it only when that changes
+    polls: 0,
     header: el('div'),
     timeline: el('section', { 'aria-labelledby': 't-title' }),
     panels: el('div', { class: 'panels' }),
   };
   let scaffolded = false;
-  let deliveriesEvery = 0;
-  let deliveries = { deliveries: [] };
-  await poll(generation, async (current) => {
-    const [saga, attempts, events, counts] = await Promise.all([
-      api(`/v1/sagas/${id}`),
-      api(`/v1/sagas/${id}/attempts`),
-      api(`/v1/sagas/${id}/events`),
-      api('/v1/counts'),
-    ]);
-    if (deliveriesEvery++ % 3 === 0) deliveries = await api(`/v1/sagas/${id}/deliveries`);
-    if (!current()) return false;
+  const tick = async (current) => {
+    const [saga, counts] = await Promise.all([api(`/v1/sagas/${id}`), api('/v1/counts')]);
     serverWasAt(saga.updated_at);
+    const sagaText = JSON.stringify(saga);
+    // Every attempt started or ended, and nearly every event, changes the saga (its steps or
+    // its updated_at), so its lists are read again only then. A signal that arrives before
+    // the saga waits for it is the exception: its event is read at least every 10 s.
+    const changed = sagaText !== page.texts.saga;
+    page.polls += 1;
+    const pending = page.deliveries.some((d) => d.state === 'pending');
+    const [attempts, events, deliveries] = await Promise.all([
+      changed ? api(`/v1/sagas/${id}/attempts`) : null,
+      changed || (!STOPPED.has(saga.status) && page.polls % 5 === 0) ? api(`/v1/sagas/${id}/events`) : null,
+      // Deliveries go on after the saga: a pending one is read every 6 s.
+      changed || (pending && page.polls % 3 === 0) ? api(`/v1/sagas/${id}/deliveries`) : null,
+    ]);
+    if (!current()) return false;
+    page.saga = saga;
+    page.texts.saga = sagaText;
+    if (attempts) {
+      page.attempts = attempts.attempts;
+      page.texts.attempts = JSON.stringify(attempts);
+    }
+    if (events) {
+      page.events = events.events;
+      page.texts.events = JSON.stringify(events);
+    }
+    if (deliveries) {
+      page.deliveries = deliveries.deliveries;
+      page.texts.deliveries = JSON.stringify(deliveries);
+    }
     showCounts(counts, null);
-    Object.assign(page, { saga, attempts: attempts.attempts, events: events.events, deliveries: deliveries.deliveries });
     if (!scaffolded) {
       fill(main(), el('p', {}, el('a', { href: '#/' }, '← All sagas')), page.header, page.timeline, page.panels);
       scaffolded = true;
     }
-    drawSaga(page);
-    return !FINISHED.has(saga.status) || deliveries.deliveries.some((d) => d.state === 'pending');
-  }, SAGA_POLL_MS);
+    const deferred = drawSaga(page);
+    // A finished saga is polled on only for what it has yet to show.
+    return !FINISHED.has(saga.status) || page.deliveries.some((d) => d.state === 'pending') || deferred;
+  };
+  const gone = 'this saga is no longer on the server (removed by retention?)';
+  // After an action: read it again now, and poll again if it had stopped.
+  state.refresh = () => {
+    state.generation += 1;
+    const generation = state.generation;
+    poll(generation, tick, SAGA_POLL_MS, gone).catch((e) => {
+      if (generation !== state.generation) return;
+      if (e instanceof ApiError && e.status === 401) showLogin('The token was refused.');
+      else refreshNotice(`Could not refresh: ${describe(e)}`, null);
+    });
+  };
+  await poll(state.generation, tick, SAGA_POLL_MS, gone);
 }
 
-/** Draws a saga's page; `only` names the one region a change of view is about. */
-function drawSaga(page, only = {}) {
+/**
+ * Draws what changed of a saga's page: the header and the timeline also while it runs (its
+ * time goes on), each region only if no text is selected in it (else at the next poll).
+ * Answers whether a region was left for later.
+ */
+function drawSaga(page, force = {}) {
   const { saga } = page;
+  const view = viewOf(saga.id);
   const live = !STOPPED.has(saga.status);
   const now = serverNow();
   document.title = `${saga.name} ${shortId(saga.id)} (${saga.status.toLowerCase()})`;
+  const keys = {
+    header: `${page.texts.saga}|${can('start')}|${can('operate')}`,
+    timeline: `${page.texts.saga}|${page.texts.attempts}`,
+    panels: `${page.texts.saga}|${page.texts.events}|${page.texts.deliveries}`,
+  };
   const withDate = needsDate(ms(saga.created_at), live ? now : lastActivity(saga, page.attempts));
-  const all = !Object.keys(only).length;
-  if (all || only.header) update(page.header, sagaHeader(saga, now));
-  if (all || only.timeline) update(page.timeline, timelineOf(page, now, withDate));
-  if (all || only.panels) update(page.panels, panelsOf(page, withDate));
+  const draw = {
+    header: () => sagaHeader(saga, now),
+    timeline: () => timelineOf(page, now, withDate),
+    panels: () => panelsOf(page, withDate),
+  };
+  let deferred = false;
+  for (const region of ['header', 'timeline', 'panels']) {
+    const moving = live && region !== 'panels';
+    if (!force[region] && !moving && keys[region] === page.drawn[region]) continue;
+    if (update(page[region], draw[region](), force[region])) page.drawn[region] = keys[region];
+    else deferred = true;
+  }
+  return deferred;
 }
 
 function sagaHeader(saga, now) {
@@ -1038,7 +1220,6 @@ function panelsOf(page, withDate) {
 // ---- operator actions ---------------------------------------------------------------------
 
 /** A confirmation dialog; `run` gets the form's values and returns a message, or throws. */
-/** A confirmation dialog; `run` gets the form's values and returns a message, or throws. */
 function confirmDialog({ title, text, fields = [], submit, danger = false, run }) {
   const error = el('p', { class: 'error-text', role: 'alert', hidden: true });
   const submitButton = el('button', { type: 'submit', class: danger ? 'danger' : 'primary' }, submit);
@@ -1055,7 +1236,9 @@ function confirmDialog({ title, text, fields = [], submit, danger = false, run }
         const message = await run(values);
         close();
         toast(message);
-        route();
+        // The page is read again where it is, not rebuilt: the focus goes back to the
+        // button that opened the dialog.
+        if (state.refresh) state.refresh(); else route();
       } catch (e) {
         error.textContent = e instanceof ApiError ? `Refused: ${e.describe()}` : e.message;
         error.hidden = false;
@@ -1077,7 +1260,6 @@ function confirmDialog({ title, text, fields = [], submit, danger = false, run }
   const first = form.querySelector('textarea, input, select');
   (first || submitButton).focus();
 }
-
 
 function reasonField() {
   return field('dlg-reason', 'Reason (kept in the saga\'s events, with your token\'s name)',
@@ -1200,14 +1382,23 @@ function actionBar(saga) {
 
 async function route() {
   state.generation += 1;
+  const generation = state.generation;
+  state.refresh = null;
+  refreshNotice(null);
   if (!state.me) {
     try {
-      if (!(await loadMe())) return showLogin(state.token ? 'The token was refused.' : undefined);
+      if (!(await loadMe())) {
+        if (generation === state.generation) showLogin(state.token ? 'The token was refused.' : undefined);
+        return undefined;
+      }
     } catch (e) {
-      fill(main(), el('p', { class: 'notice', role: 'alert' }, `The server cannot be reached: ${e.message}`));
+      if (generation === state.generation) {
+        fill(main(), el('p', { class: 'notice', role: 'alert' }, `The server cannot be reached: ${e.message}`));
+      }
       return undefined;
     }
   }
+  if (generation !== state.generation) return undefined;
   const hash = location.hash.replace(/^#/, '') || '/';
   const [path, query] = hash.split('?');
   const sagaMatch = path.match(/^\/sagas\/([0-9a-fA-F-]{36})$/);
@@ -1215,8 +1406,13 @@ async function route() {
     if (sagaMatch) await renderSaga(sagaMatch[1].toLowerCase());
     else await renderList(new URLSearchParams(query || ''));
   } catch (e) {
+    // A page left while it loaded says nothing over the one shown since.
+    if (generation !== state.generation) return undefined;
     if (e instanceof ApiError && e.status === 401) return showLogin('The token was refused.');
-    fill(main(), el('p', { class: 'notice', role: 'alert' }, e instanceof ApiError ? e.describe() : e.message),
+    const text = e instanceof ApiError && e.status === 404 && sagaMatch
+      ? `There is no saga ${sagaMatch[1]} on this server (${e.describe()}).`
+      : describe(e);
+    fill(main(), el('p', { class: 'notice', role: 'alert' }, text),
       el('p', {}, el('a', { href: '#/' }, '← All sagas')));
   }
   return undefined;
