@@ -13,6 +13,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use async_nats::jetstream::stream::Stream;
 use saga_suite::nats::{last_sequence, messages, messages_after, NatsServer, Stored};
 use saga_suite::{bin_path, run_bin, Server, TempDb};
 use serde_json::{json, Value};
@@ -118,6 +119,22 @@ fn assert_once_each(stored: &[Stored], log: &BTreeMap<i64, (Uuid, String)>, log_
 
 fn order(id: &str, simulate: Value) -> Value {
     json!({"order_id": id, "user": "ada", "amount": 1200, "simulate": simulate})
+}
+
+/// Starts a `place_order` of order `id` on `server` and waits until it has completed.
+async fn complete_order(server: &Server, id: &str) -> Uuid {
+    let saga = server.start("place_order", order(id, json!({}))).await;
+    server
+        .wait_for(saga, LONG, |s| s["status"] == "COMPLETED")
+        .await;
+    saga
+}
+
+/// Checks that `stream` holds every event of `db`'s log once (see [`assert_once_each`]), given
+/// `saga outbox --json` of that database.
+async fn assert_stream_holds_the_log(stream: &mut Stream, db: &TempDb, outbox: &Value) {
+    let log_id = outbox["log_id"].as_str().unwrap();
+    assert_once_each(&messages(stream).await, &log_events(db).await, log_id);
 }
 
 /// A running `example-sagas notify-consumer`, killed when dropped.
@@ -312,12 +329,7 @@ async fn the_machines_nats_server_stores_this_databases_events_under_its_log_id(
     };
     let db = TempDb::new();
     let server = Server::spawn(&db.url, db.dir.path(), &[], &["--nats-url", &url]).await;
-    let id = server
-        .start("place_order", order("o-shared", json!({})))
-        .await;
-    server
-        .wait_for(id, LONG, |s| s["status"] == "COMPLETED")
-        .await;
+    complete_order(&server, "o-shared").await;
     let outbox = wait_published(&db).await;
     let log_id = outbox["log_id"].as_str().unwrap();
     let mut stream = js.get_stream("SAGAS").await.unwrap();
@@ -364,10 +376,7 @@ async fn an_existing_streams_shorter_duplicate_window_is_lengthened_never_shorte
         let db = TempDb::new();
         let window = format!("{wanted}s");
         let server = serve(&db, &nats, &[], &["--nats-dedup-window", &window]).await;
-        let id = server.start("place_order", order("o-w", json!({}))).await;
-        server
-            .wait_for(id, LONG, |s| s["status"] == "COMPLETED")
-            .await;
+        complete_order(&server, "o-w").await;
         wait_published(&db).await;
         let info = nats
             .stream("SAGAS")
@@ -532,10 +541,7 @@ async fn a_consumer_killed_after_its_commit_gets_the_message_again_and_skips_it(
     let nats = NatsServer::start();
     let db = TempDb::new();
     let server = serve(&db, &nats, &[], &[]).await;
-    let id = server.start("place_order", order("o-1", json!({}))).await;
-    server
-        .wait_for(id, LONG, |s| s["status"] == "COMPLETED")
-        .await;
+    let id = complete_order(&server, "o-1").await;
     wait_published(&db).await;
     let log = log_events(&db).await;
 
@@ -578,25 +584,12 @@ async fn while_nats_is_down_events_wait_and_none_is_lost() {
     let mut nats = NatsServer::start();
     let db = TempDb::new();
     let server = serve(&db, &nats, &[], &[]).await;
-    let first = server.start("place_order", order("o-1", json!({}))).await;
-    server
-        .wait_for(first, LONG, |s| s["status"] == "COMPLETED")
-        .await;
+    complete_order(&server, "o-1").await;
     wait_published(&db).await;
 
     nats.kill9();
-    let mut ids = Vec::new();
     for i in 0..5 {
-        ids.push(
-            server
-                .start("place_order", order(&format!("o-down-{i}"), json!({})))
-                .await,
-        );
-    }
-    for id in &ids {
-        server
-            .wait_for(*id, LONG, |s| s["status"] == "COMPLETED")
-            .await;
+        complete_order(&server, &format!("o-down-{i}")).await;
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let waiting = nats_relay(&outbox(&db.url, db.dir.path()).await);
@@ -612,11 +605,7 @@ async fn while_nats_is_down_events_wait_and_none_is_lost() {
     nats.start_again();
     let outbox = wait_published(&db).await;
     let mut stream = nats.stream("SAGAS").await;
-    assert_once_each(
-        &messages(&mut stream).await,
-        &log_events(&db).await,
-        outbox["log_id"].as_str().unwrap(),
-    );
+    assert_stream_holds_the_log(&mut stream, &db, &outbox).await;
     server.kill9();
 }
 
@@ -638,12 +627,7 @@ async fn a_full_stream_delays_events_and_loses_none() {
     js.create_stream(small.clone()).await.unwrap();
     let db = TempDb::new();
     let server = serve(&db, &nats, &[], &[]).await;
-    let id = server
-        .start("place_order", order("o-full", json!({})))
-        .await;
-    server
-        .wait_for(id, LONG, |s| s["status"] == "COMPLETED")
-        .await;
+    complete_order(&server, "o-full").await;
     let deadline = tokio::time::Instant::now() + LONG;
     loop {
         let metrics = reqwest::get(format!("{}/metrics", server.base))
@@ -681,11 +665,7 @@ async fn a_full_stream_delays_events_and_loses_none() {
     .await
     .unwrap();
     let outbox = wait_published(&db).await;
-    assert_once_each(
-        &messages(&mut stream).await,
-        &log_events(&db).await,
-        outbox["log_id"].as_str().unwrap(),
-    );
+    assert_stream_holds_the_log(&mut stream, &db, &outbox).await;
     server.kill9();
 }
 
@@ -697,25 +677,12 @@ async fn a_broker_that_hangs_holds_a_batch_for_one_timeout_not_one_per_event() {
     let mut nats = NatsServer::start();
     let db = TempDb::new();
     let server = serve(&db, &nats, &[], &[]).await;
-    let first = server.start("place_order", order("o-1", json!({}))).await;
-    server
-        .wait_for(first, LONG, |s| s["status"] == "COMPLETED")
-        .await;
+    complete_order(&server, "o-1").await;
     wait_published(&db).await;
 
     nats.freeze();
-    let mut ids = Vec::new();
     for i in 0..20 {
-        ids.push(
-            server
-                .start("place_order", order(&format!("o-hung-{i}"), json!({})))
-                .await,
-        );
-    }
-    for id in &ids {
-        server
-            .wait_for(*id, LONG, |s| s["status"] == "COMPLETED")
-            .await;
+        complete_order(&server, &format!("o-hung-{i}")).await;
     }
     // Past the first round's timeout (5 s): the relay has sent the whole backlog into the
     // hung connection and waits for its acknowledgements.
@@ -730,11 +697,7 @@ async fn a_broker_that_hangs_holds_a_batch_for_one_timeout_not_one_per_event() {
     nats.start_again();
     let outbox = wait_published_within(&db, CATCH_UP).await;
     let mut stream = nats.stream("SAGAS").await;
-    assert_once_each(
-        &messages(&mut stream).await,
-        &log_events(&db).await,
-        outbox["log_id"].as_str().unwrap(),
-    );
+    assert_stream_holds_the_log(&mut stream, &db, &outbox).await;
     server.kill9();
 }
 
@@ -758,10 +721,7 @@ async fn a_consumer_whose_database_fails_retries_and_loses_nothing() {
     let nats = NatsServer::start();
     let db = TempDb::new();
     let server = serve(&db, &nats, &[], &[]).await;
-    let first = server.start("place_order", order("o-1", json!({}))).await;
-    server
-        .wait_for(first, LONG, |s| s["status"] == "COMPLETED")
-        .await;
+    complete_order(&server, "o-1").await;
     wait_published(&db).await;
     let notify = TempDb::new();
     let mut consumer = Consumer::spawn(&nats, &notify, &[]);
@@ -772,10 +732,7 @@ async fn a_consumer_whose_database_fails_retries_and_loses_nothing() {
         "ALTER TABLE notifications RENAME TO notifications_away",
     )
     .await;
-    let second = server.start("place_order", order("o-2", json!({}))).await;
-    server
-        .wait_for(second, LONG, |s| s["status"] == "COMPLETED")
-        .await;
+    complete_order(&server, "o-2").await;
     wait_published(&db).await;
     // Long enough for the consumer to have been handed the new events and failed on them.
     tokio::time::sleep(Duration::from_secs(3)).await;
