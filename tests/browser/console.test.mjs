@@ -470,6 +470,88 @@ test('live updates keep focus, scroll positions and a selection, and change noth
   }
 });
 
+test('a filter changed stays focused and applies without leaving the form; a refused one is shown beside its field', async () => {
+  const server = await startServer();
+  try {
+    const done = await start(server, 'place_order', { order_id: 'o-1', user: 'ada', amount: 10 });
+    const undone = await start(server, 'place_order', compensatedOrder);
+    const waiting = await start(server, 'fulfil_order', { order_id: 'f-w', user: 'ada', amount: 10, needs_approval: true, items: [{ sku: 'a', qty: 1 }] });
+    await waitFor(server, done, (s) => s.status === 'COMPLETED');
+    await waitFor(server, undone, (s) => s.status === 'COMPENSATED');
+    await waitFor(server, waiting, (s) => s.stages.some((st) => st.status === 'WAITING'));
+    const { page, context, errors } = await open(server);
+    const rows = page.locator('tbody tr');
+    await rows.nth(2).waitFor();
+    const focused = () => page.evaluate(() => document.activeElement.id);
+
+    // Arrowing through the statuses: each applies, and the arrows go on working.
+    await page.locator('#f-status').focus();
+    await page.keyboard.press('ArrowDown');
+    await page.waitForFunction(() => location.hash.includes('status=QUEUED'));
+    assert.equal(await focused(), 'f-status');
+    await page.keyboard.press('ArrowDown');
+    await page.waitForFunction(() => location.hash.includes('status=RUNNING'));
+    await page.waitForFunction(() => document.querySelectorAll('tbody tr').length === 1);
+    assert.equal(await focused(), 'f-status');
+    await page.keyboard.press('ArrowUp');
+    await page.keyboard.press('ArrowUp');
+    await page.waitForFunction(() => !location.hash.includes('status='));
+    await rows.nth(2).waitFor();
+
+    // A check box.
+    await page.locator('#f-attention').focus();
+    await page.keyboard.press('Space');
+    await page.waitForFunction(() => location.hash.includes('needs_attention=1'));
+    assert.equal(await focused(), 'f-attention');
+    await page.keyboard.press('Space');
+    await page.waitForFunction(() => !location.hash.includes('needs_attention'));
+
+    // Typed text applies on Enter, not at each key.
+    const name = page.locator('#f-name');
+    await name.focus();
+    await page.keyboard.type('fulfil_ord');
+    await page.waitForTimeout(600);
+    assert.ok(!page.url().includes('name='), 'a partial name is not applied');
+    await page.keyboard.type('er');
+    await page.keyboard.press('Enter');
+    await page.waitForFunction(() => location.hash.includes('name=fulfil_order'));
+    await page.waitForFunction(() => document.querySelectorAll('tbody tr').length === 1);
+    assert.equal(await focused(), 'f-name');
+    assert.deepEqual(await page.locator('#f-names option').evaluateAll((all) => all.map((o) => o.value)),
+      ['book_trip', 'fulfil_order', 'place_order'], 'the known names are suggested');
+    await name.fill('');
+    await page.keyboard.press('Enter');
+    await rows.nth(2).waitFor();
+
+    // A date: applied on Enter once complete.
+    await page.locator('#f-after').fill('2000-01-01T10:00');
+    await page.waitForTimeout(600);
+    assert.ok(!page.url().includes('after='), 'not before Enter');
+    await page.locator('#f-after').press('Enter');
+    await page.waitForFunction(() => location.hash.includes('after='));
+    assert.equal(await focused(), 'f-after');
+
+    // An id prefix the API refuses: said beside the field, the form still usable.
+    const id = page.locator('#f-id');
+    await id.fill('zz');
+    await id.press('Enter');
+    const problem = page.locator('#f-id-error');
+    await problem.waitFor();
+    assert.match(await problem.innerText(), /400.*id_prefix/);
+    assert.equal(await id.getAttribute('aria-invalid'), 'true');
+    assert.equal(await focused(), 'f-id');
+    await id.fill(undone.slice(0, 8));
+    await id.press('Enter');
+    await page.waitForFunction(() => document.querySelector('#f-id-error').hidden);
+    await page.locator(`tbody a[href="#/sagas/${undone}"]`).waitFor();
+    assert.equal(await id.getAttribute('aria-invalid'), null);
+    assert.deepEqual(errors, []);
+    await context.close();
+  } finally {
+    await server.stop();
+  }
+});
+
 test("sagas started together are told apart by their short ids, a running one's time is read on the server's clock, and a failed refresh says so", async () => {
   const server = await startServer();
   let stopped = false;
