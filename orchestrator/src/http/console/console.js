@@ -737,6 +737,7 @@ async function renderList(params) {
           ])) drawn.queue = queueKey;
         } else {
           queue.hidden = true;
+          queue.replaceChildren();
           drawn.queue = queueKey;
         }
       }
