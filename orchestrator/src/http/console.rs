@@ -1,6 +1,6 @@
-//! The web console at `/ui/`: a page, a script and a style sheet compiled into the binary
-//! (`src/http/console/`, plain files with no build step), which read and steer sagas through
-//! the same HTTP API as any client, with the user's own token.
+//! The web console at `/ui/`: a page, its script (ES modules, by concern) and a style sheet
+//! compiled into the binary (`src/http/console/`, plain files with no build step), which read
+//! and steer sagas through the same HTTP API as any client, with the user's own token.
 //!
 //! The files hold no data, so they are served without a token; every request the console
 //! makes then carries the one the user gives it. Each answer is revalidated by its `ETag`
@@ -28,6 +28,31 @@ const FILES: &[(&str, &str, &str)] = &[
         "console.js",
         "text/javascript; charset=utf-8",
         include_str!("console/console.js"),
+    ),
+    (
+        "api.js",
+        "text/javascript; charset=utf-8",
+        include_str!("console/api.js"),
+    ),
+    (
+        "ui.js",
+        "text/javascript; charset=utf-8",
+        include_str!("console/ui.js"),
+    ),
+    (
+        "list.js",
+        "text/javascript; charset=utf-8",
+        include_str!("console/list.js"),
+    ),
+    (
+        "saga.js",
+        "text/javascript; charset=utf-8",
+        include_str!("console/saga.js"),
+    ),
+    (
+        "actions.js",
+        "text/javascript; charset=utf-8",
+        include_str!("console/actions.js"),
     ),
     (
         "console.css",
