@@ -2,11 +2,14 @@
 """What the web console's live updates cost a server: N open pages polling as console.js does,
 against a real `example-sagas serve`, and the server's CPU time over the run.
 
-A saga page reads the saga, its attempts and its events every 2 s and its deliveries every
-third time; a list page reads a page of sagas, the sagas needing attention and the counts every
-5 s. The pages watch sagas that are still running (a signal wait), so they never stop polling.
+A saga page reads the saga and the counts every 2 s, and its attempts, events and deliveries
+only when the saga changed (its events, while it runs, at least every fifth time; its
+deliveries every third time while one is pending); a list page reads a page of sagas, the sagas
+needing attention and the counts every 5 s. The pages watch sagas that are still running (a
+signal wait), so they never stop polling.
 
-Usage: scripts/bench-console-poll.py BINARY [PAGES] [SECONDS]
+Usage: [ITEMS=N] scripts/bench-console-poll.py BINARY [PAGES] [SECONDS]
+(ITEMS: the items of each watched saga, one branch each; 4 by default.)
 Prints one line: pages, requests/s, server CPU % of one core, and that CPU with no page open."""
 import json
 import os
@@ -40,7 +43,7 @@ def call(path, body=None):
 
 
 # A log with some history, and sagas that wait (so that their pages keep polling).
-items = [{"sku": f"sku-{i}", "qty": 1} for i in range(4)]
+items = [{"sku": f"sku-{i}", "qty": 1} for i in range(int(os.environ.get("ITEMS", "4")))]
 for i in range(200):
     call("/v1/sagas/place_order", {"order_id": f"o-{i}", "user": "ada", "amount": 10})
 waiting = [call("/v1/sagas/fulfil_order", {"order_id": f"f-{i}", "user": "ada", "amount": 10,
@@ -61,17 +64,29 @@ def measure(n):
     lock = threading.Lock()
 
     def saga_page(saga):
-        tick = 0
+        polls = 0
+        seen = None
+        pending = False
         while time.monotonic() < stop:
-            paths = [f"/v1/sagas/{saga}", f"/v1/sagas/{saga}/attempts", f"/v1/sagas/{saga}/events",
-                     "/v1/counts"]
-            if tick % 3 == 0:
-                paths.append(f"/v1/sagas/{saga}/deliveries")
-            for p in paths:
-                call(p)
+            now = call(f"/v1/sagas/{saga}")
+            call("/v1/counts")
+            made = 2
+            polls += 1
+            changed = now != seen
+            seen = now
+            if changed:
+                call(f"/v1/sagas/{saga}/attempts")
+                made += 1
+            if changed or (now["status"] not in ("COMPLETED", "COMPENSATED", "ABORTED")
+                           and polls % 5 == 0):
+                call(f"/v1/sagas/{saga}/events")
+                made += 1
+            if changed or (pending and polls % 3 == 0):
+                deliveries = call(f"/v1/sagas/{saga}/deliveries")["deliveries"]
+                pending = any(d["state"] == "pending" for d in deliveries)
+                made += 1
             with lock:
-                count[0] += len(paths)
-            tick += 1
+                count[0] += made
             time.sleep(2)
 
     def list_page():

@@ -56,6 +56,33 @@ async fn the_console_is_served_from_the_binary_without_a_token() {
         assert_eq!(again.status, StatusCode::NOT_MODIFIED, "{path}");
         assert!(again.text.is_empty());
     }
+    // Every module the script imports, however deep, is served as a script.
+    let mut modules = vec!["console.js".to_owned()];
+    let mut served = std::collections::BTreeSet::new();
+    while let Some(name) = modules.pop() {
+        if !served.insert(name.clone()) {
+            continue;
+        }
+        let file = Api::send(api.anonymous(Method::GET, &format!("/ui/{name}"))).await;
+        assert_eq!(
+            file.status,
+            StatusCode::OK,
+            "{name}, imported but not served"
+        );
+        assert!(file
+            .header("content-type")
+            .unwrap()
+            .starts_with("text/javascript"));
+        for (_, rest) in file
+            .text
+            .match_indices("from './")
+            .map(|(i, _)| file.text.split_at(i + 8))
+        {
+            let imported = &rest[..rest.find('\'').unwrap()];
+            modules.push(imported.to_owned());
+        }
+    }
+    assert!(served.len() > 1, "the modules of console.js: {served:?}");
     let missing = Api::send(api.anonymous(Method::GET, "/ui/nothing.js")).await;
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
     assert_eq!(missing.body["error"]["code"], "not_found");
