@@ -16,7 +16,12 @@
 //!    [`Statements`]) is only stored meanwhile; it is used again only on the same handle (by
 //!    address), locked again, and otherwise dropped. It is dropped before the handle can close:
 //!    [`Statements`] holds the writer's pool, which keeps its connection open until then (SQLite
-//!    refuses to close a connection with statements left, and sqlx panics if it cannot).
+//!    refuses to close a connection with statements left, and sqlx panics if it cannot). The
+//!    exception is a runtime dropped while the connection is on its way back to the pool after
+//!    a batch (sqlx returns it from a task of its own): that task is dropped with the runtime
+//!    and closes the connection first, and sqlx's thread reports the refusal as a panic. Only a
+//!    process ending right after a batch meets it, and the log is not affected: every batch
+//!    the writer answered was committed.
 //! 4. **One SQLite library.** sqlx-sqlite and rusqlite link the same `libsqlite3-sys`, so a
 //!    handle one opened is a handle of the library the other calls. Cargo links one crate per
 //!    native library; the tests below check the lock file and the running library.
