@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use uuid::Uuid;
 
-use super::sql::{Arg, Dialect, Reader, Tx};
+use super::sql::{Arg, Dialect, Reader, Row, Tx};
 use super::SqlBackend;
 use crate::model::Millis;
 use crate::store::idempotency::Callback;
@@ -27,12 +27,17 @@ pub(crate) async fn relay_cursor(reader: Reader<'_>, name: &str) -> Result<Outbo
             &[Arg::Str(name)],
         )
         .await?;
-    Ok(match row {
-        Some(row) => OutboxPosition {
-            tx: row.get("tx")?,
-            event_id: row.get("event_id")?,
-        },
-        None => OutboxPosition::default(),
+    match row {
+        Some(row) => position_of(&row),
+        None => Ok(OutboxPosition::default()),
+    }
+}
+
+/// The position a `relay_cursors` row records.
+fn position_of(row: &Row) -> Result<OutboxPosition> {
+    Ok(OutboxPosition {
+        tx: row.get("tx")?,
+        event_id: row.get("event_id")?,
     })
 }
 
@@ -275,13 +280,7 @@ pub(crate) async fn relay_progress(reader: Reader<'_>, name: &str) -> Result<Rel
         )
         .await?;
     let (cursor, updated_at) = match row {
-        Some(row) => (
-            OutboxPosition {
-                tx: row.get("tx")?,
-                event_id: row.get("event_id")?,
-            },
-            Some(row.get("updated_at")?),
-        ),
+        Some(row) => (position_of(&row)?, Some(row.get("updated_at")?)),
         None => (OutboxPosition::default(), None),
     };
     progress_after(reader, name, cursor, updated_at).await
@@ -298,10 +297,7 @@ pub(crate) async fn relays(reader: Reader<'_>) -> Result<Vec<RelayProgress>> {
     let mut out = Vec::with_capacity(rows.len());
     for row in &rows {
         let name: String = row.get("name")?;
-        let cursor = OutboxPosition {
-            tx: row.get("tx")?,
-            event_id: row.get("event_id")?,
-        };
+        let cursor = position_of(row)?;
         let progress = progress_after(reader, &name, cursor, Some(row.get("updated_at")?)).await?;
         out.push(progress);
     }
