@@ -130,6 +130,22 @@ async fn complete_order(server: &Server, id: &str) -> Uuid {
     saga
 }
 
+/// Completes the orders `<prefix>-0` … `<prefix>-<n - 1>` while the broker takes nothing,
+/// then after `settle` returns the NATS relay's row of `saga outbox --json`.
+async fn orders_held_back(
+    server: &Server,
+    db: &TempDb,
+    prefix: &str,
+    n: usize,
+    settle: Duration,
+) -> Value {
+    for i in 0..n {
+        complete_order(server, &format!("{prefix}-{i}")).await;
+    }
+    tokio::time::sleep(settle).await;
+    nats_relay(&outbox(&db.url, db.dir.path()).await)
+}
+
 /// Checks that `stream` holds every event of `db`'s log once (see [`assert_once_each`]), given
 /// `saga outbox --json` of that database.
 async fn assert_stream_holds_the_log(stream: &mut Stream, db: &TempDb, outbox: &Value) {
@@ -290,12 +306,7 @@ async fn every_event_reaches_jetstream_once_with_its_subject_and_log_scoped_id()
     ];
     let deadline = tokio::time::Instant::now() + LONG;
     loop {
-        let metrics = reqwest::get(format!("{}/metrics", server.base))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = server.metrics().await;
         if expected
             .iter()
             .all(|series| metrics.contains(series.as_str()))
@@ -588,11 +599,7 @@ async fn while_nats_is_down_events_wait_and_none_is_lost() {
     wait_published(&db).await;
 
     nats.kill9();
-    for i in 0..5 {
-        complete_order(&server, &format!("o-down-{i}")).await;
-    }
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let waiting = nats_relay(&outbox(&db.url, db.dir.path()).await);
+    let waiting = orders_held_back(&server, &db, "o-down", 5, Duration::from_millis(1500)).await;
     assert!(
         waiting["lag_events"].as_i64().unwrap() > 0,
         "the events wait: {waiting:#}"
@@ -630,12 +637,7 @@ async fn a_full_stream_delays_events_and_loses_none() {
     complete_order(&server, "o-full").await;
     let deadline = tokio::time::Instant::now() + LONG;
     loop {
-        let metrics = reqwest::get(format!("{}/metrics", server.base))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = server.metrics().await;
         let failures = metrics
             .lines()
             .find_map(|l| l.strip_prefix("outbox_publish_failures_total{target=\"nats\"} "))
@@ -681,13 +683,9 @@ async fn a_broker_that_hangs_holds_a_batch_for_one_timeout_not_one_per_event() {
     wait_published(&db).await;
 
     nats.freeze();
-    for i in 0..20 {
-        complete_order(&server, &format!("o-hung-{i}")).await;
-    }
     // Past the first round's timeout (5 s): the relay has sent the whole backlog into the
     // hung connection and waits for its acknowledgements.
-    tokio::time::sleep(Duration::from_secs(7)).await;
-    let waiting = nats_relay(&outbox(&db.url, db.dir.path()).await);
+    let waiting = orders_held_back(&server, &db, "o-hung", 20, Duration::from_secs(7)).await;
     assert!(
         waiting["lag_events"].as_i64().unwrap() >= 20,
         "the events wait: {waiting:#}"

@@ -473,15 +473,7 @@ fn parse_exposition(text: &str) -> std::collections::BTreeMap<String, Vec<Sample
 async fn a_fresh_server_has_its_series_at_zero_from_the_first_scrape() {
     let db = TempDb::sqlite();
     let server = Server::spawn(&db.url, db.dir.path(), &[], &[]).await;
-    let scrape = || async {
-        let text = reqwest::get(format!("{}/metrics", server.base))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        parse_exposition(&text)
-    };
+    let scrape = || async { parse_exposition(&server.metrics().await) };
     let first = scrape().await;
     let value = |m: &std::collections::BTreeMap<String, Vec<Sample>>,
                  name: &str,

@@ -772,25 +772,24 @@ async fn a_relays_lag_follows_its_reading_order_when_ids_commit_out_of_order() {
     // `early` takes its transaction id first; `late` writes and commits an event before it.
     let mut early = sqlx::PgConnection::connect(&db.url).await.unwrap();
     let mut late = sqlx::PgConnection::connect(&db.url).await.unwrap();
-    let insert = "INSERT INTO events (saga_id, at, type) VALUES ($1, $2, 'test.event') \
-                  RETURNING id";
+    // An event of the saga written at `at` on `conn`; its id.
+    async fn insert(conn: &mut sqlx::PgConnection, saga: Uuid, at: i64) -> i64 {
+        sqlx::query_scalar(
+            "INSERT INTO events (saga_id, at, type) VALUES ($1, $2, 'test.event') RETURNING id",
+        )
+        .bind(saga)
+        .bind(at)
+        .fetch_one(conn)
+        .await
+        .unwrap()
+    }
     sqlx::query("BEGIN").execute(&mut early).await.unwrap();
     sqlx::query("SELECT pg_current_xact_id()")
         .execute(&mut early)
         .await
         .unwrap();
-    let (low,): (i64,) = sqlx::query_as(insert)
-        .bind(saga.id)
-        .bind(1_000_i64)
-        .fetch_one(&mut late)
-        .await
-        .unwrap();
-    let (high,): (i64,) = sqlx::query_as(insert)
-        .bind(saga.id)
-        .bind(2_000_i64)
-        .fetch_one(&mut early)
-        .await
-        .unwrap();
+    let low = insert(&mut late, saga.id, 1_000).await;
+    let high = insert(&mut early, saga.id, 2_000).await;
     sqlx::query("COMMIT").execute(&mut early).await.unwrap();
     assert!(low < high);
 

@@ -781,6 +781,16 @@ impl Server {
         body["id"].as_str().unwrap().parse().unwrap()
     }
 
+    /// GETs `/metrics`: the Prometheus text.
+    pub async fn metrics(&self) -> String {
+        reqwest::get(format!("{}/metrics", self.base))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     /// GETs a saga as JSON.
     pub async fn saga(&self, id: Uuid) -> serde_json::Value {
         reqwest::Client::new()
