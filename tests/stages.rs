@@ -596,10 +596,7 @@ async fn a_parallel_group_runs_every_branch_and_its_output_is_keyed_by_branch() 
         6,
         "a stage row per stage, a row per branch"
     );
-    assert_eq!(
-        done.steps[1].kind,
-        orchestrator::model::StepKindName::Parallel
-    );
+    assert_eq!(done.steps[1].kind, orchestrator::model::StepKind::Parallel);
     let output = done.output.unwrap();
     assert_eq!(output["g"]["y"], json!({"step": "g/y", "attempt": 1}));
     assert!(

@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use orchestrator::model::{
-    definition_key, Attempt, Event, IdPrefix, ListFilter, PhaseRecord, Saga, SagaStatus,
-    StepKindName, StepStatus,
+    definition_key, Attempt, Event, IdPrefix, ListFilter, PhaseRecord, Saga, SagaStatus, StepKind,
+    StepStatus,
 };
 use orchestrator::store::{
     Applied, AttemptChange, CancelOutcome, ClaimRequest, Claimed, Lease, LeaseRequest, NewEvent,
@@ -42,7 +42,7 @@ fn key_of(name: &str) -> String {
 }
 
 /// A new saga `name` (version 1, [`HASH`]) with the given steps, not yet written.
-fn new_saga(name: &str, steps: &[(&str, StepKindName)]) -> NewSaga {
+fn new_saga(name: &str, steps: &[(&str, StepKind)]) -> NewSaga {
     NewSaga {
         id: Uuid::now_v7(),
         name: name.to_owned(),
@@ -61,17 +61,17 @@ fn four_steps() -> NewSaga {
     new_saga(
         "s",
         &[
-            ("a", StepKindName::Compensatable),
-            ("b", StepKindName::Compensatable),
-            ("p", StepKindName::Pivot),
-            ("r", StepKindName::Retriable),
+            ("a", StepKind::Compensatable),
+            ("b", StepKind::Compensatable),
+            ("p", StepKind::Pivot),
+            ("r", StepKind::Retriable),
         ],
     )
 }
 
 /// A saga `s` of one compensatable step.
 fn one_step() -> NewSaga {
-    new_saga("s", &[("a", StepKindName::Compensatable)])
+    new_saga("s", &[("a", StepKind::Compensatable)])
 }
 
 /// The saga-level part of a transition: `status`, due since long ago, nothing else set.
@@ -727,10 +727,7 @@ async fn a_cancel_racing_the_pivot_start_is_ordered_by_the_database() {
     let store = db.store().await;
     let mut leases = Vec::new();
     for _ in 0..24 {
-        let new = new_saga(
-            "s",
-            &[("p", StepKindName::Pivot), ("r", StepKindName::Retriable)],
-        );
+        let new = new_saga("s", &[("p", StepKind::Pivot), ("r", StepKind::Retriable)]);
         leases.push(
             store
                 .create_saga_leased(new, &LeaseRequest::new("w", 60_000))
@@ -952,10 +949,7 @@ async fn create_saga_leased_with_first_attempt_writes_the_first_action_ahead() {
 async fn a_first_attempt_of_a_pivot_passes_the_point_of_no_return_in_the_create() {
     let db = TempDb::new();
     let store = db.store().await;
-    let mut new = new_saga(
-        "s",
-        &[("p", StepKindName::Pivot), ("r", StepKindName::Retriable)],
-    );
+    let mut new = new_saga("s", &[("p", StepKind::Pivot), ("r", StepKind::Retriable)]);
     new.first_attempt = true;
     let id = new.id;
     let created = store
@@ -1013,7 +1007,7 @@ async fn claim_takes_only_due_sagas_of_the_definitions_it_is_given() {
     other_hash.definition_hash = "h2".to_owned();
     let other_hash = store.create_saga(other_hash).await.unwrap().id;
     let other_name = store
-        .create_saga(new_saga("t", &[("a", StepKindName::Compensatable)]))
+        .create_saga(new_saga("t", &[("a", StepKind::Compensatable)]))
         .await
         .unwrap()
         .id;
@@ -1238,7 +1232,7 @@ async fn list_sagas_filters_by_status_name_and_attention_and_pages_within_them()
     for _ in 0..4 {
         a.push(
             store
-                .create_saga(new_saga("a", &[("x", StepKindName::Compensatable)]))
+                .create_saga(new_saga("a", &[("x", StepKind::Compensatable)]))
                 .await
                 .unwrap()
                 .id,
@@ -1248,7 +1242,7 @@ async fn list_sagas_filters_by_status_name_and_attention_and_pages_within_them()
     for _ in 0..2 {
         b.push(
             store
-                .create_saga(new_saga("b", &[("x", StepKindName::Compensatable)]))
+                .create_saga(new_saga("b", &[("x", StepKind::Compensatable)]))
                 .await
                 .unwrap()
                 .id,
@@ -1256,7 +1250,7 @@ async fn list_sagas_filters_by_status_name_and_attention_and_pages_within_them()
     }
     let flagged = store
         .create_saga_leased(
-            new_saga("b", &[("x", StepKindName::Compensatable)]),
+            new_saga("b", &[("x", StepKind::Compensatable)]),
             &LeaseRequest::new("w", 60_000),
         )
         .await

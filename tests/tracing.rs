@@ -241,7 +241,7 @@ async fn a_compensated_saga_is_one_trace_beneath_its_callers_span() {
 /// What the steps of the in-process sagas saw: their trace context, by saga.
 type Seen = Arc<Mutex<Vec<(Uuid, Option<TraceContext>)>>>;
 
-fn recording_step(name: &str, seen: &Seen) -> Step {
+fn recording_step(name: &str, seen: &Seen) -> Step<saga_dsl::Call> {
     let seen = seen.clone();
     let action = move |ctx: StepContext| {
         let seen = seen.clone();

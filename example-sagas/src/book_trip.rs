@@ -249,8 +249,9 @@ mod tests {
                 )
                 .with_state(def.state().cloned());
                 match step
-                    .action()
+                    .call()
                     .expect("book_trip's steps all call")
+                    .action()
                     .run(ctx)
                     .await
                 {
@@ -291,7 +292,8 @@ mod tests {
             )
             .with_state(def.state().cloned());
             def.steps()[0]
-                .compensation()
+                .call()
+                .and_then(|c| c.compensation())
                 .unwrap()
                 .run(ctx)
                 .await

@@ -87,7 +87,7 @@ pub(crate) fn compensatable(
     name: impl Into<String>,
     action: impl Action,
     compensation: impl Compensation,
-) -> Step {
+) -> Step<saga_dsl::Call> {
     Step::compensatable(name, action, compensation)
         .retry(action_policy())
         .compensation_retry(compensation_policy())
@@ -247,8 +247,9 @@ mod tests {
     ) -> Result<Value, StepError> {
         let c = ctx(def, saga, index, Phase::Action, attempt, input);
         def.steps()[index]
-            .action()
+            .call()
             .expect("place_order's steps all call")
+            .action()
             .run(c)
             .await
     }
@@ -261,7 +262,7 @@ mod tests {
         input: &Value,
     ) -> Result<(), StepError> {
         let c = ctx(def, saga, index, Phase::Compensation, attempt, input);
-        let comp = def.steps()[index].compensation().unwrap();
+        let comp = def.steps()[index].call().unwrap().compensation().unwrap();
         comp.run(c).await
     }
 
@@ -275,7 +276,10 @@ mod tests {
             .steps()
             .iter()
             .all(|s| s.kind() == StepKind::Compensatable));
-        assert_eq!(def.steps()[0].attempt_timeout(), Duration::from_secs(10));
+        assert_eq!(
+            def.steps()[0].call().unwrap().attempt_timeout(),
+            Duration::from_secs(10)
+        );
 
         let good = json!({"order_id": "o1", "user": "u", "amount": 5});
         assert!(def.check_input(&good).is_ok());

@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::{DefinitionError, SharedState, Step, StepKind};
+use crate::{DefinitionError, Group, SharedState, Step, StepKind};
 
 type InputCheck = Arc<dyn Fn(&Value) -> Result<(), String> + Send + Sync>;
 
@@ -252,9 +252,10 @@ impl SagaBuilder {
         self
     }
 
-    /// Appends a step.
-    pub fn step(mut self, step: Step) -> Self {
-        self.steps.push(step);
+    /// Appends a stage: any [`Step`], as [`Step::compensatable`], [`Step::signal`],
+    /// [`Step::parallel`] and the other constructors build it.
+    pub fn step(mut self, step: impl Into<Step>) -> Self {
+        self.steps.push(step.into());
         self
     }
 
@@ -271,16 +272,16 @@ impl SagaBuilder {
         }
         let mut seen = HashSet::new();
         for step in &self.steps {
-            if !valid_ident(&step.name) {
+            if !valid_ident(step.name()) {
                 return Err(DefinitionError::InvalidStepName {
                     saga: self.name,
-                    step: step.name.clone(),
+                    step: step.name().to_owned(),
                 });
             }
-            if !seen.insert(step.name.as_str()) {
+            if !seen.insert(step.name()) {
                 return Err(DefinitionError::DuplicateStep {
                     saga: self.name,
-                    step: step.name.clone(),
+                    step: step.name().to_owned(),
                 });
             }
         }
@@ -298,7 +299,7 @@ impl SagaBuilder {
             };
             return Err(DefinitionError::BadSignal {
                 saga: self.name,
-                step: step.name.clone(),
+                step: step.name().to_owned(),
                 signal: signal.to_owned(),
                 problem,
             });
@@ -310,16 +311,19 @@ impl SagaBuilder {
             if !valid_ident(child) {
                 return Err(DefinitionError::BadChild {
                     saga: self.name,
-                    step: step.name.clone(),
+                    step: step.name().to_owned(),
                     problem: format!("{child:?} is not a valid saga name"),
                 });
             }
         }
-        for step in self.steps.iter().filter(|s| s.kind == StepKind::Parallel) {
-            if let Some(problem) = group_problem(step) {
+        for step in &self.steps {
+            let Some(group) = step.group() else {
+                continue;
+            };
+            if let Some(problem) = group_problem(group) {
                 return Err(DefinitionError::BadGroup {
                     saga: self.name,
-                    step: step.name.clone(),
+                    step: step.name().to_owned(),
                     problem,
                 });
             }
@@ -343,9 +347,9 @@ impl SagaBuilder {
             if bad {
                 return Err(DefinitionError::StepOrder {
                     saga: self.name,
-                    step: next.name.clone(),
+                    step: next.name().to_owned(),
                     kind: next_kind.as_str(),
-                    after: prev.name.clone(),
+                    after: prev.name().to_owned(),
                 });
             }
         }
@@ -363,34 +367,36 @@ impl SagaBuilder {
 }
 
 /// What is wrong with a parallel group's branches, if anything.
-fn group_problem(group: &Step) -> Option<String> {
-    let branches = group.group_steps();
+fn group_problem(group: &Group) -> Option<String> {
+    let branches = group.calls();
     let Some(first) = branches.first() else {
         return Some("it has no branches".to_owned());
     };
-    if !matches!(first.kind, StepKind::Compensatable | StepKind::Retriable) {
+    if !matches!(first.kind(), StepKind::Compensatable | StepKind::Retriable) {
         return Some(format!(
             "its branch {:?} is {}; branches are compensatable or retriable steps (a group \
              holds no pivot)",
-            first.name, first.kind
+            first.name(),
+            first.kind()
         ));
     }
     let mut seen = HashSet::new();
     for branch in &branches {
-        if branch.kind != first.kind {
+        if branch.kind() != first.kind() {
             return Some(format!(
                 "its branches {:?} and {:?} are of different kinds",
-                first.name, branch.name
+                first.name(),
+                branch.name()
             ));
         }
         if group.is_mapped() {
             continue;
         }
-        if !valid_ident(&branch.name) {
-            return Some(format!("its branch name {:?} is not valid", branch.name));
+        if !valid_ident(branch.name()) {
+            return Some(format!("its branch name {:?} is not valid", branch.name()));
         }
-        if !seen.insert(branch.name.as_str()) {
-            return Some(format!("two of its branches are named {:?}", branch.name));
+        if !seen.insert(branch.name()) {
+            return Some(format!("two of its branches are named {:?}", branch.name()));
         }
     }
     None
@@ -428,20 +434,21 @@ fn step_list_hash(name: &str, version: u32, steps: &[Step]) -> String {
         let when = if s.is_conditional() { ":when" } else { "" };
         let signal = s.signal_name().map(|n| format!(":{n}")).unwrap_or_default();
         let child = s.child_saga().map(|n| format!(":{n}")).unwrap_or_default();
-        let branches = if s.kind == StepKind::Parallel {
-            let branches: Vec<String> = s
-                .group_steps()
+        let branches = if let Some(group) = s.group() {
+            let branches: Vec<String> = group
+                .calls()
                 .iter()
-                .map(|b| format!("{}:{}", b.name, b.kind))
+                .map(|b| format!("{}:{}", b.name(), b.kind()))
                 .collect();
-            let mapped = if s.is_mapped() { "*" } else { "" };
+            let mapped = if group.is_mapped() { "*" } else { "" };
             format!("[{mapped}{}]", branches.join(","))
         } else {
             String::new()
         };
         h.update(format!(
             "{i}:{}:{}{signal}{child}{branches}{when}\n",
-            s.name, s.kind
+            s.name(),
+            s.kind()
         ));
     }
     hex::encode(&h.finalize()[..8])
@@ -456,7 +463,7 @@ mod tests {
         Ok(())
     }
 
-    fn c(name: &str) -> Step {
+    fn c(name: &str) -> Step<crate::Call> {
         Step::compensatable(name, ok, ok)
     }
 

@@ -83,8 +83,9 @@ pub use registry::Registry;
 pub use retry::RetryPolicy;
 pub use shared::{InputCache, SharedState, Stage};
 pub use step::{
-    Action, BranchOf, Compensation, Step, StepKind, DEFAULT_ATTEMPT_TIMEOUT,
-    DEFAULT_MAP_CONCURRENCY, MAX_BRANCHES,
+    Action, BranchOf, Call, ChildSaga, Compensation, Group, SignalWait, Sleep, StageBody,
+    StageKind, Step, StepKind, UnknownKind, DEFAULT_ATTEMPT_TIMEOUT, DEFAULT_MAP_CONCURRENCY,
+    MAX_BRANCHES,
 };
 pub use trace::TraceContext;
 

@@ -485,8 +485,75 @@ pub fn scripted_saga(
     builder.build().unwrap()
 }
 
-/// One scripted step as a step of a definition.
+/// One scripted step as a stage of a definition.
 fn scripted_step(s: &ScriptedStep, journal: &Journal) -> saga_dsl::Step {
+    use saga_dsl::{Step, StepKind};
+    let step: Step = match s.kind {
+        StepKind::Compensatable | StepKind::Pivot | StepKind::Retriable => {
+            scripted_call(s, journal).into()
+        }
+        StepKind::Sleep => Step::sleep(&s.name, s.sleep).into(),
+        StepKind::Child => Step::child(&s.name, s.child.clone().unwrap_or_default(), |ctx| {
+            Ok(ctx.raw_input().clone())
+        })
+        .into(),
+        StepKind::Signal => {
+            let (signal, timeout, default) = s.signal.clone().unwrap_or_default();
+            let mut step = Step::signal(&s.name, signal).accept(|_, payload| {
+                if payload["refuse"] == true {
+                    Err(saga_dsl::StepError::permanent("refused by its payload"))
+                } else {
+                    Ok(payload)
+                }
+            });
+            if let Some(timeout) = timeout {
+                step = step.signal_timeout(timeout);
+            }
+            match default {
+                Some(default) => step.default_payload(default),
+                None => step,
+            }
+            .into()
+        }
+        StepKind::Parallel => {
+            let branches: Vec<Step<saga_dsl::Call>> = s
+                .branches
+                .iter()
+                .map(|b| scripted_call(b, journal))
+                .collect();
+            let step = match &s.mapped_from {
+                // One branch per element of the input's list, named by its `name`.
+                Some(field) => {
+                    let field = field.clone();
+                    Step::map(
+                        &s.name,
+                        move |ctx| {
+                            ctx.raw_input()[&field].as_array().cloned().ok_or_else(|| {
+                                saga_dsl::StepError::permanent(format!("{field} is not a list"))
+                            })
+                        },
+                        |element| Ok(element["name"].as_str().unwrap_or_default().to_owned()),
+                        branches.into_iter().next().unwrap(),
+                    )
+                }
+                None => Step::parallel(&s.name, branches),
+            };
+            match s.max_concurrency {
+                Some(n) => step.max_concurrency(n),
+                None => step,
+            }
+            .into()
+        }
+    };
+    match s.when {
+        Some(holds) => step.when(move |_| Ok(holds)),
+        None => step,
+    }
+}
+
+/// One scripted call (a compensatable, pivot or retriable step, or a branch): actions allow 3
+/// attempts (retriable ones: unlimited), every backoff a few milliseconds.
+fn scripted_call(s: &ScriptedStep, journal: &Journal) -> saga_dsl::Step<saga_dsl::Call> {
     use saga_dsl::{RetryPolicy, Step, StepKind};
     let fast = RetryPolicy::new()
         .with_initial_delay(Duration::from_millis(4))
@@ -510,64 +577,11 @@ fn scripted_step(s: &ScriptedStep, journal: &Journal) -> saga_dsl::Step {
         async move { play(&j, &script, &ctx).await.map(|_| ()) }
     };
     let step = match s.kind {
-        StepKind::Compensatable => Step::compensatable(&s.name, action, compensation).retry(fast),
         StepKind::Pivot => Step::pivot(&s.name, action).retry(fast),
         StepKind::Retriable => {
             Step::retriable(&s.name, action).retry(fast.with_unlimited_attempts())
         }
-        StepKind::Sleep => Step::sleep(&s.name, s.sleep),
-        StepKind::Child => Step::child(&s.name, s.child.clone().unwrap_or_default(), |ctx| {
-            Ok(ctx.raw_input().clone())
-        }),
-        StepKind::Signal => {
-            let (signal, timeout, default) = s.signal.clone().unwrap_or_default();
-            let mut step = Step::signal(&s.name, signal).accept(|_, payload| {
-                if payload["refuse"] == true {
-                    Err(saga_dsl::StepError::permanent("refused by its payload"))
-                } else {
-                    Ok(payload)
-                }
-            });
-            if let Some(timeout) = timeout {
-                step = step.signal_timeout(timeout);
-            }
-            match default {
-                Some(default) => step.default_payload(default),
-                None => step,
-            }
-        }
-        StepKind::Parallel => {
-            let branches: Vec<Step> = s
-                .branches
-                .iter()
-                .map(|b| scripted_step(b, journal))
-                .collect();
-            let step = match &s.mapped_from {
-                // One branch per element of the input's list, named by its `name`.
-                Some(field) => {
-                    let field = field.clone();
-                    Step::map(
-                        &s.name,
-                        move |ctx| {
-                            ctx.raw_input()[&field].as_array().cloned().ok_or_else(|| {
-                                saga_dsl::StepError::permanent(format!("{field} is not a list"))
-                            })
-                        },
-                        |element| Ok(element["name"].as_str().unwrap_or_default().to_owned()),
-                        branches.into_iter().next().unwrap(),
-                    )
-                }
-                None => Step::parallel(&s.name, branches),
-            };
-            match s.max_concurrency {
-                Some(n) => step.max_concurrency(n),
-                None => step,
-            }
-        }
-    };
-    let step = match s.when {
-        Some(holds) => step.when(move |_| Ok(holds)),
-        None => step,
+        _ => Step::compensatable(&s.name, action, compensation).retry(fast),
     };
     step.compensation_retry(fast.with_unlimited_attempts())
         .timeout(SCRIPT_TIMEOUT)

@@ -11,7 +11,7 @@ use super::commands::client_error;
 use super::error::CliError;
 use super::render;
 use crate::client::SagaClient;
-use crate::model::{Definition, DefinitionList, StepKindName};
+use crate::model::{Definition, DefinitionList, StepKind};
 
 /// How many characters of the step-list hash the table shows: enough to tell versions apart
 /// at a glance (the whole hash is in `--json` and in `saga show`).
@@ -69,7 +69,7 @@ pub(crate) fn stages(def: &Definition) -> String {
     def.stages
         .iter()
         .map(|s| match s.kind {
-            StepKindName::Compensatable => s.name.clone(),
+            StepKind::Compensatable => s.name.clone(),
             kind => format!("{} ({kind})", s.name),
         })
         .collect::<Vec<_>>()
@@ -98,7 +98,7 @@ mod tests {
     use super::*;
     use crate::model::Stage;
 
-    fn def(name: &str, stages: &[(&str, StepKindName)], schema: serde_json::Value) -> Definition {
+    fn def(name: &str, stages: &[(&str, StepKind)], schema: serde_json::Value) -> Definition {
         Definition {
             name: name.to_owned(),
             version: 2,
@@ -121,13 +121,13 @@ mod tests {
                 def(
                     "trip",
                     &[
-                        ("book", StepKindName::Compensatable),
-                        ("charge", StepKindName::Pivot),
-                        ("mail", StepKindName::Retriable),
+                        ("book", StepKind::Compensatable),
+                        ("charge", StepKind::Pivot),
+                        ("mail", StepKind::Retriable),
                     ],
                     json!({"type": "object", "required": ["trip_id", "traveller"]}),
                 ),
-                def("free", &[("only", StepKindName::Pivot)], json!(true)),
+                def("free", &[("only", StepKind::Pivot)], json!(true)),
             ],
         };
         let mut out = Vec::new();

@@ -18,7 +18,7 @@ use super::table::{Fit, Grid, Layout};
 use crate::client::StartedSaga;
 use crate::model::{
     needs_compensation, rfc3339, Attempt, Event, Millis, PhaseRecord, Saga, SagaPage, SagaStatus,
-    StepKindName, StepRecord, StepStatus,
+    StepKind, StepRecord, StepStatus,
 };
 
 /// Longest error text shown in a table cell.
@@ -507,7 +507,7 @@ fn steps_table(saga: &Saga, now: Millis, layout: &Layout) -> Table {
         .iter()
         .map(
             |s| match (s.action.status, &s.waiting_for, s.wait_until()) {
-                (StepStatus::Waiting, _, _) if s.kind == StepKindName::Child => format!(
+                (StepStatus::Waiting, _, _) if s.kind == StepKind::Child => format!(
                     "WAITING for child {}",
                     saga_dsl::child_saga_id(saga.id, &s.name)
                 ),

@@ -6,7 +6,7 @@
 //! parent resumed after a crash finds the child it started, and a parent going back knows
 //! whether a child may exist.
 
-use saga_dsl::{child_saga_id, Phase, Step};
+use saga_dsl::{child_saga_id, ChildSaga, Phase};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -22,30 +22,31 @@ impl Driver {
     /// one still running.
     pub(super) async fn decide_child(
         &mut self,
-        step: &Step,
+        name: &str,
+        stage: &ChildSaga,
         index: usize,
         now: Millis,
     ) -> Result<Decision, StoreError> {
-        let child_id = child_saga_id(self.saga.id, step.name());
+        let child_id = child_saga_id(self.saga.id, name);
         if self.saga.steps[index].action.status == StepStatus::Pending {
-            let Some(child) = self.child_of(step, index, child_id, now) else {
+            let Some(child) = self.child_of(stage, index, child_id, now) else {
                 return Ok(Decision::Decided);
             };
             self.start_waiting(index, now);
             let data = json!({"child_id": child_id, "saga": child.name});
             self.pending
                 .events
-                .push(NewEvent::step("step.waiting", step.name(), data));
+                .push(NewEvent::step("step.waiting", name, data));
             // The stage is recorded as waiting before its child may exist.
             self.write(false, false).await?;
-            return self.start_child(step, &child).await;
+            return self.start_child(name, &child).await;
         }
         let Some(child) = self.inner.store.get_saga(child_id).await? else {
             // The stage's record was committed, its child not: start it now.
-            let Some(child) = self.child_of(step, index, child_id, now) else {
+            let Some(child) = self.child_of(stage, index, child_id, now) else {
                 return Ok(Decision::Decided);
             };
-            return self.start_child(step, &child).await;
+            return self.start_child(name, &child).await;
         };
         match child.status {
             SagaStatus::Completed => {
@@ -54,7 +55,7 @@ impl Driver {
                 let data = json!({"child_id": child_id});
                 self.pending
                     .events
-                    .push(NewEvent::step("step.succeeded", step.name(), data));
+                    .push(NewEvent::step("step.succeeded", name, data));
             }
             status if status.is_terminal() => {
                 let why = child.error.map(|e| format!(": {e}")).unwrap_or_default();
@@ -72,13 +73,13 @@ impl Driver {
     }
 
     /// Creates the child of a stage recorded as waiting, and waits for it.
-    async fn start_child(&mut self, step: &Step, child: &NewSaga) -> Result<Decision, StoreError> {
-        crash_if_armed("before_child", step.name());
+    async fn start_child(&mut self, stage: &str, child: &NewSaga) -> Result<Decision, StoreError> {
+        crash_if_armed("before_child", stage);
         self.inner
             .store
-            .start_child(self.lease(), step.name(), child)
+            .start_child(self.lease(), stage, child)
             .await?;
-        crash_if_armed("after_child", step.name());
+        crash_if_armed("after_child", stage);
         Ok(Decision::AwaitChild {
             child: child.id,
             seen: SagaStatus::Queued,
@@ -87,18 +88,20 @@ impl Driver {
 
     /// The child saga a stage starts, its input computed and checked against the child's
     /// definition; `None` (the stage failed permanently) when that is impossible.
-    fn child_of(&mut self, step: &Step, index: usize, id: Uuid, now: Millis) -> Option<NewSaga> {
-        let name = step.child_saga().unwrap_or_default();
+    fn child_of(
+        &mut self,
+        stage: &ChildSaga,
+        index: usize,
+        id: Uuid,
+        now: Millis,
+    ) -> Option<NewSaga> {
+        let name = stage.saga();
         let ctx = self.context(index, Phase::Action, 0);
-        let input = match step.child_input(&ctx) {
-            Some(Ok(input)) => input,
-            Some(Err(e)) => {
+        let input = match stage.input(&ctx) {
+            Ok(input) => input,
+            Err(e) => {
                 let error = format!("its child's input failed: {}", e.message());
                 self.refuse(index, &error, now);
-                return None;
-            }
-            None => {
-                self.refuse(index, "a child stage without a child saga", now);
                 return None;
             }
         };

@@ -5,14 +5,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use saga_dsl::{Phase, Step, StepError, StepKind};
+use saga_dsl::{Group, Phase, SignalWait, Sleep, StageBody, StepError};
 use serde_json::{json, Value};
 
 use super::driver::Driver;
 use super::plan;
-use crate::model::{
-    rfc3339, Millis, PhaseRecord, SagaStatus, StepKindName, StepRecord, StepStatus,
-};
+use crate::model::{rfc3339, Millis, PhaseRecord, SagaStatus, StepKind, StepRecord, StepStatus};
 use crate::store::rows::comp_status_for;
 use crate::store::{NewEvent, NewStep, StoreError};
 
@@ -67,11 +65,12 @@ impl Driver {
                 }
             }
         }
-        match step.kind() {
-            StepKind::Sleep => self.decide_sleep(step, index, now),
-            StepKind::Signal => return self.decide_signal(step, index, now).await,
-            StepKind::Parallel => self.decide_group(step, index, now),
-            StepKind::Child => return self.decide_child(step, index, now).await,
+        let name = step.name();
+        match step.body() {
+            StageBody::Sleep(sleep) => self.decide_sleep(name, sleep, index, now),
+            StageBody::Signal(wait) => return self.decide_signal(name, wait, index, now).await,
+            StageBody::Parallel(group) => self.decide_group(name, group, index, now),
+            StageBody::Child(child) => return self.decide_child(name, child, index, now).await,
             _ => return Ok(Decision::Call),
         }
         Ok(Decision::Decided)
@@ -80,9 +79,9 @@ impl Driver {
     /// Starts a parallel group (its branches' rows are added, `PENDING`, to be called next), or
     /// ends it once every branch succeeded (its output an object keyed by branch name) or one
     /// failed for good with none in flight (the saga then goes back).
-    fn decide_group(&mut self, step: &Step, index: usize, now: Millis) {
+    fn decide_group(&mut self, name: &str, group: &Group, index: usize, now: Millis) {
         if self.saga.steps[index].action.status == StepStatus::Pending {
-            return self.start_group(step, index, now);
+            return self.start_group(name, group, index, now);
         }
         match plan::group_state(&self.saga, index) {
             plan::GroupState::Succeeded => {
@@ -98,7 +97,7 @@ impl Driver {
                     Some(Value::Object(output)),
                     now,
                 );
-                let event = NewEvent::step("step.succeeded", step.name(), json!({}));
+                let event = NewEvent::step("step.succeeded", name, json!({}));
                 self.pending.events.push(event);
             }
             plan::GroupState::Failed(error) => self.refuse(index, &error, now),
@@ -111,22 +110,21 @@ impl Driver {
     /// `group/branch`, in the order the definition (or the mapped list) gives. Rows a refused
     /// write left behind (PostgreSQL inserts them by a statement of their own) are taken as
     /// they are: the list is the same, computed from the same data.
-    fn start_group(&mut self, step: &Step, index: usize, now: Millis) {
-        let names = match step.branches(&self.context(index, Phase::Action, 0)) {
-            Some(Ok(names)) => names,
-            Some(Err(e)) => {
+    fn start_group(&mut self, stage: &str, group: &Group, index: usize, now: Millis) {
+        let names = match group.branches(stage, &self.context(index, Phase::Action, 0)) {
+            Ok(names) => names,
+            Err(e) => {
                 return self.refuse(index, &format!("its branches failed: {}", e.message()), now)
             }
-            None => return self.refuse(index, "a parallel group without branches", now),
         };
         let existing = plan::branches(&self.saga, index).count();
         if existing == 0 {
             for (branch, _) in &names {
-                let kind = step
+                let kind = group
                     .branch(branch)
-                    .map_or(StepKindName::Compensatable, |b| b.kind().into());
+                    .map_or(StepKind::Compensatable, |b| b.kind());
                 let row = self.saga.steps.len() as u32;
-                let name = format!("{}/{branch}", step.name());
+                let name = format!("{stage}/{branch}");
                 self.saga.steps.push(StepRecord {
                     index: row,
                     name: name.clone(),
@@ -147,7 +145,7 @@ impl Driver {
         }
         for (branch, element) in names {
             if let Some(element) = element {
-                let name = format!("{}/{branch}", step.name());
+                let name = format!("{stage}/{branch}");
                 self.elements.insert(name, Arc::new(element));
             }
         }
@@ -164,30 +162,29 @@ impl Driver {
         let data = json!({ "branches": branches });
         self.pending
             .events
-            .push(NewEvent::step("group.started", step.name(), data));
+            .push(NewEvent::step("group.started", stage, data));
         // An empty list has nothing to wait for.
         if branches.is_empty() {
             let output = Some(Value::Object(serde_json::Map::new()));
             self.settle_without_call(index, StepStatus::Succeeded, output, now);
-            let event = NewEvent::step("step.succeeded", step.name(), json!({}));
+            let event = NewEvent::step("step.succeeded", stage, json!({}));
             self.pending.events.push(event);
         }
     }
 
     /// Starts a sleep, or ends it (the plan asks only once its wake time has come).
-    fn decide_sleep(&mut self, step: &Step, index: usize, now: Millis) {
+    fn decide_sleep(&mut self, name: &str, sleep: &Sleep, index: usize, now: Millis) {
         if self.saga.steps[index].action.status != StepStatus::Pending {
             self.settle_without_call(index, StepStatus::Succeeded, Some(Value::Null), now);
             let wake_at = self.saga.steps[index].wake_at.map(rfc3339);
             let data = json!({ "wake_at": wake_at });
             self.pending
                 .events
-                .push(NewEvent::step("step.succeeded", step.name(), data));
+                .push(NewEvent::step("step.succeeded", name, data));
             return;
         }
-        let wake = step
+        let wake = sleep
             .wake_time(&self.context(index, Phase::Action, 0), system_time(now))
-            .unwrap_or_else(|| Err(StepError::permanent("a sleep without a wake time")))
             .and_then(millis);
         match wake {
             Ok(at) => {
@@ -196,7 +193,7 @@ impl Driver {
                 let data = json!({"wake_at": rfc3339(at)});
                 self.pending
                     .events
-                    .push(NewEvent::step("step.waiting", step.name(), data));
+                    .push(NewEvent::step("step.waiting", name, data));
             }
             Err(e) => self.refuse(
                 index,
@@ -210,11 +207,12 @@ impl Driver {
     /// ends the wait when its timeout has passed (with the default payload, or failing).
     async fn decide_signal(
         &mut self,
-        step: &Step,
+        name: &str,
+        wait: &SignalWait,
         index: usize,
         now: Millis,
     ) -> Result<Decision, StoreError> {
-        let signal = step.signal_name().unwrap_or_default().to_owned();
+        let signal = wait.signal().to_owned();
         let ctx = self.context(index, Phase::Action, 0);
         let pending = self.saga.steps[index].action.status == StepStatus::Pending;
         let received = self
@@ -225,8 +223,8 @@ impl Driver {
         let payload = match received {
             Some(received) => received.payload,
             None if pending => {
-                let deadline = step
-                    .signal_deadline(&ctx, system_time(now))
+                let deadline = wait
+                    .deadline(&ctx, system_time(now))
                     .map(|d| d.and_then(millis))
                     .transpose();
                 let deadline = match deadline {
@@ -244,11 +242,11 @@ impl Driver {
                 let data = json!({"signal": signal, "timeout_at": deadline.map(rfc3339)});
                 self.pending
                     .events
-                    .push(NewEvent::step("step.waiting", step.name(), data));
+                    .push(NewEvent::step("step.waiting", name, data));
                 return Ok(Decision::AwaitSignal(signal));
             }
             None => match self.saga.steps[index].timeout_at {
-                Some(at) if at <= now => match step.signal_default() {
+                Some(at) if at <= now => match wait.default_payload() {
                     Some(default) => default.clone(),
                     None => {
                         let error = format!("no signal {signal:?} came before the timeout");
@@ -264,13 +262,13 @@ impl Driver {
             self.saga.steps[index].action.started_at = Some(now);
             self.saga.steps[index].waiting_for = Some(signal.clone());
         }
-        match step.accept_signal(&ctx, payload) {
+        match wait.accept(&ctx, payload) {
             Ok(output) => {
                 self.settle_without_call(index, StepStatus::Succeeded, Some(output), now);
                 let data = json!({"signal": signal});
                 self.pending
                     .events
-                    .push(NewEvent::step("step.succeeded", step.name(), data));
+                    .push(NewEvent::step("step.succeeded", name, data));
             }
             Err(e) => self.refuse(index, e.message(), now),
         }

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use saga_dsl::{InputCache, Phase, SagaDefinition, Step, StepContext, StepError};
+use saga_dsl::{Call, Group, InputCache, Phase, SagaDefinition, Step, StepContext, StepError};
 use serde_json::{json, Value};
 use tokio_retry::strategy::{jitter, ExponentialBackoff};
 use tokio_retry::RetryIf;
@@ -25,7 +25,7 @@ use super::decide::Decision;
 use super::plan::{self, NextCall};
 use super::Inner;
 use crate::failpoint::crash_if_armed;
-use crate::model::{Millis, PhaseRecord, Saga, SagaStatus, StepKindName, StepStatus};
+use crate::model::{Millis, PhaseRecord, Saga, SagaStatus, StepKind, StepStatus};
 use crate::store::{
     Applied, AttemptChange, Claimed, Lease, NewEvent, NewStep, SagaUpdate, StepUpdate, StoreError,
     Transition,
@@ -146,15 +146,16 @@ impl Driver {
         self.def.clone()
     }
 
-    /// The definition's step of row `index`: a stage, or a branch of a group (named
+    /// The definition's call of row `index`: a stage's, or a branch's of a group (a row named
     /// `group/branch`).
-    fn call_site(&self, index: usize) -> Option<&Step> {
+    fn call_site(&self, index: usize) -> Option<&Call> {
         let steps = self.def.steps();
         if let Some(step) = steps.get(index) {
-            return Some(step);
+            return step.call();
         }
         let (group, branch) = self.saga.steps.get(index)?.branch_of()?;
-        steps.iter().find(|s| s.name() == group)?.branch(branch)
+        let group = steps.iter().find(|s| s.name() == group)?.group()?;
+        group.branch(branch).map(|b| b.body())
     }
 
     /// The row of the stage that row `index` belongs to (its group, for a branch).
@@ -183,8 +184,8 @@ impl Driver {
         self.def
             .steps()
             .get(group)
-            .and_then(Step::max_concurrency_of_group)
-            .unwrap_or(usize::MAX)
+            .and_then(Step::group)
+            .map_or(usize::MAX, Group::max_concurrency)
     }
 
     /// Queues the write of row `index`'s `phase` as it is now in memory.
@@ -282,9 +283,7 @@ impl Driver {
                     }
                     let decision = match phase {
                         Phase::Action => self.decide(index, now).await?,
-                        Phase::Compensation
-                            if self.saga.steps[index].kind == StepKindName::Child =>
-                        {
+                        Phase::Compensation if self.saga.steps[index].kind == StepKind::Child => {
                             self.undo_child(index, now).await?
                         }
                         Phase::Compensation => Decision::Call,
@@ -363,25 +362,22 @@ impl Driver {
                 let error = StepError::permanent(format!("the definition has no step {name}"));
                 (Duration::ZERO, Box::pin(async move { Err(error) }))
             }
-            (Some(step), Phase::Action) => match step.action().cloned() {
-                Some(action) => (
-                    step.attempt_timeout(),
+            (Some(call), Phase::Action) => {
+                let action = call.action().clone();
+                (
+                    call.attempt_timeout(),
                     Box::pin(async move { action.run(ctx).await }),
-                ),
-                // Steps that call nothing are decided without a call (`decide`).
-                None => (
-                    step.attempt_timeout(),
-                    Box::pin(async { Err(StepError::permanent("step has no action")) }),
-                ),
-            },
-            (Some(step), Phase::Compensation) => match step.compensation().cloned() {
+                )
+            }
+            (Some(call), Phase::Compensation) => match call.compensation().cloned() {
                 Some(comp) => (
-                    step.compensation_attempt_timeout(),
+                    call.compensation_attempt_timeout()
+                        .unwrap_or(saga_dsl::DEFAULT_ATTEMPT_TIMEOUT),
                     Box::pin(async move { comp.run(ctx).await.map(|()| Value::Null) }),
                 ),
                 // Only compensatable steps are ever compensated (`needs_compensation`).
                 None => (
-                    step.compensation_attempt_timeout(),
+                    saga_dsl::DEFAULT_ATTEMPT_TIMEOUT,
                     Box::pin(async { Err(StepError::permanent("step has no compensation")) }),
                 ),
             },
@@ -425,7 +421,7 @@ impl Driver {
         let mut interrupted = Vec::new();
         for index in 0..self.saga.steps.len() {
             // A group's own row is `RUNNING` while its branches are: it makes no call.
-            if self.saga.steps[index].kind == StepKindName::Parallel {
+            if self.saga.steps[index].kind == StepKind::Parallel {
                 continue;
             }
             for phase in [Phase::Action, Phase::Compensation] {
@@ -566,10 +562,11 @@ impl Driver {
             return Some(element.clone());
         }
         let stage = self.stage_of(index);
-        let group = self.def.steps().get(stage).filter(|s| s.is_mapped())?;
+        let step = self.def.steps().get(stage)?;
+        let group = step.group().filter(|g| g.is_mapped())?;
         let (_, branch) = self.saga.steps[index].branch_of()?;
         let ctx = self.context(stage, Phase::Action, 0);
-        let names = group.branches(&ctx)?.ok()?;
+        let names = group.branches(step.name(), &ctx).ok()?;
         names
             .into_iter()
             .find(|(n, _)| n == branch)
@@ -638,8 +635,11 @@ impl Driver {
         now: Millis,
     ) {
         let policy = match (self.call_site(index), phase) {
-            (Some(step), Phase::Action) => *step.retry_policy(),
-            (Some(step), Phase::Compensation) => *step.compensation_retry_policy(),
+            (Some(call), Phase::Action) => *call.retry_policy(),
+            (Some(call), Phase::Compensation) => call
+                .compensation_retry_policy()
+                .copied()
+                .unwrap_or_else(saga_dsl::RetryPolicy::forever),
             // A row the definition does not know: its failure is final.
             (None, _) => saga_dsl::RetryPolicy::new().with_max_attempts(1),
         };

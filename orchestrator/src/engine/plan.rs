@@ -8,7 +8,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::model::{
-    needs_compensation, Millis, Saga, SagaStatus, StepKindName, StepRecord, StepStatus,
+    needs_compensation, Millis, Saga, SagaStatus, StepKind, StepRecord, StepStatus,
 };
 use crate::store::NewEvent;
 use saga_dsl::Phase;
@@ -124,23 +124,21 @@ pub fn settle(saga: &mut Saga, now: Millis) -> Vec<NewEvent> {
                     failed.action.last_error.as_deref().unwrap_or("failed")
                 );
                 let can_go_back = match failed.kind {
-                    StepKindName::Compensatable => true,
+                    StepKind::Compensatable => true,
                     // A pivot that failed definitively never took effect: go back. One whose
                     // outcome is unknown may have: neither way is safe without a person.
-                    StepKindName::Pivot => failed.action.status == StepStatus::Failed,
-                    StepKindName::Retriable => false,
+                    StepKind::Pivot => failed.action.status == StepStatus::Failed,
+                    StepKind::Retriable => false,
                     // A wait that failed (a wake time that could not be computed, a signal
                     // that did not come or was refused) changed nothing: back, unless the
                     // point of no return is behind.
                     // A child that ended other than completed was undone by its own saga (or
                     // waits for a person there): back too, unless the point of no return is
                     // behind.
-                    StepKindName::Sleep | StepKindName::Signal | StepKindName::Child => {
-                        !saga.pivot_reached
-                    }
+                    StepKind::Sleep | StepKind::Signal | StepKind::Child => !saga.pivot_reached,
                     // A group whose branch failed: its other branches are compensated with
                     // the steps before, unless the point of no return is behind.
-                    StepKindName::Parallel => !saga.pivot_reached,
+                    StepKind::Parallel => !saga.pivot_reached,
                 };
                 if can_go_back {
                     saga.status = SagaStatus::Compensating;
@@ -256,7 +254,7 @@ pub fn next_call_limited(saga: &Saga, now: Millis, limit: &dyn Fn(usize) -> usiz
             _ => NextCall::Call(index, phase),
         },
         // A signal wait is decided by the driver, which asks the log whether its signal came.
-        StepStatus::Waiting if saga.steps[index].kind == StepKindName::Signal => {
+        StepStatus::Waiting if saga.steps[index].kind == StepKind::Signal => {
             NextCall::Call(index, phase)
         }
         StepStatus::Waiting => match saga.steps[index].wake_at {
@@ -275,7 +273,7 @@ pub fn next_call_limited(saga: &Saga, now: Millis, limit: &dyn Fn(usize) -> usiz
                 return NextCall::Done;
             };
             let stage = &saga.steps[i];
-            if stage.kind == StepKindName::Parallel && stage.action.status == StepStatus::Running {
+            if stage.kind == StepKind::Parallel && stage.action.status == StepStatus::Running {
                 return match group_state(saga, i) {
                     GroupState::Running => group_calls(saga, i, Phase::Action, now, limit(i)),
                     // Its end is decided by the driver, which writes the group's row.
@@ -291,7 +289,7 @@ pub fn next_call_limited(saga: &Saga, now: Millis, limit: &dyn Fn(usize) -> usiz
                 if !is_stage(stage) {
                     continue;
                 }
-                if stage.kind == StepKindName::Parallel {
+                if stage.kind == StepKind::Parallel {
                     match group_calls(saga, i, Phase::Compensation, now, limit(i)) {
                         NextCall::Done => continue,
                         next => return next,
@@ -367,13 +365,13 @@ mod tests {
 
     use super::*;
     use crate::model::{PhaseRecord, StepRecord};
-    use StepKindName::{Compensatable, Pivot, Retriable};
+    use StepKind::{Compensatable, Pivot, Retriable};
 
     const NOW: Millis = 1_000_000;
 
     /// A step whose action is in `action` (with one attempt made unless pending) and whose
     /// compensation has not run.
-    fn step(index: u32, name: &str, kind: StepKindName, action: StepStatus) -> StepRecord {
+    fn step(index: u32, name: &str, kind: StepKind, action: StepStatus) -> StepRecord {
         let mut record = PhaseRecord::with_status(action);
         if action != StepStatus::Pending {
             record.attempts = 1;
@@ -1015,7 +1013,7 @@ mod tests {
 
     /// Steps `a` (compensatable, succeeded), a sleep `nap` in `status`, and a pivot `p`.
     fn napping(status: StepStatus, wake_at: Millis) -> Saga {
-        let mut nap = step(1, "nap", StepKindName::Sleep, status);
+        let mut nap = step(1, "nap", StepKind::Sleep, status);
         nap.compensation = PhaseRecord::with_status(StepStatus::None);
         nap.action.outcome_unknown = false;
         nap.wake_at = Some(wake_at);

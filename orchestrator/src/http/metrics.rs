@@ -245,7 +245,7 @@ pub(crate) fn zero_series(registry: &saga_dsl::Registry, api: &utoipa::openapi::
                         "phase" => phase.as_str(), "outcome" => *outcome);
                 }
             }
-            if step.compensation().is_some() {
+            if step.kind() == StepKind::Compensatable {
                 metrics::counter!("saga_compensations_total", "name" => name.clone(),
                                   "step" => step_name.clone())
                 .increment(0);

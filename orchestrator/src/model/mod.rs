@@ -168,41 +168,9 @@ wire_enum!(
     }
 );
 
-wire_enum!(
-    /// The kind of a step (mirrors `saga_dsl::StepKind`).
-    StepKindName {
-        /// Action and compensation.
-        Compensatable = "compensatable",
-        /// No compensation; the point of no return.
-        Pivot = "pivot",
-        /// After the pivot; retried until it succeeds.
-        Retriable = "retriable",
-        /// A durable sleep: calls nothing, compensates nothing.
-        Sleep = "sleep",
-        /// A wait for a signal: calls nothing, compensates nothing.
-        Signal = "signal",
-        /// A parallel group: its branches, rows of their own named `group/branch`, call and
-        /// compensate; the group's row holds the group's status and output.
-        Parallel = "parallel",
-        /// A child saga: started by the step, which waits for its end; compensated by
-        /// cancelling the child or running its compensations.
-        Child = "child",
-    }
-);
-
-impl From<saga_dsl::StepKind> for StepKindName {
-    fn from(k: saga_dsl::StepKind) -> Self {
-        match k {
-            saga_dsl::StepKind::Compensatable => Self::Compensatable,
-            saga_dsl::StepKind::Pivot => Self::Pivot,
-            saga_dsl::StepKind::Retriable => Self::Retriable,
-            saga_dsl::StepKind::Sleep => Self::Sleep,
-            saga_dsl::StepKind::Signal => Self::Signal,
-            saga_dsl::StepKind::Parallel => Self::Parallel,
-            saga_dsl::StepKind::Child => Self::Child,
-        }
-    }
-}
+/// The kind of a stage or branch, as the log stores it and the saga's `steps` show it: the
+/// definition's own name ([`saga_dsl::StepKind`]), so the two cannot drift apart.
+pub use saga_dsl::StepKind;
 
 /// One half (action or compensation) of a step in the log.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -252,7 +220,7 @@ pub struct StepRecord {
     /// Name.
     pub name: String,
     /// Kind.
-    pub kind: StepKindName,
+    pub kind: StepKind,
     /// The action.
     #[serde(flatten)]
     pub action: PhaseRecord,
@@ -488,9 +456,9 @@ pub struct Attempt {
 /// succeeded or been done by hand.
 pub fn needs_compensation(step: &StepRecord) -> bool {
     let started = match step.kind {
-        StepKindName::Compensatable => step.action.outcome_unknown,
+        StepKind::Compensatable => step.action.outcome_unknown,
         // A child stage waiting for its child may have started it.
-        StepKindName::Child => step.action.status == StepStatus::Waiting,
+        StepKind::Child => step.action.status == StepStatus::Waiting,
         _ => return false,
     };
     (step.action.status == StepStatus::Succeeded
@@ -529,7 +497,7 @@ pub struct Stage {
     /// The step's name.
     pub name: String,
     /// Its kind, as in the saga object's steps.
-    pub kind: StepKindName,
+    pub kind: StepKind,
 }
 
 /// A saga definition as `GET /v1/definitions` and `saga definitions` show it: what a client
@@ -562,7 +530,7 @@ impl Definition {
                 .iter()
                 .map(|s| Stage {
                     name: s.name().to_owned(),
-                    kind: s.kind().into(),
+                    kind: s.kind(),
                 })
                 .collect(),
             input_schema: def.input_schema().as_value().clone(),

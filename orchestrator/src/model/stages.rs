@@ -2,45 +2,15 @@
 //! definition, with its kind, its status and what it waits for, a group's branches inside it.
 //! Computed from the step log's rows, which hold a group's branches as rows of their own.
 
-use std::fmt;
-use std::str::FromStr;
-
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::{opt_time, Millis, PhaseRecord, Saga, StepKindName, StepRecord};
-use super::{StepStatus, UnknownValue};
+use super::StepStatus;
+use super::{opt_time, Millis, PhaseRecord, Saga, StepKind, StepRecord};
 
-wire_enum!(
-    /// What a stage is.
-    StageKind {
-        /// An action and, usually, its compensation (compensatable, pivot or retriable).
-        Step = "step",
-        /// A parallel group: its branches run at once.
-        Parallel = "parallel",
-        /// A durable sleep.
-        Sleep = "sleep",
-        /// A wait for a signal.
-        Signal = "signal",
-        /// A child saga.
-        Child = "child",
-    }
-);
-
-impl From<StepKindName> for StageKind {
-    fn from(kind: StepKindName) -> Self {
-        match kind {
-            StepKindName::Compensatable | StepKindName::Pivot | StepKindName::Retriable => {
-                Self::Step
-            }
-            StepKindName::Parallel => Self::Parallel,
-            StepKindName::Sleep => Self::Sleep,
-            StepKindName::Signal => Self::Signal,
-            StepKindName::Child => Self::Child,
-        }
-    }
-}
+/// What a stage is: the definition's own name ([`saga_dsl::StageKind`]).
+pub use saga_dsl::StageKind;
 
 /// One stage of a saga.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -53,7 +23,7 @@ pub struct StageRecord {
     pub kind: StageKind,
     /// For a `step` stage, its role: `compensatable`, `pivot` or `retriable`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub step_kind: Option<StepKindName>,
+    pub step_kind: Option<StepKind>,
     /// The stage's forward progress: its action's, a wait's (`WAITING`) or, for a group,
     /// the group's as a whole.
     #[serde(flatten)]
@@ -109,7 +79,7 @@ pub fn stages_of(id: Uuid, steps: &[StepRecord]) -> Vec<StageRecord> {
         .iter()
         .filter(|s| s.branch_of().is_none())
         .map(|s| {
-            let kind = StageKind::from(s.kind);
+            let kind = s.kind.stage();
             let branches = (kind == StageKind::Parallel).then(|| {
                 steps
                     .iter()

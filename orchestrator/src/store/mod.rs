@@ -41,7 +41,7 @@ use serde_json::Value;
 use uuid::Uuid;
 
 use crate::model::{
-    Attempt, Event, ListFilter, Millis, PhaseRecord, Saga, SagaPage, SagaStatus, StepKindName,
+    Attempt, Event, ListFilter, Millis, PhaseRecord, Saga, SagaPage, SagaStatus, StepKind,
 };
 pub(crate) use error::SqlxResultExt;
 pub use error::{BackendError, BackendErrorKind, StoreError};
@@ -67,7 +67,7 @@ pub struct NewSaga {
     /// The input, already checked against the definition's input type.
     pub input: Value,
     /// The steps: name and kind, in order.
-    pub steps: Vec<(String, StepKindName)>,
+    pub steps: Vec<(String, StepKind)>,
     /// Whether the create also records the write-ahead of the first action (saga `RUNNING`,
     /// step 0's action `RUNNING` with attempt 1 started under the new lease), saving the
     /// commit the driver would make for it. Only for a saga created leased to a worker that
@@ -92,7 +92,7 @@ impl NewSaga {
             steps: def
                 .steps()
                 .iter()
-                .map(|s| (s.name().to_owned(), StepKindName::from(s.kind())))
+                .map(|s| (s.name().to_owned(), s.kind()))
                 .collect(),
             first_attempt: false,
             start_at: None,
@@ -120,7 +120,7 @@ impl NewSaga {
     pub(crate) fn first_is_point_of_no_return(&self) -> bool {
         self.steps
             .first()
-            .is_some_and(|(_, kind)| matches!(kind, StepKindName::Pivot | StepKindName::Retriable))
+            .is_some_and(|(_, kind)| matches!(kind, StepKind::Pivot | StepKind::Retriable))
     }
 }
 
@@ -208,7 +208,7 @@ pub struct NewStep {
     /// `group/branch`.
     pub name: String,
     /// The branch's kind (compensatable or retriable).
-    pub kind: StepKindName,
+    pub kind: StepKind,
 }
 
 /// A change to the attempt log.

@@ -11,7 +11,7 @@ use super::NewSaga;
 use super::{Result, StoreError};
 use crate::model::SagaPage;
 use crate::model::{
-    Attempt, Event, Millis, PhaseRecord, Saga, SagaSummary, StepKindName, StepRecord, StepStatus,
+    Attempt, Event, Millis, PhaseRecord, Saga, SagaSummary, StepKind, StepRecord, StepStatus,
     Worker,
 };
 use crate::store::SqlxResultExt;
@@ -126,11 +126,11 @@ pub(super) fn step_from_row<R: LogRow>(row: &R) -> Result<StepRecord> {
     let idx: i64 = row.get("idx")?;
     let attempts: i64 = row.get("attempts")?;
     let comp_attempts: i64 = row.get("comp_attempts")?;
-    let kind: StepKindName = parse_enum(&saga, &kind)?;
+    let kind: StepKind = parse_enum(&saga, &kind)?;
     // One column holds a sleep's wake time and a signal wait's timeout.
     let wait: Option<Millis> = row.get("wake_at")?;
     let (wake_at, timeout_at) = match kind {
-        StepKindName::Signal => (None, wait),
+        StepKind::Signal => (None, wait),
         _ => (wait, None),
     };
     Ok(StepRecord {
@@ -190,8 +190,8 @@ pub(super) fn worker_from_row<R: LogRow>(row: &R) -> Result<Worker> {
 }
 
 /// The compensation status a new step starts with.
-pub(crate) fn comp_status_for(kind: StepKindName) -> StepStatus {
-    if matches!(kind, StepKindName::Compensatable | StepKindName::Child) {
+pub(crate) fn comp_status_for(kind: StepKind) -> StepStatus {
+    if matches!(kind, StepKind::Compensatable | StepKind::Child) {
         StepStatus::Pending
     } else {
         StepStatus::None

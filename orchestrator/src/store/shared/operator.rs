@@ -12,7 +12,7 @@ use uuid::Uuid;
 use super::reads::load_saga;
 use super::sql::{Arg, Tx};
 use super::SqlBackend;
-use crate::model::{Saga, SagaStatus, StepKindName, StepStatus};
+use crate::model::{Saga, SagaStatus, StepKind, StepStatus};
 use crate::store::rows::{parse_enum, LogRow};
 use crate::store::rules::{
     cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan,
@@ -248,7 +248,7 @@ async fn abandon_running(
             )
             .await?;
             // A group's own row is running while its branches are; it has no attempts.
-            if step.kind == StepKindName::Parallel {
+            if step.kind == StepKind::Parallel {
                 continue;
             }
             tx.exec(

@@ -162,7 +162,7 @@ mod tests {
     use uuid::Uuid;
 
     use super::*;
-    use crate::model::StepKindName;
+    use crate::model::StepKind;
     use crate::store::{NewSaga, SqliteStore, Store};
 
     /// Statements prepared on the connection of `pool` and not finalized, once the driver's
@@ -195,7 +195,7 @@ mod tests {
             version: 1,
             definition_hash: "h".to_owned(),
             input: serde_json::json!({}),
-            steps: vec![("a".to_owned(), StepKindName::Compensatable)],
+            steps: vec![("a".to_owned(), StepKind::Compensatable)],
             first_attempt: false,
             start_at: None,
             traceparent: None,

@@ -1,0 +1,198 @@
+//! A call: an action, its retry policy and timeout, and what undoes it (a compensation with
+//! its own policies, or nothing for a pivot or a retriable step).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::Serialize;
+use serde_json::Value;
+
+use super::{Step, StepKind};
+use crate::{RetryPolicy, StepContext, StepError};
+
+/// The forward half of a step. Any `Fn(StepContext) -> impl Future<Output = Result<T, StepError>>`
+/// with a serialisable `T` is one; implement the trait by hand for a struct holding clients.
+#[async_trait]
+pub trait Action: Send + Sync + 'static {
+    /// Runs the action once. Its output is stored in the log and given to later steps and to
+    /// this step's compensation.
+    async fn run(&self, ctx: StepContext) -> Result<Value, StepError>;
+}
+
+/// The undo half of a step. Any `Fn(StepContext) -> impl Future<Output = Result<(), StepError>>` is
+/// one. It must be idempotent: it may run again after a crash, with the same idempotency key.
+#[async_trait]
+pub trait Compensation: Send + Sync + 'static {
+    /// Runs the compensation once.
+    async fn run(&self, ctx: StepContext) -> Result<(), StepError>;
+}
+
+#[async_trait]
+impl<F, Fut, T> Action for F
+where
+    F: Fn(StepContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<T, StepError>> + Send + 'static,
+    T: Serialize + Send + 'static,
+{
+    async fn run(&self, ctx: StepContext) -> Result<Value, StepError> {
+        let out = (self)(ctx).await?;
+        serde_json::to_value(out)
+            .map_err(|e| StepError::permanent(format!("step output is not serialisable: {e}")))
+    }
+}
+
+#[async_trait]
+impl<F, Fut> Compensation for F
+where
+    F: Fn(StepContext) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<(), StepError>> + Send + 'static,
+{
+    async fn run(&self, ctx: StepContext) -> Result<(), StepError> {
+        (self)(ctx).await
+    }
+}
+
+/// The default time one attempt of an action or compensation may take before its outcome is
+/// recorded as unknown.
+pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The compensation of a compensatable call, with its own backoff and timeout.
+#[derive(Clone)]
+struct Undo {
+    run: Arc<dyn Compensation>,
+    retry: RetryPolicy,
+    timeout: Duration,
+}
+
+/// A call's place in Garcia-Molina and Salem's order, with the compensation only where there
+/// is one.
+#[derive(Clone)]
+enum Role {
+    Compensatable(Undo),
+    Pivot,
+    Retriable,
+}
+
+/// An action with its retry policy and timeout, and its compensation if it has one: the body
+/// of a compensatable, pivot or retriable step, and of each branch of a parallel group.
+#[derive(Clone)]
+pub struct Call {
+    action: Arc<dyn Action>,
+    retry: RetryPolicy,
+    timeout: Duration,
+    role: Role,
+}
+
+impl Call {
+    fn with_role(action: impl Action, retry: RetryPolicy, role: Role) -> Self {
+        Self {
+            action: Arc::new(action),
+            retry,
+            timeout: DEFAULT_ATTEMPT_TIMEOUT,
+            role,
+        }
+    }
+
+    pub(super) fn compensatable(action: impl Action, compensation: impl Compensation) -> Self {
+        let undo = Undo {
+            run: Arc::new(compensation),
+            retry: RetryPolicy::forever(),
+            timeout: DEFAULT_ATTEMPT_TIMEOUT,
+        };
+        Self::with_role(action, RetryPolicy::new(), Role::Compensatable(undo))
+    }
+
+    pub(super) fn pivot(action: impl Action) -> Self {
+        Self::with_role(action, RetryPolicy::new(), Role::Pivot)
+    }
+
+    pub(super) fn retriable(action: impl Action) -> Self {
+        Self::with_role(action, RetryPolicy::forever(), Role::Retriable)
+    }
+
+    /// `compensatable`, `pivot` or `retriable`.
+    pub fn kind(&self) -> StepKind {
+        match self.role {
+            Role::Compensatable(_) => StepKind::Compensatable,
+            Role::Pivot => StepKind::Pivot,
+            Role::Retriable => StepKind::Retriable,
+        }
+    }
+
+    /// The action.
+    pub fn action(&self) -> &Arc<dyn Action> {
+        &self.action
+    }
+
+    /// The action's retry policy.
+    pub fn retry_policy(&self) -> &RetryPolicy {
+        &self.retry
+    }
+
+    /// The action's per-attempt timeout.
+    pub fn attempt_timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn undo(&self) -> Option<&Undo> {
+        match &self.role {
+            Role::Compensatable(undo) => Some(undo),
+            Role::Pivot | Role::Retriable => None,
+        }
+    }
+
+    /// The compensation, for a compensatable call.
+    pub fn compensation(&self) -> Option<&Arc<dyn Compensation>> {
+        self.undo().map(|u| &u.run)
+    }
+
+    /// The compensation's backoff, for a compensatable call.
+    pub fn compensation_retry_policy(&self) -> Option<&RetryPolicy> {
+        self.undo().map(|u| &u.retry)
+    }
+
+    /// The compensation's per-attempt timeout, for a compensatable call.
+    pub fn compensation_attempt_timeout(&self) -> Option<Duration> {
+        self.undo().map(|u| u.timeout)
+    }
+}
+
+impl Step<Call> {
+    /// The kind of the call: `compensatable`, `pivot` or `retriable`.
+    pub fn kind(&self) -> StepKind {
+        self.body().kind()
+    }
+
+    /// The retry policy of the action.
+    pub fn retry(self, policy: RetryPolicy) -> Self {
+        self.map_body(|call| call.retry = policy)
+    }
+
+    /// How long one attempt of the action may take; past it, the outcome is unknown.
+    pub fn timeout(self, timeout: Duration) -> Self {
+        self.map_body(|call| call.timeout = timeout)
+    }
+
+    /// The backoff of the compensation (of a compensatable step; a pivot or retriable step has
+    /// none to set). Compensations never give up, so the policy's `max_attempts` is not a
+    /// budget here: they are retried until they succeed, and the orchestrator flags the saga as
+    /// needing attention after a configured number of attempts.
+    pub fn compensation_retry(self, policy: RetryPolicy) -> Self {
+        self.map_body(|call| {
+            if let Role::Compensatable(undo) = &mut call.role {
+                undo.retry = policy;
+            }
+        })
+    }
+
+    /// How long one attempt of the compensation may take (of a compensatable step).
+    pub fn compensation_timeout(self, timeout: Duration) -> Self {
+        self.map_body(|call| {
+            if let Role::Compensatable(undo) = &mut call.role {
+                undo.timeout = timeout;
+            }
+        })
+    }
+}
