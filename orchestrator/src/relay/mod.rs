@@ -9,12 +9,13 @@
 //! `relay_cursors` and moves that cursor only past what its destination has taken in charge,
 //! so a destination that is away loses nothing: its events wait in the outbox.
 //!
-//! Each destination is a target of its own, with its own cursor, and none knows the others:
+//! Each destination is a module of its own, with its own cursor; none knows the others, and
+//! this module knows none of them (they implement its `Destination`):
 //!
-//! - [`crate::webhooks`]: HTTP deliveries to the sagas' callbacks and the operator's
-//!   subscribers, one delivery row per (event, target), signed, each retried on its own;
-//! - [`crate::broker`]: message brokers (NATS JetStream), a batch published and the cursor
-//!   moved past what the broker acknowledged.
+//! - `webhooks`: HTTP deliveries to the sagas' callbacks and the operator's subscribers, one
+//!   delivery row per (event, target), signed, each retried on its own;
+//! - `broker`: message brokers (NATS JetStream), a batch published and the cursor moved past
+//!   what the broker acknowledged.
 //!
 //! What they share lives here: the event's JSON document ([`EventPayload`]), the cursor and
 //! the lag it reports (`outbox_lag_events` and `outbox_lag_seconds`, labelled by the cursor's
