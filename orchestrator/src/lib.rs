@@ -16,9 +16,10 @@
 //! - [`engine`]: starting, claiming, leasing and driving sagas; [`engine::plan`] holds the rules.
 //! - [`http`]: the HTTP API (axum); [`server`]: the library entry point that runs it all.
 //! - [`cli`]: the operator commands shared by `saga` and application binaries.
-//! - [`webhooks`]: the outbox relay and its signed webhook deliveries.
+//! - [`relay`]: the outbox relay every destination shares (the event's document, the cursor,
+//!   the loop and its lag gauges); its destinations: [`webhooks`], the signed webhook
+//!   deliveries, and [`broker`], the message-broker targets (NATS JetStream).
 //! - [`consumer`]: the idempotent-consumer helper for participants' own handlers.
-//! - [`broker`]: the outbox's message-broker targets (NATS JetStream).
 //! - [`telemetry`]: traces of sagas over OpenTelemetry (OTLP/HTTP).
 //!
 //! ## Where to look
@@ -51,6 +52,7 @@ pub mod engine;
 pub mod failpoint;
 pub mod http;
 pub mod model;
+pub mod relay;
 pub mod retention;
 pub mod server;
 pub mod store;

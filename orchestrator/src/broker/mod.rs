@@ -2,12 +2,13 @@
 //!
 //! # Why it works this way
 //!
-//! The events table is a transactional outbox (see [`crate::webhooks`]). A broker target is
+//! The events table is a transactional outbox (see [`crate::relay`]). A broker target is
 //! simpler than webhooks: one destination, no per-saga callbacks, so it needs no delivery
 //! rows, only a durable cursor of its own in `relay_cursors`, beside the webhooks' one. A
 //! [`BrokerRelay`] reads the events after that cursor, hands a batch to its [`EventTarget`],
 //! and moves the cursor past the events the broker **acknowledged**, never further: a broker
-//! that is down or full leaves them in the outbox, and they go out when it is back.
+//! that is down or full leaves them in the outbox, and they go out when it is back. The loop
+//! that runs it (pauses, backoff, lag gauges) is the relay's, shared with webhooks.
 //!
 //! Between the broker's acknowledgement and the cursor's move the relay may die; it then
 //! publishes those events again. Each message therefore carries an id that is the same on
@@ -35,10 +36,10 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::store::outbox::{OutboxEvent, OutboxPosition, OutboxStore};
+use crate::relay::{self, Cursor, Destination, EventPayload, Pacing, Turn};
+use crate::store::outbox::{OutboxEvent, OutboxStore};
 use crate::store::StoreError;
 use crate::telemetry::Sampling;
-use crate::webhooks::WebhookPayload;
 
 /// One event as a broker target sends it.
 #[derive(Debug, Clone)]
@@ -59,7 +60,7 @@ impl<'a> BrokerMessage<'a> {
         Self {
             event,
             message_id: message_id(log_id, event.id()),
-            body: serde_json::to_vec(&WebhookPayload::of(event)).unwrap_or_default(),
+            body: EventPayload::body(event),
             traceparent: event.trace_header(sampling),
         }
     }
@@ -149,9 +150,11 @@ enum RoundError {
 /// sharing a PostgreSQL database may each run one: they may publish the same batch, which the
 /// message ids make harmless, and the cursor's compare-and-set lets one of them record it.
 pub struct BrokerRelay {
-    outbox: Arc<dyn OutboxStore>,
+    cursor: Cursor,
     target: Arc<dyn EventTarget>,
     config: BrokerRelayConfig,
+    /// Whether the target was prepared since it last failed.
+    prepared: bool,
 }
 
 impl std::fmt::Debug for BrokerRelay {
@@ -171,74 +174,43 @@ impl BrokerRelay {
         config: BrokerRelayConfig,
     ) -> Self {
         Self {
-            outbox,
+            cursor: Cursor::new(outbox, target.name()),
             target,
             config,
+            prepared: false,
         }
     }
 
     /// Runs until `shutdown` is cancelled. A batch in flight at shutdown is finished (its
     /// confirmations waited for, each bounded by the target's timeout) and recorded.
-    pub async fn run(self, shutdown: CancellationToken) {
+    pub async fn run(mut self, shutdown: CancellationToken) {
         let name = self.target.name().to_owned();
         tracing::info!(target_name = %name, "broker relay started");
         metrics::counter!("outbox_published_total", "target" => name.clone()).increment(0);
         metrics::counter!("outbox_publish_failures_total", "target" => name.clone()).increment(0);
-        let mut failures = 0u32;
-        let mut prepared = false;
-        let mut last_report = None::<tokio::time::Instant>;
-        while !shutdown.is_cancelled() {
-            let round = self.round(&mut prepared).await;
-            let idle = match round {
-                Ok(n) => {
-                    failures = 0;
-                    n < self.config.batch as usize
-                }
-                Err(e) => {
-                    failures = failures.saturating_add(1);
-                    prepared = false;
-                    metrics::counter!("outbox_publish_failures_total", "target" => name.clone())
-                        .increment(1);
-                    tracing::warn!(target_name = %name, error = %e,
-                                   "publishing outbox events failed; will retry");
-                    true
-                }
-            };
-            if last_report.is_none_or(|t| t.elapsed() >= Duration::from_secs(1)) {
-                last_report = Some(tokio::time::Instant::now());
-                report_progress(self.outbox.as_ref(), &name).await;
-            }
-            if !idle {
-                continue;
-            }
-            let pause = if failures == 0 {
-                self.config.poll_interval
-            } else {
-                crate::clock::backoff(self.config.retry_base, self.config.retry_max, failures)
-            };
-            tokio::select! {
-                _ = shutdown.cancelled() => {}
-                _ = tokio::time::sleep(pause) => {}
-            }
-        }
-        report_progress(self.outbox.as_ref(), &name).await;
+        let pacing = Pacing {
+            poll_interval: self.config.poll_interval,
+            retry_base: self.config.retry_base,
+            retry_max: self.config.retry_max,
+            report_every: Duration::from_secs(1),
+        };
+        relay::run(&mut self, pacing, shutdown).await;
         tracing::info!(target_name = %name, "broker relay stopped");
     }
 
     /// One round: publishes the events after the cursor (one batch) and records how far the
     /// broker confirmed them. Returns how many were read.
-    async fn round(&self, prepared: &mut bool) -> Result<usize, RoundError> {
-        let name = self.target.name();
-        let durable = self.outbox.relay_cursor(name).await?;
-        let events = self.outbox.outbox_after(durable, self.config.batch).await?;
+    async fn round(&mut self) -> Result<usize, RoundError> {
+        let durable = self.cursor.durable().await?;
+        let events = self.cursor.events_after(durable, self.config.batch).await?;
         if events.is_empty() {
             return Ok(0);
         }
-        if !*prepared {
+        if !self.prepared {
             self.target.prepare().await?;
-            *prepared = true;
+            self.prepared = true;
         }
-        let log_id = self.outbox.log_id().await?;
+        let log_id = self.cursor.outbox().log_id().await?;
         let messages: Vec<BrokerMessage<'_>> = events
             .iter()
             .map(|e| BrokerMessage::of(log_id, e, self.config.trace_sampling))
@@ -251,8 +223,10 @@ impl BrokerRelay {
         {
             // The crash window of at-least-once: confirmed by the broker, not yet recorded.
             crate::failpoint::crash_if_armed("after_broker_ack", &last.kind);
-            self.advance(durable, last.position).await?;
-            metrics::counter!("outbox_published_total", "target" => name.to_owned())
+            // Compare-and-set: another process's relay that recorded the same batch first
+            // leaves nothing to do.
+            self.cursor.advance(durable, last.position, &[]).await?;
+            metrics::counter!("outbox_published_total", "target" => self.cursor.name().to_owned())
                 .increment(published.acknowledged as u64);
         }
         match published.error {
@@ -260,25 +234,28 @@ impl BrokerRelay {
             None => Ok(events.len()),
         }
     }
-
-    /// Records the cursor's move (compare-and-set: another process's relay that recorded the
-    /// same batch first leaves nothing to do).
-    async fn advance(&self, from: OutboxPosition, to: OutboxPosition) -> Result<(), StoreError> {
-        self.outbox
-            .advance_relay(self.target.name(), from, to, &[])
-            .await?;
-        Ok(())
-    }
 }
 
-/// Sets the lag gauges of relay `name`: `outbox_lag_events` and `outbox_lag_seconds`.
-pub(crate) async fn report_progress(outbox: &dyn OutboxStore, name: &str) {
-    let Ok(progress) = outbox.relay_progress(name).await else {
-        return;
-    };
-    let now = crate::clock::Clock::now_ms(&crate::clock::SystemClock);
-    let target = name.to_owned();
-    metrics::gauge!("outbox_lag_events", "target" => target.clone())
-        .set(progress.lag_events as f64);
-    metrics::gauge!("outbox_lag_seconds", "target" => target).set(progress.lag_seconds(now));
+#[async_trait]
+impl Destination for BrokerRelay {
+    fn cursor(&self) -> &Cursor {
+        &self.cursor
+    }
+
+    async fn turn(&mut self) -> Turn {
+        match self.round().await {
+            Ok(n) if n < self.config.batch as usize => Turn::Idle,
+            Ok(_) => Turn::Busy,
+            Err(e) => {
+                // Connected again and its stream checked before the next publish.
+                self.prepared = false;
+                let name = self.cursor.name().to_owned();
+                metrics::counter!("outbox_publish_failures_total", "target" => name.clone())
+                    .increment(1);
+                tracing::warn!(target_name = %name, error = %e,
+                               "publishing outbox events failed; will retry");
+                Turn::Failed
+            }
+        }
+    }
 }

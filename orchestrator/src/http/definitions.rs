@@ -14,7 +14,7 @@ use axum::Json;
 use saga_dsl::Registry;
 use serde_json::{json, Map, Value};
 
-use crate::http::openapi::ErrorBody;
+use crate::http::openapi::{Forbidden, Unauthorized};
 use crate::http::state::AppState;
 use crate::model::DefinitionList;
 
@@ -39,8 +39,8 @@ const DESCRIPTION: &str = "Every saga definition this server can start, each reg
     responses(
         (status = 200, description = "The definitions, by name then version",
          body = DefinitionList),
-        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the token lacks this route's scope", body = ErrorBody),
+        Unauthorized,
+        Forbidden,
     )
 )]
 pub(crate) async fn list_definitions(State(state): State<AppState>) -> Json<DefinitionList> {

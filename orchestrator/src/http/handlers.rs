@@ -19,7 +19,9 @@ use crate::engine::{StartError, StartKey, StartOutcome, StartRequest, Started};
 use crate::http::error::{quote, ApiError};
 use crate::http::extract::{JsonBody, ListQuery, SagaId, SagaName, SignalPath};
 use crate::http::idempotency::{parse_key, StartHeaders, IDEMPOTENT_REPLAYED};
-use crate::http::openapi::ErrorBody;
+use crate::http::openapi::{
+    ErrorBody, Forbidden, MalformedSagaId, SagaNotFound, ServerErrors, Unauthorized,
+};
 use crate::http::prefer::{applied_headers, Wait};
 use crate::http::state::AppState;
 use crate::model::{Attempt, Event, Saga, SagaPage, SagaStatus};
@@ -236,8 +238,8 @@ async fn wait_for_end(state: &AppState, id: Uuid, wait: Duration) -> Option<Saga
                                       Saga-Callback-Url or Saga-Start-At, or a required key \
                                       missing",
          body = ErrorBody),
-        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the token lacks this route's scope", body = ErrorBody),
+        Unauthorized,
+        Forbidden,
         (status = 404, description = "No saga definition with this name", body = ErrorBody),
         (status = 409, description = "`request_in_progress`: a request with this \
                                       Idempotency-Key is still running; retry after \
@@ -252,10 +254,7 @@ async fn wait_for_end(state: &AppState, id: Uuid, wait: Duration) -> Option<Saga
                                       `callback_url_not_allowed`: a Saga-Callback-Url inside \
                                       the server's network",
          body = ErrorBody),
-        (status = 500, description = "Internal error (details in the server log)",
-         body = ErrorBody),
-        (status = 503, description = "Database unavailable or request timed out",
-         body = ErrorBody),
+        ServerErrors,
     )
 )]
 pub(crate) async fn start_saga(
@@ -414,14 +413,11 @@ fn json_answer(
         (status = 200, description = "The saga", body = Saga,
          headers(("Preference-Applied" = String,
                   description = "wait=N, when the request asked to wait"))),
-        (status = 400, description = "Malformed saga id", body = ErrorBody),
-        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the token lacks this route's scope", body = ErrorBody),
-        (status = 404, description = "No saga with this id", body = ErrorBody),
-        (status = 500, description = "Internal error (details in the server log)",
-         body = ErrorBody),
-        (status = 503, description = "Database unavailable or request timed out",
-         body = ErrorBody),
+        MalformedSagaId,
+        Unauthorized,
+        Forbidden,
+        SagaNotFound,
+        ServerErrors,
     )
 )]
 pub(crate) async fn get_saga(
@@ -494,12 +490,9 @@ async fn find_saga(state: &AppState, id: Uuid) -> Result<Saga, ApiError> {
     responses(
         (status = 200, description = "A page of sagas", body = SagaPage),
         (status = 400, description = "Malformed or unknown query parameter", body = ErrorBody),
-        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the token lacks this route's scope", body = ErrorBody),
-        (status = 500, description = "Internal error (details in the server log)",
-         body = ErrorBody),
-        (status = 503, description = "Database unavailable or request timed out",
-         body = ErrorBody),
+        Unauthorized,
+        Forbidden,
+        ServerErrors,
     )
 )]
 pub(crate) async fn list_sagas(
@@ -521,14 +514,11 @@ pub(crate) async fn list_sagas(
     security((), ("bearer" = [])),
     responses(
         (status = 200, description = "The events, oldest first", body = Events),
-        (status = 400, description = "Malformed saga id", body = ErrorBody),
-        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the token lacks this route's scope", body = ErrorBody),
-        (status = 404, description = "No saga with this id", body = ErrorBody),
-        (status = 500, description = "Internal error (details in the server log)",
-         body = ErrorBody),
-        (status = 503, description = "Database unavailable or request timed out",
-         body = ErrorBody),
+        MalformedSagaId,
+        Unauthorized,
+        Forbidden,
+        SagaNotFound,
+        ServerErrors,
     )
 )]
 pub(crate) async fn saga_events(
@@ -557,14 +547,11 @@ pub(crate) async fn saga_events(
     security((), ("bearer" = [])),
     responses(
         (status = 200, description = "The attempts, by step, phase and number", body = Attempts),
-        (status = 400, description = "Malformed saga id", body = ErrorBody),
-        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the token lacks this route's scope", body = ErrorBody),
-        (status = 404, description = "No saga with this id", body = ErrorBody),
-        (status = 500, description = "Internal error (details in the server log)",
-         body = ErrorBody),
-        (status = 503, description = "Database unavailable or request timed out",
-         body = ErrorBody),
+        MalformedSagaId,
+        Unauthorized,
+        Forbidden,
+        SagaNotFound,
+        ServerErrors,
     )
 )]
 pub(crate) async fn saga_attempts(
@@ -592,14 +579,11 @@ pub(crate) async fn saga_attempts(
     security((), ("bearer" = [])),
     responses(
         (status = 200, description = "The deliveries, by event", body = Deliveries),
-        (status = 400, description = "Malformed saga id", body = ErrorBody),
-        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the token lacks this route's scope", body = ErrorBody),
-        (status = 404, description = "No saga with this id", body = ErrorBody),
-        (status = 500, description = "Internal error (details in the server log)",
-         body = ErrorBody),
-        (status = 503, description = "Database unavailable or request timed out",
-         body = ErrorBody),
+        MalformedSagaId,
+        Unauthorized,
+        Forbidden,
+        SagaNotFound,
+        ServerErrors,
     )
 )]
 pub(crate) async fn saga_deliveries(
@@ -625,15 +609,12 @@ pub(crate) async fn saga_deliveries(
     security((), ("bearer" = [])),
     responses(
         (status = 202, description = "Accepted: the saga will compensate", body = Cancelled),
-        (status = 400, description = "Malformed saga id", body = ErrorBody),
-        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the token lacks this route's scope", body = ErrorBody),
-        (status = 404, description = "No saga with this id", body = ErrorBody),
+        MalformedSagaId,
+        Unauthorized,
+        Forbidden,
+        SagaNotFound,
         (status = 409, description = "The saga has ended or passed its pivot", body = ErrorBody),
-        (status = 500, description = "Internal error (details in the server log)",
-         body = ErrorBody),
-        (status = 503, description = "Database unavailable or request timed out",
-         body = ErrorBody),
+        ServerErrors,
     )
 )]
 pub(crate) async fn cancel_saga(
@@ -693,17 +674,14 @@ takes no signal (`409 conflict`).";
     responses(
         (status = 202, description = "Taken: the saga goes on with it at its signal step", body = SignalAccepted),
         (status = 400, description = "Malformed saga id, body or Idempotency-Key", body = ErrorBody),
-        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the token lacks this route's scope", body = ErrorBody),
+        Unauthorized,
+        Forbidden,
         (status = 404, description = "No saga with this id, or its definition waits for no such signal", body = ErrorBody),
         (status = 409, description = "`signal_already_received`: another payload came first; `conflict`: the saga has ended or is compensating", body = ErrorBody),
         (status = 413, description = "Payload too large", body = ErrorBody),
         (status = 415, description = "The body is not JSON", body = ErrorBody),
         (status = 422, description = "`idempotency_key_reused`: the key came before with another payload", body = ErrorBody),
-        (status = 500, description = "Internal error (details in the server log)",
-         body = ErrorBody),
-        (status = 503, description = "Database unavailable or request timed out",
-         body = ErrorBody),
+        ServerErrors,
     )
 )]
 pub(crate) async fn signal_saga(

@@ -32,7 +32,7 @@ use axum::response::{IntoResponse, Response};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::http::error::ApiError;
-use crate::http::openapi::ErrorBody;
+use crate::http::openapi::{Forbidden, Unauthorized};
 use crate::http::state::AppState;
 use crate::model::ListFilter;
 
@@ -361,8 +361,8 @@ const METRICS_DESCRIPTION: &str = "The process's series in the Prometheus text f
     responses(
         (status = 200, description = "Prometheus text format 0.0.4",
          content_type = "text/plain", body = String),
-        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the token lacks this route's scope", body = ErrorBody),
+        Unauthorized,
+        Forbidden,
     )
 )]
 pub(crate) async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {

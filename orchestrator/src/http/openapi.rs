@@ -7,7 +7,7 @@
 //! that `docs/openapi.json` is this document byte for byte.
 
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
-use utoipa::{Modify, OpenApi, ToSchema};
+use utoipa::{IntoResponses, Modify, OpenApi, ToSchema};
 
 /// The error body every `4xx` and `5xx` answer has.
 #[derive(Debug, ToSchema)]
@@ -29,6 +29,64 @@ pub(crate) struct ErrorDetail {
     /// For a person: what went wrong and how to fix it.
     #[schema(example = "no saga definition named \"place_ordr\"")]
     message: String,
+}
+
+// The error answers many routes share, each written once here and named in the `responses` of
+// every route that can give it, so that a route still lists exactly the statuses it answers.
+// Only their documents are used: the answers themselves are `ApiError`s.
+
+/// `401`: the auth layer's answer to a missing or unknown token.
+#[derive(IntoResponses)]
+#[response(status = 401, description = "Missing or wrong bearer token")]
+#[allow(dead_code)]
+pub(crate) struct Unauthorized(ErrorBody);
+
+/// `403` on a route whose scope is the usual one for its method (`read`, `start`).
+#[derive(IntoResponses)]
+#[response(
+    status = 403,
+    description = "`forbidden`: the token lacks this route's scope"
+)]
+#[allow(dead_code)]
+pub(crate) struct Forbidden(ErrorBody);
+
+/// `403` on an operator command, which needs the `operate` scope whatever its method.
+#[derive(IntoResponses)]
+#[response(
+    status = 403,
+    description = "`forbidden`: the token lacks the `operate` scope"
+)]
+#[allow(dead_code)]
+pub(crate) struct ForbiddenOperate(ErrorBody);
+
+/// `400` of a route whose only input is the saga id in its path.
+#[derive(IntoResponses)]
+#[response(status = 400, description = "Malformed saga id")]
+#[allow(dead_code)]
+pub(crate) struct MalformedSagaId(ErrorBody);
+
+/// `404` of a route about one saga, when no saga has the id.
+#[derive(IntoResponses)]
+#[response(status = 404, description = "No saga with this id")]
+#[allow(dead_code)]
+pub(crate) struct SagaNotFound(ErrorBody);
+
+/// `500` and `503` of a route that reads or writes the store.
+#[derive(IntoResponses)]
+#[allow(dead_code)]
+pub(crate) enum ServerErrors {
+    /// A bug or a store failure that is not about availability.
+    #[response(
+        status = 500,
+        description = "Internal error (details in the server log)"
+    )]
+    Internal(ErrorBody),
+    /// The store cannot be reached, or the request ran out of time.
+    #[response(
+        status = 503,
+        description = "Database unavailable or request timed out"
+    )]
+    Unavailable(ErrorBody),
 }
 
 /// Adds the bearer security scheme.

@@ -10,7 +10,9 @@ use utoipa::ToSchema;
 use crate::http::auth::ClientId;
 use crate::http::error::ApiError;
 use crate::http::extract::{JsonBody, SagaId};
-use crate::http::openapi::ErrorBody;
+use crate::http::openapi::{
+    ErrorBody, ForbiddenOperate, MalformedSagaId, SagaNotFound, ServerErrors, Unauthorized,
+};
 use crate::http::state::AppState;
 use crate::model::Saga;
 
@@ -59,12 +61,11 @@ fn reason(JsonBody(body): JsonBody) -> Result<String, ApiError> {
     responses(
         (status = 200, description = "Aborted: the saga as the command left it", body = Saga),
         (status = 400, description = "Malformed saga id or body, or no reason", body = ErrorBody),
-        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the token lacks the `operate` scope", body = ErrorBody),
-        (status = 404, description = "No saga with this id", body = ErrorBody),
+        Unauthorized,
+        ForbiddenOperate,
+        SagaNotFound,
         (status = 409, description = "The saga has already ended", body = ErrorBody),
-        (status = 500, description = "Internal error (details in the server log)", body = ErrorBody),
-        (status = 503, description = "Database unavailable or request timed out", body = ErrorBody),
+        ServerErrors,
     )
 )]
 pub(crate) async fn abort_saga(
@@ -101,13 +102,12 @@ pub(crate) async fn abort_saga(
     security((), ("bearer" = [])),
     responses(
         (status = 200, description = "Done: the saga as the command left it", body = Saga),
-        (status = 400, description = "Malformed saga id", body = ErrorBody),
-        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the token lacks the `operate` scope", body = ErrorBody),
-        (status = 404, description = "No saga with this id", body = ErrorBody),
+        MalformedSagaId,
+        Unauthorized,
+        ForbiddenOperate,
+        SagaNotFound,
         (status = 409, description = "The saga has ended and has nothing to retry", body = ErrorBody),
-        (status = 500, description = "Internal error (details in the server log)", body = ErrorBody),
-        (status = 503, description = "Database unavailable or request timed out", body = ErrorBody),
+        ServerErrors,
     )
 )]
 pub(crate) async fn retry_saga(
@@ -140,12 +140,11 @@ pub(crate) async fn retry_saga(
     responses(
         (status = 200, description = "Marked: the saga as the command left it", body = Saga),
         (status = 400, description = "Malformed saga id or body, or no reason", body = ErrorBody),
-        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the token lacks the `operate` scope", body = ErrorBody),
+        Unauthorized,
+        ForbiddenOperate,
         (status = 404, description = "No saga with this id, or no such step", body = ErrorBody),
         (status = 409, description = "The saga is not compensating, or the step needs no compensation", body = ErrorBody),
-        (status = 500, description = "Internal error (details in the server log)", body = ErrorBody),
-        (status = 503, description = "Database unavailable or request timed out", body = ErrorBody),
+        ServerErrors,
     )
 )]
 pub(crate) async fn mark_compensated(

@@ -14,7 +14,7 @@ use utoipa::ToSchema;
 
 use crate::http::auth::{CallerScopes, ClientId};
 use crate::http::error::ApiError;
-use crate::http::openapi::ErrorBody;
+use crate::http::openapi::{Forbidden, ServerErrors, Unauthorized};
 use crate::http::state::AppState;
 use crate::model::SagaStatus;
 
@@ -52,12 +52,9 @@ pub(crate) struct CountsCache(tokio::sync::Mutex<Option<(Instant, Counts)>>);
     security((), ("bearer" = [])),
     responses(
         (status = 200, description = "The counts", body = Counts),
-        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
-        (status = 403, description = "`forbidden`: the token lacks this route's scope", body = ErrorBody),
-        (status = 500, description = "Internal error (details in the server log)",
-         body = ErrorBody),
-        (status = 503, description = "Database unavailable or request timed out",
-         body = ErrorBody),
+        Unauthorized,
+        Forbidden,
+        ServerErrors,
     )
 )]
 pub(crate) async fn counts(State(state): State<AppState>) -> Result<Json<Counts>, ApiError> {
@@ -108,7 +105,7 @@ pub(crate) struct WhoAmI {
     responses(
         (status = 200, description = "The caller (any valid token, whatever its scopes)",
          body = WhoAmI),
-        (status = 401, description = "Missing or wrong bearer token", body = ErrorBody),
+        Unauthorized,
     )
 )]
 pub(crate) async fn whoami(

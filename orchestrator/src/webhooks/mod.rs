@@ -2,11 +2,9 @@
 //!
 //! # Why it works this way
 //!
-//! The engine writes every lifecycle event (`saga.started`, `step.succeeded`,
-//! `saga.compensating`, `saga.needs_attention`, `saga.completed`, `saga.compensated`,
-//! `saga.failed`, `saga.cancel_requested`, `saga.aborted`, …) in the same transaction as the
-//! step-log change that causes it, so the events table is an outbox: an event exists if and
-//! only if its change happened. A [`Relay`] turns those events into HTTP deliveries:
+//! The events table is a transactional outbox (see [`crate::relay`]): an event exists if and
+//! only if the step-log change that caused it happened. A [`Relay`] turns those events into
+//! HTTP deliveries, as one of the outbox's destinations:
 //!
 //! 1. **Enqueue.** It reads the events after its durable cursor and, in one transaction, records
 //!    one delivery per (event, target) and moves the cursor. Targets are the saga's callback URL
@@ -29,7 +27,8 @@
 //! over `"<t>.<body>"`, with the saga's callback secret if the client gave one, else the
 //! server's [`WebhookConfig::secret`]. Receivers check it with [`verify_signature`].
 //!
-//! The body is JSON: `{"id": event id, "type", "saga_id", "saga_name", "step", "at", "data"}`.
+//! The body is JSON: `{"id": event id, "type", "saga_id", "saga_name", "step", "at", "data"}`
+//! ([`EventPayload`], the document a broker message carries too).
 
 pub mod guard;
 pub mod signature;
@@ -38,15 +37,14 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Serialize;
+use async_trait::async_trait;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::model::rfc3339;
+use crate::relay::{self, Cursor, Destination, EventPayload, Pacing, Turn};
 use crate::store::outbox::{
-    ClaimedDelivery, DeliveryOutcome, NewDelivery, OutboxEvent, OutboxPosition, OutboxStore,
-    TargetKind,
+    ClaimedDelivery, DeliveryOutcome, NewDelivery, OutboxPosition, OutboxStore, TargetKind,
 };
 use crate::store::StoreError;
 use guard::GuardedResolver;
@@ -204,41 +202,6 @@ pub fn check_url(url: &str) -> Result<reqwest::Url, WebhookError> {
     Ok(parsed)
 }
 
-/// The JSON body of a delivery.
-#[derive(Debug, Clone, Serialize)]
-pub struct WebhookPayload<'a> {
-    /// The event id: the same on every attempt; deduplicate by it.
-    pub id: i64,
-    /// The event type (`saga.started`, `step.succeeded`, …).
-    #[serde(rename = "type")]
-    pub kind: &'a str,
-    /// The saga.
-    pub saga_id: Uuid,
-    /// The saga's definition name.
-    pub saga_name: &'a str,
-    /// The step the event is about, if any.
-    pub step: Option<&'a str>,
-    /// When the event was written (RFC 3339).
-    pub at: String,
-    /// The event's details.
-    pub data: &'a serde_json::Value,
-}
-
-impl<'a> WebhookPayload<'a> {
-    /// The payload of `event`.
-    pub fn of(event: &'a OutboxEvent) -> Self {
-        Self {
-            id: event.id(),
-            kind: &event.kind,
-            saga_id: event.saga_id,
-            saga_name: &event.saga_name,
-            step: event.step.as_deref(),
-            at: rfc3339(event.at),
-            data: &event.data,
-        }
-    }
-}
-
 /// How long the relay may read past its durable cursor over events that have no target
 /// before it records how far it got (see [`Relay::relay_once`]).
 const SKIP_PERSIST_EVERY: Duration = Duration::from_secs(1);
@@ -257,7 +220,7 @@ struct Skipped {
 /// The outbox relay and webhook sender of one process. Cheap to clone.
 #[derive(Clone)]
 pub struct Relay {
-    outbox: Arc<dyn OutboxStore>,
+    cursor: Cursor,
     config: Arc<WebhookConfig>,
     /// Sends to the operator's subscribers.
     client: reqwest::Client,
@@ -293,7 +256,7 @@ impl Relay {
             .no_proxy()
             .build()?;
         Ok(Self {
-            outbox,
+            cursor: Cursor::new(outbox, RELAY_NAME),
             config: Arc::new(config),
             client,
             callback_client,
@@ -303,39 +266,20 @@ impl Relay {
 
     /// Runs until `shutdown` is cancelled: relays new events and sends due deliveries. An
     /// attempt in flight at shutdown is finished and recorded (each is bounded by the timeout).
-    pub async fn run(self, shutdown: CancellationToken) {
+    pub async fn run(mut self, shutdown: CancellationToken) {
         tracing::info!(
             subscribers = self.config.subscribers.len(),
             "webhook relay started"
         );
-        let mut last_lag = None::<tokio::time::Instant>;
-        while !shutdown.is_cancelled() {
-            let read = match self.relay_once().await {
-                Ok(n) => n,
-                Err(e) => {
-                    tracing::warn!(error = %e, "relaying outbox events failed; will retry");
-                    0
-                }
-            };
-            let sent = match self.deliver_once().await {
-                Ok(n) => n,
-                Err(e) => {
-                    tracing::warn!(error = %e, "claiming webhook deliveries failed; will retry");
-                    0
-                }
-            };
-            if last_lag.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) {
-                last_lag = Some(tokio::time::Instant::now());
-                crate::broker::report_progress(self.outbox.as_ref(), RELAY_NAME).await;
-            }
-            if read >= self.config.batch as usize || sent > 0 {
-                continue;
-            }
-            tokio::select! {
-                _ = shutdown.cancelled() => {}
-                _ = tokio::time::sleep(self.config.poll_interval) => {}
-            }
-        }
+        // A failed turn is not paced by a backoff: each delivery keeps its own retry time in
+        // the database, and a failing half of a turn does not stop the other.
+        let pacing = Pacing {
+            poll_interval: self.config.poll_interval,
+            retry_base: self.config.poll_interval,
+            retry_max: self.config.poll_interval,
+            report_every: Duration::from_secs(5),
+        };
+        relay::run(&mut self, pacing, shutdown).await;
         tracing::info!("webhook relay stopped");
     }
 
@@ -349,10 +293,10 @@ impl Relay {
     /// nothing to send; a relay of another process that moves the cursor first makes this one
     /// start over from it.
     pub async fn relay_once(&self) -> Result<usize, WebhookError> {
-        let durable = self.outbox.relay_cursor(RELAY_NAME).await?;
+        let durable = self.cursor.durable().await?;
         let skipped = (*self.skipped()).filter(|s| s.durable == durable);
         let from = skipped.map_or(durable, |s| s.read_to);
-        let events = self.outbox.outbox_after(from, self.config.batch).await?;
+        let events = self.cursor.events_after(from, self.config.batch).await?;
         let Some(last) = events.last() else {
             // Idle: record how far the skipped events go.
             if skipped.is_some() {
@@ -367,7 +311,7 @@ impl Relay {
             .collect::<HashSet<_>>()
             .into_iter()
             .collect();
-        let callbacks = self.outbox.saga_callbacks(&sagas).await?;
+        let callbacks = self.cursor.outbox().saga_callbacks(&sagas).await?;
         let mut deliveries = Vec::new();
         for event in &events {
             if let Some(callback) = callbacks.get(&event.saga_id) {
@@ -420,10 +364,7 @@ impl Relay {
         to: OutboxPosition,
         deliveries: &[NewDelivery],
     ) -> Result<bool, WebhookError> {
-        let moved = self
-            .outbox
-            .advance_relay(RELAY_NAME, durable, to, deliveries)
-            .await;
+        let moved = self.cursor.advance(durable, to, deliveries).await;
         *self.skipped() = None;
         Ok(moved?)
     }
@@ -432,7 +373,8 @@ impl Relay {
     /// many were attempted.
     pub async fn deliver_once(&self) -> Result<usize, WebhookError> {
         let claimed = self
-            .outbox
+            .cursor
+            .outbox()
             .claim_deliveries(
                 u32::try_from(self.config.concurrency.max(1)).unwrap_or(u32::MAX),
                 self.config.claim_lease(),
@@ -457,7 +399,7 @@ impl Relay {
     /// One attempt of one delivery: send, then record.
     #[tracing::instrument(skip_all, fields(event.id = d.event.id(), saga.id = %d.event.saga_id, target = %d.target, attempt = d.attempt))]
     async fn attempt(&self, d: ClaimedDelivery) -> Result<(), StoreError> {
-        let body = serde_json::to_vec(&WebhookPayload::of(&d.event)).unwrap_or_default();
+        let body = EventPayload::body(&d.event);
         let secret = match d.kind {
             TargetKind::Callback => d.callback_secret.as_ref().or(self.config.secret.as_ref()),
             TargetKind::Subscriber => self.config.secret.as_ref(),
@@ -467,7 +409,8 @@ impl Relay {
                 if let Err(refusal) = self.check_callback(&d.target) {
                     let outcome = self.failed(&d, None, format!("not sent: {refusal}"));
                     return self
-                        .outbox
+                        .cursor
+                        .outbox()
                         .finish_delivery(d.event.id(), &d.target, d.attempt, &outcome)
                         .await;
                 }
@@ -507,7 +450,8 @@ impl Relay {
             }
             Err(e) => self.failed(&d, None, error_chain(&e)),
         };
-        self.outbox
+        self.cursor
+            .outbox()
             .finish_delivery(d.event.id(), &d.target, d.attempt, &outcome)
             .await
     }
@@ -537,6 +481,37 @@ impl Relay {
             status,
             error,
             retry_in,
+        }
+    }
+}
+
+#[async_trait]
+impl Destination for Relay {
+    fn cursor(&self) -> &Cursor {
+        &self.cursor
+    }
+
+    /// Relays new events, then sends due deliveries; busy while a full batch was read or
+    /// something was sent.
+    async fn turn(&mut self) -> Turn {
+        let read = match self.relay_once().await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(error = %e, "relaying outbox events failed; will retry");
+                0
+            }
+        };
+        let sent = match self.deliver_once().await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!(error = %e, "claiming webhook deliveries failed; will retry");
+                0
+            }
+        };
+        if read >= self.config.batch as usize || sent > 0 {
+            Turn::Busy
+        } else {
+            Turn::Idle
         }
     }
 }
