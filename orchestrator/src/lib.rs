@@ -7,13 +7,16 @@
 //!
 //! ## Modules
 //!
-//! The layers run one way: [`saga_dsl`] ← [`model`] ← [`store`] ← [`engine`] ← [`http`] /
+//! The layers run one way: [`saga_dsl`] ← [`model`] ← [`store`] ← [`engine`] ← [`operations`] ← [`http`] /
 //! [`cli`] / [`server`].
 //!
 //! - [`model`]: the records of the step log (sagas, steps, attempts, events).
 //! - [`store`]: the [`Store`] trait and its two implementations, [`store::SqliteStore`] and
 //!   [`store::PgStore`].
 //! - [`engine`]: starting, claiming, leasing and driving sagas; [`engine::plan`] holds the rules.
+//! - [`operations`]: the commands that change a saga from outside (cancel, abort, retry,
+//!   mark-compensated, signal), each with its rules, audit and span, called by the HTTP API
+//!   and both paths of the CLI.
 //! - [`http`]: the HTTP API (axum); [`server`]: the library entry point that runs it all.
 //! - [`cli`]: the operator commands shared by `saga` and application binaries.
 //! - [`relay`]: the outbox relay every destination shares (the event's document, the cursor,
@@ -52,6 +55,7 @@ pub mod engine;
 pub mod failpoint;
 pub mod http;
 pub mod model;
+pub mod operations;
 pub mod relay;
 pub mod retention;
 pub mod server;

@@ -20,8 +20,9 @@ use super::error::CliError;
 use super::render;
 use super::table::Layout;
 use crate::client::{ClientError, SagaClient};
-use crate::model::{needs_compensation, IdPrefix, ListFilter, Saga, SagaStatus, StepStatus};
-use crate::store::{CancelOutcome, OutboxStore, Store};
+use crate::model::{IdPrefix, ListFilter, Saga};
+use crate::operations::{Cancelled, Operations, Reason, Retried};
+use crate::store::{OutboxStore, Store};
 
 /// Runs one operator command against `store`, writing what it shows or did to `out`, with
 /// tables in full and without colour ([`Layout::plain`]).
@@ -251,17 +252,6 @@ async fn resolve_id(store: &dyn Store, text: &str) -> Result<Uuid, CliError> {
     }
 }
 
-/// A reason for an audited command: required, and not blank.
-pub(super) fn require_reason(reason: &str) -> Result<&str, CliError> {
-    let reason = reason.trim();
-    if reason.is_empty() {
-        return Err(CliError::BadArgument(
-            "--reason must not be empty: say why, for the audit trail".to_owned(),
-        ));
-    }
-    Ok(reason)
-}
-
 async fn load(store: &dyn Store, id: Uuid) -> Result<Saga, CliError> {
     store.get_saga(id).await?.ok_or(CliError::NotFound(id))
 }
@@ -400,24 +390,13 @@ async fn purge(a: &PurgeArgs, store: &dyn Store, out: &mut impl Write) -> Result
 
 async fn cancel(a: &CancelArgs, store: &dyn Store, out: &mut impl Write) -> Result<(), CliError> {
     let id = resolve_id(store, &a.id).await?;
-    match store.request_cancel(id).await? {
-        CancelOutcome::Accepted => writeln!(
+    match Operations::new(store).cancel(id).await? {
+        Cancelled::Accepted => writeln!(
             out,
             "cancel requested for saga {id}: the step in flight finishes, then the saga compensates"
         )?,
-        CancelOutcome::AlreadyCompensating => {
+        Cancelled::AlreadyCompensating => {
             writeln!(out, "saga {id} is already compensating; nothing to do")?
-        }
-        CancelOutcome::Terminal(status) => {
-            return Err(CliError::Conflict(format!(
-                "saga {id} is {status}; a finished saga cannot be cancelled"
-            )))
-        }
-        CancelOutcome::PastPivot => {
-            return Err(CliError::Conflict(format!(
-                "saga {id} is past its pivot; it can no longer be cancelled \
-                 (use `retry` or `abort` if it is stuck)"
-            )))
         }
     }
     Ok(())
@@ -425,9 +404,9 @@ async fn cancel(a: &CancelArgs, store: &dyn Store, out: &mut impl Write) -> Resu
 
 async fn abort(a: &AbortArgs, store: &dyn Store, out: &mut impl Write) -> Result<(), CliError> {
     let id = resolve_id(store, &a.id).await?;
-    let reason = require_reason(&a.reason)?;
+    let reason = Reason::parse(&a.reason)?;
     let actor = actor();
-    let saga = store.abort(id, reason, &actor).await?;
+    let saga = Operations::new(store).abort(id, &reason, &actor).await?;
     writeln!(
         out,
         "saga {id} aborted by {actor} without compensating: {reason}"
@@ -438,23 +417,14 @@ async fn abort(a: &AbortArgs, store: &dyn Store, out: &mut impl Write) -> Result
 
 async fn retry(a: &RetryArgs, store: &dyn Store, out: &mut impl Write) -> Result<(), CliError> {
     let id = resolve_id(store, &a.id).await?;
-    let before = load(store, id).await?;
-    let saga = store.retry_now(id, &actor()).await?;
-    if before.status == SagaStatus::Failed {
-        let step = before
-            .steps
-            .iter()
-            .find(|s| matches!(s.action.status, StepStatus::Failed | StepStatus::Unknown))
-            .map(|s| s.name.as_str())
-            .unwrap_or("the failed step");
-        writeln!(out, "saga {id}: {step} will be retried")?;
-    } else if before.next_run_at.is_some() {
-        writeln!(out, "saga {id}: its waiting retry is due now")?;
-    } else {
-        writeln!(
+    let (retried, saga) = Operations::new(store).retry(id, &actor()).await?;
+    match retried {
+        Retried::Step(step) => writeln!(out, "saga {id}: {step} will be retried")?,
+        Retried::DueNow => writeln!(out, "saga {id}: its waiting retry is due now")?,
+        Retried::NotWaiting => writeln!(
             out,
             "saga {id} was not waiting on a retry; nothing to hurry"
-        )?;
+        )?,
     }
     render::now_status(out, &saga)?;
     Ok(())
@@ -466,32 +436,11 @@ async fn mark_compensated(
     out: &mut impl Write,
 ) -> Result<(), CliError> {
     let id = resolve_id(store, &a.id).await?;
-    let reason = require_reason(&a.reason)?;
-    // Check here for messages that say what would be accepted; the store checks again, in
-    // the transaction that makes the change.
-    let before = load(store, id).await?;
-    let Some(step) = before.steps.iter().find(|s| s.name == a.step) else {
-        let names: Vec<&str> = before.steps.iter().map(|s| s.name.as_str()).collect();
-        return Err(CliError::BadArgument(format!(
-            "saga {id} has no step {:?} (its steps: {})",
-            a.step,
-            names.join(", ")
-        )));
-    };
-    if before.status != SagaStatus::Compensating {
-        return Err(CliError::Conflict(format!(
-            "saga {id} is {}; a step can be marked compensated only while the saga is COMPENSATING",
-            before.status
-        )));
-    }
-    if !needs_compensation(step) {
-        return Err(CliError::Conflict(format!(
-            "step {} of saga {id} has no compensation pending (action {}, compensation {})",
-            step.name, step.action.status, step.compensation.status
-        )));
-    }
+    let reason = Reason::parse(&a.reason)?;
     let actor = actor();
-    let saga = store.mark_compensated(id, &a.step, reason, &actor).await?;
+    let saga = Operations::new(store)
+        .mark_compensated(id, &a.step, &reason, &actor)
+        .await?;
     writeln!(
         out,
         "step {} of saga {id} marked compensated by {actor}: {reason}",
@@ -519,8 +468,11 @@ mod tests {
             parse_id(&Uuid::nil().to_string()),
             Ok(IdArg::Full(_))
         ));
-        assert!(require_reason("  ").is_err());
-        assert_eq!(require_reason(" done by hand ").ok(), Some("done by hand"));
+        assert!(Reason::parse("  ").is_err());
+        assert_eq!(
+            Reason::parse(" done by hand ").ok().map(|r| r.to_string()),
+            Some("done by hand".to_owned())
+        );
         assert!(actor().ends_with("@cli"));
     }
 }

@@ -4,6 +4,7 @@
 
 use uuid::Uuid;
 
+use crate::operations::OperationError;
 use crate::store::StoreError;
 
 /// Why an operator command failed.
@@ -48,6 +49,18 @@ impl From<StoreError> for CliError {
                 Self::BadArgument(format!("saga {saga} has no step {step:?}"))
             }
             other => Self::Store(other),
+        }
+    }
+}
+
+impl From<OperationError> for CliError {
+    fn from(e: OperationError) -> Self {
+        match e {
+            OperationError::BadRequest(msg) | OperationError::NotFound(msg) => {
+                Self::BadArgument(msg)
+            }
+            OperationError::Conflict(msg) => Self::Conflict(msg),
+            OperationError::Store(e) => e.into(),
         }
     }
 }

@@ -7,10 +7,11 @@ use std::io::Write;
 use uuid::Uuid;
 
 use super::args::{AdminCommand, ViaServer};
-use super::commands::{client_error, require_reason, whole_id as whole};
+use super::commands::{client_error, whole_id as whole};
 use super::render;
 use super::CliError;
 use crate::client::SagaClient;
+use crate::operations::Reason;
 
 /// Runs `cmd` through the server of `via`. Only for commands that change a saga.
 pub async fn run_via_server(
@@ -36,8 +37,11 @@ pub async fn run_via_server(
         }
         AdminCommand::Abort(a) => {
             let id = whole_id(&a.id)?;
-            let reason = require_reason(&a.reason)?;
-            let saga = client.abort(id, reason).await.map_err(client_error)?;
+            let reason = Reason::parse(&a.reason)?;
+            let saga = client
+                .abort(id, reason.as_str())
+                .await
+                .map_err(client_error)?;
             writeln!(
                 out,
                 "saga {id} aborted through {server} without compensating: {reason}"
@@ -52,9 +56,9 @@ pub async fn run_via_server(
         }
         AdminCommand::MarkCompensated(a) => {
             let id = whole_id(&a.id)?;
-            let reason = require_reason(&a.reason)?;
+            let reason = Reason::parse(&a.reason)?;
             let saga = client
-                .mark_compensated(id, &a.step, reason)
+                .mark_compensated(id, &a.step, reason.as_str())
                 .await
                 .map_err(client_error)?;
             writeln!(

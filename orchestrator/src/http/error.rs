@@ -15,6 +15,7 @@ use axum::Json;
 use serde::Serialize;
 
 use crate::engine::StartError;
+use crate::operations::OperationError;
 use crate::store::StoreError;
 
 type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -49,19 +50,7 @@ pub struct ApiError {
 const INTERNAL_MESSAGE: &str =
     "internal server error; the x-request-id response header identifies it in the server log";
 
-/// The longest piece of client-supplied text an error message quotes.
-const MAX_QUOTE: usize = 80;
-
-/// Quotes client-supplied text for an error message, shortened so that a huge path or
-/// parameter cannot blow up the answer or the log.
-pub(crate) fn quote(text: &str) -> String {
-    if text.chars().count() <= MAX_QUOTE {
-        format!("{text:?}")
-    } else {
-        let head: String = text.chars().take(MAX_QUOTE).collect();
-        format!("{head:?}…")
-    }
-}
+pub(crate) use crate::operations::quote;
 
 impl ApiError {
     /// An error with the given status, code and message.
@@ -271,6 +260,17 @@ impl From<StoreError> for ApiError {
                 Some(Box::new(e)),
             ),
             e => Self::internal(e),
+        }
+    }
+}
+
+impl From<OperationError> for ApiError {
+    fn from(e: OperationError) -> Self {
+        match e {
+            OperationError::BadRequest(message) => Self::bad_request(message),
+            OperationError::NotFound(message) => Self::not_found(message),
+            OperationError::Conflict(message) => Self::conflict(message),
+            OperationError::Store(e) => e.into(),
         }
     }
 }

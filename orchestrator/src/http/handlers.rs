@@ -25,7 +25,8 @@ use crate::http::openapi::{
 use crate::http::prefer::{applied_headers, Wait};
 use crate::http::state::AppState;
 use crate::model::{Attempt, Event, Saga, SagaPage, SagaStatus};
-use crate::store::{CancelOutcome, Delivery, SavedResponse, SignalOutcome, SignalRequest};
+use crate::operations::{self, Operations, Signal};
+use crate::store::{Delivery, SavedResponse, SignalOutcome};
 
 /// The body of `GET /v1/sagas/{id}/events`.
 #[derive(Debug, Serialize, ToSchema)]
@@ -621,20 +622,9 @@ pub(crate) async fn cancel_saga(
     State(state): State<AppState>,
     SagaId(id): SagaId,
 ) -> Result<Response, ApiError> {
-    let cancel = match state.engine.store().request_cancel(id).await? {
-        CancelOutcome::Accepted => CancelResult::Accepted,
-        CancelOutcome::AlreadyCompensating => CancelResult::AlreadyCompensating,
-        CancelOutcome::Terminal(status) => {
-            return Err(ApiError::conflict(format!(
-                "saga {id} is {status}: a finished saga cannot be cancelled"
-            )))
-        }
-        CancelOutcome::PastPivot => {
-            return Err(ApiError::conflict(format!(
-                "saga {id} has passed its point of no return (its pivot step has started): it \
-                 can no longer be cancelled and runs forward to the end"
-            )))
-        }
+    let cancel = match Operations::of(&state.engine).cancel(id).await? {
+        operations::Cancelled::Accepted => CancelResult::Accepted,
+        operations::Cancelled::AlreadyCompensating => CancelResult::AlreadyCompensating,
     };
     // The status as of now (the engine may already have started compensating).
     let saga = find_saga(&state, id).await?;
@@ -691,23 +681,13 @@ pub(crate) async fn signal_saga(
     JsonBody(payload): JsonBody,
 ) -> Result<Response, ApiError> {
     let key = parse_key(&headers).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let saga = find_saga(&state, id).await?;
-    // A definition this process does not have cannot be asked; the signal is kept anyway.
-    let def = state.engine.registry().get(&saga.name, saga.version);
-    if def.is_some_and(|d| d.hash() == saga.definition_hash && !d.waits_for_signal(&signal)) {
-        return Err(ApiError::not_found(format!(
-            "saga {id} ({}) waits for no signal {}",
-            saga.name,
-            quote(&signal)
-        )));
-    }
-    let request = SignalRequest {
+    let request = Signal {
         saga: id,
         name: &signal,
         payload: &payload,
         key: key.as_deref(),
     };
-    let outcome = match state.engine.store().send_signal(request).await? {
+    let outcome = match Operations::of(&state.engine).signal(request).await? {
         SignalOutcome::Received => SignalResult::Received,
         SignalOutcome::AlreadyReceived => SignalResult::AlreadyReceived,
         SignalOutcome::Conflict => {
@@ -744,7 +724,7 @@ pub(crate) async fn signal_saga(
         .store()
         .saga_status(id)
         .await?
-        .unwrap_or(saga.status);
+        .ok_or_else(|| ApiError::not_found(format!("no saga with id {id}")))?;
     let body = SignalAccepted {
         id,
         signal,

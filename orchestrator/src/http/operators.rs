@@ -1,5 +1,5 @@
-//! The operator commands over HTTP (SPEC §8): abort, retry and mark-compensated, with the same
-//! rules as the CLI's (`crate::store::rules`), each audited in the saga's events with the
+//! The operator commands over HTTP (SPEC §8): abort, retry and mark-compensated, through the
+//! same use cases as the CLI's ([`crate::operations`]), each audited in the saga's events with the
 //! token's name as the actor. They need the `operate` scope.
 
 use axum::extract::{Path, State};
@@ -15,9 +15,7 @@ use crate::http::openapi::{
 };
 use crate::http::state::AppState;
 use crate::model::Saga;
-
-/// The longest reason kept in an audit event.
-const MAX_REASON: usize = 1000;
+use crate::operations::{Operations, Reason};
 
 /// The body of an audited operator command.
 #[derive(Debug, Deserialize, ToSchema)]
@@ -28,19 +26,13 @@ pub(crate) struct OperatorReason {
 }
 
 /// The reason of a command body, checked.
-fn reason(JsonBody(body): JsonBody) -> Result<String, ApiError> {
+fn reason(JsonBody(body): JsonBody) -> Result<Reason, ApiError> {
     let parsed: OperatorReason = serde_json::from_value(body).map_err(|e| {
         ApiError::bad_request(format!(
             "the body must be {{\"reason\": \"…\"}} (why, for the audit): {e}"
         ))
     })?;
-    let reason = parsed.reason.trim();
-    if reason.is_empty() || reason.chars().count() > MAX_REASON {
-        return Err(ApiError::bad_request(format!(
-            "the reason must be 1 to {MAX_REASON} characters"
-        )));
-    }
-    Ok(reason.to_owned())
+    Ok(Reason::parse(&parsed.reason)?)
 }
 
 /// `POST /v1/sagas/{id}/abort` `{"reason"}`: stops driving the saga without compensating.
@@ -75,16 +67,9 @@ pub(crate) async fn abort_saga(
     body: JsonBody,
 ) -> Result<Json<Saga>, ApiError> {
     let reason = reason(body)?;
-    let saga = state
-        .engine
-        .store()
+    let saga = Operations::of(&state.engine)
         .abort(id, &reason, actor.as_str())
         .await?;
-    // No driver ends an aborted saga: its span is emitted here.
-    let telemetry = &state.engine.config().telemetry;
-    if let Some(trace) = telemetry.saga_trace(saga.id, saga.traceparent.as_deref()) {
-        telemetry.end_saga(&saga, &trace, saga.updated_at);
-    }
     Ok(Json(saga))
 }
 
@@ -115,7 +100,9 @@ pub(crate) async fn retry_saga(
     Extension(actor): Extension<ClientId>,
     SagaId(id): SagaId,
 ) -> Result<Json<Saga>, ApiError> {
-    let saga = state.engine.store().retry_now(id, actor.as_str()).await?;
+    let (_, saga) = Operations::of(&state.engine)
+        .retry(id, actor.as_str())
+        .await?;
     Ok(Json(saga))
 }
 
@@ -155,9 +142,7 @@ pub(crate) async fn mark_compensated(
 ) -> Result<Json<Saga>, ApiError> {
     let id = crate::http::extract::saga_id(&saga)?;
     let reason = reason(body)?;
-    let saga = state
-        .engine
-        .store()
+    let saga = Operations::of(&state.engine)
         .mark_compensated(id, &step, &reason, actor.as_str())
         .await?;
     Ok(Json(saga))

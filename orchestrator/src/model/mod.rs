@@ -94,6 +94,7 @@ macro_rules! wire_enum {
     };
 }
 
+pub mod rules;
 mod stages;
 pub use stages::{stages_of, StageKind, StageRecord, WaitingCounts};
 

@@ -56,6 +56,17 @@ pub enum StoreError {
     Backend(BackendError),
 }
 
+impl From<crate::model::rules::Refusal> for StoreError {
+    fn from(refusal: crate::model::rules::Refusal) -> Self {
+        match refusal {
+            crate::model::rules::Refusal::UnknownStep { saga, step } => {
+                Self::UnknownStep { saga, step }
+            }
+            crate::model::rules::Refusal::Conflict(message) => Self::Conflict(message),
+        }
+    }
+}
+
 impl StoreError {
     /// Whether the error is the database being away or contended for a moment (connection
     /// refused, pool timeout, SQLite busy, a PostgreSQL deadlock or serialization failure), as

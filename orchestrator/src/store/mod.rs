@@ -28,7 +28,6 @@ pub mod idempotency;
 pub mod outbox;
 mod postgres;
 pub(crate) mod rows;
-mod rules;
 mod shared;
 pub mod signals;
 mod sqlite;

@@ -12,11 +12,11 @@ use uuid::Uuid;
 use super::reads::load_saga;
 use super::sql::{Arg, Tx};
 use super::SqlBackend;
+use crate::model::rules::{
+    cancel_refusal, check_abort, check_mark_compensated, plan_retry, CancelRefusal, RetryPlan,
+};
 use crate::model::{Saga, SagaStatus, StepKind, StepStatus};
 use crate::store::rows::{parse_enum, LogRow};
-use crate::store::rules::{
-    cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan,
-};
 use crate::store::{CancelOutcome, Result, StoreError};
 
 /// Appends an event to a saga's history (and so to the outbox), at the transaction's time.
@@ -68,7 +68,11 @@ pub(crate) async fn request_cancel<B: SqlBackend>(store: &B, id: Uuid) -> Result
     let status: SagaStatus = parse_enum(&id.to_string(), &row.get::<String>("status")?)?;
     if let Some(refusal) = cancel_refusal(status, row.get("pivot_reached")?) {
         store.commit(tx).await?;
-        return Ok(refusal);
+        return Ok(match refusal {
+            CancelRefusal::Terminal(status) => CancelOutcome::Terminal(status),
+            CancelRefusal::AlreadyCompensating => CancelOutcome::AlreadyCompensating,
+            CancelRefusal::PastPivot => CancelOutcome::PastPivot,
+        });
     }
     // Due now, so that a worker compensates it; a second request makes it due again (in case
     // it waits on a timer) but records no second event.
@@ -169,7 +173,7 @@ pub(crate) async fn mark_compensated<B: SqlBackend>(
 ) -> Result<Saga> {
     let mut tx = store.begin().await?;
     let saga = lock_and_load(&mut tx, id).await?;
-    let record = check_mark_compensated(&saga, id, step)?;
+    let record = check_mark_compensated(&saga, step)?;
     let now = tx.now().await?;
     // Its compensation may be in flight: that attempt's result is no longer wanted.
     let abandoned =

@@ -1,0 +1,39 @@
+//! `mark-compensated`: an operator vouches that a stuck compensation was done by hand.
+
+use uuid::Uuid;
+
+use super::{quote, OperationError, Operations, Reason, Result};
+use crate::model::rules::{check_mark_compensated, Refusal};
+use crate::model::Saga;
+
+impl Operations<'_> {
+    /// Records that step `step` of saga `id` was compensated by hand (`MANUAL`), audited as
+    /// `actor`'s with `reason`; only while the saga is `COMPENSATING` and the step still needs
+    /// it. A compensation in flight is recorded `abandoned`.
+    pub async fn mark_compensated(
+        &self,
+        id: Uuid,
+        step: &str,
+        reason: &Reason,
+        actor: &str,
+    ) -> Result<Saga> {
+        let before = self.load(id).await?;
+        if let Err(refusal) = check_mark_compensated(&before, step) {
+            return Err(match refusal {
+                Refusal::UnknownStep { .. } => {
+                    let names: Vec<&str> = before.steps.iter().map(|s| s.name.as_str()).collect();
+                    OperationError::NotFound(format!(
+                        "saga {id} has no step {} (its steps: {})",
+                        quote(step),
+                        names.join(", ")
+                    ))
+                }
+                refusal => OperationError::Conflict(refusal.to_string()),
+            });
+        }
+        Ok(self
+            .store
+            .mark_compensated(id, step, reason.as_str(), actor)
+            .await?)
+    }
+}

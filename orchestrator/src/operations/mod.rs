@@ -1,0 +1,105 @@
+//! The use cases that change a saga from outside the engine: cancel, abort, retry,
+//! mark-compensated and signal. The HTTP API, the CLI through a server and the CLI straight on
+//! the database all call these, so each command's rules, its audit (actor and reason), its
+//! events and its span are written once.
+//!
+//! The rules that must hold at the moment of the change (a saga not finished, a step still
+//! needing compensation) are checked again by the store inside the write transaction that
+//! makes it; the checks here come first so that a refusal says what would be accepted.
+
+mod abort;
+mod cancel;
+mod mark_compensated;
+mod reason;
+mod retry;
+mod signal;
+
+use saga_dsl::Registry;
+use uuid::Uuid;
+
+use crate::engine::Engine;
+use crate::model::Saga;
+use crate::store::{Store, StoreError};
+use crate::telemetry::Telemetry;
+
+pub use cancel::Cancelled;
+pub use reason::{Reason, MAX_REASON};
+pub use retry::Retried;
+pub use signal::Signal;
+
+/// Why a command was refused. The saga is left as it was.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OperationError {
+    /// The command itself is malformed (a blank reason).
+    #[error("{0}")]
+    BadRequest(String),
+    /// The command names something the saga does not have (a step, a signal).
+    #[error("{0}")]
+    NotFound(String),
+    /// The saga's state does not allow the command now.
+    #[error("{0}")]
+    Conflict(String),
+    /// The store refused or failed (no such saga, a lost race, the database).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The result of a command.
+pub type Result<T> = std::result::Result<T, OperationError>;
+
+/// The commands, over one store. Cheap to make: it borrows what it uses.
+#[derive(Clone, Copy)]
+pub struct Operations<'a> {
+    store: &'a dyn Store,
+    registry: Option<&'a Registry>,
+    telemetry: Option<&'a Telemetry>,
+}
+
+impl<'a> Operations<'a> {
+    /// The commands over `store`, as a process without the saga definitions runs them (the
+    /// `saga` CLI on a database): no definition is asked, and no span is exported.
+    pub fn new(store: &'a dyn Store) -> Self {
+        Self {
+            store,
+            registry: None,
+            telemetry: None,
+        }
+    }
+
+    /// The commands as a server runs them: its definitions say which signals a saga waits
+    /// for, and its exporter (if any) receives the spans of sagas the commands end.
+    pub fn with_definitions(mut self, registry: &'a Registry, telemetry: &'a Telemetry) -> Self {
+        self.registry = Some(registry);
+        self.telemetry = Some(telemetry);
+        self
+    }
+
+    /// The commands as `engine`'s server runs them, with its definitions and exporter.
+    pub fn of(engine: &'a Engine) -> Self {
+        Self::new(engine.store().as_ref())
+            .with_definitions(engine.registry(), &engine.config().telemetry)
+    }
+
+    /// The saga `id`, or `NotFound`.
+    async fn load(&self, id: Uuid) -> Result<Saga> {
+        self.store
+            .get_saga(id)
+            .await?
+            .ok_or(OperationError::Store(StoreError::NotFound(id)))
+    }
+}
+
+/// The longest piece of client-supplied text an error message quotes.
+const MAX_QUOTE: usize = 80;
+
+/// Quotes client-supplied text for an error message, shortened so that a huge name cannot
+/// blow up the answer or the log.
+pub(crate) fn quote(text: &str) -> String {
+    if text.chars().count() <= MAX_QUOTE {
+        format!("{text:?}")
+    } else {
+        let head: String = text.chars().take(MAX_QUOTE).collect();
+        format!("{head:?}…")
+    }
+}
