@@ -7,7 +7,7 @@
 //! saga-level changes that follow from a result (compensating, completed, …) are folded into the
 //! same transaction too. The branches of a parallel group run at once ([`super::calls`]): their
 //! write-aheads share one transaction, and their results are written as they come, each with
-//! whatever the plan starts next. Steps that call nothing are decided in [`super::decide`].
+//! whatever the plan starts next. Each stage's turn is asked of its kind, in [`super::stages`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -21,11 +21,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::calls::{CallFuture, CallResult, InFlight};
-use super::decide::Decision;
 use super::plan::{self, NextCall};
+use super::stages::Decision;
 use super::Inner;
 use crate::failpoint::crash_if_armed;
-use crate::model::{Millis, PhaseRecord, Saga, SagaStatus, StepKind, StepStatus};
+use crate::model::{Millis, PhaseRecord, Saga, SagaStatus, StepStatus};
 use crate::store::{
     Applied, AttemptChange, Claimed, Lease, NewEvent, NewStep, SagaUpdate, StepUpdate, StoreError,
     Transition,
@@ -283,10 +283,7 @@ impl Driver {
                     }
                     let decision = match phase {
                         Phase::Action => self.decide(index, now).await?,
-                        Phase::Compensation if self.saga.steps[index].kind == StepKind::Child => {
-                            self.undo_child(index, now).await?
-                        }
-                        Phase::Compensation => Decision::Call,
+                        Phase::Compensation => self.undo_stage(index, now).await?,
                     };
                     match decision {
                         Decision::Call => {}
@@ -420,8 +417,9 @@ impl Driver {
         let now = self.now();
         let mut interrupted = Vec::new();
         for index in 0..self.saga.steps.len() {
-            // A group's own row is `RUNNING` while its branches are: it makes no call.
-            if self.saga.steps[index].kind == StepKind::Parallel {
+            // A stage that calls nothing (a group's own row is `RUNNING` while its branches
+            // are) has no attempt to recover.
+            if !self.saga.steps[index].kind.calls() {
                 continue;
             }
             for phase in [Phase::Action, Phase::Compensation] {

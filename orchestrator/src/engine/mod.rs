@@ -11,10 +11,9 @@
 //! functions in [`plan`], tested without a database.
 
 mod calls;
-mod children;
-mod decide;
 mod driver;
 pub mod plan;
+mod stages;
 mod start;
 mod waiters;
 

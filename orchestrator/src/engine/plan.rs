@@ -123,23 +123,8 @@ pub fn settle(saga: &mut Saga, now: Millis) -> Vec<NewEvent> {
                     failed.name,
                     failed.action.last_error.as_deref().unwrap_or("failed")
                 );
-                let can_go_back = match failed.kind {
-                    StepKind::Compensatable => true,
-                    // A pivot that failed definitively never took effect: go back. One whose
-                    // outcome is unknown may have: neither way is safe without a person.
-                    StepKind::Pivot => failed.action.status == StepStatus::Failed,
-                    StepKind::Retriable => false,
-                    // A wait that failed (a wake time that could not be computed, a signal
-                    // that did not come or was refused) changed nothing: back, unless the
-                    // point of no return is behind.
-                    // A child that ended other than completed was undone by its own saga (or
-                    // waits for a person there): back too, unless the point of no return is
-                    // behind.
-                    StepKind::Sleep | StepKind::Signal | StepKind::Child => !saga.pivot_reached,
-                    // A group whose branch failed: its other branches are compensated with
-                    // the steps before, unless the point of no return is behind.
-                    StepKind::Parallel => !saga.pivot_reached,
-                };
+                // The failed stage's kind says whether going back is safe.
+                let can_go_back = super::stages::can_go_back(failed, saga);
                 if can_go_back {
                     saga.status = SagaStatus::Compensating;
                     events.push(NewEvent::saga(

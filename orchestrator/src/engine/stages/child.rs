@@ -10,17 +10,44 @@ use saga_dsl::{child_saga_id, ChildSaga, Phase};
 use serde_json::json;
 use uuid::Uuid;
 
-use super::decide::Decision;
-use super::driver::Driver;
+use super::{Decision, StageRules};
+use crate::engine::driver::Driver;
 use crate::failpoint::crash_if_armed;
-use crate::model::{Millis, SagaStatus, StepStatus};
+use crate::model::{Millis, Saga, SagaStatus, StepRecord, StepStatus};
 use crate::store::{CancelOutcome, NewEvent, NewSaga, StoreError};
+
+impl StageRules for ChildSaga {
+    async fn advance(
+        &self,
+        driver: &mut Driver,
+        stage: &str,
+        index: usize,
+        now: Millis,
+    ) -> Result<Decision, StoreError> {
+        driver.decide_child(stage, self, index, now).await
+    }
+
+    async fn undo(
+        &self,
+        driver: &mut Driver,
+        index: usize,
+        now: Millis,
+    ) -> Result<Decision, StoreError> {
+        driver.undo_child(index, now).await
+    }
+
+    /// A child that ended other than completed was undone by its own saga (or waits for a
+    /// person there): back, unless the point of no return is behind.
+    fn can_go_back(_failed: &StepRecord, saga: &Saga) -> bool {
+        !saga.pivot_reached
+    }
+}
 
 impl Driver {
     /// Starts a child stage, or looks at the child it waits for: the stage succeeds with a
     /// completed child's output, fails with a child that ended otherwise, and waits again for
     /// one still running.
-    pub(super) async fn decide_child(
+    pub(in crate::engine) async fn decide_child(
         &mut self,
         name: &str,
         stage: &ChildSaga,
@@ -126,7 +153,7 @@ impl Driver {
     /// to compensating, and the parent waits for it. A child that cannot go back (it failed,
     /// was aborted, or passed its point of no return) flags the parent for a person, who may
     /// mend the child or mark the stage compensated.
-    pub(super) async fn undo_child(
+    pub(in crate::engine) async fn undo_child(
         &mut self,
         index: usize,
         now: Millis,
@@ -205,5 +232,19 @@ impl Driver {
             child: child_id,
             seen: status,
         })
+    }
+
+    /// Gives back a saga whose child stage waits for its child, last seen in `seen`, to end:
+    /// in two writes, as [`Driver::await_signal`] does; the child's end makes the parent due,
+    /// and the second write sees a child that ended between the two.
+    pub(in crate::engine) async fn await_child(
+        &mut self,
+        child: uuid::Uuid,
+        seen: SagaStatus,
+    ) -> Result<(), StoreError> {
+        let recheck = self.now().saturating_add(self.inner.config.lease_ttl_ms());
+        let (store, id) = (self.inner.store.clone(), self.saga.id);
+        self.give_back_and_park(recheck, || store.park_child_wait(id, child, seen, recheck))
+            .await
     }
 }

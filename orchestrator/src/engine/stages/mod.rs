@@ -1,0 +1,241 @@
+//! The stage kinds as the engine runs them: one module per kind, each implementing
+//! [`StageRules`] — how the stage advances when the saga reaches it going forward, and how it
+//! is undone going back — and saying whether a saga whose stage of that kind failed for good
+//! may go back. The driver asks [`Driver::decide`] and [`Driver::undo_stage`], which dispatch
+//! on the definition's [`StageBody`] in one place; a new kind of stage is a module here, a
+//! variant of `StageBody` in the DSL, an arm in each dispatch, and its rendering.
+//!
+//! What a stage decides without a call is kept in the driver's memory and written with
+//! whatever comes next: nothing outside the log happened. A stage that calls ([`call`]) is
+//! written ahead by the driver and run as an attempt.
+
+mod call;
+mod child;
+mod group;
+mod signal;
+mod sleep;
+
+use std::time::Duration;
+
+use saga_dsl::{Phase, StageBody, StepError, StepKind};
+use serde_json::{json, Value};
+
+use super::driver::Driver;
+use crate::model::{Millis, Saga, SagaStatus, StepRecord, StepStatus};
+use crate::store::{NewEvent, StoreError};
+
+/// What a stage's turn came to.
+pub(super) enum Decision {
+    /// The stage calls its action (or compensation): the driver writes it ahead and calls.
+    Call,
+    /// The stage was decided without a call.
+    Decided,
+    /// The stage waits for this signal: give the saga back until it comes.
+    AwaitSignal(String),
+    /// The stage waits for its child saga, last seen in `seen`, to end: give the saga back
+    /// until it does.
+    AwaitChild {
+        /// The child.
+        child: uuid::Uuid,
+        /// Its status when last read.
+        seen: SagaStatus,
+    },
+}
+
+/// What one kind of stage does in the engine.
+pub(super) trait StageRules {
+    /// Its turn going forward: the saga reached it, or it waits and was looked at again.
+    /// `stage` is its name, `index` its row.
+    async fn advance(
+        &self,
+        driver: &mut Driver,
+        stage: &str,
+        index: usize,
+        now: Millis,
+    ) -> Result<Decision, StoreError>;
+
+    /// Its turn going back, once every stage after it is undone: by default its compensation
+    /// is called, as a call's is.
+    async fn undo(
+        &self,
+        _driver: &mut Driver,
+        _index: usize,
+        _now: Millis,
+    ) -> Result<Decision, StoreError> {
+        Ok(Decision::Call)
+    }
+
+    /// Whether a saga whose stage of this kind, `failed`, failed for good may go back
+    /// (compensate) rather than stop `FAILED` for a person.
+    fn can_go_back(failed: &StepRecord, saga: &Saga) -> bool;
+}
+
+/// Whether a saga whose stage `failed` failed for good may go back: asked of its kind.
+pub(crate) fn can_go_back(failed: &StepRecord, saga: &Saga) -> bool {
+    match failed.kind {
+        StepKind::Compensatable | StepKind::Pivot | StepKind::Retriable => {
+            <saga_dsl::Call as StageRules>::can_go_back(failed, saga)
+        }
+        StepKind::Sleep => <saga_dsl::Sleep as StageRules>::can_go_back(failed, saga),
+        StepKind::Signal => <saga_dsl::SignalWait as StageRules>::can_go_back(failed, saga),
+        StepKind::Parallel => <saga_dsl::Group as StageRules>::can_go_back(failed, saga),
+        StepKind::Child => <saga_dsl::ChildSaga as StageRules>::can_go_back(failed, saga),
+    }
+}
+
+impl Driver {
+    /// The turn of stage `index` going forward. A condition that is false marks it `SKIPPED`;
+    /// otherwise its kind decides. A condition, wake time or timeout that cannot be computed
+    /// fails the stage permanently: it depends only on the saga's data, so asking again
+    /// cannot change it.
+    pub(super) async fn decide(
+        &mut self,
+        index: usize,
+        now: Millis,
+    ) -> Result<Decision, StoreError> {
+        let def = self.definition();
+        let step = &def.steps()[index];
+        let status = self.saga.steps[index].action.status;
+        if status == StepStatus::Pending && step.is_conditional() {
+            match step.applies(&self.context(index, Phase::Action, 0)) {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.settle_without_call(index, StepStatus::Skipped, None, now);
+                    let event = NewEvent::step("step.skipped", step.name(), json!({}));
+                    self.pending.events.push(event);
+                    return Ok(Decision::Decided);
+                }
+                Err(e) => {
+                    self.refuse(
+                        index,
+                        &format!("its condition failed: {}", e.message()),
+                        now,
+                    );
+                    return Ok(Decision::Decided);
+                }
+            }
+        }
+        let name = step.name();
+        match step.body() {
+            StageBody::Call(call) => call.advance(self, name, index, now).await,
+            StageBody::Sleep(sleep) => sleep.advance(self, name, index, now).await,
+            StageBody::Signal(wait) => wait.advance(self, name, index, now).await,
+            StageBody::Parallel(group) => group.advance(self, name, index, now).await,
+            StageBody::Child(child) => child.advance(self, name, index, now).await,
+            // A kind this engine does not know: fail the stage rather than skip it.
+            _ => {
+                self.refuse(index, "a stage of a kind this engine cannot run", now);
+                Ok(Decision::Decided)
+            }
+        }
+    }
+
+    /// The turn of row `index` going back. A branch's row is undone as a call.
+    pub(super) async fn undo_stage(
+        &mut self,
+        index: usize,
+        now: Millis,
+    ) -> Result<Decision, StoreError> {
+        let def = self.definition();
+        let Some(step) = def.steps().get(index) else {
+            return Ok(Decision::Call);
+        };
+        match step.body() {
+            StageBody::Call(call) => call.undo(self, index, now).await,
+            StageBody::Sleep(sleep) => sleep.undo(self, index, now).await,
+            StageBody::Signal(wait) => wait.undo(self, index, now).await,
+            StageBody::Parallel(group) => group.undo(self, index, now).await,
+            StageBody::Child(child) => child.undo(self, index, now).await,
+            _ => Ok(Decision::Call),
+        }
+    }
+
+    /// Marks a wait that starts now as `WAITING` and queues its record.
+    pub(super) fn start_waiting(&mut self, index: usize, now: Millis) {
+        if self.saga.status == SagaStatus::Queued {
+            self.saga.status = SagaStatus::Running;
+        }
+        let action = &mut self.saga.steps[index].action;
+        action.status = StepStatus::Waiting;
+        action.started_at = Some(now);
+        action.outcome_unknown = false;
+        self.push_update(index, Phase::Action, None);
+    }
+
+    /// Gives the saga back due at `recheck`, then parks it with `park` (retried while the
+    /// database is away for a moment; the first write stands meanwhile, so the saga is looked
+    /// at again at `recheck` whatever happens).
+    async fn give_back_and_park<F, Fut>(
+        &mut self,
+        recheck: Millis,
+        park: F,
+    ) -> Result<(), StoreError>
+    where
+        F: Fn() -> Fut,
+        Fut: std::future::Future<Output = Result<bool, StoreError>>,
+    {
+        self.saga.next_run_at = Some(recheck);
+        self.write(false, true).await?;
+        self.slot.take();
+        self.inner.wake.notify_one();
+        let mut delay = Duration::from_millis(50);
+        loop {
+            match park().await {
+                Ok(_) => return Ok(()),
+                Err(e) if e.is_transient() && !self.stop.is_cancelled() => {
+                    tracing::warn!(error = %e, "parking a wait failed; retrying");
+                }
+                Err(e) => return Err(e),
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(5));
+        }
+    }
+
+    /// Ends a step's action in `status` at `now` without a call, with `output` if given, and
+    /// queues its update.
+    pub(super) fn settle_without_call(
+        &mut self,
+        index: usize,
+        status: StepStatus,
+        output: Option<Value>,
+        now: Millis,
+    ) {
+        if self.saga.status == SagaStatus::Queued {
+            self.saga.status = SagaStatus::Running;
+        }
+        let step = &mut self.saga.steps[index];
+        step.action.status = status;
+        step.action.outcome_unknown = false;
+        step.action.ended_at = Some(now);
+        if output.is_some() {
+            step.output.clone_from(&output);
+        }
+        self.push_update(index, Phase::Action, output);
+    }
+
+    /// Fails a step that was never called: permanently, with `error`.
+    pub(super) fn refuse(&mut self, index: usize, error: &str, now: Millis) {
+        self.saga.steps[index].action.last_error = Some(error.to_owned());
+        self.settle_without_call(index, StepStatus::Failed, None, now);
+        let data = json!({"attempt": 0, "error": error, "outcome": "failed"});
+        let name = self.saga.steps[index].name.clone();
+        self.pending
+            .events
+            .push(NewEvent::step("step.failed", &name, data));
+    }
+}
+
+/// The engine's clock reading as a `SystemTime`, for a sleep's wake time rule.
+fn system_time(now: Millis) -> std::time::SystemTime {
+    std::time::UNIX_EPOCH + Duration::from_millis(now.max(0) as u64)
+}
+
+/// A wake time in milliseconds since the epoch; an instant before the epoch, or too far to
+/// count, is a permanent error.
+fn millis(at: std::time::SystemTime) -> Result<Millis, StepError> {
+    at.duration_since(std::time::UNIX_EPOCH)
+        .ok()
+        .and_then(|d| Millis::try_from(d.as_millis()).ok())
+        .ok_or_else(|| StepError::permanent(format!("{at:?} is not a time to wake at")))
+}
