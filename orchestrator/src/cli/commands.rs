@@ -16,10 +16,10 @@ use super::args::{
     AbortArgs, AdminCommand, CancelArgs, EventsArgs, ListArgs, MarkCompensatedArgs, PurgeArgs,
     RetryArgs, ShowArgs, SignalArgs, StartArgs,
 };
-use super::error::CliError;
+use super::error::{client_error, CliError};
 use super::render;
 use super::table::Layout;
-use crate::client::{ClientError, SagaClient};
+use crate::client::SagaClient;
 use crate::model::{needs_compensation, IdPrefix, ListFilter, Saga, SagaStatus, StepStatus};
 use crate::store::{CancelOutcome, OutboxStore, Store};
 
@@ -165,20 +165,6 @@ pub async fn run_start(a: &StartArgs, out: &mut impl Write) -> Result<(), CliErr
         render::waited(out, &saga, secs)?;
     }
     Ok(())
-}
-
-/// A client failure as a one-line command error. A `409` is a conflict with the saga's state;
-/// everything else (unreachable server, refused input, unknown definition) is reported as what
-/// the server or the network said.
-pub(super) fn client_error(e: ClientError) -> CliError {
-    match e {
-        ClientError::Api {
-            status: 409,
-            message,
-            ..
-        } => CliError::Conflict(message),
-        e => CliError::BadArgument(e.to_string()),
-    }
 }
 
 /// A whole saga id, for a command that asks a server (`why`), which knows no prefixes.

@@ -7,8 +7,7 @@ use std::io::Write;
 use comfy_table::{presets, ContentArrangement, Table};
 
 use super::args::DefinitionsArgs;
-use super::commands::client_error;
-use super::error::CliError;
+use super::error::{client_error, CliError};
 use super::render;
 use crate::client::SagaClient;
 use crate::model::{Definition, DefinitionList, StepKindName};

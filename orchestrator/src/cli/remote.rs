@@ -7,9 +7,9 @@ use std::io::Write;
 use uuid::Uuid;
 
 use super::args::{AdminCommand, ViaServer};
-use super::commands::{client_error, require_reason, whole_id as whole};
+use super::commands::{require_reason, whole_id as whole};
+use super::error::{client_error, CliError};
 use super::render;
-use super::CliError;
 use crate::client::SagaClient;
 
 /// Runs `cmd` through the server of `via`. Only for commands that change a saga.
