@@ -19,7 +19,7 @@ pub async fn run_via_server(
     out: &mut impl Write,
 ) -> Result<(), CliError> {
     let server = via.server.as_deref().unwrap_or_default();
-    let client = SagaClient::new(server, via.token.clone()).map_err(client_error)?;
+    let client = SagaClient::new(server, via.auth.token.clone()).map_err(client_error)?;
     match cmd {
         AdminCommand::Cancel(a) => {
             let id = whole_id(&a.id)?;
