@@ -12,10 +12,10 @@ use saga_dsl::{
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::place_order::{action_policy, compensatable, short_id, Charge, ATTEMPT_TIMEOUT};
+use crate::place_order::{action_policy, charge, compensatable, short_id, Charge, ATTEMPT_TIMEOUT};
 use crate::shop::{Effect, Label, Shop};
 pub use crate::simulate::Simulate;
-use crate::simulate::{act, charge, compensate, Call};
+use crate::simulate::{act, compensate, Call};
 
 /// The saga's name.
 pub const NAME: &str = "fulfil_order";

@@ -13,7 +13,7 @@ use serde_json::json;
 
 use crate::shop::{Effect, Shop};
 pub use crate::simulate::Simulate;
-use crate::simulate::{act, charge, compensate, Call};
+use crate::simulate::{act, compensate, Call};
 
 /// The saga's name.
 pub const NAME: &str = "place_order";
@@ -99,6 +99,29 @@ pub(crate) fn compensatable(
 pub(crate) fn short_id(prefix: &str, ctx: &StepContext) -> String {
     let key = ctx.idempotency_key().simple().to_string();
     format!("{prefix}_{}", &key[..12])
+}
+
+/// The charge of an order of `amount` for `owner` (`place_order`'s and `fulfil_order`'s
+/// `charge_payment`): its output names the charge by the call's key.
+pub(crate) async fn charge(
+    shop: &Shop,
+    ctx: &StepContext,
+    owner: &str,
+    amount: i64,
+    sim: &Simulate,
+) -> Result<Value, StepError> {
+    let output = Charge {
+        charge_id: short_id("ch", ctx),
+        amount,
+    };
+    let call = Call {
+        owner,
+        effect: Effect::Charged.into(),
+        amount,
+        refusal: "card declined",
+        output: json!(output),
+    };
+    act(shop, ctx, sim, call).await
 }
 
 /// The `place_order` definition, its participants working against `shop`.

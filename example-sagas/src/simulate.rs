@@ -140,26 +140,3 @@ pub(crate) async fn compensate(
     sim.second_half().await;
     Ok(())
 }
-
-/// The charge of an order of `amount` for `owner` (`place_order`'s and `fulfil_order`'s
-/// `charge_payment`): its output names the charge by the call's key.
-pub(crate) async fn charge(
-    shop: &Shop,
-    ctx: &StepContext,
-    owner: &str,
-    amount: i64,
-    sim: &Simulate,
-) -> Result<Value, StepError> {
-    let output = crate::place_order::Charge {
-        charge_id: crate::place_order::short_id("ch", ctx),
-        amount,
-    };
-    let call = Call {
-        owner,
-        effect: crate::shop::Effect::Charged.into(),
-        amount,
-        refusal: "card declined",
-        output: serde_json::json!(output),
-    };
-    act(shop, ctx, sim, call).await
-}

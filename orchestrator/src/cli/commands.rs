@@ -16,10 +16,10 @@ use super::args::{
     AbortArgs, AdminCommand, CancelArgs, EventsArgs, ListArgs, MarkCompensatedArgs, PurgeArgs,
     RetryArgs, ShowArgs, SignalArgs, StartArgs,
 };
-use super::error::CliError;
+use super::error::{client_error, CliError};
 use super::render;
 use super::table::Layout;
-use crate::client::{ClientError, SagaClient};
+use crate::client::SagaClient;
 use crate::model::{IdPrefix, ListFilter, Saga};
 use crate::operations::{Cancelled, Operations, Reason, Retried};
 use crate::store::{OutboxStore, Store};
@@ -54,7 +54,7 @@ pub async fn run_admin_with(
         AdminCommand::MarkCompensated(a) => mark_compensated(a, store, out).await,
         AdminCommand::Workers(a) => {
             let workers = store.workers().await?;
-            if a.json {
+            if a.output.json {
                 render::json(out, &serde_json::json!({ "workers": workers }))?;
             } else {
                 render::workers(out, &workers, store.now().await?, layout)?;
@@ -65,7 +65,7 @@ pub async fn run_admin_with(
         AdminCommand::Outbox(a) => {
             let relays = store.relays().await?;
             let now = store.now().await?;
-            if a.json {
+            if a.output.json {
                 let relays: Vec<_> = relays
                     .iter()
                     .map(|r| {
@@ -102,12 +102,12 @@ pub async fn run_signal(a: &SignalArgs, out: &mut impl Write) -> Result<(), CliE
     let id = whole_id(&a.id, "`signal` asks the server")?;
     let payload: serde_json::Value = serde_json::from_str(&a.payload)
         .map_err(|e| CliError::BadArgument(format!("--payload is not valid JSON: {e}")))?;
-    let client = SagaClient::new(&a.server, a.token.clone()).map_err(client_error)?;
+    let client = SagaClient::new(&a.server.url, a.auth.token.clone()).map_err(client_error)?;
     let answer = client
         .signal(id, &a.name, &payload, a.idempotency_key.clone())
         .await
         .map_err(client_error)?;
-    if a.json {
+    if a.output.json {
         render::json(out, &answer)?;
     } else if answer.outcome == "received" {
         writeln!(
@@ -142,13 +142,13 @@ pub async fn run_start(a: &StartArgs, out: &mut impl Write) -> Result<(), CliErr
                     })
             })
             .transpose()?;
-    let client = SagaClient::new(&a.server, a.token.clone()).map_err(client_error)?;
+    let client = SagaClient::new(&a.server.url, a.auth.token.clone()).map_err(client_error)?;
     let started = client
         .start_at(&a.name, &input, a.idempotency_key.clone(), at)
         .await
         .map_err(client_error)?;
     let Some(secs) = a.wait else {
-        if a.json {
+        if a.output.json {
             render::json(out, &started)?;
         } else {
             render::started(out, &started)?;
@@ -159,27 +159,13 @@ pub async fn run_start(a: &StartArgs, out: &mut impl Write) -> Result<(), CliErr
         .wait(started.id, Duration::from_secs(secs))
         .await
         .map_err(client_error)?;
-    if a.json {
+    if a.output.json {
         render::json(out, &saga)?;
     } else {
         render::started(out, &started)?;
         render::waited(out, &saga, secs)?;
     }
     Ok(())
-}
-
-/// A client failure as a one-line command error. A `409` is a conflict with the saga's state;
-/// everything else (unreachable server, refused input, unknown definition) is reported as what
-/// the server or the network said.
-pub(super) fn client_error(e: ClientError) -> CliError {
-    match e {
-        ClientError::Api {
-            status: 409,
-            message,
-            ..
-        } => CliError::Conflict(message),
-        e => CliError::BadArgument(e.to_string()),
-    }
 }
 
 /// A whole saga id, for a command that asks a server (`why`), which knows no prefixes.
@@ -282,7 +268,7 @@ async fn list(
         ..ListFilter::default()
     };
     let page = store.list_sagas(&filter).await?;
-    if a.json {
+    if a.output.json {
         render::json(out, &page)?;
     } else {
         render::saga_page(out, &page, store.now().await?, layout)?;
@@ -298,7 +284,7 @@ async fn show(
 ) -> Result<(), CliError> {
     let id = resolve_id(store, &a.id).await?;
     let saga = load(store, id).await?;
-    if a.json {
+    if a.output.json {
         render::json(out, &saga)?;
         return Ok(());
     }
@@ -322,10 +308,10 @@ pub async fn show_with_deliveries(
     let id = resolve_id(store, &a.id).await?;
     let a = &ShowArgs {
         id: id.to_string(),
-        json: a.json,
+        output: a.output,
     };
     show(a, store, out, layout).await?;
-    if !a.json {
+    if !a.output.json {
         let deliveries = outbox.deliveries(id).await?;
         render::deliveries(out, &deliveries, store.now().await?, layout)?;
     }
@@ -342,7 +328,7 @@ async fn events(
     // An empty history and an unknown saga look alike to `events`; tell them apart.
     load(store, id).await?;
     let events = store.events(id).await?;
-    if a.json {
+    if a.output.json {
         render::json(out, &serde_json::json!({ "events": events }))?;
     } else {
         render::events(out, &events, layout)?;

@@ -7,8 +7,7 @@ use std::io::Write;
 use comfy_table::{presets, ContentArrangement, Table};
 
 use super::args::DefinitionsArgs;
-use super::commands::client_error;
-use super::error::CliError;
+use super::error::{client_error, CliError};
 use super::render;
 use crate::client::SagaClient;
 use crate::model::{Definition, DefinitionList, StepKind};
@@ -20,9 +19,9 @@ const SHORT_HASH: usize = 8;
 /// Runs `definitions`: asks the server at `--server` for its definitions and prints them as a
 /// table, or with `--json` as the API answered them. Needs no database.
 pub async fn run_definitions(a: &DefinitionsArgs, out: &mut impl Write) -> Result<(), CliError> {
-    let client = SagaClient::new(&a.server, a.token.clone()).map_err(client_error)?;
+    let client = SagaClient::new(&a.server.url, a.auth.token.clone()).map_err(client_error)?;
     let list = client.definitions().await.map_err(client_error)?;
-    if a.json {
+    if a.output.json {
         render::json(out, &list)?;
     } else {
         let width = std::env::var("COLUMNS")

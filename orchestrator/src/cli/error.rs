@@ -4,6 +4,7 @@
 
 use uuid::Uuid;
 
+use crate::client::ClientError;
 use crate::operations::OperationError;
 use crate::store::StoreError;
 
@@ -77,5 +78,19 @@ impl CliError {
     /// binaries exit quietly then.
     pub fn is_broken_pipe(&self) -> bool {
         matches!(self, Self::Io(e) if e.kind() == std::io::ErrorKind::BrokenPipe)
+    }
+}
+
+/// A client failure as a one-line command error. A `409` is a conflict with the saga's state;
+/// everything else (unreachable server, refused input, unknown definition) is reported as what
+/// the server or the network said.
+pub(super) fn client_error(e: ClientError) -> CliError {
+    match e {
+        ClientError::Api {
+            status: 409,
+            message,
+            ..
+        } => CliError::Conflict(message),
+        e => CliError::BadArgument(e.to_string()),
     }
 }

@@ -7,9 +7,9 @@ use std::io::Write;
 use uuid::Uuid;
 
 use super::args::{AdminCommand, ViaServer};
-use super::commands::{client_error, whole_id as whole};
+use super::commands::whole_id as whole;
+use super::error::{client_error, CliError};
 use super::render;
-use super::CliError;
 use crate::client::SagaClient;
 use crate::operations::Reason;
 
@@ -20,7 +20,7 @@ pub async fn run_via_server(
     out: &mut impl Write,
 ) -> Result<(), CliError> {
     let server = via.server.as_deref().unwrap_or_default();
-    let client = SagaClient::new(server, via.token.clone()).map_err(client_error)?;
+    let client = SagaClient::new(server, via.auth.token.clone()).map_err(client_error)?;
     match cmd {
         AdminCommand::Cancel(a) => {
             let id = whole_id(&a.id)?;

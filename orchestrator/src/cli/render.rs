@@ -13,7 +13,7 @@ use comfy_table::{Color, Table};
 use serde::Serialize;
 use unicode_width::UnicodeWidthStr;
 
-use super::table::{Fit, Grid, Layout};
+use super::table::{truncate, Fit, Grid, Layout};
 
 use crate::client::StartedSaga;
 use crate::model::{
@@ -32,29 +32,6 @@ const INPUT_WIDTH: usize = 100;
 pub(crate) fn json(out: &mut impl Write, value: &impl Serialize) -> std::io::Result<()> {
     serde_json::to_writer_pretty(&mut *out, value)?;
     writeln!(out)
-}
-
-/// Cuts text to `max` terminal columns (on a character boundary), marking the cut with `…`, and
-/// folds line breaks so that a cell stays one line.
-pub(crate) fn truncate(text: &str, max: usize) -> String {
-    use unicode_width::UnicodeWidthChar;
-
-    let one_line = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    if one_line.width() <= max {
-        return one_line;
-    }
-    let mut cut = String::new();
-    let mut used = 0;
-    for c in one_line.chars() {
-        let w = c.width().unwrap_or(0);
-        if used + w > max.saturating_sub(1) {
-            break;
-        }
-        used += w;
-        cut.push(c);
-    }
-    cut.push('…');
-    cut
 }
 
 fn opt_time(ms: Option<Millis>) -> String {
@@ -945,18 +922,6 @@ pub(crate) fn now_status(out: &mut impl Write, saga: &Saga) -> std::io::Result<(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn truncates_on_character_boundaries() {
-        assert_eq!(truncate("short", 10), "short");
-        assert_eq!(truncate("äöüäöüäöü", 4), "äöü…");
-        assert_eq!(truncate("two\nlines", 20), "two lines");
-        assert_eq!(
-            truncate("漢字漢字", 5),
-            "漢字…",
-            "wide characters count twice"
-        );
-    }
 
     #[test]
     fn relative_and_compact_times() {

@@ -54,6 +54,29 @@ impl Layout {
     }
 }
 
+/// Cuts text to `max` terminal columns (on a character boundary), marking the cut with `…`, and
+/// folds line breaks so that a cell stays one line.
+pub(crate) fn truncate(text: &str, max: usize) -> String {
+    use unicode_width::UnicodeWidthChar;
+
+    let one_line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if one_line.width() <= max {
+        return one_line;
+    }
+    let mut cut = String::new();
+    let mut used = 0;
+    for c in one_line.chars() {
+        let w = c.width().unwrap_or(0);
+        if used + w > max.saturating_sub(1) {
+            break;
+        }
+        used += w;
+        cut.push(c);
+    }
+    cut.push('…');
+    cut
+}
+
 /// One step of a table's plan for a narrow width.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Fit {
@@ -220,7 +243,7 @@ impl Grid {
             let w = c.natural().min(share).max(1);
             room = room.saturating_sub(w);
             left -= 1;
-            let cut = |t: &String| super::render::truncate(t, w);
+            let cut = |t: &String| truncate(t, w);
             c.cells = c.cells.iter().map(cut).collect();
             c.compact = c.compact.as_ref().map(|v| v.iter().map(cut).collect());
         }
@@ -325,6 +348,18 @@ mod tests {
             .flex(err, 10)
             .compact(at, vec!["10:00:00.000".into(); 2]);
         (g, id, at, err)
+    }
+
+    #[test]
+    fn truncates_on_character_boundaries() {
+        assert_eq!(truncate("short", 10), "short");
+        assert_eq!(truncate("äöüäöüäöü", 4), "äöü…");
+        assert_eq!(truncate("two\nlines", 20), "two lines");
+        assert_eq!(
+            truncate("漢字漢字", 5),
+            "漢字…",
+            "wide characters count twice"
+        );
     }
 
     #[test]

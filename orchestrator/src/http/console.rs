@@ -30,6 +30,11 @@ const FILES: &[(&str, &str, &str)] = &[
         include_str!("console/console.js"),
     ),
     (
+        "state.js",
+        "text/javascript; charset=utf-8",
+        include_str!("console/state.js"),
+    ),
+    (
         "api.js",
         "text/javascript; charset=utf-8",
         include_str!("console/api.js"),
@@ -38,6 +43,16 @@ const FILES: &[(&str, &str, &str)] = &[
         "ui.js",
         "text/javascript; charset=utf-8",
         include_str!("console/ui.js"),
+    ),
+    (
+        "login.js",
+        "text/javascript; charset=utf-8",
+        include_str!("console/login.js"),
+    ),
+    (
+        "poll.js",
+        "text/javascript; charset=utf-8",
+        include_str!("console/poll.js"),
     ),
     (
         "list.js",

@@ -1,8 +1,8 @@
 // The operator actions, each confirmed in a dialog and offered only where the server takes it.
 
-import { STOPPED, FINISHED, state, ApiError, api, can } from './api.js';
+import { STOPPED, FINISHED, state, route } from './state.js';
+import { ApiError, api, can } from './api.js';
 import { el, toast, field } from './ui.js';
-import { route } from './console.js';
 
 // ---- operator actions ---------------------------------------------------------------------
 

@@ -1,7 +1,10 @@
-// The saga console: plain ES modules (this one routes; the others are api.js, ui.js,
-// list.js, saga.js and actions.js), no build step, no dependency. It reads and steers sagas
-// through the same HTTP API as any client, with the user's token (kept for this tab only, in
-// sessionStorage, and sent as a bearer header: never in a URL or a cookie).
+// The saga console: plain ES modules, no build step, no dependency. This one routes and wires
+// the page; below it, list.js and saga.js draw the pages, actions.js the action dialogs,
+// poll.js keeps a page current, login.js signs in, ui.js builds and patches the page, api.js
+// talks to the server and state.js holds what they share; no module imports one that imports
+// it. The console reads and steers sagas through the same HTTP API as any client, with the
+// user's token (kept for this tab only, in sessionStorage, and sent as a bearer header: never
+// in a URL or a cookie).
 //
 // Live updates are a cheap poll: a saga's page reads the saga every 2 seconds and its attempts,
 // events and deliveries only when it changed; the list reads its page and the (server-cached)
@@ -10,14 +13,16 @@
 // nodes stay), so that the keyboard's focus, scroll positions and a screen reader's place
 // survive an update.
 
-import { state, ApiError, describe, loadMe, showLogin } from './api.js';
+import { state, setRouter } from './state.js';
+import { ApiError, describe } from './api.js';
 import { el, fill, main, refreshNotice } from './ui.js';
+import { loadMe, showLogin } from './login.js';
 import { renderList } from './list.js';
 import { renderSaga } from './saga.js';
 
 // ---- routing ------------------------------------------------------------------------------
 
-export async function route() {
+async function route() {
   state.generation += 1;
   const generation = state.generation;
   state.refresh = null;
@@ -55,6 +60,7 @@ export async function route() {
   return undefined;
 }
 
+setRouter(route);
 window.addEventListener('hashchange', () => {
   route();
   main().focus({ preventScroll: true });

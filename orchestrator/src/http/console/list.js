@@ -1,7 +1,10 @@
 // The list of sagas, its filters and the queue of those needing attention.
 
-import { STATUSES, LIST_POLL_MS, state, ApiError, describe, api, showLogin } from './api.js';
-import { el, timeEl, badge, idText, fill, field, main, update, poll, showCounts } from './ui.js';
+import { STATUSES, LIST_POLL_MS, state } from './state.js';
+import { ApiError, describe, api } from './api.js';
+import { el, timeEl, badge, idText, fill, field, main, update, showCounts } from './ui.js';
+import { showLogin } from './login.js';
+import { poll } from './poll.js';
 
 // ---- the list of sagas --------------------------------------------------------------------
 

@@ -1,13 +1,15 @@
 // One saga's page: its header, its timeline of attempts and the panels beside it.
 
 import {
-  STOPPED, FINISHED, UNKNOWN_OUTCOMES, FAILED_OUTCOMES, SAGA_POLL_MS, ZOOMS, EXPAND_BRANCHES_UP_TO,
-  state, ApiError, describe, api, can, serverWasAt, serverNow, showLogin,
-} from './api.js';
+  STOPPED, FINISHED, UNKNOWN_OUTCOMES, FAILED_OUTCOMES, SAGA_POLL_MS, ZOOMS, EXPAND_BRANCHES_UP_TO, state,
+} from './state.js';
+import { ApiError, describe, api, can, serverWasAt, serverNow } from './api.js';
 import {
   el, localFormat, ms, dayOf, needsDate, clockText, timeEl, fmtDur, badge, shortId, fill, pretty,
-  main, update, refreshNotice, poll, showCounts,
+  main, update, refreshNotice, showCounts,
 } from './ui.js';
+import { showLogin } from './login.js';
+import { poll } from './poll.js';
 import { actionBar } from './actions.js';
 
 // ---- one saga -----------------------------------------------------------------------------

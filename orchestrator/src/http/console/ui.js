@@ -1,7 +1,8 @@
 // Building and patching the page: elements, times, drawing again without losing one's place,
-// polling, and the counts in the header.
+// the notice that the page is behind, and the counts in the header.
 
-import { STATUSES, state, ApiError, describe, serverWasAt, serverNow, showLogin } from './api.js';
+import { STATUSES, state } from './state.js';
+import { serverWasAt, serverNow } from './api.js';
 
 // ---- small helpers ------------------------------------------------------------------------
 
@@ -222,7 +223,7 @@ export function update(region, children, force = false) {
   return true;
 }
 
-// ---- polling and its problems ---------------------------------------------------------------
+// ---- when the page is behind ----------------------------------------------------------------
 
 /** Says, politely, that the page shows older data than it should; `null` says all is well. */
 export function refreshNotice(problem, shownAt) {
@@ -232,46 +233,6 @@ export function refreshNotice(problem, shownAt) {
     : '';
   if (box.textContent === text) return; // the same words are not announced again
   fill(box, text ? el('p', {}, text) : null);
-}
-
-/**
- * Runs `tick` now (its error goes to the caller, which shows it) and then every `every` ms
- * while the page of `generation` is shown and `tick` does not answer `false`. `tick` gets a
- * function that tells whether that page is still the one shown: checked after each wait, so
- * that a page left while it loaded never draws over the next one. A later failure leaves the
- * page as it was, with a notice saying so until a poll succeeds.
- */
-export async function poll(generation, tick, every, gone = 'the server no longer has it') {
-  const current = () => generation === state.generation;
-  let shownAt = Date.now();
-  const run = async () => {
-    if (!current()) return;
-    if (document.hidden) {
-      setTimeout(run, every);
-      return;
-    }
-    let again = true;
-    try {
-      again = (await tick(current)) !== false;
-      if (current()) {
-        shownAt = Date.now();
-        refreshNotice(null);
-      }
-    } catch (e) {
-      if (!current()) return;
-      if (e instanceof ApiError && e.status === 401) {
-        showLogin('The token was refused.');
-        return;
-      }
-      if (e instanceof ApiError && e.status === 404) {
-        refreshNotice(`Not refreshed: ${gone}`, shownAt);
-        return; // it will not come back
-      }
-      refreshNotice(`Could not refresh: ${describe(e)}`, shownAt);
-    }
-    if (again && current()) setTimeout(run, every);
-  };
-  if ((await tick(current)) !== false && current()) setTimeout(run, every);
 }
 
 // ---- counts in the header -----------------------------------------------------------------
