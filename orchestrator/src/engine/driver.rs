@@ -21,8 +21,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::calls::{CallFuture, CallResult, InFlight};
+use super::decision::Decision;
 use super::plan::{self, NextCall};
-use super::stages::Decision;
 use super::Inner;
 use crate::failpoint::crash_if_armed;
 use crate::model::{Millis, PhaseRecord, Saga, SagaStatus, StepStatus};

@@ -11,6 +11,7 @@
 //! functions in [`plan`], tested without a database.
 
 mod calls;
+mod decision;
 mod driver;
 pub mod plan;
 mod stages;

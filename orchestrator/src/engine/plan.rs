@@ -123,9 +123,7 @@ pub fn settle(saga: &mut Saga, now: Millis) -> Vec<NewEvent> {
                     failed.name,
                     failed.action.last_error.as_deref().unwrap_or("failed")
                 );
-                // The failed stage's kind says whether going back is safe.
-                let can_go_back = super::stages::can_go_back(failed, saga);
-                if can_go_back {
+                if can_go_back(failed, saga) {
                     saga.status = SagaStatus::Compensating;
                     events.push(NewEvent::saga(
                         "saga.compensating",
@@ -207,6 +205,22 @@ pub fn settle(saga: &mut Saga, now: Millis) -> Vec<NewEvent> {
         saga.next_run_at = Some(now);
     }
     events
+}
+
+/// Whether a saga whose stage `failed` failed for good may go back (compensate) rather than
+/// stop `FAILED` for a person.
+fn can_go_back(failed: &StepRecord, saga: &Saga) -> bool {
+    match failed.kind {
+        StepKind::Compensatable => true,
+        // A pivot that failed definitively never took effect: go back. One whose outcome is
+        // unknown may have: neither way is safe without a person.
+        StepKind::Pivot => failed.action.status == StepStatus::Failed,
+        StepKind::Retriable => false,
+        // A stage that calls nothing itself changed nothing the saga cannot undo (a wait that
+        // failed, a group whose branch failed, a child that ended otherwise and was undone by
+        // its own saga): back, unless the point of no return is behind.
+        _ => !saga.pivot_reached,
+    }
 }
 
 /// Whether an action in `status` lets the saga go past its step: it succeeded, or its

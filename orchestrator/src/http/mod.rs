@@ -83,6 +83,7 @@
 
 mod auth;
 mod console;
+mod counts;
 mod definitions;
 mod error;
 mod extract;

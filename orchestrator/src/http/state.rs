@@ -25,7 +25,7 @@ pub(crate) struct AppState {
     /// they do not hold a graceful shutdown.
     pub(crate) shutdown: CancellationToken,
     /// The last reading of `GET /v1/counts`, shared by every request.
-    pub(crate) counts: Arc<crate::http::overview::CountsCache>,
+    pub(crate) counts: Arc<crate::http::counts::CountsCache>,
 }
 
 impl std::fmt::Debug for AppState {

@@ -310,28 +310,3 @@ pub(super) fn page_from_rows<R: LogRow>(rows: &[R], limit: u32) -> Result<SagaPa
     };
     Ok(SagaPage { sagas, next_cursor })
 }
-
-/// An outbox event from a row with columns `event_id`, `tx` (the committing transaction on
-/// PostgreSQL, `0` on SQLite), `saga_id` as text, `saga_name`, `at`, `type`, `step`, `data`
-/// as text and the saga's `traceparent`.
-pub(super) fn outbox_event_from_row<R: LogRow>(
-    row: &R,
-) -> Result<crate::store::outbox::OutboxEvent> {
-    let saga: String = row.get("saga_id")?;
-    let data: Option<String> = row.get("data")?;
-    Ok(crate::store::outbox::OutboxEvent {
-        position: crate::store::outbox::OutboxPosition {
-            tx: row.get("tx")?,
-            event_id: row.get("event_id")?,
-        },
-        saga_id: Uuid::parse_str(&saga).map_err(|e| corrupt(&saga, e))?,
-        saga_name: row.get("saga_name")?,
-        kind: row.get("type")?,
-        step: row.get("step")?,
-        at: row.get("at")?,
-        data: data
-            .and_then(|d| serde_json::from_str(&d).ok())
-            .unwrap_or(Value::Null),
-        traceparent: row.get("traceparent")?,
-    })
-}

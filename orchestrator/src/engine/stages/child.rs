@@ -13,7 +13,7 @@ use uuid::Uuid;
 use super::{Decision, StageRules};
 use crate::engine::driver::Driver;
 use crate::failpoint::crash_if_armed;
-use crate::model::{Millis, Saga, SagaStatus, StepRecord, StepStatus};
+use crate::model::{Millis, SagaStatus, StepStatus};
 use crate::store::{CancelOutcome, NewEvent, NewSaga, StoreError};
 
 impl StageRules for ChildSaga {
@@ -34,12 +34,6 @@ impl StageRules for ChildSaga {
         now: Millis,
     ) -> Result<Decision, StoreError> {
         driver.undo_child(index, now).await
-    }
-
-    /// A child that ended other than completed was undone by its own saga (or waits for a
-    /// person there): back, unless the point of no return is behind.
-    fn can_go_back(_failed: &StepRecord, saga: &Saga) -> bool {
-        !saga.pivot_reached
     }
 }
 

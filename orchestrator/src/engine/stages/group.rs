@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use super::{Decision, StageRules};
 use crate::engine::driver::Driver;
 use crate::engine::plan;
-use crate::model::{Millis, PhaseRecord, Saga, SagaStatus, StepKind, StepRecord, StepStatus};
+use crate::model::{Millis, PhaseRecord, SagaStatus, StepKind, StepRecord, StepStatus};
 use crate::store::rows::comp_status_for;
 use crate::store::{NewEvent, NewStep, StoreError};
 
@@ -25,12 +25,6 @@ impl StageRules for Group {
     ) -> Result<Decision, StoreError> {
         driver.decide_group(stage, self, index, now);
         Ok(Decision::Decided)
-    }
-
-    /// A group whose branch failed: its other branches are compensated with the stages
-    /// before, unless the point of no return is behind.
-    fn can_go_back(_failed: &StepRecord, saga: &Saga) -> bool {
-        !saga.pivot_reached
     }
 }
 

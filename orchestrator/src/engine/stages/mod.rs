@@ -1,7 +1,6 @@
 //! The stage kinds as the engine runs them: one module per kind, each implementing
 //! [`StageRules`] — how the stage advances when the saga reaches it going forward, and how it
-//! is undone going back — and saying whether a saga whose stage of that kind failed for good
-//! may go back. The driver asks [`Driver::decide`] and [`Driver::undo_stage`], which dispatch
+//! is undone going back. The driver asks [`Driver::decide`] and [`Driver::undo_stage`], which dispatch
 //! on the definition's [`StageBody`] in one place; a new kind of stage is a module here, a
 //! variant of `StageBody` in the DSL, an arm in each dispatch, and its rendering.
 //!
@@ -17,30 +16,13 @@ mod sleep;
 
 use std::time::Duration;
 
-use saga_dsl::{Phase, StageBody, StepError, StepKind};
+use saga_dsl::{Phase, StageBody, StepError};
 use serde_json::{json, Value};
 
+pub(super) use super::decision::Decision;
 use super::driver::Driver;
-use crate::model::{Millis, Saga, SagaStatus, StepRecord, StepStatus};
+use crate::model::{Millis, SagaStatus, StepStatus};
 use crate::store::{NewEvent, StoreError};
-
-/// What a stage's turn came to.
-pub(super) enum Decision {
-    /// The stage calls its action (or compensation): the driver writes it ahead and calls.
-    Call,
-    /// The stage was decided without a call.
-    Decided,
-    /// The stage waits for this signal: give the saga back until it comes.
-    AwaitSignal(String),
-    /// The stage waits for its child saga, last seen in `seen`, to end: give the saga back
-    /// until it does.
-    AwaitChild {
-        /// The child.
-        child: uuid::Uuid,
-        /// Its status when last read.
-        seen: SagaStatus,
-    },
-}
 
 /// What one kind of stage does in the engine.
 pub(super) trait StageRules {
@@ -63,23 +45,6 @@ pub(super) trait StageRules {
         _now: Millis,
     ) -> Result<Decision, StoreError> {
         Ok(Decision::Call)
-    }
-
-    /// Whether a saga whose stage of this kind, `failed`, failed for good may go back
-    /// (compensate) rather than stop `FAILED` for a person.
-    fn can_go_back(failed: &StepRecord, saga: &Saga) -> bool;
-}
-
-/// Whether a saga whose stage `failed` failed for good may go back: asked of its kind.
-pub(crate) fn can_go_back(failed: &StepRecord, saga: &Saga) -> bool {
-    match failed.kind {
-        StepKind::Compensatable | StepKind::Pivot | StepKind::Retriable => {
-            <saga_dsl::Call as StageRules>::can_go_back(failed, saga)
-        }
-        StepKind::Sleep => <saga_dsl::Sleep as StageRules>::can_go_back(failed, saga),
-        StepKind::Signal => <saga_dsl::SignalWait as StageRules>::can_go_back(failed, saga),
-        StepKind::Parallel => <saga_dsl::Group as StageRules>::can_go_back(failed, saga),
-        StepKind::Child => <saga_dsl::ChildSaga as StageRules>::can_go_back(failed, saga),
     }
 }
 

@@ -7,7 +7,7 @@ use serde_json::json;
 
 use super::{millis, system_time, Decision, StageRules};
 use crate::engine::driver::Driver;
-use crate::model::{rfc3339, Millis, Saga, StepRecord, StepStatus};
+use crate::model::{rfc3339, Millis, StepStatus};
 use crate::store::{NewEvent, StoreError};
 
 impl StageRules for SignalWait {
@@ -19,12 +19,6 @@ impl StageRules for SignalWait {
         now: Millis,
     ) -> Result<Decision, StoreError> {
         driver.decide_signal(stage, self, index, now).await
-    }
-
-    /// A signal that did not come or was refused changed nothing: back, unless the point of
-    /// no return is behind.
-    fn can_go_back(_failed: &StepRecord, saga: &Saga) -> bool {
-        !saga.pivot_reached
     }
 }
 

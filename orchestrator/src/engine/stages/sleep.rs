@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 
 use super::{millis, system_time, Decision, StageRules};
 use crate::engine::driver::Driver;
-use crate::model::{rfc3339, Millis, Saga, StepRecord, StepStatus};
+use crate::model::{rfc3339, Millis, StepStatus};
 use crate::store::{NewEvent, StoreError};
 
 impl StageRules for Sleep {
@@ -20,12 +20,6 @@ impl StageRules for Sleep {
     ) -> Result<Decision, StoreError> {
         driver.decide_sleep(stage, self, index, now);
         Ok(Decision::Decided)
-    }
-
-    /// A sleep whose wake time could not be computed changed nothing: back, unless the point
-    /// of no return is behind.
-    fn can_go_back(_failed: &StepRecord, saga: &Saga) -> bool {
-        !saga.pivot_reached
     }
 }
 

@@ -5,7 +5,7 @@
 use serde_json::json;
 use uuid::Uuid;
 
-use super::operator::insert_event;
+use super::events::insert_event;
 use super::sql::{Arg, Tx};
 use super::SqlBackend;
 use crate::model::{definition_key, Millis, SagaStatus};

@@ -10,6 +10,7 @@
 //! workers claim sagas and find due ones, and how the outbox is read in commit order.
 
 pub(crate) mod children;
+pub(crate) mod events;
 pub(crate) mod operator;
 pub(crate) mod outbox;
 pub(crate) mod reads;
@@ -226,7 +227,7 @@ impl<B: SqlBackend> Store for B {
                 "definition": row.get::<String>("definition_key")?,
                 "reason": "no running orchestrator process has this exact saga definition"
             });
-            operator::insert_event(&mut tx, id, "saga.blocked", None, &data).await?;
+            events::insert_event(&mut tx, id, "saga.blocked", None, &data).await?;
         }
         SqlBackend::commit(self, tx).await?;
         Ok(rows.len() as u64)

@@ -9,6 +9,7 @@
 use serde_json::json;
 use uuid::Uuid;
 
+use super::events::insert_event;
 use super::reads::load_saga;
 use super::sql::{Arg, Tx};
 use super::SqlBackend;
@@ -18,29 +19,6 @@ use crate::model::rules::{
 use crate::model::{Saga, SagaStatus, StepKind, StepStatus};
 use crate::store::rows::{parse_enum, LogRow};
 use crate::store::{CancelOutcome, Result, StoreError};
-
-/// Appends an event to a saga's history (and so to the outbox), at the transaction's time.
-pub(crate) async fn insert_event(
-    tx: &mut Tx,
-    saga: Uuid,
-    kind: &str,
-    step: Option<&str>,
-    data: &serde_json::Value,
-) -> Result<()> {
-    let now = tx.now().await?;
-    tx.exec(
-        "INSERT INTO events (saga_id, at, type, step, data) VALUES ($1, $2, $3, $4, $5::jsonb)",
-        &[
-            Arg::Id(saga),
-            Arg::Int(now),
-            Arg::Str(kind),
-            Arg::OptStr(step),
-            Arg::Json(data),
-        ],
-    )
-    .await?;
-    Ok(())
-}
 
 /// The saga, locked for the rest of the transaction.
 async fn lock_and_load(tx: &mut Tx, id: Uuid) -> Result<Saga> {

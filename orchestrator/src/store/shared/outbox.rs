@@ -16,7 +16,7 @@ use crate::store::outbox::{
     millis, short_error, state_of, ClaimedDelivery, Delivery, DeliveryOutcome, DeliveryState,
     NewDelivery, OutboxPosition, RelayProgress, TargetKind,
 };
-use crate::store::rows::{corrupt, outbox_event_from_row, LogRow};
+use crate::store::rows::{corrupt, LogRow};
 use crate::store::Result;
 
 /// Where relay `name` stands (the start of the log if it never ran).
@@ -409,4 +409,29 @@ pub(crate) async fn log_id<B: SqlBackend>(store: &B) -> Result<Uuid> {
 
 fn parse_log_id(text: String) -> Result<Uuid> {
     Uuid::parse_str(&text).map_err(|e| corrupt(&text, e))
+}
+
+/// An outbox event from a row with columns `event_id`, `tx` (the committing transaction on
+/// PostgreSQL, `0` on SQLite), `saga_id` as text, `saga_name`, `at`, `type`, `step`, `data`
+/// as text and the saga's `traceparent`.
+pub(crate) fn outbox_event_from_row<R: LogRow>(
+    row: &R,
+) -> Result<crate::store::outbox::OutboxEvent> {
+    let saga: String = row.get("saga_id")?;
+    let data: Option<String> = row.get("data")?;
+    Ok(crate::store::outbox::OutboxEvent {
+        position: crate::store::outbox::OutboxPosition {
+            tx: row.get("tx")?,
+            event_id: row.get("event_id")?,
+        },
+        saga_id: Uuid::parse_str(&saga).map_err(|e| corrupt(&saga, e))?,
+        saga_name: row.get("saga_name")?,
+        kind: row.get("type")?,
+        step: row.get("step")?,
+        at: row.get("at")?,
+        data: data
+            .and_then(|d| serde_json::from_str(&d).ok())
+            .unwrap_or(serde_json::Value::Null),
+        traceparent: row.get("traceparent")?,
+    })
 }

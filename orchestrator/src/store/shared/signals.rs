@@ -4,7 +4,7 @@
 use serde_json::json;
 use uuid::Uuid;
 
-use super::operator::insert_event;
+use super::events::insert_event;
 use super::sql::{Arg, Reader, Tx};
 use super::SqlBackend;
 use crate::model::{Millis, SagaStatus};

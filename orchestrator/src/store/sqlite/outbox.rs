@@ -8,7 +8,7 @@ use async_trait::async_trait;
 
 use super::SqliteStore;
 use crate::store::outbox::{NewDelivery, OutboxEvent, OutboxPosition};
-use crate::store::rows::outbox_event_from_row;
+use crate::store::shared::outbox::outbox_event_from_row;
 use crate::store::shared::sql::Tx;
 use crate::store::shared::SqlOutbox;
 use crate::store::SqlxResultExt;
