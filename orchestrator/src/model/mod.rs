@@ -247,8 +247,8 @@ pub struct StepRecord {
     #[serde(with = "opt_time", default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub timeout_at: Option<Millis>,
-    /// When a branch of a parallel group that failed is tried again, while it waits to
-    /// (absent for other steps).
+    /// When a branch of a parallel group that waits to retry makes its next attempt (absent
+    /// for other steps).
     #[serde(with = "opt_time", default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub retry_at: Option<Millis>,
