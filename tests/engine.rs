@@ -760,6 +760,8 @@ async fn an_interrupted_attempt_is_made_again_with_the_same_key() {
                     output: None,
                     wake_at: None,
                     waiting_for: None,
+                    timeout_at: None,
+                    retry_at: None,
                 }],
                 attempts: vec![AttemptChange::Start {
                     step_index: 0,

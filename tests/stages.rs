@@ -732,7 +732,7 @@ async fn a_branch_retries_on_its_own_timer_and_the_group_waits_for_it() {
     assert_eq!(done.status, SagaStatus::Completed);
     let b2 = branch(&done, "g/b2");
     assert_eq!(b2.action.attempts, 3);
-    assert_eq!(b2.wake_at, None, "no timer left once it succeeded");
+    assert_eq!(b2.retry_at, None, "no timer left once it succeeded");
     assert_eq!(
         events.iter().filter(|e| *e == "step.retrying:g/b2").count(),
         2

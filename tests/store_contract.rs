@@ -107,6 +107,8 @@ fn write_ahead(index: u32, attempt: u32) -> Transition {
             output: None,
             wake_at: None,
             waiting_for: None,
+            timeout_at: None,
+            retry_at: None,
         }],
         attempts: vec![AttemptChange::Start {
             step_index: index,
@@ -139,6 +141,8 @@ fn succeeded(index: u32, attempt: u32) -> Transition {
             output: Some(json!({"done": index})),
             wake_at: None,
             waiting_for: None,
+            timeout_at: None,
+            retry_at: None,
         }],
         attempts: vec![AttemptChange::Finish {
             step_index: index,
@@ -513,6 +517,8 @@ async fn a_stale_write_sharing_a_batch_with_the_new_owners_write_fails_alone() {
                         output: None,
                         wake_at: None,
                         waiting_for: None,
+                        timeout_at: None,
+                        retry_at: None,
                     }]
                 } else {
                     vec![]

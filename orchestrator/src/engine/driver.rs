@@ -196,8 +196,10 @@ impl Driver {
             phase,
             record: phase_record(&self.saga, index, phase).clone(),
             output,
-            wake_at: step.wait_until(),
+            wake_at: step.wake_at,
             waiting_for: step.waiting_for.clone(),
+            timeout_at: step.timeout_at,
+            retry_at: step.retry_at,
         });
     }
 
@@ -488,7 +490,7 @@ impl Driver {
         }
         if self.saga.steps[index].branch_of().is_some() {
             // A branch's retry timer is over once its next attempt starts.
-            self.saga.steps[index].wake_at = None;
+            self.saga.steps[index].retry_at = None;
         }
         let rec = phase_record_mut(&mut self.saga, index, phase);
         rec.status = StepStatus::Running;
@@ -686,7 +688,7 @@ impl Driver {
             let at = now + delay.as_millis() as i64;
             if self.saga.steps[index].branch_of().is_some() {
                 // Branches retry each on a timer of its own, kept in their rows.
-                self.saga.steps[index].wake_at = Some(at);
+                self.saga.steps[index].retry_at = Some(at);
             } else {
                 self.saga.next_run_at = Some(at);
             }
@@ -808,7 +810,7 @@ impl Undo {
                 .iter()
                 .map(|&(index, phase)| {
                     let record = phase_record(&driver.saga, index, phase).clone();
-                    (index, phase, record, driver.saga.steps[index].wake_at)
+                    (index, phase, record, driver.saga.steps[index].retry_at)
                 })
                 .collect(),
             steps: driver.pending.steps.len(),
@@ -821,9 +823,9 @@ impl Undo {
     fn apply(self, driver: &mut Driver) {
         driver.saga.status = self.status;
         driver.saga.pivot_reached = self.pivot_reached;
-        for (index, phase, record, wake_at) in self.records {
+        for (index, phase, record, retry_at) in self.records {
             *phase_record_mut(&mut driver.saga, index, phase) = record;
-            driver.saga.steps[index].wake_at = wake_at;
+            driver.saga.steps[index].retry_at = retry_at;
         }
         driver.pending.steps.truncate(self.steps);
         driver.pending.attempts.truncate(self.attempts);

@@ -383,12 +383,15 @@ mod tests {
         StepRecord {
             index,
             name: name.to_owned(),
+            stage_index: None,
+            branch: None,
             kind,
             action: record,
             output: (action == StepStatus::Succeeded).then(|| json!({ "from": name })),
             wake_at: None,
             waiting_for: None,
             timeout_at: None,
+            retry_at: None,
             compensation: PhaseRecord::with_status(if kind == Compensatable {
                 StepStatus::Pending
             } else {

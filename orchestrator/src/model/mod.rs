@@ -146,7 +146,8 @@ wire_enum!(
         /// An attempt was logged as started and has not been logged as ended. After a crash this
         /// is the "outcome unknown" state: the call is made again with the same key.
         Running = "RUNNING",
-        /// The last attempt failed and another is scheduled (the saga's `next_run_at`).
+        /// The last attempt failed and another is scheduled (the saga's `next_run_at`, or
+        /// for a branch of a parallel group its own `retry_at`).
         Retrying = "RETRYING",
         /// Done.
         Succeeded = "SUCCEEDED",
@@ -218,8 +219,16 @@ impl PhaseRecord {
 pub struct StepRecord {
     /// Position, from 0.
     pub index: u32,
-    /// Name.
+    /// Name: the stage's, or for a branch of a parallel group `group/branch` (the name its
+    /// idempotency keys, attempts and events have always carried).
     pub name: String,
+    /// For a branch of a parallel group: the index of its group's row (absent for stages).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage_index: Option<u32>,
+    /// For a branch of a parallel group: the branch's name within its group (absent for
+    /// stages).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub branch: Option<String>,
     /// Kind.
     pub kind: StepKind,
     /// The action.
@@ -238,6 +247,11 @@ pub struct StepRecord {
     #[serde(with = "opt_time", default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub timeout_at: Option<Millis>,
+    /// When a branch of a parallel group that waits to retry makes its next attempt (absent
+    /// for other steps).
+    #[serde(with = "opt_time", default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub retry_at: Option<Millis>,
     /// The compensation (`NONE` for pivot and retriable steps).
     pub compensation: PhaseRecord,
 }
@@ -305,7 +319,7 @@ pub struct Saga {
     #[serde(skip)]
     pub traceparent: Option<String>,
     /// The rows of the step log, in order: the stages, then the branches of parallel groups
-    /// (named `group/branch`).
+    /// (named `group/branch`, with their group's row in `stage_index`).
     pub steps: Vec<StepRecord>,
     /// The stages as the definition lists them, each with its kind and status, groups with
     /// their branches, waits with their deadlines and child stages with their child's id.
@@ -317,17 +331,22 @@ pub struct Saga {
 
 impl StepRecord {
     /// When the wait of this step ends: a sleep's wake time, a signal wait's timeout, or when a
-    /// branch of a parallel group is retried (one column in the log).
+    /// branch of a parallel group is retried (each in a field of its own; a row has at most
+    /// one of them).
     pub fn wait_until(&self) -> Option<Millis> {
-        self.wake_at.or(self.timeout_at)
+        self.wake_at.or(self.timeout_at).or(self.retry_at)
     }
 
-    /// For a branch of a parallel group (a row named `group/branch`): the group's name and
-    /// the branch's. Stage names have no `/`, so no other row has one.
+    /// For a branch of a parallel group: the group's name and the branch's. Read from the
+    /// row's branch field; the group's name is the part of the row's name before it
+    /// (`group/branch`, written so when the row was created).
     pub fn branch_of(&self) -> Option<(&str, &str)> {
-        // A byte scan: the planner asks this of every row at every turn, and names are short.
-        let at = self.name.bytes().position(|b| b == b'/')?;
-        Some((&self.name[..at], &self.name[at + 1..]))
+        let branch = self.branch.as_deref()?;
+        let group = self
+            .name
+            .strip_suffix(branch)
+            .and_then(|n| n.strip_suffix('/'))?;
+        Some((group, branch))
     }
 }
 

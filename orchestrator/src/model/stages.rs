@@ -72,18 +72,18 @@ impl Saga {
     }
 }
 
-/// The stages of saga `id` with rows `steps`: every row not named `group/branch`, in order,
-/// each group holding the rows of its branches.
+/// The stages of saga `id` with rows `steps`: every row that is not a branch, in order, each
+/// group holding the rows of its branches (those that point at its row).
 pub fn stages_of(id: Uuid, steps: &[StepRecord]) -> Vec<StageRecord> {
     steps
         .iter()
-        .filter(|s| s.branch_of().is_none())
+        .filter(|s| s.stage_index.is_none())
         .map(|s| {
             let kind = s.kind.stage();
             let branches = (kind == StageKind::Parallel).then(|| {
                 steps
                     .iter()
-                    .filter(|b| b.branch_of().is_some_and(|(group, _)| group == s.name))
+                    .filter(|b| b.stage_index == Some(s.index))
                     .cloned()
                     .collect()
             });

@@ -192,11 +192,15 @@ pub struct StepUpdate {
     pub record: PhaseRecord,
     /// For a succeeded action: its output.
     pub output: Option<Value>,
-    /// When the step's wait ends (a sleep's wake time, a signal wait's timeout, a branch's
-    /// next retry), written as given, `None` included.
+    /// For an action: a sleep's wake time, written as given, `None` included.
     pub wake_at: Option<Millis>,
     /// For an action: the signal the step waits for, written as given, `None` included.
     pub waiting_for: Option<String>,
+    /// For an action: when a signal wait gives up, written as given, `None` included.
+    pub timeout_at: Option<Millis>,
+    /// When a branch of a parallel group is tried again (its action or its compensation),
+    /// written as given, `None` included.
+    pub retry_at: Option<Millis>,
 }
 
 /// A row of a branch of a parallel group, added to a running saga when its group starts.
@@ -206,6 +210,10 @@ pub struct NewStep {
     pub index: u32,
     /// `group/branch`.
     pub name: String,
+    /// The index of the group's row.
+    pub stage_index: u32,
+    /// The branch's name within its group.
+    pub branch: String,
     /// The branch's kind (compensatable or retriable).
     pub kind: StepKind,
 }

@@ -126,17 +126,15 @@ pub(super) fn step_from_row<R: LogRow>(row: &R) -> Result<StepRecord> {
     let idx: i64 = row.get("idx")?;
     let attempts: i64 = row.get("attempts")?;
     let comp_attempts: i64 = row.get("comp_attempts")?;
-    let kind: StepKind = parse_enum(&saga, &kind)?;
-    // One column holds a sleep's wake time and a signal wait's timeout.
-    let wait: Option<Millis> = row.get("wake_at")?;
-    let (wake_at, timeout_at) = match kind {
-        StepKind::Signal => (None, wait),
-        _ => (wait, None),
-    };
+    let stage_index: Option<i64> = row.get("stage_index")?;
     Ok(StepRecord {
         index: u32::try_from(idx).map_err(|e| corrupt(&saga, e))?,
         name: row.get("name")?,
-        kind,
+        stage_index: stage_index
+            .map(|i| u32::try_from(i).map_err(|e| corrupt(&saga, e)))
+            .transpose()?,
+        branch: row.get("branch")?,
+        kind: parse_enum(&saga, &kind)?,
         action: PhaseRecord {
             status: parse_enum(&saga, &status)?,
             attempts: u32::try_from(attempts).map_err(|e| corrupt(&saga, e))?,
@@ -146,9 +144,10 @@ pub(super) fn step_from_row<R: LogRow>(row: &R) -> Result<StepRecord> {
             ended_at: row.get("ended_at")?,
         },
         output: parse_json(&saga, row.get("output")?)?,
-        wake_at,
+        wake_at: row.get("wake_at")?,
         waiting_for: row.get("waiting_for")?,
-        timeout_at,
+        timeout_at: row.get("timeout_at")?,
+        retry_at: row.get("retry_at")?,
         compensation: PhaseRecord {
             status: parse_enum(&saga, &comp_status)?,
             attempts: u32::try_from(comp_attempts).map_err(|e| corrupt(&saga, e))?,
@@ -211,12 +210,15 @@ pub(super) fn new_saga_record(new: NewSaga, now: Millis, owner: Option<String>) 
         .map(|(idx, (name, kind))| StepRecord {
             index: idx as u32,
             name: name.clone(),
+            stage_index: None,
+            branch: None,
             kind: *kind,
             action: PhaseRecord::pending(),
             output: None,
             wake_at: None,
             waiting_for: None,
             timeout_at: None,
+            retry_at: None,
             compensation: PhaseRecord::with_status(comp_status_for(*kind)),
         })
         .collect();

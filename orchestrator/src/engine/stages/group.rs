@@ -60,7 +60,7 @@ impl Driver {
     }
 
     /// Adds the rows of a group's branches: after every row the saga has, named
-    /// `group/branch`, in the order the definition (or the mapped list) gives. Rows a refused
+    /// `group/branch` and pointing at the group's row, in the order the definition (or the mapped list) gives. Rows a refused
     /// write left behind (PostgreSQL inserts them by a statement of their own) are taken as
     /// they are: the list is the same, computed from the same data.
     fn start_group(&mut self, stage: &str, group: &Group, index: usize, now: Millis) {
@@ -81,17 +81,22 @@ impl Driver {
                 self.saga.steps.push(StepRecord {
                     index: row,
                     name: name.clone(),
+                    stage_index: Some(index as u32),
+                    branch: Some(branch.clone()),
                     kind,
                     action: PhaseRecord::pending(),
                     output: None,
                     wake_at: None,
                     waiting_for: None,
                     timeout_at: None,
+                    retry_at: None,
                     compensation: PhaseRecord::with_status(comp_status_for(kind)),
                 });
                 self.pending.new_steps.push(NewStep {
                     index: row,
                     name,
+                    stage_index: index as u32,
+                    branch: branch.clone(),
                     kind,
                 });
             }

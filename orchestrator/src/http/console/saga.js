@@ -375,7 +375,7 @@ function laneTrack(axis, lane, laneAttempts, saga, view, select, withDate) {
     const last = list[list.length - 1];
     const phaseRec = phase === 'action' ? rec : rec.compensation;
     if (last && last.ended_at && phaseRec && phaseRec.status === 'RETRYING' && axis.live) {
-      const next = ms(rec.wake_at) || ms(saga.next_run_at);
+      const next = ms(rec.retry_at) || ms(saga.next_run_at);
       if (next && next > ms(last.ended_at)) {
         const to = Math.min(next, axis.t1);
         track.append(el('div', {

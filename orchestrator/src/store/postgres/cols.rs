@@ -52,9 +52,11 @@ pub(crate) const STEPS: Cols = &[
     ("a_unknown", "boolean"),
     ("a_started", "bigint"),
     ("a_ended", "bigint"),
-    ("wake", "bigint"),
+    ("a_wake", "bigint"),
     ("a_waiting_for", "text"),
+    ("a_timeout", "bigint"),
     ("output", "text"),
+    ("retry", "bigint"),
     ("has_c", "boolean"),
     ("c_status", "text"),
     ("c_attempts", "bigint"),
@@ -132,6 +134,8 @@ pub(crate) const NEW_BRANCHES: Cols = &[
     ("name", "text"),
     ("kind", "text"),
     ("comp_status", "text"),
+    ("stage_index", "bigint"),
+    ("branch", "text"),
 ];
 
 /// The new branch rows of a batch of transitions, as the column arrays of [`NEW_BRANCHES`].
@@ -145,6 +149,8 @@ pub(crate) struct NewBranchCols<'a> {
     name: Vec<&'a str>,
     kind: Vec<&'static str>,
     comp_status: Vec<&'static str>,
+    stage_index: Vec<i64>,
+    branch: Vec<&'a str>,
 }
 
 impl<'a> NewBranchCols<'a> {
@@ -161,6 +167,8 @@ impl<'a> NewBranchCols<'a> {
                 c.name.push(&n.name);
                 c.kind.push(n.kind.as_str());
                 c.comp_status.push(comp_status_for(n.kind).as_str());
+                c.stage_index.push(i64::from(n.stage_index));
+                c.branch.push(&n.branch);
             }
         }
         (!c.saga_id.is_empty()).then_some(c)
@@ -176,6 +184,8 @@ impl<'a> NewBranchCols<'a> {
             .bind(&self.name)
             .bind(&self.kind)
             .bind(&self.comp_status)
+            .bind(&self.stage_index)
+            .bind(&self.branch)
     }
 }
 
@@ -270,7 +280,9 @@ struct StepCols<'a> {
     a: PhaseCols<'a>,
     wake: Vec<Option<Millis>>,
     waiting_for: Vec<Option<&'a str>>,
+    timeout: Vec<Option<Millis>>,
     output: Vec<Option<String>>,
+    retry: Vec<Option<Millis>>,
     c: PhaseCols<'a>,
 }
 
@@ -379,7 +391,9 @@ impl<'a> ApplyCols<'a> {
             c: Option<&'a PhaseRecord>,
             wake: Option<Millis>,
             waiting_for: Option<&'a str>,
+            timeout: Option<Millis>,
             output: Option<String>,
+            retry: Option<Millis>,
         }
         let mut rows: Vec<Row<'a>> = Vec::new();
         let mut at: HashMap<(Uuid, u32), usize> = HashMap::new();
@@ -394,7 +408,9 @@ impl<'a> ApplyCols<'a> {
                         c: None,
                         wake: None,
                         waiting_for: None,
+                        timeout: None,
                         output: None,
+                        retry: None,
                     });
                     rows.len() - 1
                 });
@@ -404,15 +420,15 @@ impl<'a> ApplyCols<'a> {
                         row.a = Some(&u.record);
                         row.wake = u.wake_at;
                         row.waiting_for = u.waiting_for.as_deref();
+                        row.timeout = u.timeout_at;
                         if let Some(out) = &u.output {
                             row.output = Some(out.to_string());
                         }
                     }
-                    Phase::Compensation => {
-                        row.c = Some(&u.record);
-                        row.wake = u.wake_at;
-                    }
+                    Phase::Compensation => row.c = Some(&u.record),
                 }
+                // A branch retries its action or its compensation on the one timer.
+                row.retry = u.retry_at;
             }
         }
         let s = &mut self.steps;
@@ -423,7 +439,9 @@ impl<'a> ApplyCols<'a> {
             s.a.push(row.a);
             s.wake.push(row.wake);
             s.waiting_for.push(row.waiting_for);
+            s.timeout.push(row.timeout);
             s.output.push(row.output);
+            s.retry.push(row.retry);
             s.c.push(row.c);
         }
     }
@@ -450,7 +468,9 @@ impl<'a> ApplyCols<'a> {
             st.a.bind(q.bind(&st.a.changed))
                 .bind(&st.wake)
                 .bind(&st.waiting_for)
-                .bind(&st.output);
+                .bind(&st.timeout)
+                .bind(&st.output)
+                .bind(&st.retry);
         let q = st.c.bind(q.bind(&st.c.changed));
         let f = &self.finishes;
         let q = q

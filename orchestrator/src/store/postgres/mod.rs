@@ -98,7 +98,8 @@ const SAGA_SELECT: &str = "SELECT id::text AS id, name, version, definition_hash
 const STEPS_SELECT: &str =
     "SELECT saga_id::text AS saga_id, idx, name, kind, status, attempts, last_error, \
      outcome_unknown, output::text AS output, started_at, ended_at, comp_status, comp_attempts, \
-     comp_last_error, comp_outcome_unknown, comp_started_at, comp_ended_at, wake_at, waiting_for FROM steps";
+     comp_last_error, comp_outcome_unknown, comp_started_at, comp_ended_at, wake_at, waiting_for, \
+     timeout_at, retry_at, stage_index, branch FROM steps";
 
 /// How long the first connection of [`PgStore::open`] may take before the server is reported as
 /// unreachable.

@@ -79,9 +79,12 @@ fn apply_ctes(src: &ApplySources, now: &str) -> String {
             .map(|(col, field)| phase_col(phase, col, field))
         })
         .chain([
-            // Either phase may set when the step's wait ends (a branch retries either).
-            "wake_at = CASE WHEN x.has_a OR x.has_c THEN x.wake ELSE steps.wake_at END".to_owned(),
+            phase_col("a", "wake_at", "wake"),
             phase_col("a", "waiting_for", "waiting_for"),
+            phase_col("a", "timeout_at", "timeout"),
+            // Either phase may set when a branch is tried again (it retries either).
+            "retry_at = CASE WHEN x.has_a OR x.has_c THEN x.retry ELSE steps.retry_at END"
+                .to_owned(),
             "output = COALESCE(x.output::jsonb, steps.output)".to_owned(),
         ])
         .collect();
@@ -177,8 +180,9 @@ static INSERT_BRANCHES: LazyLock<String> = LazyLock::new(|| {
     let mut p = Params::default();
     let (rows, _) = p.unnest(NEW_BRANCHES, "x", false);
     format!(
-        "INSERT INTO steps (saga_id, idx, name, kind, status, comp_status) \
-         SELECT x.saga_id, x.idx, x.name, x.kind, 'PENDING', x.comp_status FROM {rows} \
+        "INSERT INTO steps (saga_id, idx, name, kind, status, comp_status, stage_index, \
+         branch) SELECT x.saga_id, x.idx, x.name, x.kind, 'PENDING', x.comp_status, \
+         x.stage_index, x.branch FROM {rows} \
          WHERE EXISTS (SELECT 1 FROM sagas WHERE sagas.id = x.saga_id \
          AND sagas.lease_owner = x.owner AND sagas.lease_epoch = x.epoch \
          AND NOT (x.guard AND sagas.cancel_requested)) \

@@ -347,7 +347,8 @@ const SELECT_SAGA: &str = "SELECT id, name, version, definition_hash, status, ne
 const SELECT_STEPS: &str =
     "SELECT saga_id, idx, name, kind, status, attempts, last_error, outcome_unknown, output, \
      started_at, ended_at, comp_status, comp_attempts, comp_last_error, comp_outcome_unknown, \
-     comp_started_at, comp_ended_at, wake_at, waiting_for FROM steps WHERE saga_id = ?1 ORDER BY idx";
+     comp_started_at, comp_ended_at, wake_at, waiting_for, timeout_at, retry_at, stage_index, \
+     branch FROM steps WHERE saga_id = ?1 ORDER BY idx";
 
 fn json_list(items: &[String]) -> String {
     serde_json::to_string(items).unwrap_or_else(|_| "[]".to_owned())

@@ -46,14 +46,15 @@ const REFUSED: &str = "SELECT lease_owner, lease_epoch, cancel_requested FROM sa
 
 const ACTION: &str = "UPDATE steps SET status = ?1, attempts = ?2, last_error = ?3, \
      outcome_unknown = ?4, started_at = ?5, ended_at = ?6, output = COALESCE(?7, output), \
-     wake_at = ?10, waiting_for = ?11 WHERE saga_id = ?8 AND idx = ?9";
+     wake_at = ?10, waiting_for = ?11, timeout_at = ?12, retry_at = ?13 \
+     WHERE saga_id = ?8 AND idx = ?9";
 
 const COMPENSATION: &str = "UPDATE steps SET comp_status = ?1, comp_attempts = ?2, \
      comp_last_error = ?3, comp_outcome_unknown = ?4, comp_started_at = ?5, comp_ended_at = ?6, \
-     wake_at = ?9 WHERE saga_id = ?7 AND idx = ?8";
+     retry_at = ?9 WHERE saga_id = ?7 AND idx = ?8";
 
-const NEW_BRANCH: &str = "INSERT INTO steps (saga_id, idx, name, kind, status, comp_status) \
-     VALUES (?1, ?2, ?3, ?4, 'PENDING', ?5)";
+const NEW_BRANCH: &str = "INSERT INTO steps (saga_id, idx, name, kind, status, comp_status, \
+     stage_index, branch) VALUES (?1, ?2, ?3, ?4, 'PENDING', ?5, ?6, ?7)";
 
 /// Makes saga ?1 (the parent of a child saga that ends) due at ?2 unless it ended or is due
 /// already.
@@ -236,7 +237,9 @@ fn apply_one(db: &Connection, now: Millis, (lease, t): &Item) -> Result<Result<A
                 n.index,
                 n.name,
                 n.kind.as_str(),
-                comp_status_for(n.kind).as_str()
+                comp_status_for(n.kind).as_str(),
+                n.stage_index,
+                n.branch,
             ],
         )?;
     }
@@ -258,6 +261,8 @@ fn apply_one(db: &Connection, now: Millis, (lease, t): &Item) -> Result<Result<A
                     u.index,
                     u.wake_at,
                     u.waiting_for,
+                    u.timeout_at,
+                    u.retry_at,
                 ],
             ),
             Phase::Compensation => exec(
@@ -272,7 +277,7 @@ fn apply_one(db: &Connection, now: Millis, (lease, t): &Item) -> Result<Result<A
                     r.ended_at,
                     id,
                     u.index,
-                    u.wake_at,
+                    u.retry_at,
                 ],
             ),
         };
