@@ -25,8 +25,8 @@ use crate::http::openapi::{
 use crate::http::prefer::{applied_headers, Wait};
 use crate::http::state::AppState;
 use crate::model::{Attempt, Event, Saga, SagaPage, SagaStatus};
-use crate::operations::{self, Operations, Signal};
-use crate::store::{Delivery, SavedResponse, SignalOutcome};
+use crate::operations::{self, Operations};
+use crate::store::{Delivery, SavedResponse, SignalOutcome, SignalRequest};
 
 /// The body of `GET /v1/sagas/{id}/events`.
 #[derive(Debug, Serialize, ToSchema)]
@@ -681,7 +681,7 @@ pub(crate) async fn signal_saga(
     JsonBody(payload): JsonBody,
 ) -> Result<Response, ApiError> {
     let key = parse_key(&headers).map_err(|e| ApiError::bad_request(e.to_string()))?;
-    let request = Signal {
+    let request = SignalRequest {
         saga: id,
         name: &signal,
         payload: &payload,

@@ -25,7 +25,6 @@ use crate::telemetry::Telemetry;
 pub use cancel::Cancelled;
 pub use reason::{Reason, MAX_REASON};
 pub use retry::Retried;
-pub use signal::Signal;
 
 /// Why a command was refused. The saga is left as it was.
 #[derive(Debug, thiserror::Error)]

@@ -188,6 +188,24 @@ pub(super) fn worker_from_row<R: LogRow>(row: &R) -> Result<Worker> {
     })
 }
 
+/// The record of row `index`, a stage or branch named `name` of `kind` that has not started.
+pub(crate) fn pending_row(index: u32, name: String, kind: StepKind) -> StepRecord {
+    StepRecord {
+        index,
+        name,
+        stage_index: None,
+        branch: None,
+        kind,
+        action: PhaseRecord::pending(),
+        output: None,
+        wake_at: None,
+        waiting_for: None,
+        timeout_at: None,
+        retry_at: None,
+        compensation: PhaseRecord::with_status(comp_status_for(kind)),
+    }
+}
+
 /// The compensation status a new step starts with.
 pub(crate) fn comp_status_for(kind: StepKind) -> StepStatus {
     if matches!(kind, StepKind::Compensatable | StepKind::Child) {
@@ -207,20 +225,7 @@ pub(super) fn new_saga_record(new: NewSaga, now: Millis, owner: Option<String>) 
         .steps
         .iter()
         .enumerate()
-        .map(|(idx, (name, kind))| StepRecord {
-            index: idx as u32,
-            name: name.clone(),
-            stage_index: None,
-            branch: None,
-            kind: *kind,
-            action: PhaseRecord::pending(),
-            output: None,
-            wake_at: None,
-            waiting_for: None,
-            timeout_at: None,
-            retry_at: None,
-            compensation: PhaseRecord::with_status(comp_status_for(*kind)),
-        })
+        .map(|(idx, (name, kind))| pending_row(idx as u32, name.clone(), *kind))
         .collect();
     if ahead {
         steps[0].action = first_attempt(now);

@@ -3,19 +3,11 @@
 
 use saga_dsl::Call;
 
-use super::{Decision, StageRules};
+use super::{Decision, Outcome, StageRules, Turn};
 use crate::engine::driver::Driver;
-use crate::model::Millis;
-use crate::store::StoreError;
 
 impl StageRules for Call {
-    async fn advance(
-        &self,
-        _driver: &mut Driver,
-        _stage: &str,
-        _index: usize,
-        _now: Millis,
-    ) -> Result<Decision, StoreError> {
+    async fn advance(&self, _driver: &mut Driver, _turn: Turn<'_>) -> Outcome {
         Ok(Decision::Call)
     }
 }

@@ -10,30 +10,21 @@ use saga_dsl::{child_saga_id, ChildSaga, Phase};
 use serde_json::json;
 use uuid::Uuid;
 
-use super::{Decision, StageRules};
+use super::{Decision, Outcome, StageRules, Turn};
 use crate::engine::driver::Driver;
 use crate::failpoint::crash_if_armed;
 use crate::model::{Millis, SagaStatus, StepStatus};
 use crate::store::{CancelOutcome, NewEvent, NewSaga, StoreError};
 
 impl StageRules for ChildSaga {
-    async fn advance(
-        &self,
-        driver: &mut Driver,
-        stage: &str,
-        index: usize,
-        now: Millis,
-    ) -> Result<Decision, StoreError> {
-        driver.decide_child(stage, self, index, now).await
+    async fn advance(&self, driver: &mut Driver, turn: Turn<'_>) -> Outcome {
+        driver
+            .decide_child(turn.stage, self, turn.index, turn.now)
+            .await
     }
 
-    async fn undo(
-        &self,
-        driver: &mut Driver,
-        index: usize,
-        now: Millis,
-    ) -> Result<Decision, StoreError> {
-        driver.undo_child(index, now).await
+    async fn undo(&self, driver: &mut Driver, turn: Turn<'_>) -> Outcome {
+        driver.undo_child(turn.index, turn.now).await
     }
 }
 

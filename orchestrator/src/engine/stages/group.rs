@@ -8,22 +8,16 @@ use std::sync::Arc;
 use saga_dsl::{Group, Phase};
 use serde_json::{json, Value};
 
-use super::{Decision, StageRules};
+use super::{Decision, Outcome, StageRules, Turn};
 use crate::engine::driver::Driver;
 use crate::engine::plan;
-use crate::model::{Millis, PhaseRecord, SagaStatus, StepKind, StepRecord, StepStatus};
-use crate::store::rows::comp_status_for;
-use crate::store::{NewEvent, NewStep, StoreError};
+use crate::model::{Millis, SagaStatus, StepKind, StepRecord, StepStatus};
+use crate::store::rows::pending_row;
+use crate::store::{NewEvent, NewStep};
 
 impl StageRules for Group {
-    async fn advance(
-        &self,
-        driver: &mut Driver,
-        stage: &str,
-        index: usize,
-        now: Millis,
-    ) -> Result<Decision, StoreError> {
-        driver.decide_group(stage, self, index, now);
+    async fn advance(&self, driver: &mut Driver, turn: Turn<'_>) -> Outcome {
+        driver.decide_group(turn.stage, self, turn.index, turn.now);
         Ok(Decision::Decided)
     }
 }
@@ -79,18 +73,9 @@ impl Driver {
                 let row = self.saga.steps.len() as u32;
                 let name = format!("{stage}/{branch}");
                 self.saga.steps.push(StepRecord {
-                    index: row,
-                    name: name.clone(),
                     stage_index: Some(index as u32),
                     branch: Some(branch.clone()),
-                    kind,
-                    action: PhaseRecord::pending(),
-                    output: None,
-                    wake_at: None,
-                    waiting_for: None,
-                    timeout_at: None,
-                    retry_at: None,
-                    compensation: PhaseRecord::with_status(comp_status_for(kind)),
+                    ..pending_row(row, name.clone(), kind)
                 });
                 self.pending.new_steps.push(NewStep {
                     index: row,

@@ -24,26 +24,44 @@ use super::driver::Driver;
 use crate::model::{Millis, SagaStatus, StepStatus};
 use crate::store::{NewEvent, StoreError};
 
+/// `Some($call)` with `$rules` bound to the [`StageRules`] of `$body`'s kind, or `None` for a
+/// kind this engine does not know: the one place where a kind of stage is matched to its
+/// module.
+macro_rules! by_kind {
+    ($body:expr, $rules:ident => $call:expr) => {
+        match $body {
+            StageBody::Call($rules) => Some($call),
+            StageBody::Sleep($rules) => Some($call),
+            StageBody::Signal($rules) => Some($call),
+            StageBody::Parallel($rules) => Some($call),
+            StageBody::Child($rules) => Some($call),
+            _ => None,
+        }
+    };
+}
+
+/// Where a stage's turn is: its name, its row and the engine's clock reading.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Turn<'a> {
+    /// The stage's name.
+    pub(super) stage: &'a str,
+    /// Its row in the log.
+    pub(super) index: usize,
+    /// Now, on the engine's clock.
+    pub(super) now: Millis,
+}
+
+/// What a turn comes to, or the store's error.
+pub(super) type Outcome = Result<Decision, StoreError>;
+
 /// What one kind of stage does in the engine.
 pub(super) trait StageRules {
     /// Its turn going forward: the saga reached it, or it waits and was looked at again.
-    /// `stage` is its name, `index` its row.
-    async fn advance(
-        &self,
-        driver: &mut Driver,
-        stage: &str,
-        index: usize,
-        now: Millis,
-    ) -> Result<Decision, StoreError>;
+    async fn advance(&self, driver: &mut Driver, turn: Turn<'_>) -> Outcome;
 
     /// Its turn going back, once every stage after it is undone: by default its compensation
     /// is called, as a call's is.
-    async fn undo(
-        &self,
-        _driver: &mut Driver,
-        _index: usize,
-        _now: Millis,
-    ) -> Result<Decision, StoreError> {
+    async fn undo(&self, _driver: &mut Driver, _turn: Turn<'_>) -> Outcome {
         Ok(Decision::Call)
     }
 }
@@ -80,15 +98,15 @@ impl Driver {
                 }
             }
         }
-        let name = step.name();
-        match step.body() {
-            StageBody::Call(call) => call.advance(self, name, index, now).await,
-            StageBody::Sleep(sleep) => sleep.advance(self, name, index, now).await,
-            StageBody::Signal(wait) => wait.advance(self, name, index, now).await,
-            StageBody::Parallel(group) => group.advance(self, name, index, now).await,
-            StageBody::Child(child) => child.advance(self, name, index, now).await,
+        let turn = Turn {
+            stage: step.name(),
+            index,
+            now,
+        };
+        match by_kind!(step.body(), rules => rules.advance(self, turn).await) {
+            Some(outcome) => outcome,
             // A kind this engine does not know: fail the stage rather than skip it.
-            _ => {
+            None => {
                 self.refuse(index, "a stage of a kind this engine cannot run", now);
                 Ok(Decision::Decided)
             }
@@ -105,14 +123,12 @@ impl Driver {
         let Some(step) = def.steps().get(index) else {
             return Ok(Decision::Call);
         };
-        match step.body() {
-            StageBody::Call(call) => call.undo(self, index, now).await,
-            StageBody::Sleep(sleep) => sleep.undo(self, index, now).await,
-            StageBody::Signal(wait) => wait.undo(self, index, now).await,
-            StageBody::Parallel(group) => group.undo(self, index, now).await,
-            StageBody::Child(child) => child.undo(self, index, now).await,
-            _ => Ok(Decision::Call),
-        }
+        let turn = Turn {
+            stage: step.name(),
+            index,
+            now,
+        };
+        by_kind!(step.body(), rules => rules.undo(self, turn).await).unwrap_or(Ok(Decision::Call))
     }
 
     /// Marks a wait that starts now as `WAITING` and queues its record.

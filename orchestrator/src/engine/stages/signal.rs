@@ -5,20 +5,16 @@
 use saga_dsl::{Phase, SignalWait};
 use serde_json::json;
 
-use super::{millis, system_time, Decision, StageRules};
+use super::{millis, system_time, Decision, Outcome, StageRules, Turn};
 use crate::engine::driver::Driver;
 use crate::model::{rfc3339, Millis, StepStatus};
 use crate::store::{NewEvent, StoreError};
 
 impl StageRules for SignalWait {
-    async fn advance(
-        &self,
-        driver: &mut Driver,
-        stage: &str,
-        index: usize,
-        now: Millis,
-    ) -> Result<Decision, StoreError> {
-        driver.decide_signal(stage, self, index, now).await
+    async fn advance(&self, driver: &mut Driver, turn: Turn<'_>) -> Outcome {
+        driver
+            .decide_signal(turn.stage, self, turn.index, turn.now)
+            .await
     }
 }
 

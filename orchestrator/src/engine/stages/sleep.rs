@@ -5,20 +5,14 @@
 use saga_dsl::{Phase, Sleep};
 use serde_json::{json, Value};
 
-use super::{millis, system_time, Decision, StageRules};
+use super::{millis, system_time, Decision, Outcome, StageRules, Turn};
 use crate::engine::driver::Driver;
 use crate::model::{rfc3339, Millis, StepStatus};
-use crate::store::{NewEvent, StoreError};
+use crate::store::NewEvent;
 
 impl StageRules for Sleep {
-    async fn advance(
-        &self,
-        driver: &mut Driver,
-        stage: &str,
-        index: usize,
-        now: Millis,
-    ) -> Result<Decision, StoreError> {
-        driver.decide_sleep(stage, self, index, now);
+    async fn advance(&self, driver: &mut Driver, turn: Turn<'_>) -> Outcome {
+        driver.decide_sleep(turn.stage, self, turn.index, turn.now);
         Ok(Decision::Decided)
     }
 }
