@@ -42,6 +42,14 @@
 //!   `COMPENSATING` after a permanent failure or an accepted cancel, and
 //!   [`engine::plan::next_call`] then picks the highest step still needing compensation; the
 //!   driver writes it ahead and runs it like an action.
+//! - **How each stage kind advances.** The definition's stage is a `saga_dsl::StageBody`
+//!   (a call, a sleep, a signal wait, a group, a child saga); the engine's `engine::stages`
+//!   has one module per kind implementing `StageRules` (`advance` going forward, `undo` going
+//!   back), matched to the body in one place (`by_kind!`). A call is written ahead and run by
+//!   the driver; the others decide without a call and are written with the next write.
+//! - **Where a command from outside changes a saga.** [`operations`]: cancel, abort, retry,
+//!   mark-compensated and signal, each one file, with their rules in `model::rules`; the HTTP
+//!   handlers and the CLI only parse and render.
 //! - **What differs between SQLite and PostgreSQL.** Only what is in `store::sqlite` and
 //!   `store::postgres`: connecting, the batch writer, claims and due scans, keyed starts,
 //!   reading the outbox in commit order. Everything else is written once in `store::shared`.
