@@ -87,7 +87,7 @@ pub fn settle(saga: &mut Saga, now: Millis) -> Vec<NewEvent> {
     loop {
         match saga.status {
             SagaStatus::Queued | SagaStatus::Running => {
-                if saga.cancel_requested && !saga.pivot_reached {
+                if saga.cancel_requested && !saga.pivot_started {
                     saga.status = SagaStatus::Compensating;
                     saga.error = Some("cancelled on request".to_owned());
                     events.push(NewEvent::saga(
@@ -378,7 +378,7 @@ mod tests {
             compensation: PhaseRecord::with_status(if kind == Compensatable {
                 StepStatus::Pending
             } else {
-                StepStatus::None
+                StepStatus::NotNeeded
             }),
         }
     }
@@ -394,7 +394,10 @@ mod tests {
             needs_attention: false,
             blocked: false,
             cancel_requested: false,
+            pivot_started: false,
             pivot_reached: false,
+            waiting_for: None,
+            wake_at: None,
             input: json!({}),
             output: None,
             error: None,
@@ -494,7 +497,7 @@ mod tests {
                 StepStatus::Pending,
             ),
         );
-        s.pivot_reached = true;
+        s.pivot_started = true;
         assert!(settle(&mut s, NOW).is_empty());
         assert_eq!(next_call(&s, NOW), NextCall::Call(3, Phase::Action));
     }
@@ -612,7 +615,7 @@ mod tests {
                 StepStatus::Pending,
             ),
         );
-        s.pivot_reached = true;
+        s.pivot_started = true;
         assert_eq!(kinds(&settle(&mut s, NOW)), ["saga.compensating"]);
         assert_eq!(s.error.as_deref(), Some("p: boom"));
         let (order, _) = compensate_all(&mut s);
@@ -631,7 +634,7 @@ mod tests {
                 StepStatus::Pending,
             ),
         );
-        s.pivot_reached = true;
+        s.pivot_started = true;
         let events = settle(&mut s, NOW);
         assert_eq!(
             events,
@@ -662,7 +665,7 @@ mod tests {
                 StepStatus::Retrying,
             ),
         );
-        s.pivot_reached = true;
+        s.pivot_started = true;
         s.next_run_at = Some(NOW + 500);
         assert!(settle(&mut s, NOW).is_empty());
         assert_eq!(s.status, SagaStatus::Running);
@@ -683,7 +686,7 @@ mod tests {
                 StepStatus::Failed,
             ),
         );
-        s.pivot_reached = true;
+        s.pivot_started = true;
         let events = settle(&mut s, NOW);
         assert_eq!(
             events,
@@ -845,7 +848,7 @@ mod tests {
                 StepStatus::Pending,
             ),
         );
-        s.pivot_reached = true;
+        s.pivot_started = true;
         s.cancel_requested = true;
         assert!(settle(&mut s, NOW).is_empty());
         assert_eq!(s.status, SagaStatus::Running);
@@ -999,7 +1002,7 @@ mod tests {
     /// Steps `a` (compensatable, succeeded), a sleep `nap` in `status`, and a pivot `p`.
     fn napping(status: StepStatus, wake_at: Millis) -> Saga {
         let mut nap = step(1, "nap", StepKind::Sleep, status);
-        nap.compensation = PhaseRecord::with_status(StepStatus::None);
+        nap.compensation = PhaseRecord::with_status(StepStatus::NotNeeded);
         nap.action.outcome_unknown = false;
         nap.wake_at = Some(wake_at);
         saga(
@@ -1049,7 +1052,7 @@ mod tests {
         let mut s = napping(StepStatus::Failed, NOW);
         assert_eq!(kinds(&settle(&mut s, NOW)), ["saga.compensating"]);
         let mut s = napping(StepStatus::Failed, NOW);
-        s.pivot_reached = true;
+        s.pivot_started = true;
         assert_eq!(kinds(&settle(&mut s, NOW)), ["saga.failed"]);
     }
 }

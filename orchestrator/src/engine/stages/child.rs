@@ -39,7 +39,7 @@ impl StageRules for ChildSaga {
     /// A child that ended other than completed was undone by its own saga (or waits for a
     /// person there): back, unless the point of no return is behind.
     fn can_go_back(_failed: &StepRecord, saga: &Saga) -> bool {
-        !saga.pivot_reached
+        !saga.pivot_started
     }
 }
 

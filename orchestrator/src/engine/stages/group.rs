@@ -30,7 +30,7 @@ impl StageRules for Group {
     /// A group whose branch failed: its other branches are compensated with the stages
     /// before, unless the point of no return is behind.
     fn can_go_back(_failed: &StepRecord, saga: &Saga) -> bool {
-        !saga.pivot_reached
+        !saga.pivot_started
     }
 }
 

@@ -24,7 +24,7 @@ impl StageRules for SignalWait {
     /// A signal that did not come or was refused changed nothing: back, unless the point of
     /// no return is behind.
     fn can_go_back(_failed: &StepRecord, saga: &Saga) -> bool {
-        !saga.pivot_reached
+        !saga.pivot_started
     }
 }
 

@@ -25,7 +25,7 @@ impl StageRules for Sleep {
     /// A sleep whose wake time could not be computed changed nothing: back, unless the point
     /// of no return is behind.
     fn can_go_back(_failed: &StepRecord, saga: &Saga) -> bool {
-        !saga.pivot_reached
+        !saga.pivot_started
     }
 }
 
