@@ -112,7 +112,13 @@ fn definitions() -> Vec<SagaDefinition> {
 
 /// What a saga must show: its id, status, `pivot_reached`, `waiting_for`, and the
 /// compensation status of each named row.
-type Expected<'a> = (&'a str, &'a str, bool, Option<String>, Vec<(&'a str, &'a str)>);
+type Expected<'a> = (
+    &'a str,
+    &'a str,
+    bool,
+    Option<String>,
+    Vec<(&'a str, &'a str)>,
+);
 
 /// Polls the saga's JSON until `until` holds.
 async fn wait_json(api: &Api, id: &str, what: &str, until: impl Fn(&Value) -> bool) -> Value {
