@@ -750,7 +750,7 @@ async fn an_interrupted_attempt_is_made_again_with_the_same_key() {
                     error: None,
                     output: None,
                     needs_attention: false,
-                    pivot_reached: false,
+                    pivot_started: false,
                 },
                 new_steps: Vec::new(),
                 steps: vec![StepUpdate {
@@ -801,7 +801,7 @@ async fn an_interrupted_attempt_is_made_again_with_the_same_key() {
             error: None,
             output: None,
             needs_attention: false,
-            pivot_reached: false,
+            pivot_started: false,
         },
         new_steps: Vec::new(),
         steps: vec![],
@@ -1018,7 +1018,7 @@ async fn a_start_with_a_free_worker_writes_its_first_action_ahead_in_the_same_co
     let saga = eng.engine.start_saga("held", json!({})).await.unwrap();
     assert_eq!(store.commits() - before, 1, "one commit for the create");
     assert_eq!(saga.status, SagaStatus::Running, "{saga:?}");
-    assert!(saga.pivot_reached, "the first step is the pivot: {saga:?}");
+    assert!(saga.pivot_started, "the first step is the pivot: {saga:?}");
     // What the log says while the call runs, before anything else is written.
     wait_for(&store, saga.id, Duration::from_secs(5), |_| {
         calls.load(SeqCst) == 1
@@ -1027,7 +1027,7 @@ async fn a_start_with_a_free_worker_writes_its_first_action_ahead_in_the_same_co
     assert_eq!(store.commits() - before, 1, "the call itself wrote nothing");
     let running = store.get_saga(saga.id).await.unwrap().unwrap();
     assert_eq!(running.status, SagaStatus::Running);
-    assert!(running.pivot_reached);
+    assert!(running.pivot_started);
     assert_eq!(running.lease_epoch, 1);
     let action = &running.steps[0].action;
     assert_eq!(

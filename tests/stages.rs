@@ -47,7 +47,7 @@ async fn a_false_condition_skips_its_step_and_a_true_one_runs_it() {
         "a skipped step was never called"
     );
     assert!(
-        done.pivot_reached,
+        done.pivot_started,
         "the step after a skipped pivot passes the point of no return"
     );
     assert_eq!(done.output.unwrap()["a"], json!(null));

@@ -82,7 +82,7 @@ fn saga_update(status: SagaStatus) -> SagaUpdate {
         error: None,
         output: None,
         needs_attention: false,
-        pivot_reached: false,
+        pivot_started: false,
     }
 }
 
@@ -437,7 +437,7 @@ async fn group_commit_fails_only_the_writes_whose_lease_is_lost() {
                     error: Some("written".to_owned()),
                     output: None,
                     needs_attention: false,
-                    pivot_reached: false,
+                    pivot_started: false,
                 },
                 new_steps: Vec::new(),
                 steps: vec![],
@@ -506,7 +506,7 @@ async fn a_stale_write_sharing_a_batch_with_the_new_owners_write_fails_alone() {
                     error: Some(kind.to_owned()),
                     output: None,
                     needs_attention: false,
-                    pivot_reached: false,
+                    pivot_started: false,
                 },
                 new_steps: Vec::new(),
                 steps: if start_step {
@@ -711,10 +711,10 @@ async fn a_cancel_after_the_pivot_started_is_refused_and_not_recorded() {
         store.apply(&lease, &succeeded(i, 1)).await.unwrap();
     }
     let mut pivot = write_ahead(2, 1);
-    pivot.saga.pivot_reached = true;
+    pivot.saga.pivot_started = true;
     assert_eq!(store.apply(&lease, &pivot).await.unwrap(), Applied::Written);
     let before = log_of(&store, lease.saga_id).await;
-    assert!(before.0.pivot_reached);
+    assert!(before.0.pivot_started);
     assert_eq!(
         store.request_cancel(lease.saga_id).await.unwrap(),
         CancelOutcome::PastPivot
@@ -746,7 +746,7 @@ async fn a_cancel_racing_the_pivot_start_is_ordered_by_the_database() {
         let (store, lease) = (store.clone(), lease.clone());
         async move {
             let mut start = write_ahead(0, 1);
-            start.saga.pivot_reached = true;
+            start.saga.pivot_started = true;
             let cancel = tokio::spawn({
                 let store = store.clone();
                 let id = lease.saga_id;
@@ -762,13 +762,13 @@ async fn a_cancel_racing_the_pivot_start_is_ordered_by_the_database() {
         let kinds: Vec<_> = events.iter().map(|e| e.kind.as_str()).collect();
         match (started, cancelled) {
             (Applied::CancelRequested, CancelOutcome::Accepted) => {
-                assert!(saga.cancel_requested && !saga.pivot_reached, "{saga:?}");
+                assert!(saga.cancel_requested && !saga.pivot_started, "{saga:?}");
                 assert_eq!(saga.steps[0].action.status, StepStatus::Pending);
                 assert!(attempts.is_empty(), "{attempts:?}");
                 assert!(!kinds.contains(&"test.started"), "{kinds:?}");
             }
             (Applied::Written, CancelOutcome::PastPivot) => {
-                assert!(saga.pivot_reached && !saga.cancel_requested, "{saga:?}");
+                assert!(saga.pivot_started && !saga.cancel_requested, "{saga:?}");
                 assert_eq!(saga.steps[0].action.status, StepStatus::Running);
                 assert_eq!(attempts.len(), 1);
                 assert!(!kinds.contains(&"saga.cancel_requested"), "{kinds:?}");
@@ -858,7 +858,7 @@ async fn create_saga_leased_without_first_attempt_is_queued_under_epoch_one() {
         (Some("w"), 1)
     );
     assert!(saga.lease_expires_at.is_some());
-    assert!(!saga.pivot_reached && !saga.cancel_requested && !saga.blocked);
+    assert!(!saga.pivot_started && !saga.cancel_requested && !saga.blocked);
     assert!(saga
         .steps
         .iter()
@@ -869,8 +869,8 @@ async fn create_saga_leased_without_first_attempt_is_queued_under_epoch_one() {
         [
             StepStatus::Pending,
             StepStatus::Pending,
-            StepStatus::None,
-            StepStatus::None
+            StepStatus::NotNeeded,
+            StepStatus::NotNeeded
         ],
         "only compensatable steps have a compensation"
     );
@@ -903,7 +903,7 @@ async fn create_saga_leased_with_first_attempt_writes_the_first_action_ahead() {
         .unwrap();
     let (saga, attempts, events) = log_of(&store, id).await;
     assert_eq!(saga.status, SagaStatus::Running);
-    assert!(!saga.pivot_reached, "the first step is compensatable");
+    assert!(!saga.pivot_started, "the first step is compensatable");
     let first = &saga.steps[0].action;
     assert_eq!(
         (first.status, first.attempts, first.outcome_unknown),
@@ -962,9 +962,9 @@ async fn a_first_attempt_of_a_pivot_passes_the_point_of_no_return_in_the_create(
         .create_saga_leased(new, &LeaseRequest::new("w", 60_000))
         .await
         .unwrap();
-    assert!(created.saga.pivot_reached);
+    assert!(created.saga.pivot_started);
     let saga = store.get_saga(id).await.unwrap().unwrap();
-    assert!(saga.pivot_reached);
+    assert!(saga.pivot_started);
     assert_eq!(saga.status, SagaStatus::Running);
     assert_eq!(
         store.request_cancel(id).await.unwrap(),
@@ -983,7 +983,7 @@ async fn create_saga_without_a_lease_ignores_first_attempt() {
     let (saga, attempts, events) = log_of(&store, id).await;
     assert_eq!(saga.status, SagaStatus::Queued);
     assert_eq!((saga.lease_owner, saga.lease_epoch), (None, 0));
-    assert!(!saga.pivot_reached);
+    assert!(!saga.pivot_started);
     assert!(saga
         .steps
         .iter()

@@ -61,6 +61,58 @@ test('the list shows the sagas, filters them by status and opens one', async () 
   }
 });
 
+test('the list and a saga page use the server\'s words: what a saga waits for, which compensations will run', async () => {
+  const server = await startServer();
+  try {
+    const undone = await start(server, 'place_order', compensatedOrder);
+    const items = [{ sku: 'sku-1', qty: 1 }, { sku: 'sku-2', qty: 2 }];
+    const parked = await start(server, 'fulfil_order', { order_id: 'f-2', user: 'ada', amount: 10, needs_approval: true, items });
+    const sleeping = await start(server, 'fulfil_order', { order_id: 'f-3', user: 'ada', amount: 10, cooling_off_ms: 600000, items });
+    await waitFor(server, undone, (s) => s.status === 'COMPENSATED');
+    await waitFor(server, parked, (s) => s.waiting_for === 'signal:approval');
+    await waitFor(server, sleeping, (s) => s.waiting_for === 'sleep' && s.wake_at);
+
+    // The list's wait column says what the list's JSON says, and nothing for a saga that ended.
+    const { sagas } = await server.api('/v1/sagas');
+    assert.deepEqual(sagas.map((s) => s.waiting_for).sort(), [null, 'signal:approval', 'sleep']);
+    const list = await open(server);
+    await list.page.locator(`tbody tr[data-key="${sleeping}"]`).waitFor();
+    for (const s of sagas) {
+      const cell = (await list.page.locator(`tbody tr[data-key="${s.id}"] td.waiting`).first().innerText()).trim();
+      if (s.waiting_for) assert.ok(cell.startsWith(s.waiting_for), `${s.id}: ${cell}`);
+      else assert.equal(cell, '', s.id);
+    }
+    assert.match(await list.page.locator(`tbody tr[data-key="${sleeping}"] td.waiting`).first().innerText(), /^sleep until /);
+    assert.deepEqual(list.errors, []);
+    await list.context.close();
+
+    // A saga's page: each stage's and branch's undo status is the server's word.
+    for (const id of [undone, parked]) {
+      const saga = await server.api(`/v1/sagas/${id}`);
+      const { page, context, errors } = await open(server, `#/sagas/${id}`);
+      const rows = page.locator('section[data-key="stages"] tbody tr');
+      await rows.first().waitFor();
+      const shown = await rows.evaluateAll((all) => all.map((r) => [r.dataset.key, r.children[5].innerText.trim()]));
+      const expected = saga.stages.flatMap((st) => [
+        [st.name, st.compensation.status], ...(st.branches || []).map((b) => [b.name, b.compensation.status])]);
+      assert.deepEqual(shown, expected);
+      assert.ok(shown.every(([, w]) => w !== 'NONE'), JSON.stringify(shown));
+      assert.ok(shown.some(([, w]) => w === 'NOT_NEEDED'), JSON.stringify(shown));
+      if (id === parked) {
+        assert.deepEqual(shown.find(([name]) => name === 'charge_payment'), ['charge_payment', 'PENDING'],
+          'the charge is refunded should the saga go back');
+        assert.match(await page.locator('h1').innerText(), /waiting for signal:approval/);
+      } else {
+        assert.ok(shown.every(([, w]) => w !== 'PENDING'), 'a compensated saga has nothing left to undo');
+      }
+      assert.deepEqual(errors, []);
+      await context.close();
+    }
+  } finally {
+    await server.stop();
+  }
+});
+
 test('a compensated saga has a lane per stage and a bar per attempt of its log', async () => {
   const server = await startServer();
   try {

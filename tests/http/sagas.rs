@@ -34,7 +34,7 @@ async fn start_answers_202_with_location_and_the_saga_completes() {
         .iter()
         .all(|s| s["status"] == "SUCCEEDED" && s["attempts"] == 1));
     assert_eq!(steps[2]["kind"], "pivot");
-    assert_eq!(steps[2]["compensation"]["status"], "NONE");
+    assert_eq!(steps[2]["compensation"]["status"], "NOT_NEEDED");
     // The Location header is the URL to poll.
     let (status, by_location) = api.get(location).await;
     assert_eq!(status, StatusCode::OK);
@@ -62,7 +62,8 @@ async fn compensated_saga_shows_each_steps_compensation_and_its_events() {
     assert_eq!(steps[0]["compensation"]["attempts"], 1);
     assert_eq!(steps[1]["status"], "FAILED");
     assert_eq!(steps[1]["last_error"], "scripted permanent failure");
-    assert_eq!(steps[1]["compensation"]["status"], "PENDING");
+    // The failed step's action never took effect: its compensation will never run.
+    assert_eq!(steps[1]["compensation"]["status"], "NOT_NEEDED");
     assert_eq!(steps[2]["status"], "PENDING");
 
     let (status, body) = api.get(&format!("/v1/sagas/{id}/events")).await;
@@ -196,14 +197,19 @@ async fn cancel_is_accepted_while_running_and_refused_when_too_late() {
     assert!(message.contains("COMPLETED"), "{message}");
 
     // Past the pivot: 409 with a clear reason, and the saga runs on to completion.
+    // The pivot has started (a cancel is refused) but not succeeded (`pivot_reached` says so).
     let pivot = api.start_saga("slow_pivot", json!({})).await;
-    api.wait(&pivot, |s| s["pivot_reached"] == true).await;
+    let running = api
+        .wait(&pivot, |s| s["steps"][0]["status"] == "RUNNING")
+        .await;
+    assert_eq!(running["pivot_reached"], false, "{running}");
     let (status, _, body) = api
         .request(Method::POST, &format!("/v1/sagas/{pivot}/cancel"), None)
         .await;
     let message = assert_error(status, &body, StatusCode::CONFLICT, "conflict");
     assert!(message.contains("point of no return"), "{message}");
-    api.wait_status(&pivot, "COMPLETED").await;
+    let done = api.wait_status(&pivot, "COMPLETED").await;
+    assert_eq!(done["pivot_reached"], true, "{done}");
 
     // Unknown and malformed ids.
     let (status, _, body) = api

@@ -283,7 +283,8 @@ async fn show(
     layout: &Layout,
 ) -> Result<(), CliError> {
     let id = resolve_id(store, &a.id).await?;
-    let saga = load(store, id).await?;
+    // In the words of every surface: the same object as `GET /v1/sagas/{id}`.
+    let saga = load(store, id).await?.shown();
     if a.output.json {
         render::json(out, &saga)?;
         return Ok(());

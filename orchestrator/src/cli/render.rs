@@ -179,6 +179,21 @@ pub(crate) fn saga_page(
             .collect();
         let flag_colours = colours_of(&flag_cells);
         let flagged = g.column("flags", flag_cells);
+        let waiting = g.column(
+            "waiting for",
+            sagas
+                .iter()
+                .map(|s| {
+                    s.waiting_for
+                        .as_deref()
+                        .map(|w| match s.wake_at {
+                            Some(at) if at > now => format!("{w} (in {})", duration(at - now)),
+                            _ => w.to_owned(),
+                        })
+                        .unwrap_or_default()
+                })
+                .collect(),
+        );
         let created = g.column(
             "created",
             sagas.iter().map(|s| rfc3339(s.created_at)).collect(),
@@ -205,7 +220,9 @@ pub(crate) fn saga_page(
             .right(version)
             .colours(status, status_colours)
             .colours(flagged, flag_colours)
+            .flex(waiting, 8)
             .hide_if_empty(flagged)
+            .hide_if_empty(waiting)
             .hide_if_empty(error);
         // Flags (NEEDS ATTENTION) are what a narrow list must still show.
         let t = g.render(
@@ -314,15 +331,10 @@ fn header(out: &mut impl Write, s: &Saga, now: Millis, layout: &Layout) -> std::
         // Due under a live lease: the process holding it is running it now.
     }
     lines.push(("Lease", lease_line(s, now), true));
-    lines.push((
-        "Pivot",
-        if s.pivot_reached {
-            "reached: the saga can no longer be cancelled".to_owned()
-        } else {
-            "not reached".to_owned()
-        },
-        true,
-    ));
+    if let Some(wait) = &s.waiting_for {
+        lines.push(("Waiting", wait_text(wait, s.wake_at, now), true));
+    }
+    lines.push(("Pivot", pivot_line(s).to_owned(), true));
     lines.push(("Input", truncate(&s.input.to_string(), INPUT_WIDTH), true));
     let key_width = lines.iter().map(|(k, ..)| k.len()).max().unwrap_or(0);
     let room = layout
@@ -344,6 +356,31 @@ fn header(out: &mut impl Write, s: &Saga, now: Millis, layout: &Layout) -> std::
         }
     }
     Ok(())
+}
+
+/// Where the saga stands with its point of no return: succeeded (`pivot_reached`), started
+/// (cancels are refused, but a failure still sends the saga back), or ahead.
+fn pivot_line(s: &Saga) -> &'static str {
+    let started = s
+        .steps
+        .iter()
+        .find(|x| matches!(x.kind, StepKind::Pivot | StepKind::Retriable))
+        .is_some_and(|x| x.action.status != StepStatus::Pending);
+    if s.pivot_reached {
+        "reached: the saga can no longer be cancelled or go back"
+    } else if started && !s.status.is_terminal() {
+        "started: the saga can no longer be cancelled"
+    } else {
+        "not reached"
+    }
+}
+
+/// What a saga waits for, and until when: `signal:approval until 2026-… (in 5m)`.
+fn wait_text(waiting_for: &str, wake_at: Option<Millis>, now: Millis) -> String {
+    match wake_at {
+        Some(at) => format!("{waiting_for} until {}", time_and_in(at, now)),
+        None => waiting_for.to_owned(),
+    }
 }
 
 /// Breaks text into lines of at most `width` columns at spaces (a longer word gets a line of
@@ -419,35 +456,15 @@ fn hint(s: &Saga) -> Option<String> {
     None
 }
 
-/// A phase status for the table: `-` where there is no compensation, and a mark when the
-/// latest attempt's outcome is unknown. An attempt in flight under a live lease is simply
+/// A phase status for the table, in the words of the saga object (the saga is shown:
+/// [`Saga::shown`]), with a mark when the latest attempt's outcome is unknown. An attempt in flight under a live lease is simply
 /// `RUNNING`; without one (its process died, or lost the lease) nobody knows what it did.
 fn phase_status(p: &PhaseRecord, live: bool) -> String {
     match p.status {
-        StepStatus::None => "-".to_owned(),
         StepStatus::Unknown => p.status.to_string(),
         StepStatus::Running if live => p.status.to_string(),
         s if p.outcome_unknown => format!("{s} (outcome unknown)"),
         s => s.to_string(),
-    }
-}
-
-/// The compensation's status for the table. A compensation that has not run says whether it
-/// will: `PENDING` only while the saga is going back and the step's action may have had an
-/// effect; otherwise it is not needed (or, on an aborted saga, deliberately not run).
-fn compensation_status(saga: &Saga, step: &StepRecord, live: bool) -> String {
-    if step.compensation.status != StepStatus::Pending {
-        return phase_status(&step.compensation, live);
-    }
-    let pending = needs_compensation(step);
-    match saga.status {
-        SagaStatus::Compensating if pending => "PENDING".to_owned(),
-        SagaStatus::Aborted if pending => "not run (aborted)".to_owned(),
-        // Before the point of no return a later failure would still call for it.
-        SagaStatus::Queued | SagaStatus::Running if !saga.pivot_reached => {
-            "not needed yet".to_owned()
-        }
-        _ => "not needed".to_owned(),
     }
 }
 
@@ -510,7 +527,7 @@ fn steps_table(saga: &Saga, now: Millis, layout: &Layout) -> Table {
     );
     let comps: Vec<String> = steps
         .iter()
-        .map(|s| compensation_status(saga, s, live))
+        .map(|s| phase_status(&s.compensation, live))
         .collect();
     let comp_colours = colours_of(&comps);
     let comp = g.column("compensation", comps);
@@ -519,7 +536,7 @@ fn steps_table(saga: &Saga, now: Millis, layout: &Layout) -> Table {
         steps
             .iter()
             .map(|s| {
-                if s.compensation.status == StepStatus::None {
+                if s.compensation.status == StepStatus::NotNeeded {
                     "-".to_owned()
                 } else {
                     s.compensation.attempts.to_string()

@@ -486,7 +486,7 @@ impl Driver {
         // a branch passes it where its group stands).
         let stage = self.stage_of(index);
         if phase == Phase::Action && self.def.point_of_no_return().is_some_and(|p| stage >= p) {
-            self.saga.pivot_reached = true;
+            self.saga.pivot_started = true;
         }
         if self.saga.steps[index].branch_of().is_some() {
             // A branch's retry timer is over once its next attempt starts.
@@ -737,7 +737,7 @@ impl Driver {
                     .then(|| self.saga.output.clone())
                     .flatten(),
                 needs_attention: self.saga.needs_attention,
-                pivot_reached: self.saga.pivot_reached,
+                pivot_started: self.saga.pivot_started,
             },
             new_steps: pending.new_steps,
             steps: pending.steps,
@@ -794,7 +794,7 @@ impl Driver {
 /// for a cancel (cheaper than a copy of the whole saga before every call).
 struct Undo {
     status: SagaStatus,
-    pivot_reached: bool,
+    pivot_started: bool,
     /// Each call's row, phase, record and wait time before its write-ahead.
     records: Vec<(usize, Phase, PhaseRecord, Option<Millis>)>,
     steps: usize,
@@ -805,7 +805,7 @@ impl Undo {
     fn of(driver: &Driver, calls: &[(usize, Phase)]) -> Self {
         Self {
             status: driver.saga.status,
-            pivot_reached: driver.saga.pivot_reached,
+            pivot_started: driver.saga.pivot_started,
             records: calls
                 .iter()
                 .map(|&(index, phase)| {
@@ -822,7 +822,7 @@ impl Undo {
     /// refused write handed the pending changes back, the write-aheads' among them).
     fn apply(self, driver: &mut Driver) {
         driver.saga.status = self.status;
-        driver.saga.pivot_reached = self.pivot_reached;
+        driver.saga.pivot_started = self.pivot_started;
         for (index, phase, record, retry_at) in self.records {
             *phase_record_mut(&mut driver.saga, index, phase) = record;
             driver.saga.steps[index].retry_at = retry_at;

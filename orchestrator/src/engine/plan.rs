@@ -87,7 +87,7 @@ pub fn settle(saga: &mut Saga, now: Millis) -> Vec<NewEvent> {
     loop {
         match saga.status {
             SagaStatus::Queued | SagaStatus::Running => {
-                if saga.cancel_requested && !saga.pivot_reached {
+                if saga.cancel_requested && !saga.pivot_started {
                     saga.status = SagaStatus::Compensating;
                     saga.error = Some("cancelled on request".to_owned());
                     events.push(NewEvent::saga(
@@ -219,7 +219,7 @@ fn can_go_back(failed: &StepRecord, saga: &Saga) -> bool {
         // A stage that calls nothing itself changed nothing the saga cannot undo (a wait that
         // failed, a group whose branch failed, a child that ended otherwise and was undone by
         // its own saga): back, unless the point of no return is behind.
-        _ => !saga.pivot_reached,
+        _ => !saga.pivot_started,
     }
 }
 
@@ -395,7 +395,7 @@ mod tests {
             compensation: PhaseRecord::with_status(if kind == Compensatable {
                 StepStatus::Pending
             } else {
-                StepStatus::None
+                StepStatus::NotNeeded
             }),
         }
     }
@@ -411,7 +411,10 @@ mod tests {
             needs_attention: false,
             blocked: false,
             cancel_requested: false,
+            pivot_started: false,
             pivot_reached: false,
+            waiting_for: None,
+            wake_at: None,
             input: json!({}),
             output: None,
             error: None,
@@ -511,7 +514,7 @@ mod tests {
                 StepStatus::Pending,
             ),
         );
-        s.pivot_reached = true;
+        s.pivot_started = true;
         assert!(settle(&mut s, NOW).is_empty());
         assert_eq!(next_call(&s, NOW), NextCall::Call(3, Phase::Action));
     }
@@ -629,7 +632,7 @@ mod tests {
                 StepStatus::Pending,
             ),
         );
-        s.pivot_reached = true;
+        s.pivot_started = true;
         assert_eq!(kinds(&settle(&mut s, NOW)), ["saga.compensating"]);
         assert_eq!(s.error.as_deref(), Some("p: boom"));
         let (order, _) = compensate_all(&mut s);
@@ -648,7 +651,7 @@ mod tests {
                 StepStatus::Pending,
             ),
         );
-        s.pivot_reached = true;
+        s.pivot_started = true;
         let events = settle(&mut s, NOW);
         assert_eq!(
             events,
@@ -679,7 +682,7 @@ mod tests {
                 StepStatus::Retrying,
             ),
         );
-        s.pivot_reached = true;
+        s.pivot_started = true;
         s.next_run_at = Some(NOW + 500);
         assert!(settle(&mut s, NOW).is_empty());
         assert_eq!(s.status, SagaStatus::Running);
@@ -700,7 +703,7 @@ mod tests {
                 StepStatus::Failed,
             ),
         );
-        s.pivot_reached = true;
+        s.pivot_started = true;
         let events = settle(&mut s, NOW);
         assert_eq!(
             events,
@@ -862,7 +865,7 @@ mod tests {
                 StepStatus::Pending,
             ),
         );
-        s.pivot_reached = true;
+        s.pivot_started = true;
         s.cancel_requested = true;
         assert!(settle(&mut s, NOW).is_empty());
         assert_eq!(s.status, SagaStatus::Running);
@@ -1016,7 +1019,7 @@ mod tests {
     /// Steps `a` (compensatable, succeeded), a sleep `nap` in `status`, and a pivot `p`.
     fn napping(status: StepStatus, wake_at: Millis) -> Saga {
         let mut nap = step(1, "nap", StepKind::Sleep, status);
-        nap.compensation = PhaseRecord::with_status(StepStatus::None);
+        nap.compensation = PhaseRecord::with_status(StepStatus::NotNeeded);
         nap.action.outcome_unknown = false;
         nap.wake_at = Some(wake_at);
         saga(
@@ -1066,7 +1069,7 @@ mod tests {
         let mut s = napping(StepStatus::Failed, NOW);
         assert_eq!(kinds(&settle(&mut s, NOW)), ["saga.compensating"]);
         let mut s = napping(StepStatus::Failed, NOW);
-        s.pivot_reached = true;
+        s.pivot_started = true;
         assert_eq!(kinds(&settle(&mut s, NOW)), ["saga.failed"]);
     }
 }

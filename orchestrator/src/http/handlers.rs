@@ -149,7 +149,7 @@ async fn wait_for_end(state: &AppState, id: Uuid, wait: Duration) -> Option<Saga
     };
     match ended {
         Ok(Some(_)) => match state.engine.store().get_saga(id).await {
-            Ok(saga) => saga,
+            Ok(saga) => saga.map(Saga::shown),
             Err(e) => {
                 tracing::warn!(saga.id = %id, error = %e, "cannot read the saga after waiting");
                 None
@@ -450,12 +450,14 @@ async fn of_known_saga<T>(state: &AppState, id: Uuid, rows: Vec<T>) -> Result<Ve
     Ok(rows)
 }
 
+/// Saga `id` as clients are shown it ([`Saga::shown`]), or `404`.
 async fn find_saga(state: &AppState, id: Uuid) -> Result<Saga, ApiError> {
     state
         .engine
         .store()
         .get_saga(id)
         .await?
+        .map(Saga::shown)
         .ok_or_else(|| ApiError::not_found(format!("no saga with id {id}")))
 }
 

@@ -70,7 +70,7 @@ pub(crate) async fn abort_saga(
     let saga = Operations::of(&state.engine)
         .abort(id, &reason, actor.as_str())
         .await?;
-    Ok(Json(saga))
+    Ok(Json(saga.shown()))
 }
 
 /// `POST /v1/sagas/{id}/retry`: a waiting retry now, or another attempt of a failed step.
@@ -103,7 +103,7 @@ pub(crate) async fn retry_saga(
     let (_, saga) = Operations::of(&state.engine)
         .retry(id, actor.as_str())
         .await?;
-    Ok(Json(saga))
+    Ok(Json(saga.shown()))
 }
 
 /// `POST /v1/sagas/{id}/steps/{step}/mark-compensated` `{"reason"}`.
@@ -145,5 +145,5 @@ pub(crate) async fn mark_compensated(
     let saga = Operations::of(&state.engine)
         .mark_compensated(id, &step, &reason, actor.as_str())
         .await?;
-    Ok(Json(saga))
+    Ok(Json(saga.shown()))
 }

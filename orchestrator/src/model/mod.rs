@@ -59,11 +59,12 @@ mod opt_time {
 macro_rules! wire_enum {
     // `$text` is a `tt`, not a `literal`: a `literal` fragment reaches derive macros wrapped in
     // an invisible group, which utoipa's `ToSchema` does not look into for `serde(rename)`.
-    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $variant:ident = $text:tt),+ $(,)? }) => {
+    // A value may also be read from older texts (`| "OLD"`), never written as them.
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $variant:ident = $text:tt $(| $old:tt)*),+ $(,)? }) => {
         $(#[$m])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
         pub enum $name {
-            $($(#[$vm])* #[serde(rename = $text)] $variant),+
+            $($(#[$vm])* #[serde(rename = $text $(, alias = $old)*)] $variant),+
         }
 
         impl $name {
@@ -86,7 +87,7 @@ macro_rules! wire_enum {
             type Err = UnknownValue;
             fn from_str(s: &str) -> Result<Self, Self::Err> {
                 match s {
-                    $($text => Ok(Self::$variant),)+
+                    $($text $(| $old)* => Ok(Self::$variant),)+
                     _ => Err(UnknownValue { kind: stringify!($name), value: s.to_owned() }),
                 }
             }
@@ -95,7 +96,9 @@ macro_rules! wire_enum {
 }
 
 pub mod rules;
+mod shown;
 mod stages;
+pub(crate) use shown::wait_word;
 pub use stages::{stages_of, StageKind, StageRecord, WaitingCounts};
 
 /// A stored or given text that names no known value (a corrupt row, a typo in `--status`).
@@ -141,7 +144,9 @@ impl SagaStatus {
 wire_enum!(
     /// The status of one step's action or compensation.
     StepStatus {
-        /// Not started.
+        /// Not started. For a compensation as shown ([`Saga::shown`]): it will run, the saga
+        /// going back (or able to, being before its point of no return) and the step's action
+        /// having taken effect, or possibly so.
         Pending = "PENDING",
         /// An attempt was logged as started and has not been logged as ended. After a crash this
         /// is the "outcome unknown" state: the call is made again with the same key.
@@ -159,8 +164,11 @@ wire_enum!(
         Unknown = "UNKNOWN",
         /// An operator vouched that the compensation was done by hand (`mark-compensated`).
         Manual = "MANUAL",
-        /// Not applicable: a pivot or retriable step has no compensation.
-        None = "NONE",
+        /// A compensation that will never run: the step has none (a pivot, a retriable step, a
+        /// wait), or, as people and clients are shown a saga ([`Saga::shown`]), its action never
+        /// took effect, the saga completed, was aborted or is past its point of no return. Logs
+        /// written before this word stored `NONE` for the first case; it reads the same.
+        NotNeeded = "NOT_NEEDED" | "NONE",
         /// The step's condition was false when the saga reached it: it never ran and is never
         /// compensated.
         Skipped = "SKIPPED",
@@ -252,7 +260,7 @@ pub struct StepRecord {
     #[serde(with = "opt_time", default, skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<String>, format = DateTime)]
     pub retry_at: Option<Millis>,
-    /// The compensation (`NONE` for pivot and retriable steps).
+    /// The compensation (`NOT_NEEDED` for pivot and retriable steps).
     pub compensation: PhaseRecord,
 }
 
@@ -275,9 +283,25 @@ pub struct Saga {
     pub blocked: bool,
     /// A cancel was requested.
     pub cancel_requested: bool,
-    /// The point of no return (the pivot, or the first retriable step) has started: the saga can
-    /// no longer be cancelled.
+    /// The point of no return (the pivot, or the first retriable step) has started: its action
+    /// was written ahead, so the saga can no longer be cancelled (the engine's meaning, kept in
+    /// the log's `pivot_reached` column; not part of the saga object of the API).
+    #[serde(skip)]
+    pub pivot_started: bool,
+    /// The point of no return *succeeded*: the saga can no longer go back. Computed when the
+    /// saga is shown ([`Saga::shown`]); false in the engine's own copies.
+    #[serde(default)]
     pub pivot_reached: bool,
+    /// What the saga is parked on, while it waits without a worker: `signal:<name>`, `sleep`,
+    /// `child:<id>` or `retry`; `null` otherwise. Computed when the saga is shown
+    /// ([`Saga::shown`]).
+    #[serde(default)]
+    pub waiting_for: Option<String>,
+    /// When the wait ends on its own (a sleep's end, a signal's timeout, the next retry);
+    /// `null` for a wait without a deadline. Computed with [`Saga::waiting_for`].
+    #[serde(with = "opt_time", default)]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub wake_at: Option<Millis>,
     /// The input.
     pub input: Value,
     /// On completion: every step's output, by step name.
@@ -379,6 +403,13 @@ pub struct SagaSummary {
     pub blocked: bool,
     /// See [`Saga::error`].
     pub error: Option<String>,
+    /// See [`Saga::waiting_for`].
+    #[serde(default)]
+    pub waiting_for: Option<String>,
+    /// See [`Saga::wake_at`].
+    #[serde(with = "opt_time", default)]
+    #[schema(value_type = Option<String>, format = DateTime)]
+    pub wake_at: Option<Millis>,
     /// Created.
     #[serde(serialize_with = "ser_time", deserialize_with = "de_time")]
     #[schema(value_type = String, format = DateTime)]

@@ -36,12 +36,12 @@ pub enum CancelRefusal {
 }
 
 /// `None` when a cancel may be recorded; otherwise why not.
-pub fn cancel_refusal(status: SagaStatus, pivot_reached: bool) -> Option<CancelRefusal> {
+pub fn cancel_refusal(status: SagaStatus, pivot_started: bool) -> Option<CancelRefusal> {
     if status.is_terminal() {
         Some(CancelRefusal::Terminal(status))
     } else if status == SagaStatus::Compensating {
         Some(CancelRefusal::AlreadyCompensating)
-    } else if pivot_reached {
+    } else if pivot_started {
         Some(CancelRefusal::PastPivot)
     } else {
         None

@@ -44,7 +44,7 @@ pub struct StageRecord {
     /// The child saga of a child stage, once the stage started (`GET /v1/sagas/{child_id}`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub child_id: Option<Uuid>,
-    /// Its compensation (`NONE` where there is nothing to undo).
+    /// Its compensation (`NOT_NEEDED` where there is nothing to undo).
     pub compensation: PhaseRecord,
     /// A group's branches, each like a step object, in the order they were started.
     #[serde(default, skip_serializing_if = "Option::is_none")]

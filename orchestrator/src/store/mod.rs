@@ -290,7 +290,7 @@ pub struct SagaUpdate {
     /// Needs-attention flag.
     pub needs_attention: bool,
     /// The point of no return has started.
-    pub pivot_reached: bool,
+    pub pivot_started: bool,
 }
 
 /// One atomic change of a saga by the engine.

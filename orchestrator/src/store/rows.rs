@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use super::NewSaga;
 use super::{Result, StoreError};
-use crate::model::SagaPage;
+use crate::model::{wait_word, SagaPage};
 use crate::model::{
     Attempt, Event, Millis, PhaseRecord, Saga, SagaSummary, StepKind, StepRecord, StepStatus,
     Worker,
@@ -96,7 +96,11 @@ pub(super) fn saga_from_row<R: LogRow>(row: &R, steps: Vec<StepRecord>) -> Resul
         needs_attention: row.get("needs_attention")?,
         blocked: row.get("blocked")?,
         cancel_requested: row.get("cancel_requested")?,
-        pivot_reached: row.get("pivot_reached")?,
+        pivot_started: row.get("pivot_reached")?,
+        // The vocabulary's fields are computed when the saga is shown (`Saga::shown`).
+        pivot_reached: false,
+        waiting_for: None,
+        wake_at: None,
         input: parse_json(&id_text, Some(row.get("input")?))?.unwrap_or(Value::Null),
         output: parse_json(&id_text, row.get("output")?)?,
         error: row.get("error")?,
@@ -159,18 +163,35 @@ pub(super) fn step_from_row<R: LogRow>(row: &R) -> Result<StepRecord> {
     })
 }
 
+/// A row of the list, with a column `waiting`: `kind|phase status|signal or stage name` of the
+/// row a running or compensating saga is parked on, or `NULL` (see `store::shared::reads`).
 pub(super) fn summary_from_row<R: LogRow>(row: &R) -> Result<SagaSummary> {
     let id_text: String = row.get("id")?;
+    let id = Uuid::parse_str(&id_text).map_err(|e| corrupt(&id_text, e))?;
     let status: String = row.get("status")?;
     let version: i64 = row.get("version")?;
+    let waiting_for = match row.get::<Option<String>>("waiting")? {
+        Some(parts) => {
+            let mut parts = parts.splitn(3, '|');
+            let (kind, phase, what) = (parts.next(), parts.next(), parts.next());
+            let kind: StepKind = parse_enum(&id_text, kind.unwrap_or_default())?;
+            let retrying = phase == Some(StepStatus::Retrying.as_str());
+            let what = what.unwrap_or_default();
+            Some(wait_word(id, kind, retrying, Some(what), what))
+        }
+        None => None,
+    };
+    let next_run_at: Option<Millis> = row.get("next_run_at")?;
     Ok(SagaSummary {
-        id: Uuid::parse_str(&id_text).map_err(|e| corrupt(&id_text, e))?,
+        id,
         name: row.get("name")?,
         version: u32::try_from(version).map_err(|e| corrupt(&id_text, e))?,
         status: parse_enum(&id_text, &status)?,
         needs_attention: row.get("needs_attention")?,
         blocked: row.get("blocked")?,
         error: row.get("error")?,
+        wake_at: waiting_for.as_ref().and(next_run_at),
+        waiting_for,
         created_at: row.get("created_at")?,
         updated_at: row.get("updated_at")?,
     })
@@ -211,7 +232,7 @@ pub(crate) fn comp_status_for(kind: StepKind) -> StepStatus {
     if matches!(kind, StepKind::Compensatable | StepKind::Child) {
         StepStatus::Pending
     } else {
-        StepStatus::None
+        StepStatus::NotNeeded
     }
 }
 
@@ -220,7 +241,7 @@ pub(crate) fn comp_status_for(kind: StepKind) -> StepStatus {
 pub(super) fn new_saga_record(new: NewSaga, now: Millis, owner: Option<String>) -> Saga {
     let ahead = new.starts_first_action(owner.is_some());
     let status = new.initial_status(owner.is_some());
-    let pivot_reached = ahead && new.first_is_point_of_no_return();
+    let pivot_started = ahead && new.first_is_point_of_no_return();
     let mut steps: Vec<StepRecord> = new
         .steps
         .iter()
@@ -239,7 +260,10 @@ pub(super) fn new_saga_record(new: NewSaga, now: Millis, owner: Option<String>) 
         needs_attention: false,
         blocked: false,
         cancel_requested: false,
-        pivot_reached,
+        pivot_started,
+        pivot_reached: false,
+        waiting_for: None,
+        wake_at: None,
         input: new.input,
         output: None,
         error: None,

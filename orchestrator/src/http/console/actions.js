@@ -67,6 +67,17 @@ function needsCompensation(step) {
     && !['SUCCEEDED', 'MANUAL'].includes(step.compensation.status);
 }
 
+/**
+ * Whether the saga's point of no return (its pivot, or else its first retriable step) has
+ * started, so that a cancel is refused: a stage at or after it has started. `pivot_reached`
+ * says more: that it succeeded.
+ */
+function pivotStarted(saga) {
+  if (saga.pivot_reached) return true;
+  const pivot = saga.stages.find((s) => s.step_kind === 'pivot' || s.step_kind === 'retriable');
+  return !!pivot && saga.stages.some((s) => s.index >= pivot.index && !['PENDING', 'SKIPPED'].includes(s.status));
+}
+
 /** A compensation a person should look at: failing, unknown, or running while the saga waits for one. */
 function compensationStuck(step, saga) {
   const c = step.compensation.status;
@@ -84,7 +95,7 @@ export function actionBar(saga) {
     }
   }
   // Offered only where the server accepts them (store/rules.rs), so that no button leads to a refusal.
-  if (can('start') && !stopped && !saga.pivot_reached && saga.status !== 'COMPENSATING') {
+  if (can('start') && !stopped && !pivotStarted(saga) && saga.status !== 'COMPENSATING') {
     bar.append(el('button', {
       type: 'button', class: 'danger', onclick: () => confirmDialog({
         title: 'Cancel this saga?',

@@ -2,7 +2,7 @@
 
 import { STATUSES, LIST_POLL_MS, state } from './state.js';
 import { ApiError, describe, api } from './api.js';
-import { el, timeEl, badge, idText, fill, field, main, update, showCounts } from './ui.js';
+import { el, timeEl, badge, idText, fill, field, main, update, showCounts, waitEl } from './ui.js';
 import { showLogin } from './login.js';
 import { poll } from './poll.js';
 
@@ -35,6 +35,7 @@ function sagaRow(s) {
     el('td', {}, badge(s.status), ' ',
       s.needs_attention ? el('span', { class: 'badge flagbadge' }, 'needs attention') : null, ' ',
       s.blocked ? el('span', { class: 'badge flagbadge' }, 'blocked') : null),
+    el('td', { class: 'waiting' }, waitEl(s)),
     el('td', { class: 'opt' }, timeEl(s.created_at)),
     el('td', { class: 'opt' }, timeEl(s.updated_at)),
     el('td', { class: 'err', title: s.error || '' }, s.error || ''));
@@ -45,6 +46,7 @@ function sagaTable(sagas, caption, name) {
     el('caption', { class: 'muted', style: 'text-align:left' }, caption),
     el('thead', {}, el('tr', {},
       el('th', { scope: 'col' }, 'Id'), el('th', { scope: 'col' }, 'Saga'), el('th', { scope: 'col' }, 'Status'),
+      el('th', { scope: 'col' }, 'Waiting for'),
       el('th', { scope: 'col', class: 'opt' }, 'Created'), el('th', { scope: 'col', class: 'opt' }, 'Updated'),
       el('th', { scope: 'col' }, 'Error'))),
     el('tbody', {}, sagas.map(sagaRow))));

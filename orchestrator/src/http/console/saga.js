@@ -6,7 +6,7 @@ import {
 import { ApiError, describe, api, can, serverWasAt, serverNow } from './api.js';
 import {
   el, localFormat, ms, dayOf, needsDate, clockText, timeEl, fmtDur, badge, shortId, fill, pretty,
-  main, update, refreshNotice, showCounts,
+  main, update, refreshNotice, showCounts, waitEl,
 } from './ui.js';
 import { showLogin } from './login.js';
 import { poll } from './poll.js';
@@ -174,7 +174,8 @@ function sagaHeader(saga, now) {
       saga.needs_attention ? el('span', { class: 'badge flagbadge' }, 'needs attention') : null,
       saga.blocked ? el('span', { class: 'badge flagbadge' }, 'blocked: no running process has this definition') : null,
       saga.cancel_requested && !stopped ? el('span', { class: 'badge flagbadge' }, 'cancel requested') : null,
-      saga.pivot_reached ? el('span', { class: 'badge s-NONE' }, 'past its point of no return') : null),
+      saga.waiting_for ? el('span', { class: 'badge s-WAITING', dataset: { key: 'waiting' } }, 'waiting for ', waitEl(saga)) : null,
+      saga.pivot_reached ? el('span', { class: 'badge s-NOT_NEEDED' }, 'past its point of no return') : null),
     saga.error ? el('p', { class: 'notice', role: 'note', dataset: { key: 'error' } }, saga.error) : null,
     meta,
     actionBar(saga),
@@ -396,7 +397,7 @@ function laneTrack(axis, lane, laneAttempts, saga, view, select, withDate) {
 
 function laneLabel(lane, laneAttempts, view, onToggle, onLane) {
   const rec = lane.rec;
-  const comp = rec.compensation && !['NONE', 'PENDING'].includes(rec.compensation.status)
+  const comp = rec.compensation && !['NOT_NEEDED', 'PENDING'].includes(rec.compensation.status)
     ? el('span', { class: `badge s-${rec.compensation.status}`, title: `undo: ${rec.compensation.status}` }, `↩ ${rec.compensation.status}`) : null;
   let toggle = null;
   if (lane.kind === 'parallel') {
@@ -419,7 +420,7 @@ function laneLabel(lane, laneAttempts, view, onToggle, onLane) {
   }, lane.label);
   if (lane.depth) {
     // One line: the branch's name first; its statuses as short badges, spelt out on hover.
-    const undo = rec.compensation && !['NONE', 'PENDING'].includes(rec.compensation.status)
+    const undo = rec.compensation && !['NOT_NEEDED', 'PENDING'].includes(rec.compensation.status)
       ? el('span', { class: `badge mini s-${rec.compensation.status}`, title: `undo: ${rec.compensation.status}` }, '↩') : null;
     return el('div', { class: 'tl-label branch', role: 'rowheader' },
       el('div', { class: 'line' }, name, count,

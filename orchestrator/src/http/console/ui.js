@@ -82,6 +82,13 @@ export function badge(status, prefix = '') {
  * A short form of an id. Ids are UUIDv7: their first digits are their creation time, the
  * same for sagas started together, so the last ones (random) are kept too.
  */
+// What a parked saga waits for, in the server's words (`waiting_for`, `wake_at`), or null.
+export function waitEl(s) {
+  if (!s.waiting_for) return null;
+  return el('span', { class: 'wait', dataset: { wait: s.waiting_for } }, s.waiting_for,
+    s.wake_at ? [' until ', timeEl(s.wake_at)] : null);
+}
+
 export function shortId(id) {
   return id ? `${id.slice(0, 8)}…${id.slice(-4)}` : '';
 }

@@ -336,7 +336,7 @@ impl<'a> ApplyCols<'a> {
             s.output
                 .push(t.saga.output.as_ref().map(ToString::to_string));
             s.attention.push(t.saga.needs_attention);
-            s.pivot.push(t.saga.pivot_reached);
+            s.pivot.push(t.saga.pivot_started);
             s.rel.push(t.release);
             for change in &t.attempts {
                 let (table, idx, phase, attempt) = match change {

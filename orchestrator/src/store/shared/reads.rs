@@ -85,6 +85,19 @@ pub(crate) async fn saga_ids_with_prefix(
     parse_ids(&ids)
 }
 
+/// What a listed saga is parked on (`Saga::shown` asks the same of a saga's rows): for a
+/// running or compensating saga, its first row (by position) whose phase in the saga's
+/// direction waits or retries, as `kind|phase status|signal or stage name`
+/// (`rows::summary_from_row` makes the word). One lookup on the steps' primary key per listed
+/// saga, and none for a saga that has ended.
+const WAITING: &str = "CASE WHEN status IN ('RUNNING', 'COMPENSATING') THEN (\
+     SELECT st.kind || '|' || (CASE WHEN sagas.status = 'RUNNING' THEN st.status \
+     ELSE st.comp_status END) || '|' || (CASE WHEN st.kind = 'signal' \
+     THEN COALESCE(st.waiting_for, '') ELSE st.name END) \
+     FROM steps st WHERE st.saga_id = sagas.id \
+     AND (CASE WHEN sagas.status = 'RUNNING' THEN st.status ELSE st.comp_status END) \
+     IN ('WAITING', 'RETRYING') ORDER BY st.idx LIMIT 1) END AS waiting";
+
 /// A page of sagas, newest first, after the filter's cursor. Only the conditions the filter
 /// sets are in the text, so each can use its index (`sagas_status`, `sagas_name`,
 /// `sagas_attention`).
@@ -95,9 +108,9 @@ pub(crate) async fn list_sagas(reader: Reader<'_>, filter: &ListFilter) -> Resul
         sql.push_str(&format!(" AND {condition} ${}", args.len()));
     }
     let limit = filter.limit.clamp(1, MAX_PAGE);
-    let mut sql = String::from(
+    let mut sql = format!(
         "SELECT id::text AS id, name, version, status, needs_attention, blocked, error, \
-         created_at, updated_at FROM sagas WHERE TRUE",
+         next_run_at, created_at, updated_at, {WAITING} FROM sagas WHERE TRUE"
     );
     let mut args = Vec::new();
     if let Some(status) = filter.status {

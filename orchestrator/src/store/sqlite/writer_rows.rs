@@ -189,7 +189,7 @@ fn apply_one(db: &Connection, now: Millis, (lease, t): &Item) -> Result<Result<A
             FENCE_IN_PLACE,
             params![
                 s.error,
-                s.pivot_reached,
+                s.pivot_started,
                 now,
                 id,
                 lease.owner,
@@ -212,7 +212,7 @@ fn apply_one(db: &Connection, now: Millis, (lease, t): &Item) -> Result<Result<A
                 s.error,
                 s.output.as_ref().map(ToString::to_string),
                 s.needs_attention,
-                s.pivot_reached,
+                s.pivot_started,
                 now,
                 t.release,
                 id,

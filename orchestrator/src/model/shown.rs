@@ -1,0 +1,143 @@
+//! The one vocabulary of every surface (SPEC §12): a saga as people and clients are shown it.
+//!
+//! The log keeps what the engine wrote (a compensation is `PENDING` from the start, whatever
+//! becomes of the saga); the saga JSON of the HTTP API, `show`, `list` and the console all say
+//! what that means now, computed here and nowhere else:
+//! - a compensation that has not run is `PENDING` only when it will run: the saga is going back,
+//!   or may still go back (it has not ended and its point of no return has not succeeded), and
+//!   the step's action took effect or may have ([`needs_compensation`]). Otherwise it is
+//!   `NOT_NEEDED`: the saga completed, was aborted, or is `FAILED` (it failed past its point of no
+//!   return and waits for a person; a retry goes forward, an abort stops it, neither
+//!   compensates), or the action never took effect (not yet run, failed definitively). A step
+//!   without a compensation (a pivot, a retriable step, a wait) is always `NOT_NEEDED`;
+//! - `pivot_reached` is true once the point of no return *succeeded*;
+//! - a saga parked without a worker says on what (`waiting_for`) and until when (`wake_at`).
+
+use uuid::Uuid;
+
+use super::{needs_compensation, Saga, SagaStatus, StepKind, StepRecord, StepStatus};
+
+impl Saga {
+    /// The saga as every surface shows it: compensations that will never run as `NOT_NEEDED`,
+    /// [`Saga::pivot_reached`], [`Saga::waiting_for`] and [`Saga::wake_at`] computed, and
+    /// [`Saga::stages`] from the rows so shown. Showing a shown saga again changes nothing
+    /// (a client may show what a server answered).
+    pub fn shown(mut self) -> Self {
+        self.pivot_reached = pivot_succeeded(&self.steps);
+        let may_go_back = self.may_go_back();
+        for step in &mut self.steps {
+            step.compensation.status = shown_compensation(step, may_go_back);
+        }
+        self.waiting_for = self.waiting_row().map(|(step, retrying)| {
+            wait_word(
+                self.id,
+                step.kind,
+                retrying,
+                step.waiting_for.as_deref(),
+                &step.name,
+            )
+        });
+        // The engine makes a waiting saga due when its wait ends (never, for a wait without a
+        // deadline).
+        self.wake_at = self.waiting_for.as_ref().and(self.next_run_at);
+        self.with_stages()
+    }
+
+    /// Whether compensations that have not run may still run: the saga is going back, or has
+    /// not ended and may still go back (its point of no return has neither succeeded nor, when
+    /// it is a retriable step, which fails forward, started).
+    fn may_go_back(&self) -> bool {
+        match self.status {
+            SagaStatus::Compensating => true,
+            SagaStatus::Queued | SagaStatus::Running => {
+                !self.pivot_reached
+                    && point_of_no_return(&self.steps).is_none_or(|s| {
+                        s.kind != StepKind::Retriable || s.action.status == StepStatus::Pending
+                    })
+            }
+            SagaStatus::Completed
+            | SagaStatus::Compensated
+            | SagaStatus::Failed
+            | SagaStatus::Aborted => false,
+        }
+    }
+
+    /// The row the saga is parked on, if it waits without a worker, and whether it retries on
+    /// a timer: the first (by position) whose phase in the saga's direction waits (a sleep, a
+    /// signal, a child) or retries. The list asks the same of the log in SQL
+    /// (`store::shared::reads`).
+    fn waiting_row(&self) -> Option<(&StepRecord, bool)> {
+        let forward = match self.status {
+            SagaStatus::Running => true,
+            SagaStatus::Compensating => false,
+            _ => return None,
+        };
+        self.steps.iter().find_map(|s| {
+            let phase = if forward { &s.action } else { &s.compensation };
+            match phase.status {
+                StepStatus::Waiting => Some((s, false)),
+                StepStatus::Retrying => Some((s, true)),
+                _ => None,
+            }
+        })
+    }
+}
+
+/// The stage that is the saga's point of no return: the pivot, or else the first retriable
+/// step (as the definition's `point_of_no_return`; the log's rows carry the kinds).
+fn point_of_no_return(steps: &[StepRecord]) -> Option<&StepRecord> {
+    steps
+        .iter()
+        .find(|s| matches!(s.kind, StepKind::Pivot | StepKind::Retriable))
+}
+
+/// Whether a stage at or after the point of no return succeeded: the pivot itself, or the
+/// stage after it when its condition skipped it.
+fn pivot_succeeded(steps: &[StepRecord]) -> bool {
+    let Some(pivot) = point_of_no_return(steps) else {
+        return false;
+    };
+    steps.iter().any(|s| {
+        s.index >= pivot.index
+            && s.branch_of().is_none()
+            && s.action.status == StepStatus::Succeeded
+    })
+}
+
+/// The compensation status of `step` as shown. Only a compensation that has not run is
+/// interpreted; what ran (or runs, or was done by hand) is shown as the log holds it.
+fn shown_compensation(step: &StepRecord, may_go_back: bool) -> StepStatus {
+    let stored = step.compensation.status;
+    if !matches!(stored, StepStatus::Pending | StepStatus::NotNeeded) {
+        return stored;
+    }
+    // A kind without a compensation never has one to run (the log says `NOT_NEEDED`, or
+    // `NONE` in older logs); `needs_compensation` answers for the kinds with one.
+    if may_go_back && needs_compensation(step) {
+        StepStatus::Pending
+    } else {
+        StepStatus::NotNeeded
+    }
+}
+
+/// The `waiting_for` word of saga `id` parked on a row of `kind` (stage `stage`, waiting for
+/// `signal` if a signal wait): `retry` when the row's phase in the saga's direction retries on a
+/// timer, else what the stage waits for. The list builds it from the same parts read in SQL.
+pub(crate) fn wait_word(
+    id: Uuid,
+    kind: StepKind,
+    retrying: bool,
+    signal: Option<&str>,
+    stage: &str,
+) -> String {
+    if retrying {
+        return "retry".to_owned();
+    }
+    match kind {
+        StepKind::Sleep => "sleep".to_owned(),
+        StepKind::Signal => format!("signal:{}", signal.unwrap_or_default()),
+        StepKind::Child => format!("child:{}", saga_dsl::child_saga_id(id, stage)),
+        // A wait of a kind a later build adds: named by the kind itself.
+        kind => kind.to_string(),
+    }
+}
