@@ -317,7 +317,7 @@ pub struct Transition {
     pub wake: Option<Uuid>,
 }
 
-/// How [`Store::apply`] went when the lease still held.
+/// How [`Store::apply`](crate::store::EngineLog::apply) went when the lease still held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Applied {
     /// Written and committed.
@@ -460,7 +460,7 @@ pub trait EngineLog: Send + Sync + 'static {
     async fn create_saga(&self, new: NewSaga) -> Result<Saga>;
 
     /// Creates a saga already leased as `lease` asks (epoch 1), so the process that starts it
-    /// can drive it at once without a claim; otherwise as [`Store::create_saga`], except that
+    /// can drive it at once without a claim; otherwise as [`Store::create_saga`](crate::store::EngineLog::create_saga), except that
     /// with [`NewSaga::first_attempt`] it is created `RUNNING`, its first action written ahead.
     async fn create_saga_leased(&self, new: NewSaga, lease: &LeaseRequest) -> Result<Claimed>;
 
@@ -483,7 +483,7 @@ pub trait EngineLog: Send + Sync + 'static {
     async fn next_due(&self, definitions: &[String]) -> Result<Option<Millis>>;
 
     /// Whether an unleased saga with a known definition is due now. Cheaper than
-    /// [`Store::next_due`] on a large log: it reads only the sagas due by now, not every
+    /// [`Store::next_due`](crate::store::EngineLog::next_due) on a large log: it reads only the sagas due by now, not every
     /// waiting one until a match.
     async fn due_now(&self, definitions: &[String]) -> Result<bool>;
 

@@ -56,43 +56,43 @@ pub(crate) trait SqlBackend: IdempotencyStore + SqlOutbox + Send + Sync + 'stati
     /// its writes record: the store's clock on SQLite, the database's on PostgreSQL.
     async fn begin(&self) -> Result<Tx>;
 
-    /// Commits a transaction from [`SqlBackend::begin`], counting it in [`Store::commits`].
+    /// Commits a transaction from [`SqlBackend::begin`], counting it in [`Store::commits`](crate::store::EngineLog::commits).
     async fn commit(&self, tx: Tx) -> Result<()>;
 
-    /// As [`Store::migrate`].
+    /// As [`Store::migrate`](crate::store::Maintenance::migrate).
     async fn migrate(&self) -> Result<()>;
-    /// As [`Store::register_worker`].
+    /// As [`Store::register_worker`](crate::store::EngineLog::register_worker).
     async fn register_worker(&self, worker: &WorkerInfo) -> Result<()>;
-    /// As [`Store::heartbeat`].
+    /// As [`Store::heartbeat`](crate::store::EngineLog::heartbeat).
     async fn heartbeat(&self, worker: &str, lease_ttl_ms: i64) -> Result<()>;
-    /// Called once [`Store::deregister_worker`] has committed: what else the backend gives up
+    /// Called once [`Store::deregister_worker`](crate::store::EngineLog::deregister_worker) has committed: what else the backend gives up
     /// (SQLite: the engine lock on the file).
     fn deregistered(&self) {}
-    /// As [`Store::create_saga`].
+    /// As [`Store::create_saga`](crate::store::EngineLog::create_saga).
     async fn create_saga(&self, new: NewSaga) -> Result<Saga>;
-    /// As [`Store::create_saga_leased`].
+    /// As [`Store::create_saga_leased`](crate::store::EngineLog::create_saga_leased).
     async fn create_saga_leased(&self, new: NewSaga, lease: &LeaseRequest) -> Result<Claimed>;
-    /// As [`Store::claim`].
+    /// As [`Store::claim`](crate::store::EngineLog::claim).
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Vec<Claimed>>;
-    /// As [`Store::apply`].
+    /// As [`Store::apply`](crate::store::EngineLog::apply).
     async fn apply(&self, lease: &Lease, transition: &Transition) -> Result<Applied>;
-    /// The statement of [`Store::mark_blocked`]: flags the due sagas nobody can run (`$1`
+    /// The statement of [`Store::mark_blocked`](crate::store::EngineLog::mark_blocked): flags the due sagas nobody can run (`$1`
     /// the definition keys this process has, `$2` the time) and returns their `id` and
     /// `definition_key`.
     const MARK_BLOCKED: &'static str;
-    /// As [`Store::due_now`].
+    /// As [`Store::due_now`](crate::store::EngineLog::due_now).
     async fn due_now(&self, definitions: &[String]) -> Result<bool>;
-    /// As [`Store::due_signal`].
+    /// As [`Store::due_signal`](crate::store::EngineLog::due_signal).
     fn due_signal(&self) -> Option<Arc<Notify>> {
         None
     }
-    /// As [`Store::finished_signal`].
+    /// As [`Store::finished_signal`](crate::store::EngineLog::finished_signal).
     fn finished_signal(&self) -> Option<broadcast::Receiver<(Uuid, SagaStatus)>> {
         None
     }
-    /// As [`Store::commits`].
+    /// As [`Store::commits`](crate::store::EngineLog::commits).
     fn commits(&self) -> u64;
-    /// As [`Store::now`].
+    /// As [`Store::now`](crate::store::LogReads::now).
     async fn now(&self) -> Result<Millis>;
 }
 
