@@ -3,10 +3,10 @@
 
 #![allow(clippy::unwrap_used)]
 
+use orchestrator::store::LogReads;
 use std::time::Duration;
 
 use orchestrator::model::SagaStatus;
-use orchestrator::store::Store;
 use saga_dsl::StepKind::Compensatable;
 use saga_suite::{
     bin_path, registry_of, scripted_saga, test_config, wait_for, wait_terminal, Journal,

@@ -29,7 +29,7 @@
 //!
 //! - **Where a step's status is written.** The engine's driver (`engine::driver`) turns each
 //!   decision into a [`store::Transition`] (the write-ahead before a call, the result after it)
-//!   and hands it to [`Store::apply`]. Both stores queue it in the write queue
+//!   and hands it to [`Store::apply`](crate::store::EngineLog::apply). Both stores queue it in the write queue
 //!   (`store::write_queue`), which commits the waiting writes of many sagas in one transaction
 //!   through the backend's batch writer: `store::sqlite::writer_rows` (prepared statements, row
 //!   by row) or `store::postgres::writer` (one statement over column arrays).

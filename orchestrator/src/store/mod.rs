@@ -317,7 +317,7 @@ pub struct Transition {
     pub wake: Option<Uuid>,
 }
 
-/// How [`Store::apply`] went when the lease still held.
+/// How [`Store::apply`](crate::store::EngineLog::apply) went when the lease still held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Applied {
     /// Written and committed.
@@ -372,36 +372,26 @@ pub struct WorkerInfo {
 /// Shorthand for store results.
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
-/// The durable step log. One implementation per backend; the engine, HTTP API and CLI use only
-/// this trait.
-///
-/// Every store also keeps idempotency keys and the outbox in the same database (its
-/// supertraits), so that one `Arc<dyn Store>` reaches all three and a start can record its key
-/// in the saga's own transaction.
+/// The durable step log, by role: its reads ([`LogReads`]), the engine's fenced writes
+/// ([`EngineLog`]), the commands from outside ([`OperatorLog`]), its upkeep ([`Maintenance`]),
+/// and the idempotency keys and the outbox kept in the same database ([`IdempotencyStore`],
+/// [`OutboxStore`]), so that one `Arc<dyn Store>` reaches them all and a start can record its
+/// key in the saga's own transaction. Implemented once for every backend (`store::shared`);
+/// a caller imports the roles it uses.
+pub trait Store:
+    LogReads + EngineLog + OperatorLog + Maintenance + IdempotencyStore + OutboxStore
+{
+}
+
+impl<T> Store for T where
+    T: LogReads + EngineLog + OperatorLog + Maintenance + IdempotencyStore + OutboxStore
+{
+}
+
+/// Reads of the log: sagas, their pages and counts, events, attempts, signals and workers, each
+/// from one consistent snapshot.
 #[async_trait]
-pub trait Store: IdempotencyStore + OutboxStore + Send + Sync + 'static {
-    /// Applies pending migrations.
-    async fn migrate(&self) -> Result<()>;
-
-    /// Prepares this process to run the engine as `worker`: registers it, and on an embedded
-    /// database makes sure no other process runs an engine on the same file.
-    async fn register_worker(&self, worker: &WorkerInfo) -> Result<()>;
-
-    /// Records a heartbeat and extends every lease `worker` holds.
-    async fn heartbeat(&self, worker: &str, lease_ttl_ms: i64) -> Result<()>;
-
-    /// Releases every lease `worker` holds and marks it stopped (graceful shutdown).
-    async fn deregister_worker(&self, worker: &str) -> Result<()>;
-
-    /// Creates a saga in status `QUEUED`, due now, with all its steps pending and a
-    /// `saga.started` event, in one transaction.
-    async fn create_saga(&self, new: NewSaga) -> Result<Saga>;
-
-    /// Creates a saga already leased as `lease` asks (epoch 1), so the process that starts it
-    /// can drive it at once without a claim; otherwise as [`Store::create_saga`], except that
-    /// with [`NewSaga::first_attempt`] it is created `RUNNING`, its first action written ahead.
-    async fn create_saga_leased(&self, new: NewSaga, lease: &LeaseRequest) -> Result<Claimed>;
-
+pub trait LogReads: Send + Sync + 'static {
     /// Reads one saga with its steps.
     async fn get_saga(&self, id: Uuid) -> Result<Option<Saga>>;
 
@@ -438,6 +428,42 @@ pub trait Store: IdempotencyStore + OutboxStore + Send + Sync + 'static {
     /// A saga's attempt log, in the order attempts started.
     async fn attempts(&self, id: Uuid) -> Result<Vec<Attempt>>;
 
+    /// The signal `name` of saga `id`, if it has come.
+    async fn received_signal(&self, id: Uuid, name: &str) -> Result<Option<ReceivedSignal>>;
+
+    /// The orchestrator processes recorded in this database, newest first, with the number of
+    /// leases each holds.
+    async fn workers(&self) -> Result<Vec<crate::model::Worker>>;
+
+    /// The database clock, in milliseconds since the epoch. Leases and due times use it so that
+    /// skewed worker clocks cannot break them.
+    async fn now(&self) -> Result<Millis>;
+}
+
+/// The engine's side of the log: workers and their leases, creating and claiming sagas, and the
+/// fenced writes of a saga's transitions (every one checked against its lease), with the
+/// wake-ups that tell the engine what became due.
+#[async_trait]
+pub trait EngineLog: Send + Sync + 'static {
+    /// Prepares this process to run the engine as `worker`: registers it, and on an embedded
+    /// database makes sure no other process runs an engine on the same file.
+    async fn register_worker(&self, worker: &WorkerInfo) -> Result<()>;
+
+    /// Records a heartbeat and extends every lease `worker` holds.
+    async fn heartbeat(&self, worker: &str, lease_ttl_ms: i64) -> Result<()>;
+
+    /// Releases every lease `worker` holds and marks it stopped (graceful shutdown).
+    async fn deregister_worker(&self, worker: &str) -> Result<()>;
+
+    /// Creates a saga in status `QUEUED`, due now, with all its steps pending and a
+    /// `saga.started` event, in one transaction.
+    async fn create_saga(&self, new: NewSaga) -> Result<Saga>;
+
+    /// Creates a saga already leased as `lease` asks (epoch 1), so the process that starts it
+    /// can drive it at once without a claim; otherwise as [`Store::create_saga`](crate::store::EngineLog::create_saga), except that
+    /// with [`NewSaga::first_attempt`] it is created `RUNNING`, its first action written ahead.
+    async fn create_saga_leased(&self, new: NewSaga, lease: &LeaseRequest) -> Result<Claimed>;
+
     /// Claims up to `limit` due sagas whose definition is known, bumping each one's lease epoch.
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Vec<Claimed>>;
 
@@ -457,40 +483,9 @@ pub trait Store: IdempotencyStore + OutboxStore + Send + Sync + 'static {
     async fn next_due(&self, definitions: &[String]) -> Result<Option<Millis>>;
 
     /// Whether an unleased saga with a known definition is due now. Cheaper than
-    /// [`Store::next_due`] on a large log: it reads only the sagas due by now, not every
+    /// [`Store::next_due`](crate::store::EngineLog::next_due) on a large log: it reads only the sagas due by now, not every
     /// waiting one until a match.
     async fn due_now(&self, definitions: &[String]) -> Result<bool>;
-
-    /// Requests cancellation.
-    async fn request_cancel(&self, id: Uuid) -> Result<CancelOutcome>;
-
-    /// Stops driving a saga without compensating (operator command, audited).
-    async fn abort(&self, id: Uuid, reason: &str, actor: &str) -> Result<Saga>;
-
-    /// Makes a waiting retry happen now; on a `FAILED` saga, retries the failed step.
-    async fn retry_now(&self, id: Uuid, actor: &str) -> Result<Saga>;
-
-    /// Records that an operator did a stuck compensation by hand (audited).
-    async fn mark_compensated(
-        &self,
-        id: Uuid,
-        step: &str,
-        reason: &str,
-        actor: &str,
-    ) -> Result<Saga>;
-
-    /// One page of a purge (see [`crate::retention`]): from `cursor`, up to `limit` finished
-    /// sagas whose last change is before `before`, deleted with their steps, attempts, events,
-    /// signals, callbacks, deliveries and keys in one short transaction, each checked again
-    /// inside it; with `dry_run`, only found. [`PurgePage::next`] is where the next page
-    /// starts, `None` once every finished status was walked.
-    async fn purge_page(
-        &self,
-        before: Millis,
-        cursor: PurgeCursor,
-        limit: u32,
-        dry_run: bool,
-    ) -> Result<PurgePage>;
 
     /// Creates `child`, the child saga of the stage `stage` of the saga `lease` is for, with
     /// its steps and a `saga.started` event (and `child.started` on the parent), only while
@@ -511,19 +506,6 @@ pub trait Store: IdempotencyStore + OutboxStore + Send + Sync + 'static {
         written: Millis,
     ) -> Result<bool>;
 
-    /// Turns the completed saga `child` to `COMPENSATING` because its parent `parent` goes
-    /// back. Returns the child's status after the call: unchanged if it had not completed;
-    /// [`StoreError::Conflict`] if it passed its point of no return.
-    async fn compensate_child(&self, child: Uuid, parent: Uuid) -> Result<SagaStatus>;
-
-    /// Records a signal for a saga (the first of a name wins), with a `signal.received`
-    /// event, and makes the saga due if a step of it waits for that signal.
-    /// [`StoreError::NotFound`] for an unknown saga.
-    async fn send_signal(&self, request: SignalRequest<'_>) -> Result<SignalOutcome>;
-
-    /// The signal `name` of saga `id`, if it has come.
-    async fn received_signal(&self, id: Uuid, name: &str) -> Result<Option<ReceivedSignal>>;
-
     /// Parks saga `id`, given back (no lease) due at `written` while a step of it waits for the
     /// signal `name`: due now if that signal has come, else at `deadline` (`None`: only when
     /// something happens to it). Changes nothing if the saga's due time is no longer `written`
@@ -536,10 +518,6 @@ pub trait Store: IdempotencyStore + OutboxStore + Send + Sync + 'static {
         written: Millis,
         deadline: Option<Millis>,
     ) -> Result<bool>;
-
-    /// The orchestrator processes recorded in this database, newest first, with the number of
-    /// leases each holds.
-    async fn workers(&self) -> Result<Vec<crate::model::Worker>>;
 
     /// A signal raised when another process makes a saga due (a new saga, a released lease), so
     /// the engine need not wait for its next poll. `None` when the backend has no such channel
@@ -560,10 +538,60 @@ pub trait Store: IdempotencyStore + OutboxStore + Send + Sync + 'static {
     fn commits(&self) -> u64 {
         0
     }
+}
 
-    /// The database clock, in milliseconds since the epoch. Leases and due times use it so that
-    /// skewed worker clocks cannot break them.
-    async fn now(&self) -> Result<Millis>;
+/// The commands from outside that change a saga, each in one transaction that checks its rule
+/// ([`crate::model::rules`]) again, takes the saga over where it must (its epoch bumped) and
+/// records its audit event.
+#[async_trait]
+pub trait OperatorLog: Send + Sync + 'static {
+    /// Requests cancellation.
+    async fn request_cancel(&self, id: Uuid) -> Result<CancelOutcome>;
+
+    /// Stops driving a saga without compensating (operator command, audited).
+    async fn abort(&self, id: Uuid, reason: &str, actor: &str) -> Result<Saga>;
+
+    /// Makes a waiting retry happen now; on a `FAILED` saga, retries the failed step.
+    async fn retry_now(&self, id: Uuid, actor: &str) -> Result<Saga>;
+
+    /// Records that an operator did a stuck compensation by hand (audited).
+    async fn mark_compensated(
+        &self,
+        id: Uuid,
+        step: &str,
+        reason: &str,
+        actor: &str,
+    ) -> Result<Saga>;
+
+    /// Turns the completed saga `child` to `COMPENSATING` because its parent `parent` goes
+    /// back. Returns the child's status after the call: unchanged if it had not completed;
+    /// [`StoreError::Conflict`] if it passed its point of no return.
+    async fn compensate_child(&self, child: Uuid, parent: Uuid) -> Result<SagaStatus>;
+
+    /// Records a signal for a saga (the first of a name wins), with a `signal.received`
+    /// event, and makes the saga due if a step of it waits for that signal.
+    /// [`StoreError::NotFound`] for an unknown saga.
+    async fn send_signal(&self, request: SignalRequest<'_>) -> Result<SignalOutcome>;
+}
+
+/// Keeping the log: its migrations, and deleting finished sagas past a retention.
+#[async_trait]
+pub trait Maintenance: Send + Sync + 'static {
+    /// Applies pending migrations.
+    async fn migrate(&self) -> Result<()>;
+
+    /// One page of a purge (see [`crate::retention`]): from `cursor`, up to `limit` finished
+    /// sagas whose last change is before `before`, deleted with their steps, attempts, events,
+    /// signals, callbacks, deliveries and keys in one short transaction, each checked again
+    /// inside it; with `dry_run`, only found. [`PurgePage::next`] is where the next page
+    /// starts, `None` once every finished status was walked.
+    async fn purge_page(
+        &self,
+        before: Millis,
+        cursor: PurgeCursor,
+        limit: u32,
+        dry_run: bool,
+    ) -> Result<PurgePage>;
 }
 
 /// Opens the store a URL names: `sqlite://PATH` (created if missing) or `postgres://…`.

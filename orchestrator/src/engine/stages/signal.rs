@@ -94,7 +94,7 @@ impl Driver {
     /// Gives back a saga whose signal step waits, in two writes. The first gives the lease up
     /// with the saga due a lease's time to live from now: should this process die before the
     /// second, the saga is looked at again then. The second
-    /// ([`Store::park_signal_wait`](crate::store::Store::park_signal_wait)) makes it due at
+    /// ([`Store::park_signal_wait`](crate::store::EngineLog::park_signal_wait)) makes it due at
     /// the timeout (or never), or now if the signal has come meanwhile. A sender locks the
     /// saga's row and makes it due if its step waits: so whichever of the two comes first, the
     /// signal is taken.

@@ -39,8 +39,9 @@ use crate::store::outbox::{
 use crate::store::rows::{corrupt, LogRow};
 use crate::store::signals::{ReceivedSignal, SignalOutcome, SignalRequest};
 use crate::store::{
-    Applied, CancelOutcome, ClaimRequest, Claimed, Lease, LeaseRequest, NewSaga, PurgeCursor,
-    PurgePage, Result, Store, StoreError, Transition, WorkerInfo,
+    Applied, CancelOutcome, ClaimRequest, Claimed, EngineLog, Lease, LeaseRequest, LogReads,
+    Maintenance, NewSaga, OperatorLog, PurgeCursor, PurgePage, Result, StoreError, Transition,
+    WorkerInfo,
 };
 
 /// What one database provides to the shared store: its connections and transactions, and the
@@ -55,43 +56,43 @@ pub(crate) trait SqlBackend: IdempotencyStore + SqlOutbox + Send + Sync + 'stati
     /// its writes record: the store's clock on SQLite, the database's on PostgreSQL.
     async fn begin(&self) -> Result<Tx>;
 
-    /// Commits a transaction from [`SqlBackend::begin`], counting it in [`Store::commits`].
+    /// Commits a transaction from [`SqlBackend::begin`], counting it in [`Store::commits`](crate::store::EngineLog::commits).
     async fn commit(&self, tx: Tx) -> Result<()>;
 
-    /// As [`Store::migrate`].
+    /// As [`Store::migrate`](crate::store::Maintenance::migrate).
     async fn migrate(&self) -> Result<()>;
-    /// As [`Store::register_worker`].
+    /// As [`Store::register_worker`](crate::store::EngineLog::register_worker).
     async fn register_worker(&self, worker: &WorkerInfo) -> Result<()>;
-    /// As [`Store::heartbeat`].
+    /// As [`Store::heartbeat`](crate::store::EngineLog::heartbeat).
     async fn heartbeat(&self, worker: &str, lease_ttl_ms: i64) -> Result<()>;
-    /// Called once [`Store::deregister_worker`] has committed: what else the backend gives up
+    /// Called once [`Store::deregister_worker`](crate::store::EngineLog::deregister_worker) has committed: what else the backend gives up
     /// (SQLite: the engine lock on the file).
     fn deregistered(&self) {}
-    /// As [`Store::create_saga`].
+    /// As [`Store::create_saga`](crate::store::EngineLog::create_saga).
     async fn create_saga(&self, new: NewSaga) -> Result<Saga>;
-    /// As [`Store::create_saga_leased`].
+    /// As [`Store::create_saga_leased`](crate::store::EngineLog::create_saga_leased).
     async fn create_saga_leased(&self, new: NewSaga, lease: &LeaseRequest) -> Result<Claimed>;
-    /// As [`Store::claim`].
+    /// As [`Store::claim`](crate::store::EngineLog::claim).
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Vec<Claimed>>;
-    /// As [`Store::apply`].
+    /// As [`Store::apply`](crate::store::EngineLog::apply).
     async fn apply(&self, lease: &Lease, transition: &Transition) -> Result<Applied>;
-    /// The statement of [`Store::mark_blocked`]: flags the due sagas nobody can run (`$1`
+    /// The statement of [`Store::mark_blocked`](crate::store::EngineLog::mark_blocked): flags the due sagas nobody can run (`$1`
     /// the definition keys this process has, `$2` the time) and returns their `id` and
     /// `definition_key`.
     const MARK_BLOCKED: &'static str;
-    /// As [`Store::due_now`].
+    /// As [`Store::due_now`](crate::store::EngineLog::due_now).
     async fn due_now(&self, definitions: &[String]) -> Result<bool>;
-    /// As [`Store::due_signal`].
+    /// As [`Store::due_signal`](crate::store::EngineLog::due_signal).
     fn due_signal(&self) -> Option<Arc<Notify>> {
         None
     }
-    /// As [`Store::finished_signal`].
+    /// As [`Store::finished_signal`](crate::store::EngineLog::finished_signal).
     fn finished_signal(&self) -> Option<broadcast::Receiver<(Uuid, SagaStatus)>> {
         None
     }
-    /// As [`Store::commits`].
+    /// As [`Store::commits`](crate::store::EngineLog::commits).
     fn commits(&self) -> u64;
-    /// As [`Store::now`].
+    /// As [`Store::now`](crate::store::LogReads::now).
     async fn now(&self) -> Result<Millis>;
 }
 
@@ -107,47 +108,7 @@ pub(crate) trait SqlOutbox {
 }
 
 #[async_trait]
-impl<B: SqlBackend> Store for B {
-    async fn migrate(&self) -> Result<()> {
-        SqlBackend::migrate(self).await
-    }
-
-    async fn register_worker(&self, worker: &WorkerInfo) -> Result<()> {
-        SqlBackend::register_worker(self, worker).await
-    }
-
-    async fn heartbeat(&self, worker: &str, lease_ttl_ms: i64) -> Result<()> {
-        SqlBackend::heartbeat(self, worker, lease_ttl_ms).await
-    }
-
-    async fn deregister_worker(&self, worker: &str) -> Result<()> {
-        let mut tx = self.begin().await?;
-        let now = tx.now().await?;
-        tx.exec(
-            "UPDATE sagas SET lease_owner = NULL, lease_expires_at = NULL WHERE lease_owner = $1",
-            &[Arg::Str(worker)],
-        )
-        .await?;
-        tx.exec(
-            "UPDATE workers SET stopped_at = $2, heartbeat_at = $2 WHERE id = $1",
-            &[Arg::Str(worker), Arg::Int(now)],
-        )
-        .await?;
-        // The released sagas are due: another process may take them at once.
-        tx.announce_due().await?;
-        SqlBackend::commit(self, tx).await?;
-        self.deregistered();
-        Ok(())
-    }
-
-    async fn create_saga(&self, new: NewSaga) -> Result<Saga> {
-        SqlBackend::create_saga(self, new).await
-    }
-
-    async fn create_saga_leased(&self, new: NewSaga, lease: &LeaseRequest) -> Result<Claimed> {
-        SqlBackend::create_saga_leased(self, new, lease).await
-    }
-
+impl<B: SqlBackend> LogReads for B {
     async fn get_saga(&self, id: Uuid) -> Result<Option<Saga>> {
         reads::get_saga(self.reader(), id).await
     }
@@ -183,6 +144,57 @@ impl<B: SqlBackend> Store for B {
 
     async fn attempts(&self, id: Uuid) -> Result<Vec<Attempt>> {
         reads::attempts(self.reader(), id).await
+    }
+
+    async fn received_signal(&self, id: Uuid, name: &str) -> Result<Option<ReceivedSignal>> {
+        signals::received(self.reader(), id, name).await
+    }
+
+    async fn workers(&self) -> Result<Vec<crate::model::Worker>> {
+        reads::workers(self.reader()).await
+    }
+
+    async fn now(&self) -> Result<Millis> {
+        SqlBackend::now(self).await
+    }
+}
+
+#[async_trait]
+impl<B: SqlBackend> EngineLog for B {
+    async fn register_worker(&self, worker: &WorkerInfo) -> Result<()> {
+        SqlBackend::register_worker(self, worker).await
+    }
+
+    async fn heartbeat(&self, worker: &str, lease_ttl_ms: i64) -> Result<()> {
+        SqlBackend::heartbeat(self, worker, lease_ttl_ms).await
+    }
+
+    async fn deregister_worker(&self, worker: &str) -> Result<()> {
+        let mut tx = self.begin().await?;
+        let now = tx.now().await?;
+        tx.exec(
+            "UPDATE sagas SET lease_owner = NULL, lease_expires_at = NULL WHERE lease_owner = $1",
+            &[Arg::Str(worker)],
+        )
+        .await?;
+        tx.exec(
+            "UPDATE workers SET stopped_at = $2, heartbeat_at = $2 WHERE id = $1",
+            &[Arg::Str(worker), Arg::Int(now)],
+        )
+        .await?;
+        // The released sagas are due: another process may take them at once.
+        tx.announce_due().await?;
+        SqlBackend::commit(self, tx).await?;
+        self.deregistered();
+        Ok(())
+    }
+
+    async fn create_saga(&self, new: NewSaga) -> Result<Saga> {
+        SqlBackend::create_saga(self, new).await
+    }
+
+    async fn create_saga_leased(&self, new: NewSaga, lease: &LeaseRequest) -> Result<Claimed> {
+        SqlBackend::create_saga_leased(self, new, lease).await
     }
 
     async fn claim(&self, req: ClaimRequest<'_>) -> Result<Vec<Claimed>> {
@@ -253,26 +265,6 @@ impl<B: SqlBackend> Store for B {
         SqlBackend::due_now(self, definitions).await
     }
 
-    async fn request_cancel(&self, id: Uuid) -> Result<CancelOutcome> {
-        operator::request_cancel(self, id).await
-    }
-
-    async fn abort(&self, id: Uuid, reason: &str, actor: &str) -> Result<Saga> {
-        operator::abort(self, id, reason, actor).await
-    }
-
-    async fn retry_now(&self, id: Uuid, actor: &str) -> Result<Saga> {
-        operator::retry_now(self, id, actor).await
-    }
-
-    async fn send_signal(&self, request: SignalRequest<'_>) -> Result<SignalOutcome> {
-        signals::send(self, request).await
-    }
-
-    async fn received_signal(&self, id: Uuid, name: &str) -> Result<Option<ReceivedSignal>> {
-        signals::received(self.reader(), id, name).await
-    }
-
     async fn park_signal_wait(
         &self,
         id: Uuid,
@@ -281,26 +273,6 @@ impl<B: SqlBackend> Store for B {
         deadline: Option<Millis>,
     ) -> Result<bool> {
         signals::park(self, id, name, written, deadline).await
-    }
-
-    async fn mark_compensated(
-        &self,
-        id: Uuid,
-        step: &str,
-        reason: &str,
-        actor: &str,
-    ) -> Result<Saga> {
-        operator::mark_compensated(self, id, step, reason, actor).await
-    }
-
-    async fn purge_page(
-        &self,
-        before: Millis,
-        cursor: PurgeCursor,
-        limit: u32,
-        dry_run: bool,
-    ) -> Result<PurgePage> {
-        retention::purge_page(self, before, cursor, limit, dry_run).await
     }
 
     async fn start_child(&self, lease: &Lease, stage: &str, child: &NewSaga) -> Result<bool> {
@@ -317,14 +289,6 @@ impl<B: SqlBackend> Store for B {
         children::park(self, id, child, seen, written).await
     }
 
-    async fn compensate_child(&self, child: Uuid, parent: Uuid) -> Result<SagaStatus> {
-        children::compensate(self, child, parent).await
-    }
-
-    async fn workers(&self) -> Result<Vec<crate::model::Worker>> {
-        reads::workers(self.reader()).await
-    }
-
     fn due_signal(&self) -> Option<Arc<Notify>> {
         SqlBackend::due_signal(self)
     }
@@ -336,9 +300,55 @@ impl<B: SqlBackend> Store for B {
     fn commits(&self) -> u64 {
         SqlBackend::commits(self)
     }
+}
 
-    async fn now(&self) -> Result<Millis> {
-        SqlBackend::now(self).await
+#[async_trait]
+impl<B: SqlBackend> OperatorLog for B {
+    async fn request_cancel(&self, id: Uuid) -> Result<CancelOutcome> {
+        operator::request_cancel(self, id).await
+    }
+
+    async fn abort(&self, id: Uuid, reason: &str, actor: &str) -> Result<Saga> {
+        operator::abort(self, id, reason, actor).await
+    }
+
+    async fn retry_now(&self, id: Uuid, actor: &str) -> Result<Saga> {
+        operator::retry_now(self, id, actor).await
+    }
+
+    async fn send_signal(&self, request: SignalRequest<'_>) -> Result<SignalOutcome> {
+        signals::send(self, request).await
+    }
+
+    async fn mark_compensated(
+        &self,
+        id: Uuid,
+        step: &str,
+        reason: &str,
+        actor: &str,
+    ) -> Result<Saga> {
+        operator::mark_compensated(self, id, step, reason, actor).await
+    }
+
+    async fn compensate_child(&self, child: Uuid, parent: Uuid) -> Result<SagaStatus> {
+        children::compensate(self, child, parent).await
+    }
+}
+
+#[async_trait]
+impl<B: SqlBackend> Maintenance for B {
+    async fn migrate(&self) -> Result<()> {
+        SqlBackend::migrate(self).await
+    }
+
+    async fn purge_page(
+        &self,
+        before: Millis,
+        cursor: PurgeCursor,
+        limit: u32,
+        dry_run: bool,
+    ) -> Result<PurgePage> {
+        retention::purge_page(self, before, cursor, limit, dry_run).await
     }
 }
 

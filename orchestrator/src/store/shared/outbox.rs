@@ -110,7 +110,7 @@ pub(crate) async fn claim_deliveries<B: SqlBackend>(
     lease: Duration,
 ) -> Result<Vec<ClaimedDelivery>> {
     // A cheap look first, on a reader: most polls find nothing and need no write transaction.
-    let now = crate::store::Store::now(store).await?;
+    let now = crate::store::LogReads::now(store).await?;
     let any = store
         .reader()
         .opt(

@@ -115,7 +115,7 @@ pub(crate) async fn received(
 
 /// Parks a saga given back while its step waits for the signal `name`: due now if the signal
 /// has come, else at its deadline; only if nothing changed its row since (see
-/// [`crate::store::Store::park_signal_wait`]).
+/// [`Store::park_signal_wait`](crate::store::EngineLog::park_signal_wait)).
 pub(crate) async fn park<B: SqlBackend>(
     store: &B,
     saga: Uuid,

@@ -163,7 +163,7 @@ mod tests {
 
     use super::*;
     use crate::model::StepKind;
-    use crate::store::{NewSaga, SqliteStore, Store};
+    use crate::store::{EngineLog, NewSaga, SqliteStore};
 
     /// Statements prepared on the connection of `pool` and not finalized, once the driver's
     /// own are cleared.

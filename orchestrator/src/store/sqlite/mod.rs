@@ -6,11 +6,11 @@
 //! `busy_timeout` instead of failing. Reads use their own pool and, thanks to WAL, never wait for
 //! the writer.
 //!
-//! Only one process may run the engine on a file: [`Store::register_worker`] takes an exclusive
+//! Only one process may run the engine on a file: [`Store::register_worker`](crate::store::EngineLog::register_worker) takes an exclusive
 //! lock on `PATH.lock` and then frees every lease left by a process that died, so a restart
 //! resumes at once instead of waiting for leases to expire.
 //!
-//! [`Store::register_worker`]: crate::store::Store::register_worker
+//! [`Store::register_worker`](crate::store::EngineLog::register_worker): crate::store::Store::register_worker
 
 use std::fs::File;
 use std::str::FromStr;

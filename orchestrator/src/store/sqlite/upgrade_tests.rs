@@ -1,5 +1,7 @@
 //! A log written by an earlier release, opened by this one: its migrations must keep what is in it.
 
+use crate::store::EngineLog;
+use crate::store::LogReads;
 use std::path::Path;
 
 use sqlx::migrate::Migrator;
@@ -8,7 +10,7 @@ use uuid::Uuid;
 
 use super::SqliteStore;
 use crate::store::outbox::{OutboxPosition, OutboxStore};
-use crate::store::{NewSaga, Store};
+use crate::store::NewSaga;
 
 /// Creates the log at `file` with the migrations numbered below `before` only, as the release
 /// that had only those left it.
