@@ -34,9 +34,9 @@
 //!   through the backend's batch writer: `store::sqlite::writer_rows` (prepared statements, row
 //!   by row) or `store::postgres::writer` (one statement over column arrays).
 //! - **Where a lease is checked.** In those writers, by the saga row's update: `WHERE id = …
-//!   AND lease_owner = … AND lease_epoch = …` (`FENCE` in `store::sqlite::writer_rows`, the
-//!   `fenced` CTE in `store::postgres::writer`); a saga's other rows are written only if it
-//!   matched. A claim bumps the epoch (each backend's `claim`), and so do the operator commands
+//!   AND lease_owner = … AND lease_epoch = …`, a condition written once (`store::fence`) and
+//!   composed into `FENCE` in `store::sqlite::writer_rows` and the `fenced` CTE in
+//!   `store::postgres::writer`; a saga's other rows are written only if it matched. A claim bumps the epoch (each backend's `claim`), and so do the operator commands
 //!   that take a saga over (`store::shared::operator`).
 //! - **Where a compensation is scheduled.** [`engine::plan::settle`] turns the saga to
 //!   `COMPENSATING` after a permanent failure or an accepted cancel, and

@@ -24,6 +24,7 @@
 //! - `rows`: decoding rows of either database; `rules`: the checks of operator commands.
 
 mod error;
+mod fence;
 pub mod idempotency;
 pub mod outbox;
 mod postgres;

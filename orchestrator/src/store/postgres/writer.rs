@@ -7,6 +7,7 @@
 //! The texts are built once, numbering their parameters in binding order, and never change:
 //! each is prepared once per connection.
 
+use crate::store::fence::lease_fence;
 use std::sync::LazyLock;
 
 use sqlx::{Executor, PgConnection, Postgres};
@@ -89,6 +90,7 @@ fn apply_ctes(src: &ApplySources, now: &str) -> String {
         ])
         .collect();
     let fenced = "(x.saga_id, x.epoch) IN (SELECT id, epoch FROM fenced)";
+    let fence = lease_fence!(table "sagas", "v.owner", "v.epoch", guard "v.guard");
     format!(
         "v AS (SELECT * FROM {sagas}), \
          fenced AS (UPDATE sagas SET status = v.status, \
@@ -100,9 +102,7 @@ fn apply_ctes(src: &ApplySources, now: &str) -> String {
          needs_attention = v.attention, pivot_reached = v.pivot, updated_at = {now}, \
          lease_owner = CASE WHEN v.rel THEN NULL ELSE sagas.lease_owner END, \
          lease_expires_at = CASE WHEN v.rel THEN NULL ELSE sagas.lease_expires_at END \
-         FROM v WHERE sagas.id = ANY({ids}) AND sagas.id = v.saga_id \
-         AND sagas.lease_owner = v.owner \
-         AND sagas.lease_epoch = v.epoch AND NOT (v.guard AND sagas.cancel_requested) \
+         FROM v WHERE sagas.id = ANY({ids}) AND sagas.id = v.saga_id AND {fence} \
          RETURNING sagas.id, sagas.lease_epoch AS epoch, \
          v.status, v.status IN ('COMPLETED', 'COMPENSATED', 'FAILED', 'ABORTED') AS ended, \
          v.rel AND sagas.next_run_at IS NOT NULL AS due), \
@@ -179,13 +179,12 @@ static APPLY: LazyLock<String> = LazyLock::new(|| {
 static INSERT_BRANCHES: LazyLock<String> = LazyLock::new(|| {
     let mut p = Params::default();
     let (rows, _) = p.unnest(NEW_BRANCHES, "x", false);
+    let fence = lease_fence!(table "sagas", "x.owner", "x.epoch", guard "x.guard");
     format!(
         "INSERT INTO steps (saga_id, idx, name, kind, status, comp_status, stage_index, \
          branch) SELECT x.saga_id, x.idx, x.name, x.kind, 'PENDING', x.comp_status, \
          x.stage_index, x.branch FROM {rows} \
-         WHERE EXISTS (SELECT 1 FROM sagas WHERE sagas.id = x.saga_id \
-         AND sagas.lease_owner = x.owner AND sagas.lease_epoch = x.epoch \
-         AND NOT (x.guard AND sagas.cancel_requested)) \
+         WHERE EXISTS (SELECT 1 FROM sagas WHERE sagas.id = x.saga_id AND {fence}) \
          ON CONFLICT (saga_id, idx) DO NOTHING"
     )
 });

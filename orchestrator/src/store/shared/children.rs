@@ -2,6 +2,7 @@
 //! parking a parent until its child ends, making a parent due when its child ends, and turning
 //! a completed child back when its parent goes back.
 
+use crate::store::fence::lease_fence;
 use serde_json::json;
 use uuid::Uuid;
 
@@ -52,7 +53,10 @@ pub(crate) async fn start<B: SqlBackend>(
     }
     let holds = tx
         .opt(
-            "SELECT 1 AS found FROM sagas WHERE id = $1 AND lease_owner = $2 AND lease_epoch = $3",
+            concat!(
+                "SELECT 1 AS found FROM sagas WHERE id = $1 AND ",
+                lease_fence!("$2", "$3")
+            ),
             &[
                 Arg::Id(parent),
                 Arg::Str(&lease.owner),

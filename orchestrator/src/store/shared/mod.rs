@@ -18,6 +18,7 @@ pub(crate) mod retention;
 pub(crate) mod signals;
 pub(crate) mod sql;
 
+use crate::store::fence::lease_fence;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -209,8 +210,10 @@ impl<B: SqlBackend> EngineLog for B {
         let mut tx = self.begin().await?;
         let released = tx
             .exec(
-                "UPDATE sagas SET lease_owner = NULL, lease_expires_at = NULL \
-                 WHERE id = $1 AND lease_owner = $2 AND lease_epoch = $3",
+                concat!(
+                    "UPDATE sagas SET lease_owner = NULL, lease_expires_at = NULL WHERE id = $1 AND ",
+                    lease_fence!("$2", "$3")
+                ),
                 &[
                     Arg::Id(lease.saga_id),
                     Arg::Str(&lease.owner),

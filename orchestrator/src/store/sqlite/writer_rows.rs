@@ -9,6 +9,7 @@
 //! to a small statement, prepared once on the writer's handle and kept. Each transition's fence
 //! is the first statement of its rows, so its result is known without reading anything back.
 
+use crate::store::fence::lease_fence;
 use rusqlite::{params, Connection, OptionalExtension};
 use uuid::Uuid;
 
@@ -25,21 +26,26 @@ use saga_dsl::Phase;
 /// given up with a cancel pending before its pivot is due at once, whatever wait its driver
 /// wrote (the driver did not know of the cancel; no due time is a wait for a signal): the
 /// engine compensates it now.
-const FENCE: &str = "UPDATE sagas SET status = ?1, \
+const FENCE: &str = concat!(
+    "UPDATE sagas SET status = ?1, \
      next_run_at = CASE WHEN ?8 AND ?1 = 'RUNNING' AND NOT ?6 AND cancel_requested \
          AND (?2 IS NULL OR ?2 > ?7) THEN ?7 ELSE ?2 END, error = ?3, \
      output = COALESCE(?4, output), needs_attention = ?5, pivot_reached = ?6, updated_at = ?7, \
      lease_owner = CASE WHEN ?8 THEN NULL ELSE lease_owner END, \
      lease_expires_at = CASE WHEN ?8 THEN NULL ELSE lease_expires_at END \
-     WHERE id = ?9 AND lease_owner = ?10 AND lease_epoch = ?11 AND NOT (?12 AND cancel_requested)";
+     WHERE id = ?9 AND ",
+    lease_fence!("?10", "?11", guard "?12")
+);
 
 /// The fence of a transition that leaves the saga row's indexed columns as they are (a result
 /// and the next write-ahead while the saga runs): its `SET` names no indexed column, so SQLite
 /// rewrites none of the row's index entries, and it matches only if the row already holds the
 /// transition's status, due time and flag. Where it does not match, [`FENCE`] follows.
-const FENCE_IN_PLACE: &str = "UPDATE sagas SET error = ?1, pivot_reached = ?2, updated_at = ?3 \
-     WHERE id = ?4 AND lease_owner = ?5 AND lease_epoch = ?6 AND NOT (?7 AND cancel_requested) \
-     AND status = ?8 AND next_run_at IS ?9 AND needs_attention = ?10";
+const FENCE_IN_PLACE: &str = concat!(
+    "UPDATE sagas SET error = ?1, pivot_reached = ?2, updated_at = ?3 WHERE id = ?4 AND ",
+    lease_fence!("?5", "?6", guard "?7"),
+    " AND status = ?8 AND next_run_at IS ?9 AND needs_attention = ?10"
+);
 
 /// What a refused saga's row says now.
 const REFUSED: &str = "SELECT lease_owner, lease_epoch, cancel_requested FROM sagas WHERE id = ?1";
