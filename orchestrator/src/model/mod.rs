@@ -95,6 +95,8 @@ macro_rules! wire_enum {
     };
 }
 
+#[cfg(test)]
+pub(crate) mod fixtures;
 pub mod rules;
 mod shown;
 mod stages;

@@ -141,3 +141,118 @@ pub(crate) fn wait_word(
         kind => kind.to_string(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The vocabulary's rules on hand-built records, one saga shape per case.
+
+    use super::*;
+    use crate::model::fixtures::{saga, step, NOW};
+    use StepKind::{Compensatable, Pivot, Retriable, Signal};
+    use StepStatus::{Failed, NotNeeded, Pending, Succeeded, Unknown, Waiting};
+
+    fn comps(s: &Saga) -> Vec<StepStatus> {
+        s.steps.iter().map(|r| r.compensation.status).collect()
+    }
+
+    #[test]
+    fn a_completed_saga_needs_no_compensation_and_reached_its_pivot() {
+        let s = saga(
+            SagaStatus::Completed,
+            vec![
+                step(0, "a", Compensatable, Succeeded),
+                step(1, "p", Pivot, Succeeded),
+                step(2, "r", Retriable, Succeeded),
+            ],
+        )
+        .shown();
+        assert_eq!(comps(&s), [NotNeeded, NotNeeded, NotNeeded]);
+        assert!(s.pivot_reached);
+        assert_eq!(s.waiting_for, None);
+    }
+
+    #[test]
+    fn a_compensating_saga_undoes_what_took_effect_and_not_a_definitive_failure() {
+        let s = saga(
+            SagaStatus::Compensating,
+            vec![
+                step(0, "a", Compensatable, Succeeded),
+                step(1, "b", Compensatable, Unknown),
+                step(2, "c", Compensatable, Failed),
+                step(3, "p", Pivot, Pending),
+            ],
+        )
+        .shown();
+        assert_eq!(comps(&s), [Pending, Pending, NotNeeded, NotNeeded]);
+        assert!(!s.pivot_reached);
+    }
+
+    #[test]
+    fn a_failed_pivot_is_not_reached_and_a_running_saga_may_still_go_back() {
+        let mut pivot = step(1, "p", Pivot, Failed);
+        pivot.compensation.status = NotNeeded;
+        let s = saga(
+            SagaStatus::Compensated,
+            vec![step(0, "a", Compensatable, Succeeded), pivot],
+        )
+        .shown();
+        assert!(!s.pivot_reached, "a pivot that failed was never reached");
+
+        let running = saga(
+            SagaStatus::Running,
+            vec![
+                step(0, "a", Compensatable, Succeeded),
+                step(1, "p", Pivot, Pending),
+            ],
+        )
+        .shown();
+        assert_eq!(comps(&running), [Pending, NotNeeded]);
+    }
+
+    #[test]
+    fn aborted_and_failed_sagas_run_no_compensation() {
+        for status in [SagaStatus::Aborted, SagaStatus::Failed] {
+            let s = saga(
+                status,
+                vec![
+                    step(0, "a", Compensatable, Succeeded),
+                    step(1, "p", Pivot, Unknown),
+                ],
+            )
+            .shown();
+            assert_eq!(comps(&s), [NotNeeded, NotNeeded], "{status}");
+        }
+    }
+
+    #[test]
+    fn a_parked_saga_says_what_it_waits_for_and_until_when() {
+        let mut wait = step(1, "approve", Signal, Waiting);
+        wait.waiting_for = Some("approval".to_owned());
+        let mut s = saga(
+            SagaStatus::Running,
+            vec![step(0, "a", Compensatable, Succeeded), wait],
+        );
+        s.next_run_at = Some(NOW + 60_000);
+        let s = s.shown();
+        assert_eq!(s.waiting_for.as_deref(), Some("signal:approval"));
+        assert_eq!(s.wake_at, Some(NOW + 60_000));
+
+        let mut retrying = step(0, "a", Compensatable, StepStatus::Retrying);
+        retrying.action.attempts = 2;
+        let s = saga(SagaStatus::Running, vec![retrying]).shown();
+        assert_eq!(s.waiting_for.as_deref(), Some("retry"));
+    }
+
+    #[test]
+    fn showing_a_shown_saga_changes_nothing() {
+        let s = saga(
+            SagaStatus::Compensating,
+            vec![
+                step(0, "a", Compensatable, Succeeded),
+                step(1, "b", Compensatable, Failed),
+            ],
+        )
+        .shown();
+        assert_eq!(s.clone().shown(), s);
+    }
+}

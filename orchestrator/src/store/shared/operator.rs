@@ -1,5 +1,5 @@
 //! The operator commands (cancel, abort, retry, mark-compensated), written once for both
-//! databases: each loads the saga inside its write transaction, asks [`crate::store::rules`]
+//! databases: each loads the saga inside its write transaction, asks [`crate::model::rules`]
 //! whether the command applies, and writes the saga, its steps and an audit event together.
 //!
 //! A command that takes a saga over (abort, retry of a failed step, mark-compensated) clears its
