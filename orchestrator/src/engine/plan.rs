@@ -31,15 +31,14 @@ pub enum NextCall {
 
 /// Whether a row is a stage of the definition (not a branch of a parallel group).
 fn is_stage(step: &StepRecord) -> bool {
-    step.branch_of().is_none()
+    step.stage_index.is_none()
 }
 
 /// The rows of the branches of the group in row `group`, in row order.
 pub fn branches<'a>(saga: &'a Saga, group: usize) -> impl Iterator<Item = &'a StepRecord> + 'a {
-    let name = saga.steps[group].name.as_str();
-    saga.steps
-        .iter()
-        .filter(move |s| s.branch_of().is_some_and(|(stage, _)| stage == name))
+    // By the group's row, which a branch's row names: the planner asks this at every turn.
+    let group = Some(group as u32);
+    saga.steps.iter().filter(move |s| s.stage_index == group)
 }
 
 /// How a running parallel group stands, from its branches' rows.
