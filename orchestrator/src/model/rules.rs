@@ -24,25 +24,27 @@ pub enum Refusal {
     Conflict(String),
 }
 
-/// Why a cancel is not recorded.
+/// The answer to a cancel request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CancelRefusal {
-    /// The saga has ended.
-    Terminal(SagaStatus),
-    /// It is compensating already: nothing to do.
+pub enum CancelOutcome {
+    /// Accepted: the step in flight finishes, then the saga compensates.
+    Accepted,
+    /// The saga is already compensating; nothing to do.
     AlreadyCompensating,
-    /// Its point of no return has started.
+    /// Refused: the saga is terminal.
+    Terminal(SagaStatus),
+    /// Refused: the saga has passed its point of no return.
     PastPivot,
 }
 
-/// `None` when a cancel may be recorded; otherwise why not.
-pub fn cancel_refusal(status: SagaStatus, pivot_started: bool) -> Option<CancelRefusal> {
+/// `None` when a cancel may be recorded; otherwise the answer to give.
+pub fn cancel_refusal(status: SagaStatus, pivot_started: bool) -> Option<CancelOutcome> {
     if status.is_terminal() {
-        Some(CancelRefusal::Terminal(status))
+        Some(CancelOutcome::Terminal(status))
     } else if status == SagaStatus::Compensating {
-        Some(CancelRefusal::AlreadyCompensating)
+        Some(CancelOutcome::AlreadyCompensating)
     } else if pivot_started {
-        Some(CancelRefusal::PastPivot)
+        Some(CancelOutcome::PastPivot)
     } else {
         None
     }

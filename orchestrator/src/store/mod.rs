@@ -344,18 +344,8 @@ pub struct PurgePage {
     pub next: Option<PurgeCursor>,
 }
 
-/// The answer to a cancel request.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CancelOutcome {
-    /// Accepted: the step in flight finishes, then the saga compensates.
-    Accepted,
-    /// The saga is already compensating; nothing to do.
-    AlreadyCompensating,
-    /// Refused: the saga is terminal.
-    Terminal(SagaStatus),
-    /// Refused: the saga has passed its point of no return.
-    PastPivot,
-}
+/// The answer to a cancel request (a rule of the model, which the store applies).
+pub use crate::model::rules::CancelOutcome;
 
 /// An orchestrator process, as recorded in the workers table.
 #[derive(Debug, Clone)]

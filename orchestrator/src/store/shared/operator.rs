@@ -14,7 +14,7 @@ use super::reads::load_saga;
 use super::sql::{Arg, Tx};
 use super::SqlBackend;
 use crate::model::rules::{
-    cancel_refusal, check_abort, check_mark_compensated, plan_retry, CancelRefusal, RetryPlan,
+    cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan,
 };
 use crate::model::{Saga, SagaStatus, StepKind, StepStatus};
 use crate::store::rows::{parse_enum, LogRow};
@@ -46,11 +46,7 @@ pub(crate) async fn request_cancel<B: SqlBackend>(store: &B, id: Uuid) -> Result
     let status: SagaStatus = parse_enum(&id.to_string(), &row.get::<String>("status")?)?;
     if let Some(refusal) = cancel_refusal(status, row.get("pivot_reached")?) {
         store.commit(tx).await?;
-        return Ok(match refusal {
-            CancelRefusal::Terminal(status) => CancelOutcome::Terminal(status),
-            CancelRefusal::AlreadyCompensating => CancelOutcome::AlreadyCompensating,
-            CancelRefusal::PastPivot => CancelOutcome::PastPivot,
-        });
+        return Ok(refusal);
     }
     // Due now, so that a worker compensates it; a second request makes it due again (in case
     // it waits on a timer) but records no second event.
