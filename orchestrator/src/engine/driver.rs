@@ -153,22 +153,16 @@ impl Driver {
         if let Some(step) = steps.get(index) {
             return step.call();
         }
-        let (group, branch) = self.saga.steps.get(index)?.branch_of()?;
-        let group = steps.iter().find(|s| s.name() == group)?.group()?;
+        let (_, branch) = self.saga.steps.get(index)?.branch_of()?;
+        let group = steps.get(self.stage_of(index))?.group()?;
         group.branch(branch).map(|b| b.body())
     }
 
     /// The row of the stage that row `index` belongs to (its group, for a branch).
     fn stage_of(&self, index: usize) -> usize {
-        match self.saga.steps[index].branch_of() {
-            Some((group, _)) => self
-                .def
-                .steps()
-                .iter()
-                .position(|s| s.name() == group)
-                .unwrap_or(index),
-            None => index,
-        }
+        self.saga.steps[index]
+            .stage_index
+            .map_or(index, |group| group as usize)
     }
 
     /// The `step` label of a metric about row `index`: its stage's name (a group's for a
