@@ -404,8 +404,9 @@ async fn abort(a: &AbortArgs, store: &dyn Store, out: &mut impl Write) -> Result
 
 async fn retry(a: &RetryArgs, store: &dyn Store, out: &mut impl Write) -> Result<(), CliError> {
     let id = resolve_id(store, &a.id).await?;
-    let (retried, saga) = Operations::new(store).retry(id, &actor()).await?;
-    match retried {
+    let before = load(store, id).await?;
+    let saga = Operations::new(store).retry(id, &actor()).await?;
+    match Retried::of(&before) {
         Retried::Step(step) => writeln!(out, "saga {id}: {step} will be retried")?,
         Retried::DueNow => writeln!(out, "saga {id}: its waiting retry is due now")?,
         Retried::NotWaiting => writeln!(

@@ -100,7 +100,7 @@ pub(crate) async fn retry_saga(
     Extension(actor): Extension<ClientId>,
     SagaId(id): SagaId,
 ) -> Result<Json<Saga>, ApiError> {
-    let (_, saga) = Operations::of(&state.engine)
+    let saga = Operations::of(&state.engine)
         .retry(id, actor.as_str())
         .await?;
     Ok(Json(saga.shown()))

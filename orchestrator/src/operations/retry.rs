@@ -3,7 +3,8 @@
 use uuid::Uuid;
 
 use super::{Operations, Result};
-use crate::model::{Saga, SagaStatus, StepStatus};
+use crate::model::rules::{plan_retry, RetryPlan};
+use crate::model::Saga;
 
 /// What a retry did.
 #[derive(Debug, Clone, PartialEq)]
@@ -16,24 +17,22 @@ pub enum Retried {
     NotWaiting,
 }
 
+impl Retried {
+    /// What a retry does to `before`, the saga as it stood: the rule the store applies
+    /// ([`plan_retry`]), said for a person.
+    pub fn of(before: &Saga) -> Self {
+        match plan_retry(before) {
+            Ok(RetryPlan::Failed(step)) => Self::Step(step.name.clone()),
+            _ if before.next_run_at.is_some() => Self::DueNow,
+            _ => Self::NotWaiting,
+        }
+    }
+}
+
 impl Operations<'_> {
     /// Makes saga `id`'s waiting retry happen now, or gives a `FAILED` saga's failed step
-    /// another attempt; audited as `actor`'s. Returns what it did and the saga as it left it.
-    pub async fn retry(&self, id: Uuid, actor: &str) -> Result<(Retried, Saga)> {
-        let before = self.load(id).await?;
-        let saga = self.store.retry_now(id, actor).await?;
-        let retried = if before.status == SagaStatus::Failed {
-            let step = before
-                .steps
-                .iter()
-                .find(|s| matches!(s.action.status, StepStatus::Failed | StepStatus::Unknown))
-                .map_or_else(|| "the failed step".to_owned(), |s| s.name.clone());
-            Retried::Step(step)
-        } else if before.next_run_at.is_some() {
-            Retried::DueNow
-        } else {
-            Retried::NotWaiting
-        };
-        Ok((retried, saga))
+    /// another attempt; audited as `actor`'s. Returns the saga as it left it.
+    pub async fn retry(&self, id: Uuid, actor: &str) -> Result<Saga> {
+        Ok(self.store.retry_now(id, actor).await?)
     }
 }
