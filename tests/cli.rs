@@ -991,3 +991,26 @@ async fn purge_counts_in_a_dry_run_then_deletes_the_finished_sagas_but_the_faile
         assert!(err.to_string().contains("not found"), "{err}");
     }
 }
+
+#[tokio::test]
+async fn the_application_help_names_every_example_saga() {
+    let dir = tempfile::tempdir().unwrap();
+    let shop = example_sagas::shop::Shop::open(&format!(
+        "sqlite://{}",
+        dir.path().join("shop.db").display()
+    ))
+    .await
+    .unwrap();
+    let registry = example_sagas::registry(Arc::new(shop)).unwrap();
+    let out = Command::new(saga_suite::bin_path("example-sagas"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    let names: Vec<&str> = registry.iter().map(|d| d.name()).collect();
+    assert!(names.contains(&"fulfil_order"), "{names:?}");
+    for name in names {
+        assert!(help.contains(name), "the help omits {name}:\n{help}");
+    }
+}
