@@ -790,9 +790,15 @@ pub(crate) async fn openapi(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
-/// The fallback for paths no route matches: `404 not_found` in the API's error shape.
-pub(crate) async fn not_found(method: Method, uri: Uri) -> ApiError {
-    ApiError::not_found(format!("no route for {method} {}", quote(uri.path())))
+/// The fallback for paths no route matches: `404 not_found` in the API's error shape, except
+/// the server's bare address, which a person opens in a browser to find the console: `GET /`
+/// is redirected to `/ui/`. A fallback rather than a route, so that an application that
+/// mounts the API beside a `/` of its own keeps it.
+pub(crate) async fn not_found(method: Method, uri: Uri) -> Response {
+    if uri.path() == "/" && (method == Method::GET || method == Method::HEAD) {
+        return axum::response::Redirect::temporary("/ui/").into_response();
+    }
+    ApiError::not_found(format!("no route for {method} {}", quote(uri.path()))).into_response()
 }
 
 /// The fallback for a known path with a method it does not serve: `405` in the API's error
