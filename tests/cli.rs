@@ -236,11 +236,16 @@ async fn show_puts_steps_statuses_and_attempts_at_a_glance() {
         "a hint says what a person can do:\n{failed}"
     );
 
-    // `--json` is exactly the saga object of the HTTP API: the stored saga as it is shown.
+    // `--json` is exactly the saga object of the HTTP API: the stored saga as it is shown,
+    // with every attempt of its attempt log, as the table has them.
     let shown = saga_json(s, &["show", &id, "--json"]).await;
-    let stored =
-        serde_json::to_value(s.get_saga(f.compensated).await.unwrap().unwrap().shown()).unwrap();
+    let stored = serde_json::to_value(orchestrator::model::SagaDetail {
+        saga: s.get_saga(f.compensated).await.unwrap().unwrap().shown(),
+        attempts: s.attempts(f.compensated).await.unwrap(),
+    })
+    .unwrap();
     assert_eq!(shown, stored);
+    assert_eq!(shown["attempts"].as_array().map(Vec::len), Some(3));
     assert_eq!(shown["steps"][1]["status"], "FAILED");
     assert_eq!(shown["steps"][0]["compensation"]["status"], "SUCCEEDED");
     f.engine.stop().await;

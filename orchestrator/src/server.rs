@@ -401,14 +401,17 @@ impl OrchestratorBuilder {
         if let Some(signal) = signal {
             tokio::spawn(stop_on_signal(signal, self.shutdown.clone()));
         }
-        Ok(Server::run(
+        let mut server = Server::run(
             addr,
             listener,
             parts,
             self.http,
             self.retention,
             self.shutdown,
-        ))
+        );
+        // Once it serves: a command that finds the address can use it at once.
+        server.address_file = crate::discovery::AddressFile::write(&self.database_url, addr);
+        Ok(server)
     }
 
     /// [`start`](Self::start), then serve until stopped: the whole life of a server process.
@@ -517,6 +520,8 @@ pub struct Server {
     broker_task: Option<JoinHandle<()>>,
     sweeper_task: JoinHandle<()>,
     retention_task: Option<JoinHandle<()>>,
+    /// Where commands on this database find the server; removed once it has stopped.
+    address_file: Option<crate::discovery::AddressFile>,
 }
 
 impl Server {
@@ -569,6 +574,7 @@ impl Server {
             broker_task,
             sweeper_task,
             retention_task,
+            address_file: None,
         }
     }
 

@@ -24,7 +24,7 @@ use crate::http::openapi::{
 };
 use crate::http::prefer::{applied_headers, Wait};
 use crate::http::state::AppState;
-use crate::model::{Attempt, Event, Saga, SagaPage, SagaStatus};
+use crate::model::{Attempt, Event, Saga, SagaDetail, SagaPage, SagaStatus};
 use crate::operations::{self, Operations};
 use crate::store::{Delivery, SavedResponse, SignalOutcome, SignalRequest};
 
@@ -125,8 +125,8 @@ const START_DESCRIPTION: &str = "Starts a saga of the latest registered version 
     of the client's choosing instead of the server's.";
 
 /// The OpenAPI description of `GET /v1/sagas/{saga}`.
-const GET_DESCRIPTION: &str = "The saga with its steps (the same object as `saga show ID \
-    --json`). With `Prefer: wait=N`, a saga that has not ended is waited for up to N seconds (a \
+const GET_DESCRIPTION: &str = "The saga with its steps and its attempt log (the same object as \
+    `saga show ID --json`). With `Prefer: wait=N`, a saga that has not ended is waited for up to N seconds (a \
     long poll); the answer is the saga as it is then.";
 
 /// The OpenAPI description of `GET /v1/sagas`.
@@ -405,13 +405,15 @@ fn json_answer(
     summary = "Read a saga",
     description = GET_DESCRIPTION,
     params(
-        ("saga" = Uuid, Path, description = "The saga id"),
+        ("saga" = String, Path,
+         description = "The saga id, or a unique prefix of it: its first 8 or more characters",
+         pattern = "^-*([0-9a-fA-F]-*){8,32}$"),
         ("Prefer" = Option<String>, Header,
          description = "`wait=N` (RFC 7240): hold the answer up to N seconds for the saga to end"),
     ),
     security((), ("bearer" = [])),
     responses(
-        (status = 200, description = "The saga", body = Saga,
+        (status = 200, description = "The saga, with its attempt log", body = SagaDetail,
          headers(("Preference-Applied" = String,
                   description = "wait=N, when the request asked to wait"))),
         MalformedSagaId,
@@ -428,7 +430,7 @@ pub(crate) async fn get_saga(
 ) -> Result<Response, ApiError> {
     let saga = find_saga(&state, id).await?;
     let Some(wait) = wait else {
-        return Ok(Json(saga).into_response());
+        return Ok(Json(with_attempts(&state, saga).await?).into_response());
     };
     let saga = if saga.status.is_terminal() {
         saga
@@ -438,7 +440,14 @@ pub(crate) async fn get_saga(
             None => find_saga(&state, id).await?,
         }
     };
-    Ok((applied_headers(wait), Json(saga)).into_response())
+    let detail = with_attempts(&state, saga).await?;
+    Ok((applied_headers(wait), Json(detail)).into_response())
+}
+
+/// The saga with its attempt log, read after it: every attempt its steps count is there.
+async fn with_attempts(state: &AppState, saga: Saga) -> Result<SagaDetail, ApiError> {
+    let attempts = state.engine.store().attempts(saga.id).await?;
+    Ok(SagaDetail { saga, attempts })
 }
 
 /// `rows`, the rows of saga `id`; when there are none, `404` unless the saga exists (the saga
@@ -513,7 +522,9 @@ pub(crate) async fn list_sagas(
     tag = "sagas",
     operation_id = "saga_events",
     summary = "Read a saga's event history",
-    params(("saga" = Uuid, Path, description = "The saga id")),
+    params(("saga" = String, Path,
+         description = "The saga id, or a unique prefix of it: its first 8 or more characters",
+         pattern = "^-*([0-9a-fA-F]-*){8,32}$")),
     security((), ("bearer" = [])),
     responses(
         (status = 200, description = "The events, oldest first", body = Events),
@@ -546,7 +557,9 @@ pub(crate) async fn saga_events(
         the lease epoch it held, when it started and ended, and its outcome (`succeeded`, \
         `failed`, `retryable`, `timed_out`, `interrupted`, `abandoned`, or none while it \
         runs) with its error.",
-    params(("saga" = Uuid, Path, description = "The saga id")),
+    params(("saga" = String, Path,
+         description = "The saga id, or a unique prefix of it: its first 8 or more characters",
+         pattern = "^-*([0-9a-fA-F]-*){8,32}$")),
     security((), ("bearer" = [])),
     responses(
         (status = 200, description = "The attempts, by step, phase and number", body = Attempts),
@@ -578,7 +591,9 @@ pub(crate) async fn saga_attempts(
         the server's subscribers): `pending`, `delivered` or `failed` (given up), with the \
         attempts made, the next attempt's time and the receiver's last answer. Empty when no \
         webhook is configured for the saga.",
-    params(("saga" = Uuid, Path, description = "The saga id")),
+    params(("saga" = String, Path,
+         description = "The saga id, or a unique prefix of it: its first 8 or more characters",
+         pattern = "^-*([0-9a-fA-F]-*){8,32}$")),
     security((), ("bearer" = [])),
     responses(
         (status = 200, description = "The deliveries, by event", body = Deliveries),
@@ -608,7 +623,9 @@ pub(crate) async fn saga_deliveries(
     operation_id = "cancel_saga",
     summary = "Cancel a saga",
     description = CANCEL_DESCRIPTION,
-    params(("saga" = Uuid, Path, description = "The saga id")),
+    params(("saga" = String, Path,
+         description = "The saga id, or a unique prefix of it: its first 8 or more characters",
+         pattern = "^-*([0-9a-fA-F]-*){8,32}$")),
     security((), ("bearer" = [])),
     responses(
         (status = 202, description = "Accepted: the saga will compensate", body = Cancelled),
@@ -657,7 +674,9 @@ takes no signal (`409 conflict`).";
     summary = "Send a signal to a saga",
     description = SIGNAL_DESCRIPTION,
     params(
-        ("saga" = Uuid, Path, description = "The saga id"),
+        ("saga" = String, Path,
+         description = "The saga id, or a unique prefix of it: its first 8 or more characters",
+         pattern = "^-*([0-9a-fA-F]-*){8,32}$"),
         ("signal" = String, Path, description = "The signal's name, as the definition's signal step names it"),
         ("Idempotency-Key" = Option<String>, Header, description = "Makes retries of this request safe: a repeat replays 202"),
     ),
@@ -665,10 +684,10 @@ takes no signal (`409 conflict`).";
     security((), ("bearer" = [])),
     responses(
         (status = 202, description = "Taken: the saga goes on with it at its signal step", body = SignalAccepted),
-        (status = 400, description = "Malformed saga id, body or Idempotency-Key", body = ErrorBody),
+        (status = 400, description = "Malformed saga id, body or Idempotency-Key, or a saga id prefix of several sagas (`ambiguous_id`)", body = ErrorBody),
         Unauthorized,
         Forbidden,
-        (status = 404, description = "No saga with this id, or its definition waits for no such signal", body = ErrorBody),
+        (status = 404, description = "No saga with this id (or prefix), or its definition waits for no such signal", body = ErrorBody),
         (status = 409, description = "`signal_already_received`: another payload came first; `conflict`: the saga has ended or is compensating", body = ErrorBody),
         (status = 413, description = "Payload too large", body = ErrorBody),
         (status = 415, description = "The body is not JSON", body = ErrorBody),

@@ -95,11 +95,13 @@ macro_rules! wire_enum {
     };
 }
 
+mod detail;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod rules;
 mod shown;
 mod stages;
+pub use detail::SagaDetail;
 pub(crate) use shown::wait_word;
 pub use stages::{stages_of, StageKind, StageRecord, WaitingCounts};
 
