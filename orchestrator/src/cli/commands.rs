@@ -98,8 +98,9 @@ pub async fn run_admin_with(
 }
 
 /// Runs `signal`: sends a signal through the HTTP API of the server (`--server`, else the one
-/// running on `database_url`, see [`Target`]) and prints how it was taken. The saga may be
-/// named by a prefix of its id, which the server resolves. Opens no database.
+/// running on `database_url`, see [`open_and_run`](super::open_and_run)) and prints how it was
+/// taken. The saga may be named by a prefix of its id, which the server resolves. Opens no
+/// database.
 pub async fn run_signal(
     a: &SignalArgs,
     database_url: Option<&str>,
@@ -134,8 +135,8 @@ pub async fn run_signal(
 }
 
 /// Runs `start`: starts a saga through the HTTP API of the server (`--server`, else the one
-/// running on `database_url`, see [`Target`]) and prints its id and status (and, with
-/// `--wait`, how it ended). Opens no database.
+/// running on `database_url`, see [`open_and_run`](super::open_and_run)) and prints its id and
+/// status (and, with `--wait`, how it ended). Opens no database.
 pub async fn run_start(
     a: &StartArgs,
     database_url: Option<&str>,

@@ -17,8 +17,8 @@ use crate::model::{Definition, DefinitionList, StepKind};
 const SHORT_HASH: usize = 8;
 
 /// Runs `definitions`: asks the server (`--server`, else the one running on `database_url`,
-/// see [`Target`]) for its definitions and prints them as a table, or with `--json` as the API
-/// answered them. Opens no database.
+/// see [`open_and_run`](super::open_and_run)) for its definitions and prints them as a table,
+/// or with `--json` as the API answered them. Opens no database.
 pub async fn run_definitions(
     a: &DefinitionsArgs,
     database_url: Option<&str>,

@@ -201,7 +201,10 @@ pub async fn open_and_run(
         // running on the database is only pointed out.
         let running = crate::discovery::read_address(url)
             .map(|(server, _)| {
-                format!("; a server of this database listens at {server}: --server {server} goes through it")
+                format!(
+                    "; a server of this database listens at {server}: --server {server} goes \
+                     through it"
+                )
             })
             .unwrap_or_default();
         eprintln!(
