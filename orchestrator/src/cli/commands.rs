@@ -5,7 +5,8 @@
 //! the pivot, abort of a finished saga) are errors, so scripts see a non-zero exit.
 //!
 //! `start` is the exception: it goes through a server's HTTP API with the typed
-//! [`SagaClient`](crate::client::SagaClient), which reuses one idempotency key across its retries.
+//! [`SagaClient`](crate::client::SagaClient), which reuses one idempotency key across its
+//! retries.
 
 use std::io::Write;
 use std::time::Duration;

@@ -126,8 +126,8 @@ const START_DESCRIPTION: &str = "Starts a saga of the latest registered version 
 
 /// The OpenAPI description of `GET /v1/sagas/{saga}`.
 const GET_DESCRIPTION: &str = "The saga with its steps and its attempt log (the same object as \
-    `saga show ID --json`). With `Prefer: wait=N`, a saga that has not ended is waited for up to N seconds (a \
-    long poll); the answer is the saga as it is then.";
+    `saga show ID --json`). With `Prefer: wait=N`, a saga that has not ended is waited for up \
+    to N seconds (a long poll); the answer is the saga as it is then.";
 
 /// The OpenAPI description of `GET /v1/sagas`.
 const LIST_DESCRIPTION: &str = "A page of sagas, newest first, with a cursor for the next page \
