@@ -1019,3 +1019,23 @@ async fn the_application_help_names_every_example_saga() {
         assert!(help.contains(name), "the help omits {name}:\n{help}");
     }
 }
+
+#[tokio::test]
+async fn an_output_that_cannot_be_written_is_said_once() {
+    let f = Fixture::new().await;
+    let full = std::fs::File::options()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let out = Command::new(saga_binary())
+        .args(["list", "--json"])
+        .env("DATABASE_URL", &f.db.url)
+        .env_remove("RUST_LOG")
+        .stdout(full)
+        .output()
+        .unwrap();
+    assert_one_line_error(&out, "cannot write output: ");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.matches("os error 28").count(), 1, "{stderr}");
+    f.engine.stop().await;
+}
