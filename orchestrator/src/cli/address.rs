@@ -100,4 +100,37 @@ mod tests {
             "http://10.0.0.5:9000"
         );
     }
+
+    #[test]
+    fn an_unreachable_server_says_where_its_address_came_from() {
+        let refused = || ClientError::Transport {
+            url: "http://127.0.0.1:8080/v1/definitions".to_owned(),
+            attempts: 1,
+            detail: "connection refused".to_owned(),
+        };
+        let default = Target::find(None, None).error(refused()).to_string();
+        assert!(default.contains("connection refused"), "{default}");
+        assert!(
+            default.contains("the default server") && default.contains("--server URL"),
+            "{default}"
+        );
+        let file = Target {
+            url: "http://127.0.0.1:18083".to_owned(),
+            found: Found::File(PathBuf::from("/srv/shop/saga.db.address")),
+        };
+        let said = file.error(refused()).to_string();
+        assert!(
+            said.contains("/srv/shop/saga.db.address") && said.contains("still running"),
+            "{said}"
+        );
+        // Given explicitly, the address needs no story; an answer of the server is its own.
+        let given = Target::find(Some("http://10.0.0.5:9000"), None);
+        assert!(!given.error(refused()).to_string().contains("default"));
+        let answered = ClientError::Api {
+            status: 404,
+            code: "not_found".to_owned(),
+            message: "no saga has an id starting with dddddddd".to_owned(),
+        };
+        assert!(!file.error(answered).to_string().contains("still running"));
+    }
 }
