@@ -390,6 +390,9 @@ impl OrchestratorBuilder {
             None if self.database_url.starts_with("sqlite:") => format!("{shown_url} (SQLite)"),
             None => format!("{shown_url} (PostgreSQL)"),
         };
+        // Before the address is announced: whoever reads it (a script, a test) finds the file
+        // too. Nothing can fail between here and serving.
+        let address_file = crate::discovery::AddressFile::write(&self.database_url, addr);
         tracing::info!(%database, %addr, workers = self.engine.workers, "serving");
         if self.announce {
             // Scripts and tests read the bound address from the second line.
@@ -409,8 +412,7 @@ impl OrchestratorBuilder {
             self.retention,
             self.shutdown,
         );
-        // Once it serves: a command that finds the address can use it at once.
-        server.address_file = crate::discovery::AddressFile::write(&self.database_url, addr);
+        server.address_file = address_file;
         Ok(server)
     }
 
