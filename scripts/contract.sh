@@ -76,6 +76,7 @@ SCHEMATHESIS_HOOKS="scripts/contract/hooks.py" "$venv/bin/schemathesis" \
     --phases examples,coverage,fuzzing,stateful \
     --max-examples "${SAGA_CONTRACT_EXAMPLES:-60}" \
     --seed "${SAGA_CONTRACT_SEED:-20261203}" \
+    --generation-database none \
     --header "Authorization: Bearer $token" \
     --workers 2 \
     --request-timeout 30 \

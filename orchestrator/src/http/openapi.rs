@@ -5,6 +5,12 @@
 //! built from the same list: a handler cannot be served without being documented. The test
 //! `tests/http/openapi.rs` checks the rest (methods, status codes) against the live router, and
 //! that `docs/openapi.json` is this document byte for byte.
+//!
+//! The document is an exact contract: what a route's attribute cannot say is set on the
+//! generated document here ([`exact_parameters`]) and in `http::definitions` (the served
+//! document's parts per saga), and `scripts/contract.sh` checks the served document against a
+//! real server with schemathesis, which fails on any valid request refused, invalid one taken
+//! or answer not documented.
 
 use utoipa::openapi::schema::{
     AnyOfBuilder, KnownFormat, ObjectBuilder, Ref, Schema, SchemaFormat, SchemaType, Type,
