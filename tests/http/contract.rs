@@ -52,6 +52,9 @@ async fn a_start_takes_integral_numbers_as_the_integers_its_schema_says_they_are
     for body in [
         r#"{"order_id": "o-half", "amount": 4.5}"#,
         r#"{"order_id": "o-big", "amount": 1e19}"#,
+        // One below `i64::MIN`: parsed as the double `i64::MIN` is, still refused.
+        r#"{"order_id": "o-low", "amount": -9223372036854775809}"#,
+        r#"{"order_id": "o-high", "amount": 9223372036854775808}"#,
     ] {
         let a = api.start_raw("typed", body, &[]).await;
         let message = assert_error(

@@ -349,21 +349,17 @@ pub(crate) async fn start_saga(
 
 /// `value` with every number that has no fractional part (`4.0`, `1e3`) written as an integer.
 /// JSON Schema counts such a number as an `integer`, so the input schemas accept it; serde's
-/// integer types do not, so the input is stored as the integer it is. A number too large for
-/// 64 bits stays as it was (and an integer field refuses it, as its schema's bounds say).
+/// integer types do not, so the input is stored as the integer it is. Only below 2^53 in
+/// magnitude: past it a double no longer tells `4.0`-style integers from integer literals too
+/// large for 64 bits, which the parser rounds to doubles (`-9223372036854775809` would become
+/// `i64::MIN`) and which an integer field must refuse, as its schema's bounds say.
 fn integral_numbers_as_integers(value: Value) -> Value {
+    /// 2^53: every integer of smaller magnitude is exact as a double.
+    const EXACT: f64 = 9_007_199_254_740_992.0;
     match value {
         Value::Number(n) => match n.as_f64() {
-            Some(f) if n.is_f64() && f.fract() == 0.0 => {
-                // Exact below 2^63 (and 2^64): `as` saturates only outside these ranges.
-                if (0.0..18_446_744_073_709_551_616.0).contains(&f) {
-                    Value::from(f as u64)
-                } else if (-9_223_372_036_854_775_808.0..0.0).contains(&f) {
-                    Value::from(f as i64)
-                } else {
-                    Value::Number(n)
-                }
-            }
+            // `as` is exact here: the value is integral and well inside `i64`.
+            Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < EXACT => Value::from(f as i64),
             _ => Value::Number(n),
         },
         Value::Array(items) => Value::Array(
