@@ -18,6 +18,7 @@
 mod auth;
 mod client;
 mod console;
+mod contract;
 mod health;
 mod malformed;
 mod metrics;

@@ -34,13 +34,25 @@ impl<S: Send + Sync> FromRequestParts<S> for SagaId {
 
 /// A saga id from a path segment; `400 bad_request` for anything but a UUID.
 pub(crate) fn saga_id(raw: &str) -> Result<Uuid, ApiError> {
-    Uuid::try_parse(raw).map_err(|_| {
+    hyphenated_uuid(raw).ok_or_else(|| {
         ApiError::bad_request(format!(
             "malformed saga id {}: expected a UUID such as \
              0190f5b4-7a3c-7cc1-9f5e-2b8d3c4e5f60",
             quote(raw)
         ))
     })
+}
+
+/// A UUID in its hyphenated form (`8-4-4-4-12` hexadecimal digits, any case), the only form the
+/// API writes and the one its document declares (`format: uuid`); the simple, braced and URN
+/// forms that `Uuid::try_parse` also reads are refused, so that the server takes exactly what
+/// the document says.
+pub(crate) fn hyphenated_uuid(raw: &str) -> Option<Uuid> {
+    if raw.len() != 36 {
+        return None;
+    }
+    // At 36 characters, `try_parse` reads only the hyphenated form.
+    Uuid::try_parse(raw).ok()
 }
 
 /// The `{saga}` and `{signal}` path segments of `POST /v1/sagas/{saga}/signals/{signal}`.
@@ -174,18 +186,28 @@ fn flag(name: &str, value: Option<String>) -> Result<bool, ApiError> {
     }
 }
 
+/// An RFC 3339 date-time (`2026-12-24T18:00:00Z`, or with an offset), as the document's
+/// `format: date-time` means it, in milliseconds since the epoch. chrono also reads a space
+/// between the date and the time, which RFC 3339's grammar does not have: refused here.
+pub(crate) fn rfc3339_millis(text: &str) -> Option<crate::model::Millis> {
+    if !matches!(text.as_bytes().get(10), Some(b'T' | b't')) {
+        return None;
+    }
+    chrono::DateTime::parse_from_rfc3339(text)
+        .ok()
+        .map(|t| t.timestamp_millis())
+}
+
 /// An RFC 3339 time query parameter, in milliseconds since the epoch.
 fn instant(name: &str, value: Option<String>) -> Result<Option<crate::model::Millis>, ApiError> {
     non_empty(value)
         .map(|text| {
-            chrono::DateTime::parse_from_rfc3339(text.trim())
-                .map(|t| t.timestamp_millis())
-                .map_err(|_| {
-                    ApiError::bad_request(format!(
-                        "{name} must be an RFC 3339 time such as 2026-12-24T18:00:00Z, got {}",
-                        quote(&text)
-                    ))
-                })
+            rfc3339_millis(&text).ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "{name} must be an RFC 3339 time such as 2026-12-24T18:00:00Z, got {}",
+                    quote(&text)
+                ))
+            })
         })
         .transpose()
 }
@@ -224,8 +246,10 @@ impl RawListQuery {
             .transpose()?;
         let limit = match non_empty(self.limit) {
             None => DEFAULT_PAGE,
+            // Written as the number itself: `u32::from_str` would also take a sign or leading
+            // zeros, which the document's integer does not have.
             Some(text) => match text.parse::<u32>() {
-                Ok(n) if (1..=MAX_PAGE).contains(&n) => n,
+                Ok(n) if (1..=MAX_PAGE).contains(&n) && n.to_string() == text => n,
                 _ => {
                     return Err(ApiError::bad_request(format!(
                         "limit must be an integer from 1 to {MAX_PAGE}, got {}",
@@ -236,7 +260,7 @@ impl RawListQuery {
         };
         let cursor = non_empty(self.cursor)
             .map(|c| {
-                Uuid::try_parse(&c).map_err(|_| {
+                hyphenated_uuid(&c).ok_or_else(|| {
                     ApiError::bad_request(format!(
                         "malformed cursor {}: pass the next_cursor of the previous page",
                         quote(&c)

@@ -15,13 +15,20 @@ use crate::http::openapi::{
 };
 use crate::http::state::AppState;
 use crate::model::Saga;
-use crate::operations::{Operations, Reason};
+use crate::operations::{Operations, Reason, MAX_REASON};
 
 /// The body of an audited operator command.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct OperatorReason {
-    /// Why: kept in the audit event (1 to 1000 characters).
+    /// Why: kept in the audit event, without its surrounding white space. At most 1000
+    /// characters as sent, at least one of them not white space.
+    // The pattern is one character outside Rust's `char::is_whitespace`, the set `Reason`
+    // trims, spelled out so that every regular expression dialect reads the same set.
+    #[schema(
+        max_length = 1000,
+        pattern = "[^\\t\\n\\u000b\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
+    )]
     reason: String,
 }
 
@@ -32,6 +39,15 @@ fn reason(JsonBody(body): JsonBody) -> Result<Reason, ApiError> {
             "the body must be {{\"reason\": \"…\"}} (why, for the audit): {e}"
         ))
     })?;
+    // Counted as sent, as the document's `maxLength` counts it: `Reason` alone would count
+    // the trimmed text and take a longer one.
+    if parsed.reason.chars().count() > MAX_REASON {
+        return Err(ApiError::bad_request(format!(
+            "the reason is {} characters long; at most {MAX_REASON} are allowed, surrounding \
+             white space included: shorten it",
+            parsed.reason.chars().count()
+        )));
+    }
     Ok(Reason::parse(&parsed.reason)?)
 }
 
