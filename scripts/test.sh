@@ -8,6 +8,8 @@
 # 127.0.0.1:4222 with JetStream if nothing listens there; without it the broker tests fail.
 # Debian's Chromium is installed if missing (CHROMIUM names another one) for the web console's
 # browser tests, which drive it with playwright-core from npm; without it they fail.
+# schemathesis, from PyPI, checks the served OpenAPI document against the server
+# (scripts/contract.sh); it needs python3 with venv and pip.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -59,6 +61,11 @@ SAGA_TEST_BACKEND=postgres cargo test --workspace \
     --test store_contract --test operators --test retention --test engine --test stages --test children --test fulfil_order --test log_upgrade --test properties --test crash --test http --test cli \
     --test cli_terminal --test bad_input --test idempotency --test webhooks --test discovery \
     --test broker --test consumer --test tracing "$@"
+
+# The OpenAPI document as an exact contract: schemathesis (pinned, installed into a virtualenv
+# under ~/.cache on first use) against the `example-sagas` built above, on a fresh SQLite file.
+echo "== OpenAPI contract, schemathesis =="
+./scripts/contract.sh
 
 # The web console in a real browser, against the `example-sagas` built above.
 echo "== web console, Chromium =="

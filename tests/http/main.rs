@@ -19,6 +19,7 @@
 mod auth;
 mod client;
 mod console;
+mod contract;
 mod health;
 mod malformed;
 mod metrics;

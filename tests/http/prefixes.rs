@@ -123,7 +123,7 @@ async fn every_route_about_one_saga_takes_a_unique_prefix_of_its_id() {
     assert_eq!(done["steps"][1]["status"], "SUCCEEDED");
     let (status, _, answer) = api
         .post(
-            "/v1/sagas/aaaaaaaa000070008000000000000001/cancel",
+            "/v1/sagas/AAAAAAAA-0000-7000-8000-000000000001/cancel",
             &json!({}),
         )
         .await;
@@ -151,6 +151,11 @@ async fn every_route_about_one_saga_takes_a_unique_prefix_of_its_id() {
             .contains("too short"),
         "{answer}"
     );
+    // Only as the API writes ids: with their dashes, where they go.
+    for text in ["bbbbbbbb1234", "bbbb-bbbb", "%20bbbbbbbb"] {
+        let (status, answer) = api.get(&format!("/v1/sagas/{text}")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{text}: {answer}");
+    }
     let (status, answer) = api.get("/v1/sagas/not-a-saga-id").await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
     assert_eq!(answer["error"]["code"], "bad_request");

@@ -185,10 +185,13 @@ pub async fn run_start(
 }
 
 /// A saga id or prefix for a command that asks a server, checked here (a malformed one is
-/// refused before anything is sent, as on the database) and resolved by the server.
+/// refused before anything is sent, as on the database), written as the API takes it (the start
+/// of the hyphenated id, whatever dashes and case were typed) and resolved by the server.
 pub(super) fn id_for_server(text: &str) -> Result<String, CliError> {
-    parse_id(text)?;
-    Ok(text.trim().to_owned())
+    Ok(match parse_id(text)? {
+        IdArg::Full(id) => id.to_string(),
+        IdArg::Prefix(prefix) => prefix.hyphenated(),
+    })
 }
 
 /// Who runs operator commands, for the audit trail: `$USER@cli`, or `unknown@cli`.

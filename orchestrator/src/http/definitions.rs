@@ -83,14 +83,20 @@ pub(crate) fn with_start_routes(doc: &utoipa::openapi::OpenApi, registry: &Regis
     // A document built from our own types always serialises; should it not, an empty object
     // is still valid JSON, as `to_json` answers.
     let mut doc = serde_json::to_value(doc).unwrap_or_else(|_| json!({}));
+    start_links(&mut doc);
     let Some(generic) = doc.pointer(GENERIC_START).cloned() else {
         return doc;
     };
     let mut taken: Vec<String> = operation_ids(&doc);
+    let names: Vec<&str> = latest_versions(registry).iter().map(|d| d.name()).collect();
+    if !names.is_empty() {
+        generic_start_excludes(&mut doc, &names);
+    }
     for def in latest_versions(registry) {
         let name = def.name();
         let component = format!("{name}_input");
-        for (key, schema) in component_schemas(def.input_schema().as_value(), &component) {
+        for (key, mut schema) in component_schemas(def.input_schema().as_value(), &component) {
+            bound_sized_integers(&mut schema);
             doc["components"]["schemas"][key] = schema;
         }
         let mut op = generic.clone();
@@ -123,6 +129,107 @@ pub(crate) fn with_start_routes(doc: &utoipa::openapi::OpenApi, registry: &Regis
         doc["paths"][format!("/v1/sagas/{name}")] = json!({ "post": op });
     }
     doc
+}
+
+/// The operations on one saga, each linked from a start's answers.
+const SAGA_OPERATIONS: [&str; 9] = [
+    "get_saga",
+    "saga_events",
+    "saga_attempts",
+    "saga_deliveries",
+    "cancel_saga",
+    "signal_saga",
+    "abort_saga",
+    "retry_saga",
+    "mark_compensated",
+];
+
+/// Links from the generic start's answers (`200`, `202`; each saga's own start route copies
+/// them) to the operations on the saga started (OpenAPI links: the answer's `id` fills their
+/// `{saga}`), so that clients, and tools that chain calls, find where a new saga's id goes.
+/// Written here, on the JSON, because utoipa's typed link serialises its field names in snake
+/// case, which OpenAPI does not read.
+fn start_links(doc: &mut Value) {
+    let links: Map<String, Value> = SAGA_OPERATIONS
+        .iter()
+        .map(|op| {
+            let link = json!({
+                "operationId": op,
+                "parameters": {"saga": "$response.body#/id"},
+                "description": format!("`{op}` of the saga this answer is about"),
+            });
+            ((*op).to_owned(), link)
+        })
+        .collect();
+    for status in ["200", "202"] {
+        if let Some(response) = doc
+            .pointer_mut(&format!("{GENERIC_START}/responses/{status}"))
+            .and_then(Value::as_object_mut)
+        {
+            response.insert("links".to_owned(), Value::Object(links.clone()));
+        }
+    }
+}
+
+/// Narrows the generic start route's `{saga}` to the names that have no route of their own.
+/// OpenAPI matches a concrete path before a templated one, so `POST /v1/sagas/place_order` is
+/// the registered saga's route, whose body is its input schema; the generic route's "any JSON"
+/// body would promise, for those names, inputs the server refuses.
+fn generic_start_excludes(doc: &mut Value, names: &[&str]) {
+    let Some(params) = doc
+        .pointer_mut(&format!("{GENERIC_START}/parameters"))
+        .and_then(Value::as_array_mut)
+    else {
+        return;
+    };
+    for param in params.iter_mut().filter(|p| p["in"] == "path") {
+        param["schema"] = json!({"type": "string", "not": {"enum": names}});
+        if let Some(param) = param.as_object_mut() {
+            // Its example names a registered saga, which this route no longer covers.
+            param.remove("example");
+        }
+        param["description"] = json!(
+            "The saga definition name: one this server does not have (`404`). Each registered \
+             definition has its own route, `POST /v1/sagas/<name>`, which matches first"
+        );
+    }
+}
+
+/// Gives every integer schema of a sized Rust type (`format` `int8` to `uint64`, as schemars
+/// writes them) the bounds serde enforces: a larger number is refused (`422 invalid_input`),
+/// so the schema says so rather than promising every integer.
+fn bound_sized_integers(schema: &mut Value) {
+    match schema {
+        Value::Object(object) => {
+            let bounds: Option<(i128, i128)> = match object.get("format").and_then(Value::as_str) {
+                Some("int8") => Some((i8::MIN.into(), i8::MAX.into())),
+                Some("int16") => Some((i16::MIN.into(), i16::MAX.into())),
+                Some("int32") => Some((i32::MIN.into(), i32::MAX.into())),
+                Some("int64") => Some((i64::MIN.into(), i64::MAX.into())),
+                Some("uint8") => Some((0, u8::MAX.into())),
+                Some("uint16") => Some((0, u16::MAX.into())),
+                Some("uint32") => Some((0, u32::MAX.into())),
+                Some("uint64") => Some((0, u64::MAX.into())),
+                _ => None,
+            };
+            if let Some((low, high)) = bounds {
+                object.entry("minimum").or_insert_with(|| number(low));
+                object.entry("maximum").or_insert_with(|| number(high));
+            }
+            object.values_mut().for_each(bound_sized_integers);
+        }
+        Value::Array(items) => items.iter_mut().for_each(bound_sized_integers),
+        _ => {}
+    }
+}
+
+/// A bound of a sized integer as a JSON number (every one fits `i64` or `u64`).
+fn number(n: i128) -> Value {
+    match (i64::try_from(n), u64::try_from(n)) {
+        (Ok(n), _) => json!(n),
+        (_, Ok(n)) => json!(n),
+        _ => Value::Null,
+    }
 }
 
 /// The highest version of each name: the one a start uses.

@@ -27,7 +27,7 @@ type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// | 400 | `bad_request`: malformed JSON, id, path or query parameter |
 /// | 400 | `ambiguous_id`: a saga id prefix that several sagas' ids start with |
 /// | 404 | `not_found`: unknown saga, saga definition or route |
-/// | 405 | `method_not_allowed` |
+/// | 405 | `method_not_allowed`, with `Allow` (`POST` alone on a saga's start route) |
 /// | 400 | `idempotency_key_missing`: the server requires an `Idempotency-Key` |
 /// | 409 | `conflict`: the saga's state forbids the operation (e.g. cancel after the pivot) |
 /// | 409 | `request_in_progress`: a request with this idempotency key is still running |
@@ -35,6 +35,7 @@ type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// | 413 | `payload_too_large` |
 /// | 415 | `unsupported_media_type` |
 /// | 422 | `invalid_input`: well-formed JSON that does not fit the saga's input type |
+/// | 422 | `callback_secret_without_url`: a `Saga-Callback-Secret` without a `Saga-Callback-Url` |
 /// | 500 | `internal` (generic message; the cause is logged) |
 /// | 503 | `unavailable` (with `Retry-After`): the database is away, or the request timed out |
 #[derive(Debug)]

@@ -39,13 +39,20 @@ impl FromRequestParts<AppState> for SagaId {
 /// How many sagas an ambiguous prefix's error names.
 const CANDIDATES_SHOWN: usize = 5;
 
-/// The saga a path segment names: a whole id (32 hexadecimal digits, dashes anywhere) as it is,
-/// without a read; a shorter prefix of 8 or more digits as the one saga whose id starts with it,
+/// The saga a path segment names: a whole id (hyphenated, as the API writes ids) as it is,
+/// without a read; the start of one, 8 or more characters, as the one saga whose id starts with it,
 /// found by a range scan of the key (people and the CLI type the start of an id, as git's
 /// short hashes). `400 bad_request` for anything else, `404 not_found` for a prefix no saga
 /// has, `400 ambiguous_id` for one several sagas have, with some of them in the message.
 pub(crate) async fn saga_id(state: &AppState, raw: &str) -> Result<Uuid, ApiError> {
-    let prefix = IdPrefix::parse(raw).map_err(|e| {
+    // Exactly what the document's pattern says: the start of an id as the API writes ids
+    // (which `IdPrefix` alone would also read without its dashes, or with white space).
+    let prefix = if hyphenated_prefix(raw) {
+        IdPrefix::parse(raw)
+    } else {
+        Err(IdPrefixError::Invalid(raw.to_owned()))
+    };
+    let prefix = prefix.map_err(|e| {
         ApiError::bad_request(match e {
             IdPrefixError::TooShort(_) => format!(
                 "saga id prefix {} is too short: give at least {} characters of the id",
@@ -89,6 +96,28 @@ pub(crate) async fn saga_id(state: &AppState, raw: &str) -> Result<Uuid, ApiErro
             )))
         }
     }
+}
+
+/// Whether `raw` is the start of a saga id in the form the API writes ids (`8-4-4-4-12`
+/// hexadecimal digits, any case): a digit everywhere but where the dashes go.
+fn hyphenated_prefix(raw: &str) -> bool {
+    raw.len() <= 36
+        && raw.char_indices().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => c == '-',
+            _ => c.is_ascii_hexdigit(),
+        })
+}
+
+/// A UUID in its hyphenated form (`8-4-4-4-12` hexadecimal digits, any case), the only form the
+/// API writes and the one its document declares (`format: uuid`); the simple, braced and URN
+/// forms that `Uuid::try_parse` also reads are refused, so that the server takes exactly what
+/// the document says.
+pub(crate) fn hyphenated_uuid(raw: &str) -> Option<Uuid> {
+    if raw.len() != 36 {
+        return None;
+    }
+    // At 36 characters, `try_parse` reads only the hyphenated form.
+    Uuid::try_parse(raw).ok()
 }
 
 /// The `{saga}` and `{signal}` path segments of `POST /v1/sagas/{saga}/signals/{signal}`.
@@ -225,18 +254,28 @@ fn flag(name: &str, value: Option<String>) -> Result<bool, ApiError> {
     }
 }
 
+/// An RFC 3339 date-time (`2026-12-24T18:00:00Z`, or with an offset), as the document's
+/// `format: date-time` means it, in milliseconds since the epoch. chrono also reads a space
+/// between the date and the time, which RFC 3339's grammar does not have: refused here.
+pub(crate) fn rfc3339_millis(text: &str) -> Option<crate::model::Millis> {
+    if !matches!(text.as_bytes().get(10), Some(b'T' | b't')) {
+        return None;
+    }
+    chrono::DateTime::parse_from_rfc3339(text)
+        .ok()
+        .map(|t| t.timestamp_millis())
+}
+
 /// An RFC 3339 time query parameter, in milliseconds since the epoch.
 fn instant(name: &str, value: Option<String>) -> Result<Option<crate::model::Millis>, ApiError> {
     non_empty(value)
         .map(|text| {
-            chrono::DateTime::parse_from_rfc3339(text.trim())
-                .map(|t| t.timestamp_millis())
-                .map_err(|_| {
-                    ApiError::bad_request(format!(
-                        "{name} must be an RFC 3339 time such as 2026-12-24T18:00:00Z, got {}",
-                        quote(&text)
-                    ))
-                })
+            rfc3339_millis(&text).ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "{name} must be an RFC 3339 time such as 2026-12-24T18:00:00Z, got {}",
+                    quote(&text)
+                ))
+            })
         })
         .transpose()
 }
@@ -275,8 +314,10 @@ impl RawListQuery {
             .transpose()?;
         let limit = match non_empty(self.limit) {
             None => DEFAULT_PAGE,
+            // Written as the number itself: `u32::from_str` would also take a sign or leading
+            // zeros, which the document's integer does not have.
             Some(text) => match text.parse::<u32>() {
-                Ok(n) if (1..=MAX_PAGE).contains(&n) => n,
+                Ok(n) if (1..=MAX_PAGE).contains(&n) && n.to_string() == text => n,
                 _ => {
                     return Err(ApiError::bad_request(format!(
                         "limit must be an integer from 1 to {MAX_PAGE}, got {}",
@@ -287,7 +328,7 @@ impl RawListQuery {
         };
         let cursor = non_empty(self.cursor)
             .map(|c| {
-                Uuid::try_parse(&c).map_err(|_| {
+                hyphenated_uuid(&c).ok_or_else(|| {
                     ApiError::bad_request(format!(
                         "malformed cursor {}: pass the next_cursor of the previous page",
                         quote(&c)

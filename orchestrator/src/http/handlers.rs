@@ -12,12 +12,13 @@ use axum::http::{header, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
+use serde_json::Value;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
 use crate::engine::{StartError, StartKey, StartOutcome, StartRequest, Started};
 use crate::http::error::{quote, ApiError};
-use crate::http::extract::{JsonBody, ListQuery, SagaId, SagaName, SignalPath};
+use crate::http::extract::{saga_id, JsonBody, ListQuery, SagaId, SagaName, SignalPath};
 use crate::http::idempotency::{parse_key, StartHeaders, IDEMPOTENT_REPLAYED};
 use crate::http::openapi::{
     ErrorBody, Forbidden, MalformedSagaId, SagaNotFound, ServerErrors, Unauthorized,
@@ -191,18 +192,27 @@ async fn wait_for_end(state: &AppState, id: Uuid, wait: Duration) -> Option<Saga
         ("saga" = String, Path, description = "The saga definition name", example = "place_order"),
         ("Prefer" = Option<String>, Header,
          description = "`wait=N` (RFC 7240): hold the answer up to N seconds for the saga to end"),
+        // The key's grammar (`idempotency::parse_key`): 1 to 255 visible ASCII characters,
+        // or an RFC 8941 string of 1 to 255 printable ones (`\"` and `\\` escaped).
         ("Idempotency-Key" = Option<String>, Header,
+         pattern = r#"^[ \t]*(?:[!#-~][!-~]{0,254}|"(?:[ !#-\[\]-~]|\\["\\]){1,255}")[ \t]*$"#,
          description = "A unique key per logical start, reused on retries: 1 to 255 visible \
                         ASCII characters, bare or as an RFC 8941 string. Kept 24 hours by \
                         default (the server's `--idempotency-retention-secs`)"),
-        ("Saga-Callback-Url" = Option<String>, Header,
+        // An http(s) URL whose host is a name (an address literal, internal or not, is
+        // refused `422` all the same, so only names are declared), at most 2048 characters.
+        ("Saga-Callback-Url" = Option<String>, Header, max_length = 2048,
+         pattern = r#"^[Hh][Tt][Tt][Pp][Ss]?://(?:[A-Za-z0-9][A-Za-z0-9-]{0,62}\.)*[A-Za-z][A-Za-z0-9-]{0,62}(?::[0-9]{1,4})?(?:[/?#][!-~]*)?$"#,
          description = "An http(s) URL that receives this saga's events as signed webhooks. \
                         A host that is or resolves to a loopback, private, link-local or \
                         unspecified address is `422 callback_url_not_allowed` unless the \
                         server allows it (`--allow-callback-host`)"),
         ("Saga-Callback-Secret" = Option<String>, Header,
-         description = "Signs this saga's webhooks instead of the server's secret"),
-        ("Saga-Start-At" = Option<String>, Header,
+         pattern = r#"^[ \t]*[!-~]{1,255}[ \t]*$"#,
+         description = "Signs this saga's webhooks instead of the server's secret: 1 to 255 \
+                        visible ASCII characters. Needs a Saga-Callback-Url (else `422 \
+                        callback_secret_without_url`)"),
+        ("Saga-Start-At" = Option<String>, Header, format = DateTime,
          description = "An RFC 3339 instant: the saga is created `QUEUED` with `scheduled_at` \
                         and starts then (a cancel before that ends it `COMPENSATED` with \
                         nothing run). An instant in the past is `422 start_in_past`"),
@@ -253,7 +263,9 @@ async fn wait_for_end(state: &AppState, id: Uuid, wait: Duration) -> Option<Saga
                                       used for a different request; `start_in_past`: a \
                                       Saga-Start-At already past; \
                                       `callback_url_not_allowed`: a Saga-Callback-Url inside \
-                                      the server's network",
+                                      the server's network, or whose host does not resolve; \
+                                      `callback_secret_without_url`: a Saga-Callback-Secret \
+                                      without a Saga-Callback-Url",
          body = ErrorBody),
         ServerErrors,
     )
@@ -271,7 +283,7 @@ pub(crate) async fn start_saga(
     }
     let headers = start_headers?;
     let JsonBody(input) = body?;
-    let mut request = StartRequest::new(name, input);
+    let mut request = StartRequest::new(name, integral_numbers_as_integers(input));
     if let Some(key) = headers.key {
         request = request.with_key(
             StartKey::new(headers.scope, key)
@@ -333,6 +345,37 @@ pub(crate) async fn start_saga(
     let mut response = json_answer(status, location, body, false);
     response.headers_mut().extend(applied_headers(wait));
     Ok(response)
+}
+
+/// `value` with every number that has no fractional part (`4.0`, `1e3`) written as an integer.
+/// JSON Schema counts such a number as an `integer`, so the input schemas accept it; serde's
+/// integer types do not, so the input is stored as the integer it is. Only below 2^53 in
+/// magnitude: past it a double no longer tells `4.0`-style integers from integer literals too
+/// large for 64 bits, which the parser rounds to doubles (`-9223372036854775809` would become
+/// `i64::MIN`) and which an integer field must refuse, as its schema's bounds say.
+fn integral_numbers_as_integers(value: Value) -> Value {
+    /// 2^53: every integer of smaller magnitude is exact as a double.
+    const EXACT: f64 = 9_007_199_254_740_992.0;
+    match value {
+        Value::Number(n) => match n.as_f64() {
+            // `as` is exact here: the value is integral and well inside `i64`.
+            Some(f) if n.is_f64() && f.fract() == 0.0 && f.abs() < EXACT => Value::from(f as i64),
+            _ => Value::Number(n),
+        },
+        Value::Array(items) => Value::Array(
+            items
+                .into_iter()
+                .map(integral_numbers_as_integers)
+                .collect(),
+        ),
+        Value::Object(fields) => Value::Object(
+            fields
+                .into_iter()
+                .map(|(k, v)| (k, integral_numbers_as_integers(v)))
+                .collect(),
+        ),
+        other => other,
+    }
 }
 
 /// `Location: /v1/sagas/{id}`. A UUID is always a valid header value; and once the saga
@@ -407,7 +450,7 @@ fn json_answer(
     params(
         ("saga" = String, Path,
          description = "The saga id, or a unique prefix of it: its first 8 or more characters",
-         pattern = "^-*([0-9a-fA-F]-*){8,32}$"),
+         pattern = "^[0-9a-fA-F]{8}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-[0-9a-fA-F]{0,12})?))?))?))?$"),
         ("Prefer" = Option<String>, Header,
          description = "`wait=N` (RFC 7240): hold the answer up to N seconds for the saga to end"),
     ),
@@ -425,9 +468,16 @@ fn json_answer(
 )]
 pub(crate) async fn get_saga(
     State(state): State<AppState>,
-    SagaId(id): SagaId,
+    SagaName(segment): SagaName,
     Wait(wait): Wait,
 ) -> Result<Response, ApiError> {
+    // `/v1/sagas/<name>` of a registered definition is its start route, which the document
+    // gives POST alone: it answers GET (and HEAD) as the start route it is, not as a
+    // malformed saga id.
+    if is_start_route(&state, &segment) {
+        return Ok(start_route_only(Method::GET, &segment));
+    }
+    let id = saga_id(&state, &segment).await?;
     let saga = find_saga(&state, id).await?;
     let Some(wait) = wait else {
         return Ok(Json(with_attempts(&state, saga).await?).into_response());
@@ -479,24 +529,30 @@ async fn find_saga(state: &AppState, id: Uuid) -> Result<Saga, ApiError> {
     operation_id = "list_sagas",
     summary = "List sagas",
     description = LIST_DESCRIPTION,
+    // The exact schemas of these parameters (an empty value, any case) are set by
+    // `openapi::exact_list_query`.
     params(
         ("status" = Option<SagaStatus>, Query,
-         description = "Only sagas in this status (any case)"),
-        ("name" = Option<String>, Query, description = "Only sagas of this definition name"),
+         description = "Only sagas in this status (any case; empty: any status)"),
+        ("name" = Option<String>, Query,
+         description = "Only sagas of this definition name (empty: any name)"),
         ("needs_attention" = Option<bool>, Query,
-         description = "Only sagas flagged as needing a person"),
+         description = "Only sagas flagged as needing a person (`true` or `1`; `false`, `0` \
+                        or empty: all)"),
         ("blocked" = Option<bool>, Query,
-         description = "Only unfinished sagas whose definition no running process has"),
+         description = "Only unfinished sagas whose definition no running process has (`true` \
+                        or `1`; `false`, `0` or empty: all)"),
         ("created_after" = Option<String>, Query,
-         description = "Only sagas created at or after this RFC 3339 time"),
+         description = "Only sagas created at or after this RFC 3339 time (empty: no bound)"),
         ("created_before" = Option<String>, Query,
-         description = "Only sagas created before this RFC 3339 time"),
+         description = "Only sagas created before this RFC 3339 time (empty: no bound)"),
         ("id_prefix" = Option<String>, Query,
-         description = "Only sagas whose id starts with these (8 or more) hexadecimal digits"),
-        ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000,
-         description = "Page size, 1 to 1000 (default 50)"),
+         description = "Only sagas whose id starts with these 8 to 32 hexadecimal digits \
+                        (dashes and surrounding white space ignored; empty: any id)"),
+        ("limit" = Option<u32>, Query,
+         description = "Page size, 1 to 1000 (default 50, also when empty)"),
         ("cursor" = Option<Uuid>, Query,
-         description = "The `next_cursor` of the previous page"),
+         description = "The `next_cursor` of the previous page (empty: the first page)"),
     ),
     security((), ("bearer" = [])),
     responses(
@@ -524,7 +580,7 @@ pub(crate) async fn list_sagas(
     summary = "Read a saga's event history",
     params(("saga" = String, Path,
          description = "The saga id, or a unique prefix of it: its first 8 or more characters",
-         pattern = "^-*([0-9a-fA-F]-*){8,32}$")),
+         pattern = "^[0-9a-fA-F]{8}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-[0-9a-fA-F]{0,12})?))?))?))?$")),
     security((), ("bearer" = [])),
     responses(
         (status = 200, description = "The events, oldest first", body = Events),
@@ -559,7 +615,7 @@ pub(crate) async fn saga_events(
         runs) with its error.",
     params(("saga" = String, Path,
          description = "The saga id, or a unique prefix of it: its first 8 or more characters",
-         pattern = "^-*([0-9a-fA-F]-*){8,32}$")),
+         pattern = "^[0-9a-fA-F]{8}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-[0-9a-fA-F]{0,12})?))?))?))?$")),
     security((), ("bearer" = [])),
     responses(
         (status = 200, description = "The attempts, by step, phase and number", body = Attempts),
@@ -593,7 +649,7 @@ pub(crate) async fn saga_attempts(
         webhook is configured for the saga.",
     params(("saga" = String, Path,
          description = "The saga id, or a unique prefix of it: its first 8 or more characters",
-         pattern = "^-*([0-9a-fA-F]-*){8,32}$")),
+         pattern = "^[0-9a-fA-F]{8}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-[0-9a-fA-F]{0,12})?))?))?))?$")),
     security((), ("bearer" = [])),
     responses(
         (status = 200, description = "The deliveries, by event", body = Deliveries),
@@ -625,7 +681,7 @@ pub(crate) async fn saga_deliveries(
     description = CANCEL_DESCRIPTION,
     params(("saga" = String, Path,
          description = "The saga id, or a unique prefix of it: its first 8 or more characters",
-         pattern = "^-*([0-9a-fA-F]-*){8,32}$")),
+         pattern = "^[0-9a-fA-F]{8}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-[0-9a-fA-F]{0,12})?))?))?))?$")),
     security((), ("bearer" = [])),
     responses(
         (status = 202, description = "Accepted: the saga will compensate", body = Cancelled),
@@ -676,9 +732,12 @@ takes no signal (`409 conflict`).";
     params(
         ("saga" = String, Path,
          description = "The saga id, or a unique prefix of it: its first 8 or more characters",
-         pattern = "^-*([0-9a-fA-F]-*){8,32}$"),
+         pattern = "^[0-9a-fA-F]{8}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-[0-9a-fA-F]{0,12})?))?))?))?$"),
         ("signal" = String, Path, description = "The signal's name, as the definition's signal step names it"),
-        ("Idempotency-Key" = Option<String>, Header, description = "Makes retries of this request safe: a repeat replays 202"),
+        ("Idempotency-Key" = Option<String>, Header,
+         pattern = r#"^[ \t]*(?:[!#-~][!-~]{0,254}|"(?:[ !#-\[\]-~]|\\["\\]){1,255}")[ \t]*$"#,
+         description = "Makes retries of this request safe: a repeat replays 202. 1 to 255 \
+                        visible ASCII characters, bare or as an RFC 8941 string"),
     ),
     request_body(content = serde_json::Value, description = "The payload: any JSON", content_type = "application/json"),
     security((), ("bearer" = [])),
@@ -821,10 +880,40 @@ pub(crate) async fn not_found(method: Method, uri: Uri) -> Response {
 }
 
 /// The fallback for a known path with a method it does not serve: `405` in the API's error
-/// shape (axum still adds the `Allow` header).
-pub(crate) async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+/// shape. axum adds the `Allow` header of the route, except on a registered definition's start
+/// route, whose only method is POST although the router serves it through `/v1/sagas/{saga}`.
+pub(crate) async fn method_not_allowed(
+    State(state): State<AppState>,
+    method: Method,
+    uri: Uri,
+) -> Response {
+    if let Some(name) = uri.path().strip_prefix("/v1/sagas/") {
+        if is_start_route(&state, name) {
+            return start_route_only(method, name);
+        }
+    }
     ApiError::method_not_allowed(format!(
         "method {method} is not allowed on {}",
         quote(uri.path())
     ))
+    .into_response()
+}
+
+/// Whether `/v1/sagas/<segment>` is the start route of a registered definition.
+fn is_start_route(state: &AppState, segment: &str) -> bool {
+    state.engine.registry().latest(segment).is_some()
+}
+
+/// `405` with `Allow: POST` for `method` on the start route of definition `name`.
+fn start_route_only(method: Method, name: &str) -> Response {
+    let mut response = ApiError::method_not_allowed(format!(
+        "method {method} is not allowed on {}: it starts a {name} saga, with POST; read a \
+         saga with GET /v1/sagas/<id>",
+        quote(&format!("/v1/sagas/{name}"))
+    ))
+    .into_response();
+    response
+        .headers_mut()
+        .insert(header::ALLOW, HeaderValue::from_static("POST"));
+    response
 }

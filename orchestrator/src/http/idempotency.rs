@@ -132,8 +132,13 @@ pub(crate) fn parse_callback(headers: &HeaderMap) -> Result<Option<Callback>, Ap
     let secret = one(&CALLBACK_SECRET)?;
     let Some(url) = one(&CALLBACK_URL)? else {
         if secret.is_some() {
-            return Err(ApiError::bad_request(
-                "Saga-Callback-Secret needs a Saga-Callback-Url to sign for",
+            // Each header is well formed (a `400` would say which is not): the pair is what
+            // does not hold together, which a document's per-header schemas cannot say.
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "callback_secret_without_url",
+                "Saga-Callback-Secret needs a Saga-Callback-Url to sign for: send both, or \
+                 neither",
             ));
         }
         return Ok(None);
@@ -226,11 +231,11 @@ pub(crate) fn parse_start_at(headers: &HeaderMap) -> Result<Option<Millis>, ApiE
         ));
     }
     let text = value.to_str().unwrap_or_default().trim();
-    chrono::DateTime::parse_from_rfc3339(text)
-        .map(|t| Some(t.timestamp_millis()))
-        .map_err(|e| {
+    crate::http::extract::rfc3339_millis(text)
+        .map(Some)
+        .ok_or_else(|| {
             ApiError::bad_request(format!(
-                "Saga-Start-At {} is not an RFC 3339 time such as 2026-12-24T18:00:00Z: {e}",
+                "Saga-Start-At {} is not an RFC 3339 time such as 2026-12-24T18:00:00Z",
                 quote(text)
             ))
         })

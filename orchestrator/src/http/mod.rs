@@ -232,23 +232,17 @@ fn api_routes() -> OpenApiRouter<AppState> {
 /// the handlers, so it always matches the router; `docs/openapi.json` is a copy of it
 /// (regenerate with `UPDATE_OPENAPI=1 cargo test -p saga-suite --test http openapi::`).
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    api_routes().into_openapi()
+    let mut doc = api_routes().into_openapi();
+    openapi::exact_parameters(&mut doc);
+    doc
 }
 
-/// [`openapi()`] as pretty-printed JSON with a final newline: the exact text of
-/// `docs/openapi.json` (a server's `GET /openapi.json` is [`openapi_json_for`] its registry).
+/// [`openapi()`] as pretty-printed JSON with a final newline, with the links from a start's
+/// answers to the operations on its saga (which utoipa's typed model cannot write): the exact
+/// text of `docs/openapi.json` (a server's `GET /openapi.json` is [`openapi_json_for`] its
+/// registry).
 pub fn openapi_json() -> String {
-    to_json(&openapi())
-}
-
-fn to_json(doc: &utoipa::openapi::OpenApi) -> String {
-    let mut text = doc
-        .to_pretty_json()
-        // Serializing a document built from our own types cannot fail; an empty object still
-        // makes a valid (if useless) answer should it ever.
-        .unwrap_or_else(|_| "{}".to_owned());
-    text.push('\n');
-    text
+    openapi_json_for(&saga_dsl::Registry::new())
 }
 
 /// Builds the HTTP API over `engine` (and its store: the step log, idempotency keys and
@@ -304,7 +298,8 @@ pub fn router_with_shutdown(
     if config.api_token.as_deref() == Some("") {
         tracing::warn!("the API token is empty: authentication is off");
     }
-    let (routes, api) = api_routes().split_for_parts();
+    let (routes, mut api) = api_routes().split_for_parts();
+    openapi::exact_parameters(&mut api);
     // The served document also has each registered saga's own start route and input schema.
     let doc = definitions::with_start_routes(&api, engine.registry());
     let state = AppState {

@@ -5,9 +5,21 @@
 //! built from the same list: a handler cannot be served without being documented. The test
 //! `tests/http/openapi.rs` checks the rest (methods, status codes) against the live router, and
 //! that `docs/openapi.json` is this document byte for byte.
+//!
+//! The document is an exact contract: what a route's attribute cannot say is set on the
+//! generated document here ([`exact_parameters`]) and in `http::definitions` (the served
+//! document's parts per saga), and `scripts/contract.sh` checks the served document against a
+//! real server with schemathesis, which fails on any valid request refused, invalid one taken
+//! or answer not documented.
 
+use utoipa::openapi::schema::{
+    AnyOfBuilder, KnownFormat, ObjectBuilder, Ref, Schema, SchemaFormat, SchemaType, Type,
+};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::RefOr;
 use utoipa::{IntoResponses, Modify, OpenApi, ToSchema};
+
+use crate::model::SagaStatus;
 
 /// The error body every `4xx` and `5xx` answer has.
 #[derive(Debug, ToSchema)]
@@ -164,3 +176,146 @@ impl Modify for BearerAuth {
     )
 )]
 pub(crate) struct ApiDoc;
+
+/// Rust's white space (`char::is_whitespace`, what `str::trim` removes), as the body of a
+/// regular expression character class: spelled out, because `\s` means another set in each
+/// dialect that reads the document (ECMA 262, Python, Rust).
+const WHITE_SPACE: &str =
+    r"\t\n\u000b\f\r \u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000";
+
+/// What the routes' attributes cannot say exactly, set on the document they generate.
+pub(crate) fn exact_parameters(doc: &mut utoipa::openapi::OpenApi) {
+    absent_not_null(doc);
+    exact_list_query(doc);
+}
+
+/// An optional parameter (`Option<T>` in an attribute) is typed `[T, "null"]`, but a header or
+/// a query parameter is absent or a text, never JSON's `null`: a client that sent the text
+/// `null` as the document allows would be refused. The optional parameters keep `T` alone;
+/// `required: false` already says they may be left out.
+fn absent_not_null(doc: &mut utoipa::openapi::OpenApi) {
+    let operations = doc.paths.paths.values_mut().flat_map(|item| {
+        [
+            item.get.as_mut(),
+            item.post.as_mut(),
+            item.put.as_mut(),
+            item.delete.as_mut(),
+            item.patch.as_mut(),
+        ]
+        .into_iter()
+        .flatten()
+    });
+    for operation in operations {
+        for param in operation.parameters.iter_mut().flatten() {
+            if let Some(RefOr::T(Schema::Object(object))) = param.schema.as_mut() {
+                if let SchemaType::Array(types) = &object.schema_type {
+                    let types: Vec<Type> = types
+                        .iter()
+                        .filter(|t| **t != Type::Null)
+                        .cloned()
+                        .collect();
+                    if let [only] = types.as_slice() {
+                        object.schema_type = SchemaType::Type(only.clone());
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Gives the query parameters of `GET /v1/sagas` the exact schemas of what
+/// `http::extract::ListQuery` takes, which its attribute cannot spell: an empty value stands
+/// for an absent parameter (a form's blank field), a status is read in any case, an id prefix
+/// may carry dashes and surrounding white space.
+fn exact_list_query(doc: &mut utoipa::openapi::OpenApi) {
+    let Some(list) = doc
+        .paths
+        .paths
+        .get_mut("/v1/sagas")
+        .and_then(|item| item.get.as_mut())
+    else {
+        return;
+    };
+    for param in list.parameters.iter_mut().flatten() {
+        if let Some(schema) = list_param_schema(&param.name) {
+            param.schema = Some(schema);
+        }
+    }
+}
+
+/// The schema of query parameter `name` of `GET /v1/sagas`, when it is not the one its type
+/// gives.
+fn list_param_schema(name: &str) -> Option<RefOr<Schema>> {
+    let blank = || {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some([""]))
+    };
+    let or_blank = |schema: RefOr<Schema>| -> RefOr<Schema> {
+        RefOr::T(Schema::AnyOf(
+            AnyOfBuilder::new().item(schema).item(blank()).build(),
+        ))
+    };
+    let schema = match name {
+        "status" => {
+            // Each status with each letter in either case.
+            let statuses: Vec<String> = SagaStatus::ALL
+                .iter()
+                .map(|s| {
+                    s.as_str()
+                        .chars()
+                        .map(|c| format!("[{}{}]", c.to_ascii_uppercase(), c.to_ascii_lowercase()))
+                        .collect()
+                })
+                .collect();
+            RefOr::T(Schema::AnyOf(
+                AnyOfBuilder::new()
+                    .item(Ref::from_schema_name("SagaStatus"))
+                    .item(
+                        ObjectBuilder::new()
+                            .schema_type(Type::String)
+                            .pattern(Some(format!("^(?:|{})$", statuses.join("|")))),
+                    )
+                    .build(),
+            ))
+        }
+        "needs_attention" | "blocked" => RefOr::T(Schema::AnyOf(
+            AnyOfBuilder::new()
+                .item(ObjectBuilder::new().schema_type(Type::Boolean))
+                .item(
+                    ObjectBuilder::new()
+                        .schema_type(Type::String)
+                        .enum_values(Some(["", "0", "1"])),
+                )
+                .build(),
+        )),
+        "created_after" | "created_before" => or_blank(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .format(Some(SchemaFormat::KnownFormat(KnownFormat::DateTime)))
+                .into(),
+        ),
+        "limit" => or_blank(
+            ObjectBuilder::new()
+                .schema_type(Type::Integer)
+                .minimum(Some(1))
+                .maximum(Some(crate::http::extract::MAX_PAGE))
+                .into(),
+        ),
+        "cursor" => or_blank(
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .format(Some(SchemaFormat::KnownFormat(KnownFormat::Uuid)))
+                .into(),
+        ),
+        "id_prefix" => ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some(format!(
+                "^(?:|[{WHITE_SPACE}]*(?:-*[0-9A-Fa-f]){{{},32}}-*[{WHITE_SPACE}]*)$",
+                crate::model::IdPrefix::MIN_LEN
+            )))
+            .into(),
+        _ => return None,
+    };
+    Some(schema)
+}

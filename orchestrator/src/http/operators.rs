@@ -15,13 +15,20 @@ use crate::http::openapi::{
 };
 use crate::http::state::AppState;
 use crate::model::Saga;
-use crate::operations::{Operations, Reason};
+use crate::operations::{Operations, Reason, MAX_REASON};
 
 /// The body of an audited operator command.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct OperatorReason {
-    /// Why: kept in the audit event (1 to 1000 characters).
+    /// Why: kept in the audit event, without its surrounding white space. At most 1000
+    /// characters as sent, at least one of them not white space.
+    // The pattern is one character outside Rust's `char::is_whitespace`, the set `Reason`
+    // trims, spelled out so that every regular expression dialect reads the same set.
+    #[schema(
+        max_length = 1000,
+        pattern = "[^\\t\\n\\u000b\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
+    )]
     reason: String,
 }
 
@@ -32,6 +39,15 @@ fn reason(JsonBody(body): JsonBody) -> Result<Reason, ApiError> {
             "the body must be {{\"reason\": \"…\"}} (why, for the audit): {e}"
         ))
     })?;
+    // Counted as sent, as the document's `maxLength` counts it: `Reason` alone would count
+    // the trimmed text and take a longer one.
+    if parsed.reason.chars().count() > MAX_REASON {
+        return Err(ApiError::bad_request(format!(
+            "the reason is {} characters long; at most {MAX_REASON} are allowed, surrounding \
+             white space included: shorten it",
+            parsed.reason.chars().count()
+        )));
+    }
     Ok(Reason::parse(&parsed.reason)?)
 }
 
@@ -49,7 +65,7 @@ fn reason(JsonBody(body): JsonBody) -> Result<Reason, ApiError> {
                    when it comes, is refused. Needs the `operate` scope.",
     params(("saga" = String, Path,
          description = "The saga id, or a unique prefix of it: its first 8 or more characters",
-         pattern = "^-*([0-9a-fA-F]-*){8,32}$")),
+         pattern = "^[0-9a-fA-F]{8}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-[0-9a-fA-F]{0,12})?))?))?))?$")),
     request_body(content = OperatorReason, content_type = "application/json"),
     security((), ("bearer" = [])),
     responses(
@@ -87,7 +103,7 @@ pub(crate) async fn abort_saga(
                    Needs the `operate` scope.",
     params(("saga" = String, Path,
          description = "The saga id, or a unique prefix of it: its first 8 or more characters",
-         pattern = "^-*([0-9a-fA-F]-*){8,32}$")),
+         pattern = "^[0-9a-fA-F]{8}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-[0-9a-fA-F]{0,12})?))?))?))?$")),
     security((), ("bearer" = [])),
     responses(
         (status = 200, description = "Done: the saga as the command left it", body = Saga),
@@ -125,7 +141,7 @@ pub(crate) async fn retry_saga(
     params(
         ("saga" = String, Path,
          description = "The saga id, or a unique prefix of it: its first 8 or more characters",
-         pattern = "^-*([0-9a-fA-F]-*){8,32}$"),
+         pattern = "^[0-9a-fA-F]{8}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-[0-9a-fA-F]{0,12})?))?))?))?$"),
         ("step" = String, Path, description = "The step's name (a branch is `group/branch`)"),
     ),
     request_body(content = OperatorReason, content_type = "application/json"),

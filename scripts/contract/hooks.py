@@ -1,0 +1,92 @@
+"""Checks of the contract run (scripts/contract.sh) beside schemathesis' own.
+
+`positive_data_acceptance` is told to take `422` from a valid request (schemathesis.toml),
+because four refusals depend on what no schema can state (state, the network, a pair
+of headers). This check takes back the
+rest: a valid request answered `422` fails unless the error's code is one of those four.
+"""
+
+import json
+import re
+
+import schemathesis
+from schemathesis.core.failures import Failure
+
+# The `422` codes of a request the document calls valid: each depends on more than the request.
+STATE_REFUSALS = {
+    # The same key came before with another request (SPEC §4).
+    "idempotency_key_reused",
+    # Saga-Start-At is a valid time, but one already past.
+    "start_in_past",
+    # Saga-Callback-Url is a valid URL whose host is or resolves to an internal address, or
+    # does not resolve.
+    "callback_url_not_allowed",
+    # Saga-Callback-Secret without Saga-Callback-Url: each header is valid, the pair is not,
+    # and a document states each header on its own.
+    "callback_secret_without_url",
+}
+
+
+@schemathesis.check
+def refused_only_for_state(ctx, response, case):
+    meta = case.meta
+    if meta is None or not meta.generation.mode.is_positive or response.status_code != 422:
+        return None
+    try:
+        code = json.loads(response.content)["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        code = None
+    if code in STATE_REFUSALS:
+        return None
+    raise Failure(
+        operation=case.operation.label,
+        title="Schema-valid request refused 422",
+        message=(
+            f"A request the document calls valid was refused 422 with code {code!r}; only "
+            f"{', '.join(sorted(STATE_REFUSALS))} may refuse one"
+        ),
+    )
+
+
+@schemathesis.hook
+def filter_case(ctx, case):
+    """Drops the cases schemathesis calls valid whose headers are not.
+
+    The coverage phase gives no valid value to a header whose pattern needs characters other
+    than letters and digits (`Saga-Callback-Url`: `:` and `/`), then sends it all the same,
+    filled with a value outside its pattern (an empty text, or a run of zeros longer than its
+    `maxLength`), as part of a case it calls valid. The server refuses such a header, as the
+    document says it does; the case says nothing about the contract.
+    """
+    meta = case.meta
+    if meta is None or meta.phase.name != "coverage" or not meta.generation.mode.is_positive:
+        return True
+    headers = case.headers or {}
+    for param in case.operation.definition.raw.get("parameters", []):
+        if param.get("in") != "header" or param.get("name") not in headers:
+            continue
+        schema = param.get("schema", {})
+        value = headers[param["name"]]
+        if not isinstance(value, str):
+            continue
+        if "pattern" in schema and not re.search(schema["pattern"], value):
+            return False
+        if len(value) > schema.get("maxLength", len(value)):
+            return False
+    return True
+
+
+# The optional headers of a start that make it `422` for reasons of time or network (a
+# Saga-Start-At already past, a callback host that does not resolve) or hold it (`Prefer:
+# wait`): the other phases send them; the stateful phase leaves them out, so that its starts
+# succeed and it goes on along the links to the saga they started.
+STATEFUL_LEFT_OUT = ("Saga-Start-At", "Saga-Callback-Url", "Saga-Callback-Secret", "Prefer")
+
+
+@schemathesis.hook
+def map_case(ctx, case):
+    meta = case.meta
+    if meta is not None and meta.phase.name == "stateful" and case.headers:
+        for name in STATEFUL_LEFT_OUT:
+            case.headers.pop(name, None)
+    return case
