@@ -236,11 +236,16 @@ async fn show_puts_steps_statuses_and_attempts_at_a_glance() {
         "a hint says what a person can do:\n{failed}"
     );
 
-    // `--json` is exactly the saga object of the HTTP API: the stored saga as it is shown.
+    // `--json` is exactly the saga object of the HTTP API: the stored saga as it is shown,
+    // with every attempt of its attempt log, as the table has them.
     let shown = saga_json(s, &["show", &id, "--json"]).await;
-    let stored =
-        serde_json::to_value(s.get_saga(f.compensated).await.unwrap().unwrap().shown()).unwrap();
+    let stored = serde_json::to_value(orchestrator::model::SagaDetail {
+        saga: s.get_saga(f.compensated).await.unwrap().unwrap().shown(),
+        attempts: s.attempts(f.compensated).await.unwrap(),
+    })
+    .unwrap();
     assert_eq!(shown, stored);
+    assert_eq!(shown["attempts"].as_array().map(Vec::len), Some(3));
     assert_eq!(shown["steps"][1]["status"], "FAILED");
     assert_eq!(shown["steps"][0]["compensation"]["status"], "SUCCEEDED");
     f.engine.stop().await;
@@ -990,4 +995,47 @@ async fn purge_counts_in_a_dry_run_then_deletes_the_finished_sagas_but_the_faile
             .unwrap_err();
         assert!(err.to_string().contains("not found"), "{err}");
     }
+}
+
+#[tokio::test]
+async fn the_application_help_names_every_example_saga() {
+    let dir = tempfile::tempdir().unwrap();
+    let shop = example_sagas::shop::Shop::open(&format!(
+        "sqlite://{}",
+        dir.path().join("shop.db").display()
+    ))
+    .await
+    .unwrap();
+    let registry = example_sagas::registry(Arc::new(shop)).unwrap();
+    let out = Command::new(saga_suite::bin_path("example-sagas"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    let names: Vec<&str> = registry.iter().map(|d| d.name()).collect();
+    assert!(names.contains(&"fulfil_order"), "{names:?}");
+    for name in names {
+        assert!(help.contains(name), "the help omits {name}:\n{help}");
+    }
+}
+
+#[tokio::test]
+async fn an_output_that_cannot_be_written_is_said_once() {
+    let f = Fixture::new().await;
+    let full = std::fs::File::options()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let out = Command::new(saga_binary())
+        .args(["list", "--json"])
+        .env("DATABASE_URL", &f.db.url)
+        .env_remove("RUST_LOG")
+        .stdout(full)
+        .output()
+        .unwrap();
+    assert_one_line_error(&out, "cannot write output: ");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.matches("os error 28").count(), 1, "{stderr}");
+    f.engine.stop().await;
 }

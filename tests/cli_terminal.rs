@@ -209,7 +209,8 @@ async fn tables_fit_columns_100_and_keep_the_id_whole() {
             }
         }
     }
-    // Narrower still: columns go, cells are cut, the id stays whole.
+    // Narrower still: columns go, cells are cut, `show`'s id stays whole and `list`'s is cut
+    // only to its shortest unique prefix, which names the saga.
     for cols in [80usize, 60] {
         for args in [
             vec!["list"],
@@ -220,8 +221,18 @@ async fn tables_fit_columns_100_and_keep_the_id_whole() {
             let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
             let text = stdout(&piped("saga", &log.db.url, &args, &env));
             assert_fits(&text, cols, &format!("{args:?} at {cols}"));
-            if args[0] != "events" {
+            if args[0] == "show" {
                 assert!(text.contains(&id), "the id is whole at {cols}:\n{text}");
+            }
+            if args[0] == "list" {
+                let short = short_id_in(&text, &id);
+                let named = stdout(&piped(
+                    "saga",
+                    &log.db.url,
+                    &["show", &short, "--json"],
+                    &[],
+                ));
+                assert!(named.contains(&id), "{short} names the saga");
             }
         }
     }
@@ -244,13 +255,126 @@ async fn tables_fit_columns_100_and_keep_the_id_whole() {
             "UPDATE sagas SET needs_attention = TRUE WHERE id = '{id}'"
         ))
         .await;
+    // At 100 columns the id is whole; under that it would take more than two fifths of the
+    // width, and is its shortest unique prefix instead.
     for cols in ["100", "90"] {
         let text = stdout(&piped("saga", &log.db.url, &["list"], &[("COLUMNS", cols)]));
         assert_fits(&text, cols.parse().unwrap(), "a flagged saga");
-        assert!(
-            text.contains(&id) && text.contains("NEEDS ATTENTION"),
-            "{text}"
-        );
+        assert!(text.contains("NEEDS ATTENTION"), "{text}");
+        if cols == "100" {
+            assert!(text.contains(&id), "{text}");
+        } else {
+            short_id_in(&text, &id);
+        }
+    }
+}
+
+/// The id cell of `id`'s row in a `list` table: a prefix of it, of 8 characters or more and
+/// shorter than the whole id, on exactly one row.
+fn short_id_in(text: &str, id: &str) -> String {
+    let rows: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(&id[..8]))
+        .filter(|l| {
+            let cell = l
+                .trim_start_matches(['│', '┆', ' '])
+                .split(' ')
+                .next()
+                .unwrap_or("");
+            cell.len() >= 8 && id.starts_with(cell)
+        })
+        .collect();
+    assert_eq!(rows.len(), 1, "one row of {id}:\n{text}");
+    let cell = rows[0]
+        .trim_start_matches(['│', '┆', ' '])
+        .split(' ')
+        .next()
+        .unwrap()
+        .to_owned();
+    assert!(cell.len() < id.len(), "the whole id at 80 columns:\n{text}");
+    cell
+}
+
+#[tokio::test]
+async fn a_list_of_80_columns_gives_the_id_a_short_unique_prefix() {
+    let log = Log::new().await;
+    let id = log.compensated.to_string();
+    let text = stdout(&piped("saga", &log.db.url, &["list"], &[("COLUMNS", "80")]));
+    assert_fits(&text, 80, "list at 80");
+    let short = short_id_in(&text, &id);
+    assert!(
+        short.len() <= 16,
+        "the id takes {} of 80 columns:\n{text}",
+        short.len()
+    );
+    // Still the room for what the list is for.
+    assert!(text.contains("refund_with"), "{text}");
+    assert!(text.contains("COMPENSATED"), "{text}");
+    // Wide enough, the whole id.
+    let wide = stdout(&piped(
+        "saga",
+        &log.db.url,
+        &["list"],
+        &[("COLUMNS", "200")],
+    ));
+    assert!(wide.contains(&id), "{wide}");
+}
+
+#[tokio::test]
+async fn show_keeps_errors_whole_in_a_pipe_or_with_room_and_prints_them_whole_when_narrow() {
+    let log = Log::new().await;
+    let id = log.compensated.to_string();
+    let error = long_error("charge")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    let release = long_error("release")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    // In a pipe, and on a terminal with room: every error whole, on one line of its table.
+    for env in [vec![], vec![("COLUMNS", "600")]] {
+        let text = stdout(&piped("saga", &log.db.url, &["show", &id], &env));
+        assert!(text.contains(&error), "{env:?}:\n{text}");
+        assert!(text.contains(&release), "{env:?}:\n{text}");
+    }
+    // Narrow: the tables fit and cut, then every error follows in full, wrapped.
+    for cols in [100usize, 60] {
+        let env = [("COLUMNS", cols.to_string())];
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let text = stdout(&piped("saga", &log.db.url, &["show", &id], &env));
+        assert_fits(&text, cols, &format!("show at {cols}"));
+        let full = text
+            .split("Errors in full")
+            .nth(1)
+            .unwrap_or_else(|| panic!("no full errors at {cols}:\n{text}"));
+        let squeezed: String = full.split_whitespace().collect();
+        for e in [&error, &release] {
+            let e: String = e.split_whitespace().collect();
+            assert!(squeezed.contains(&e), "{e} at {cols}:\n{text}");
+        }
+        assert!(full.contains("saga"), "where it came from:\n{full}");
+    }
+    // `--json` has the saga with its attempts, as the HTTP API's saga object.
+    let json: serde_json::Value = serde_json::from_str(&stdout(&piped(
+        "saga",
+        &log.db.url,
+        &["show", &id, "--json"],
+        &[],
+    )))
+    .unwrap();
+    assert_eq!(json["id"], id.as_str());
+    let attempts = json["attempts"].as_array().unwrap();
+    assert!(!attempts.is_empty(), "{json}");
+    for field in [
+        "step",
+        "phase",
+        "attempt",
+        "worker",
+        "started_at",
+        "outcome",
+    ] {
+        assert!(attempts[0].get(field).is_some(), "{field} in {json}");
     }
 }
 
@@ -306,7 +430,8 @@ async fn a_terminal_of_100_columns_gets_tables_that_fit_and_colour() {
     // COLUMNS wins over the terminal's width.
     let narrow = on_terminal("saga", &log.db.url, &["list"], 100, &[("COLUMNS", "80")]);
     assert_fits(&narrow, 80, "COLUMNS=80 on a terminal of 100");
-    assert!(strip_ansi(&narrow).contains(&id));
+    // The saga is there, by the short id a list of 80 columns gives it.
+    short_id_in(&strip_ansi(&narrow), &id);
 }
 
 #[tokio::test]

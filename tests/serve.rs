@@ -640,3 +640,22 @@ async fn a_fresh_server_has_its_series_at_zero_from_the_first_scrape() {
         .all(|s| s.kind == "histogram"));
     drop(server);
 }
+
+#[tokio::test]
+async fn a_server_on_sqlite_writes_its_address_beside_the_database_while_it_serves() {
+    let db = TempDb::new();
+    let Some(file) = orchestrator::discovery::address_file(&db.url) else {
+        // A PostgreSQL log has no file beside it: commands there need --server.
+        return;
+    };
+    let mut server = Server::spawn(&db.url, db.dir.path(), &[], &[]).await;
+    // The address commands on this database find, reachable from here even when the server
+    // listens on every interface.
+    let written = std::fs::read_to_string(&file).unwrap();
+    assert_eq!(written.trim(), server.base);
+    assert!(sigterm(&mut server.child).success());
+    assert!(
+        !file.exists(),
+        "a server that stopped leaves no address behind"
+    );
+}

@@ -24,7 +24,7 @@ use orchestrator::telemetry::Telemetry;
 use orchestrator::{Orchestrator, ServeArgs};
 use tokio_util::sync::CancellationToken;
 
-/// Run and inspect the example sagas (place_order, book_trip).
+/// Run and inspect the example sagas (place_order, book_trip, fulfil_order).
 #[derive(Debug, Parser)]
 #[command(name = "example-sagas", version)]
 struct Cli {

@@ -319,8 +319,11 @@ impl SagaClient {
         })
     }
 
-    /// Reads a saga (`GET /v1/sagas/{id}`).
-    pub async fn get(&self, id: Uuid) -> Result<Saga, ClientError> {
+    /// Reads a saga (`GET /v1/sagas/{id}`). Here and in every method that names a saga, `id`
+    /// is its id or a unique prefix of it (its first 8 or more characters), which the server
+    /// resolves: a prefix of several sagas is a `400` [`ClientError::Api`] with code
+    /// `ambiguous_id`, naming some of them; a prefix of none a `404`.
+    pub async fn get(&self, id: impl std::fmt::Display) -> Result<Saga, ClientError> {
         let url = self.url(&["v1", "sagas", &id.to_string()])?;
         let response = self.send(Method::GET, &url, |req| req).await?;
         decode(&url, response).await
@@ -329,14 +332,19 @@ impl SagaClient {
     /// Waits up to `timeout` for the saga to end, with long polls (`Prefer: wait`) rather than
     /// a busy loop, and returns it as it is then: check [`SagaStatus::is_terminal`] to tell an
     /// end from a timeout.
-    pub async fn wait(&self, id: Uuid, timeout: Duration) -> Result<Saga, ClientError> {
-        let url = self.url(&["v1", "sagas", &id.to_string()])?;
+    pub async fn wait(
+        &self,
+        id: impl std::fmt::Display,
+        timeout: Duration,
+    ) -> Result<Saga, ClientError> {
+        let id = id.to_string();
+        let url = self.url(&["v1", "sagas", &id])?;
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let remaining = deadline.saturating_duration_since(tokio::time::Instant::now());
             let wait = remaining.min(MAX_WAIT_PER_REQUEST).as_secs();
             if wait == 0 {
-                return self.get(id).await;
+                return self.get(&id).await;
             }
             let asked = tokio::time::Instant::now();
             let response = self
@@ -366,7 +374,7 @@ impl SagaClient {
     /// Requests cancellation (`POST /v1/sagas/{id}/cancel`): the step in flight finishes, then
     /// the saga compensates. A saga that has ended or passed its pivot is a `409`
     /// [`ClientError::Api`], returned at once (an answer, not a request in progress).
-    pub async fn cancel(&self, id: Uuid) -> Result<CancelAccepted, ClientError> {
+    pub async fn cancel(&self, id: impl std::fmt::Display) -> Result<CancelAccepted, ClientError> {
         let url = self.url(&["v1", "sagas", &id.to_string(), "cancel"])?;
         let response = self.send_command(&url, |req| req).await?;
         decode(&url, response).await
@@ -379,7 +387,7 @@ impl SagaClient {
     /// `404`; a saga that has ended a `409` with code `conflict`.
     pub async fn signal(
         &self,
-        id: Uuid,
+        id: impl std::fmt::Display,
         name: &str,
         payload: &impl Serialize,
         idempotency_key: Option<String>,
@@ -402,14 +410,18 @@ impl SagaClient {
     /// Aborts a saga (`POST /v1/sagas/{id}/abort`): it stops without compensating, audited with
     /// `reason` and this client's token name; a call in flight is recorded `abandoned`. Needs
     /// a token with the `operate` scope; a saga that has ended is a `409` [`ClientError::Api`].
-    pub async fn abort(&self, id: Uuid, reason: &str) -> Result<Saga, ClientError> {
+    pub async fn abort(
+        &self,
+        id: impl std::fmt::Display,
+        reason: &str,
+    ) -> Result<Saga, ClientError> {
         let url = self.url(&["v1", "sagas", &id.to_string(), "abort"])?;
         self.operate(&url, Some(reason)).await
     }
 
     /// Makes a waiting retry happen now, or gives a `FAILED` saga's failed step another
     /// attempt (`POST /v1/sagas/{id}/retry`). Needs the `operate` scope.
-    pub async fn retry(&self, id: Uuid) -> Result<Saga, ClientError> {
+    pub async fn retry(&self, id: impl std::fmt::Display) -> Result<Saga, ClientError> {
         let url = self.url(&["v1", "sagas", &id.to_string(), "retry"])?;
         self.operate(&url, None).await
     }
@@ -419,7 +431,7 @@ impl SagaClient {
     /// `operate` scope; a saga that is not compensating is a `409` [`ClientError::Api`].
     pub async fn mark_compensated(
         &self,
-        id: Uuid,
+        id: impl std::fmt::Display,
         step: &str,
         reason: &str,
     ) -> Result<Saga, ClientError> {

@@ -59,6 +59,7 @@ pub mod cli;
 pub mod client;
 pub mod clock;
 pub mod consumer;
+pub mod discovery;
 pub mod engine;
 pub mod failpoint;
 pub mod http;

@@ -14,7 +14,6 @@
 use std::io::Write;
 use std::process::ExitCode;
 
-use anyhow::Context;
 use clap::Parser;
 use orchestrator::cli::{self, AdminCommand, CliError, DatabaseArgs, LogFormat};
 
@@ -57,9 +56,7 @@ async fn main() -> ExitCode {
 async fn run(cli: &Cli) -> anyhow::Result<()> {
     let mut out = std::io::BufWriter::new(std::io::stdout().lock());
     cli::open_and_run(&cli.cmd, &cli.db.database_url, &mut out).await?;
-    out.flush()
-        .map_err(CliError::Io)
-        .context("cannot write output")?;
+    out.flush().map_err(CliError::Io)?;
     Ok(())
 }
 

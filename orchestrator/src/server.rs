@@ -71,28 +71,31 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ServeError {
+    // The variants below say their cause in their message, so none of them also gives it as
+    // its `source()`: a program that prints the error with its chain (anyhow's `{:#}`, or the
+    // `Error: … Caused by: …` of a `main` that returns it) would say the cause twice.
     /// The address could not be bound.
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}: {cause}")]
     Listen {
         /// The address asked for.
         addr: String,
         /// What the system said.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// The database could not be opened or migrated.
-    #[error("cannot open the database {url}: {source}")]
+    #[error("cannot open the database {url}: {cause}")]
     Database {
         /// The URL, without its password.
         url: String,
         /// What failed.
-        source: StoreError,
+        cause: StoreError,
     },
     /// The tokens file cannot be read, or a line of it is wrong.
     #[error(transparent)]
     Tokens(#[from] crate::http::tokens::TokensFileError),
     /// The webhook settings are invalid (a subscriber URL, say).
     #[error("invalid webhook settings: {0}")]
-    Webhooks(#[from] WebhookError),
+    Webhooks(WebhookError),
     /// The message broker is set up in a way the relay cannot publish to (a stream that does
     /// not capture the events' subjects, say).
     #[error("cannot publish to the message broker: {0}")]
@@ -101,12 +104,12 @@ pub enum ServeError {
     #[error(transparent)]
     Telemetry(#[from] crate::telemetry::TelemetryError),
     /// The engine cannot run on this database (another process holds the SQLite file).
-    #[error("the engine cannot start on {url}: {source}")]
+    #[error("the engine cannot start on {url}: {cause}")]
     EngineStart {
         /// The URL, without its password.
         url: String,
         /// What failed.
-        source: EngineError,
+        cause: EngineError,
     },
     /// The engine stopped with an error while serving.
     #[error("the engine failed: {0}")]
@@ -120,6 +123,12 @@ pub enum ServeError {
         /// Which task.
         task: &'static str,
     },
+}
+
+impl From<WebhookError> for ServeError {
+    fn from(e: WebhookError) -> Self {
+        Self::Webhooks(e)
+    }
 }
 
 /// The entry point: see the [module](self).
@@ -357,9 +366,9 @@ impl OrchestratorBuilder {
         }
         let shown_url = redact_url(&self.database_url);
         // Bound first: a busy port is found before any file is created.
-        let listen_error = |source| ServeError::Listen {
+        let listen_error = |cause| ServeError::Listen {
             addr: self.listen.clone(),
-            source,
+            cause,
         };
         let listener = tokio::net::TcpListener::bind(&self.listen)
             .await
@@ -381,6 +390,9 @@ impl OrchestratorBuilder {
             None if self.database_url.starts_with("sqlite:") => format!("{shown_url} (SQLite)"),
             None => format!("{shown_url} (PostgreSQL)"),
         };
+        // Before the address is announced: whoever reads it (a script, a test) finds the file
+        // too. Nothing can fail between here and serving.
+        let address_file = crate::discovery::AddressFile::write(&self.database_url, addr);
         tracing::info!(%database, %addr, workers = self.engine.workers, "serving");
         if self.announce {
             // Scripts and tests read the bound address from the second line.
@@ -392,14 +404,16 @@ impl OrchestratorBuilder {
         if let Some(signal) = signal {
             tokio::spawn(stop_on_signal(signal, self.shutdown.clone()));
         }
-        Ok(Server::run(
+        let mut server = Server::run(
             addr,
             listener,
             parts,
             self.http,
             self.retention,
             self.shutdown,
-        ))
+        );
+        server.address_file = address_file;
+        Ok(server)
     }
 
     /// [`start`](Self::start), then serve until stopped: the whole life of a server process.
@@ -413,9 +427,9 @@ impl OrchestratorBuilder {
         let store =
             store::open(&self.database_url)
                 .await
-                .map_err(|source| ServeError::Database {
+                .map_err(|cause| ServeError::Database {
                     url: shown_url.to_owned(),
-                    source,
+                    cause,
                 })?;
         if self.webhooks.secret.is_none() {
             tracing::info!(
@@ -440,9 +454,9 @@ impl OrchestratorBuilder {
         engine
             .register()
             .await
-            .map_err(|source| ServeError::EngineStart {
+            .map_err(|cause| ServeError::EngineStart {
                 url: shown_url.to_owned(),
-                source,
+                cause,
             })?;
         Ok(Parts {
             engine,
@@ -481,9 +495,9 @@ async fn nats_relay(
     store
         .open_relay(crate::broker::nats::TARGET_NAME)
         .await
-        .map_err(|source| ServeError::Database {
+        .map_err(|cause| ServeError::Database {
             url: shown_url.to_owned(),
-            source,
+            cause,
         })?;
     Ok(BrokerRelay::new(
         store.clone(),
@@ -508,6 +522,8 @@ pub struct Server {
     broker_task: Option<JoinHandle<()>>,
     sweeper_task: JoinHandle<()>,
     retention_task: Option<JoinHandle<()>>,
+    /// Where commands on this database find the server; removed once it has stopped.
+    address_file: Option<crate::discovery::AddressFile>,
 }
 
 impl Server {
@@ -560,6 +576,7 @@ impl Server {
             broker_task,
             sweeper_task,
             retention_task,
+            address_file: None,
         }
     }
 

@@ -24,6 +24,14 @@ async fn the_console_is_served_from_the_binary_without_a_token() {
     let moved = no_redirects.get(api.url("/ui")).send().await.unwrap();
     assert_eq!(moved.status(), StatusCode::PERMANENT_REDIRECT);
     assert_eq!(moved.headers()["location"], "/ui/");
+    // The server's bare address leads to the console too, not to a JSON 404.
+    let root = no_redirects.get(api.url("/")).send().await.unwrap();
+    assert_eq!(root.status(), StatusCode::TEMPORARY_REDIRECT);
+    assert_eq!(root.headers()["location"], "/ui/");
+    // The server's bare address leads to the console too, not to a JSON 404.
+    let root = no_redirects.get(api.url("/")).send().await.unwrap();
+    assert_eq!(root.status(), StatusCode::TEMPORARY_REDIRECT);
+    assert_eq!(root.headers()["location"], "/ui/");
 
     let page = Api::send(api.anonymous(Method::GET, "/ui/")).await;
     assert_eq!(page.status, StatusCode::OK, "{}", page.text);

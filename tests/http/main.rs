@@ -1,6 +1,7 @@
 //! The HTTP API over real loopback sockets, as a client sees it, one module per resource:
 //! sagas (start, read, list, events, cancel), signals, the health check, auth, the OpenAPI document,
-//! metrics, `Prefer: wait`, the typed client with `saga start`, and malformed requests. Every
+//! metrics, `Prefer: wait`, the typed client with `saga start`, saga id prefixes, and malformed
+//! requests. Every
 //! error is JSON `{"error": {"code", "message"}}`.
 //!
 //! Most tests talk to one server shared by the whole binary ([`shared`]), so their sagas live
@@ -25,6 +26,7 @@ mod metrics;
 mod openapi;
 mod operators;
 mod prefer_wait;
+mod prefixes;
 mod sagas;
 mod signals;
 

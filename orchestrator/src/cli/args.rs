@@ -183,24 +183,26 @@ impl Auth {
     pub const TOKEN: &'static str = "token";
 }
 
-/// The server of the commands that work only through one when `--server` is not given.
+/// The server of the commands that talk to one when neither `--server`, `SAGA_SERVER` nor an
+/// address written beside the database names one.
 pub const DEFAULT_SERVER: &str = "http://127.0.0.1:8080";
 
 /// `--server URL` of a command that works only through a server (`start`, `signal`,
-/// `definitions`), so that it always names one: [`DEFAULT_SERVER`] unless told otherwise. The
-/// commands that may go through a server instead of the database take [`ViaServer`], whose
-/// `--server` is optional.
-#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+/// `definitions`). Without it (or `SAGA_SERVER`), the command asks the server that runs on its
+/// `--database-url`, whose address that server wrote beside an SQLite database
+/// ([`crate::discovery`]), else [`DEFAULT_SERVER`]. The commands that may go through a server
+/// instead of the database take [`ViaServer`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, clap::Args)]
 pub struct Server {
-    /// The server's base URL.
+    /// The server's base URL [default: the address of the server running on --database-url,
+    /// else http://127.0.0.1:8080].
     #[arg(
         id = "server",
         long = "server",
         value_name = "URL",
-        env = "SAGA_SERVER",
-        default_value = DEFAULT_SERVER
+        env = "SAGA_SERVER"
     )]
-    pub url: String,
+    pub url: Option<String>,
 }
 
 /// `list [--status S] [--name N] [--limit N] [--cursor ID] [--needs-attention] [--json]`.
@@ -299,8 +301,8 @@ pub struct PurgeArgs {
     )
 }))]
 pub struct ViaServer {
-    /// The server's base URL: the command goes through its API (the whole saga id is then
-    /// needed). Without it the command writes the database directly.
+    /// The server's base URL: the command goes through its API, which resolves an id prefix
+    /// as the database would. Without it the command writes the database directly.
     #[arg(long, value_name = "URL", env = "SAGA_SERVER")]
     pub server: Option<String>,
     /// The token the server's API is asked with.
@@ -399,7 +401,7 @@ pub struct StartArgs {
     a.help("Print the answer as JSON: `{\"id\", \"signal\", \"status\", \"outcome\"}`")
 }))]
 pub struct SignalArgs {
-    /// The saga id (the whole UUID: the server is asked, not the database).
+    /// The saga id, or its first 8 or more characters (the server resolves them).
     pub id: String,
     /// The signal's name, as the saga's signal step names it (e.g. approval).
     pub name: String,
@@ -522,7 +524,7 @@ mod tests {
                 name: "place_order".into(),
                 input: "{}".into(),
                 server: Server {
-                    url: "http://127.0.0.1:9".into(),
+                    url: Some("http://127.0.0.1:9".into()),
                 },
                 idempotency_key: Some("k-1".into()),
                 wait: Some(5),

@@ -5,22 +5,23 @@
 //! the pivot, abort of a finished saga) are errors, so scripts see a non-zero exit.
 //!
 //! `start` is the exception: it goes through a server's HTTP API with the typed
-//! [`SagaClient`], which reuses one idempotency key across its retries.
+//! [`SagaClient`](crate::client::SagaClient), which reuses one idempotency key across its
+//! retries.
 
 use std::io::Write;
 use std::time::Duration;
 
 use uuid::Uuid;
 
+use super::address::Target;
 use super::args::{
     AbortArgs, AdminCommand, CancelArgs, EventsArgs, ListArgs, MarkCompensatedArgs, PurgeArgs,
     RetryArgs, ShowArgs, SignalArgs, StartArgs,
 };
-use super::error::{client_error, CliError};
+use super::error::CliError;
 use super::render;
 use super::table::Layout;
-use crate::client::SagaClient;
-use crate::model::{IdPrefix, ListFilter, Saga};
+use crate::model::{IdPrefix, ListFilter, Saga, SagaDetail, SagaPage};
 use crate::operations::{Cancelled, Operations, Reason, Retried};
 use crate::store::{OutboxStore, Store};
 
@@ -89,24 +90,33 @@ pub async fn run_admin_with(
             writeln!(out, "migrations applied; the database is up to date")?;
             Ok(())
         }
-        // Needs no store; one given is simply not used.
-        AdminCommand::Start(a) => run_start(a, out).await,
-        AdminCommand::Definitions(a) => super::definitions::run_definitions(a, out).await,
-        AdminCommand::Signal(a) => run_signal(a, out).await,
+        // Needs no store; one given is simply not used (nor is a database to find the server
+        // by: `--server`, `SAGA_SERVER` or the default).
+        AdminCommand::Start(a) => run_start(a, None, out).await,
+        AdminCommand::Definitions(a) => super::definitions::run_definitions(a, None, out).await,
+        AdminCommand::Signal(a) => run_signal(a, None, out).await,
     }
 }
 
-/// Runs `signal`: sends a signal through the HTTP API at `--server` and prints how it was
-/// taken. Needs no database.
-pub async fn run_signal(a: &SignalArgs, out: &mut impl Write) -> Result<(), CliError> {
-    let id = whole_id(&a.id, "`signal` asks the server")?;
+/// Runs `signal`: sends a signal through the HTTP API of the server (`--server`, else the one
+/// running on `database_url`, see [`open_and_run`](super::open_and_run)) and prints how it was
+/// taken. The saga may be named by a prefix of its id, which the server resolves. Opens no
+/// database.
+pub async fn run_signal(
+    a: &SignalArgs,
+    database_url: Option<&str>,
+    out: &mut impl Write,
+) -> Result<(), CliError> {
+    let id = id_for_server(&a.id)?;
     let payload: serde_json::Value = serde_json::from_str(&a.payload)
         .map_err(|e| CliError::BadArgument(format!("--payload is not valid JSON: {e}")))?;
-    let client = SagaClient::new(&a.server.url, a.auth.token.clone()).map_err(client_error)?;
+    let server = Target::find(a.server.url.as_deref(), database_url);
+    let client = server.client(a.auth.token.clone())?;
     let answer = client
-        .signal(id, &a.name, &payload, a.idempotency_key.clone())
+        .signal(&id, &a.name, &payload, a.idempotency_key.clone())
         .await
-        .map_err(client_error)?;
+        .map_err(|e| server.error(e))?;
+    let id = answer.id;
     if a.output.json {
         render::json(out, &answer)?;
     } else if answer.outcome == "received" {
@@ -125,9 +135,14 @@ pub async fn run_signal(a: &SignalArgs, out: &mut impl Write) -> Result<(), CliE
     Ok(())
 }
 
-/// Runs `start`: starts a saga through the HTTP API at `--server` and prints its id and status
-/// (and, with `--wait`, how it ended). Needs no database.
-pub async fn run_start(a: &StartArgs, out: &mut impl Write) -> Result<(), CliError> {
+/// Runs `start`: starts a saga through the HTTP API of the server (`--server`, else the one
+/// running on `database_url`, see [`open_and_run`](super::open_and_run)) and prints its id and
+/// status (and, with `--wait`, how it ended). Opens no database.
+pub async fn run_start(
+    a: &StartArgs,
+    database_url: Option<&str>,
+    out: &mut impl Write,
+) -> Result<(), CliError> {
     let input: serde_json::Value = serde_json::from_str(&a.input)
         .map_err(|e| CliError::BadArgument(format!("--input is not valid JSON: {e}")))?;
     let at =
@@ -142,11 +157,12 @@ pub async fn run_start(a: &StartArgs, out: &mut impl Write) -> Result<(), CliErr
                     })
             })
             .transpose()?;
-    let client = SagaClient::new(&a.server.url, a.auth.token.clone()).map_err(client_error)?;
+    let server = Target::find(a.server.url.as_deref(), database_url);
+    let client = server.client(a.auth.token.clone())?;
     let started = client
         .start_at(&a.name, &input, a.idempotency_key.clone(), at)
         .await
-        .map_err(client_error)?;
+        .map_err(|e| server.error(e))?;
     let Some(secs) = a.wait else {
         if a.output.json {
             render::json(out, &started)?;
@@ -158,7 +174,7 @@ pub async fn run_start(a: &StartArgs, out: &mut impl Write) -> Result<(), CliErr
     let saga = client
         .wait(started.id, Duration::from_secs(secs))
         .await
-        .map_err(client_error)?;
+        .map_err(|e| server.error(e))?;
     if a.output.json {
         render::json(out, &saga)?;
     } else {
@@ -168,12 +184,13 @@ pub async fn run_start(a: &StartArgs, out: &mut impl Write) -> Result<(), CliErr
     Ok(())
 }
 
-/// A whole saga id, for a command that asks a server (`why`), which knows no prefixes.
-pub(super) fn whole_id(text: &str, why: &str) -> Result<Uuid, CliError> {
-    Uuid::try_parse(text.trim()).map_err(|_| {
-        CliError::BadArgument(format!(
-            "invalid saga id {text:?}: {why}, so give the whole id (as `saga list` prints it)"
-        ))
+/// A saga id or prefix for a command that asks a server, checked here (a malformed one is
+/// refused before anything is sent, as on the database), written as the API takes it (the start
+/// of the hyphenated id, whatever dashes and case were typed) and resolved by the server.
+pub(super) fn id_for_server(text: &str) -> Result<String, CliError> {
+    Ok(match parse_id(text)? {
+        IdArg::Full(id) => id.to_string(),
+        IdArg::Prefix(prefix) => prefix.hyphenated(),
     })
 }
 
@@ -271,9 +288,44 @@ async fn list(
     if a.output.json {
         render::json(out, &page)?;
     } else {
-        render::saga_page(out, &page, store.now().await?, layout)?;
+        // Only a table fitted to a width may need them.
+        let short = match layout.width {
+            Some(_) => Some(short_ids(store, &page).await?),
+            None => None,
+        };
+        render::saga_page(out, &page, short.as_deref(), store.now().await?, layout)?;
     }
     Ok(())
+}
+
+/// The shortest prefix of each id on the page (8 characters or more, as `show` takes them)
+/// that no other saga in the log shares, as git shortens hashes: what a narrow table shows
+/// instead of the whole id. Ids of one page share their first characters when they were made
+/// in the same minute, so most need a few more than 8.
+async fn short_ids(store: &dyn Store, page: &SagaPage) -> Result<Vec<String>, CliError> {
+    let mut short = Vec::with_capacity(page.sagas.len());
+    for saga in &page.sagas {
+        let whole = saga.id.to_string();
+        let mut len = IdPrefix::MIN_LEN;
+        while len < whole.len() {
+            let candidate = &whole[..len];
+            let unique_here = page
+                .sagas
+                .iter()
+                .all(|other| other.id == saga.id || !other.id.to_string().starts_with(candidate));
+            // A prefix ending at a dash reads as unfinished: take the next digit with it.
+            if unique_here && !candidate.ends_with('-') {
+                let prefix =
+                    IdPrefix::parse(candidate).map_err(|e| CliError::BadArgument(e.to_string()))?;
+                if store.saga_ids_with_prefix(&prefix, 2).await?.len() <= 1 {
+                    break;
+                }
+            }
+            len += 1;
+        }
+        short.push(whole[..len].to_owned());
+    }
+    Ok(short)
 }
 
 async fn show(
@@ -283,21 +335,22 @@ async fn show(
     layout: &Layout,
 ) -> Result<(), CliError> {
     let id = resolve_id(store, &a.id).await?;
-    // In the words of every surface: the same object as `GET /v1/sagas/{id}`.
+    // In the words of every surface: the same object as `GET /v1/sagas/{id}`, the attempts
+    // read after the saga, as there.
     let saga = load(store, id).await?.shown();
+    let attempts = store.attempts(id).await?;
     if a.output.json {
-        render::json(out, &saga)?;
+        render::json(out, &SagaDetail { saga, attempts })?;
         return Ok(());
     }
-    let attempts = store.attempts(id).await?;
     let now = store.now().await?;
     render::saga(out, &saga, &attempts, now, layout)?;
     Ok(())
 }
 
 /// `show` with the saga's webhook deliveries after the attempt log (in the table view; `--json`
-/// prints the saga object alone, the same as `GET /v1/sagas/{id}`; its deliveries are
-/// `GET /v1/sagas/{id}/deliveries`).
+/// prints the saga object with its attempts, the same as `GET /v1/sagas/{id}`; its deliveries
+/// are `GET /v1/sagas/{id}/deliveries`).
 pub async fn show_with_deliveries(
     a: &ShowArgs,
     store: &dyn Store,

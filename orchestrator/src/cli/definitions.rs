@@ -6,21 +6,27 @@ use std::io::Write;
 
 use comfy_table::{presets, ContentArrangement, Table};
 
+use super::address::Target;
 use super::args::DefinitionsArgs;
-use super::error::{client_error, CliError};
+use super::error::CliError;
 use super::render;
-use crate::client::SagaClient;
 use crate::model::{Definition, DefinitionList, StepKind};
 
 /// How many characters of the step-list hash the table shows: enough to tell versions apart
 /// at a glance (the whole hash is in `--json` and in `saga show`).
 const SHORT_HASH: usize = 8;
 
-/// Runs `definitions`: asks the server at `--server` for its definitions and prints them as a
-/// table, or with `--json` as the API answered them. Needs no database.
-pub async fn run_definitions(a: &DefinitionsArgs, out: &mut impl Write) -> Result<(), CliError> {
-    let client = SagaClient::new(&a.server.url, a.auth.token.clone()).map_err(client_error)?;
-    let list = client.definitions().await.map_err(client_error)?;
+/// Runs `definitions`: asks the server (`--server`, else the one running on `database_url`,
+/// see [`open_and_run`](super::open_and_run)) for its definitions and prints them as a table,
+/// or with `--json` as the API answered them. Opens no database.
+pub async fn run_definitions(
+    a: &DefinitionsArgs,
+    database_url: Option<&str>,
+    out: &mut impl Write,
+) -> Result<(), CliError> {
+    let server = Target::find(a.server.url.as_deref(), database_url);
+    let client = server.client(a.auth.token.clone())?;
+    let list = client.definitions().await.map_err(|e| server.error(e))?;
     if a.output.json {
         render::json(out, &list)?;
     } else {

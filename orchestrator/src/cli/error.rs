@@ -36,9 +36,16 @@ pub enum CliError {
     /// The database could not be opened or read, or refused the change.
     #[error(transparent)]
     Store(StoreError),
-    /// The output could not be written.
+    /// The output could not be written (the cause is in the message, so it is not also a
+    /// `source()`, which a chain printed on one line would repeat).
     #[error("cannot write output: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
+}
+
+impl From<std::io::Error> for CliError {
+    fn from(e: std::io::Error) -> Self {
+        Self::Io(e)
+    }
 }
 
 impl From<StoreError> for CliError {

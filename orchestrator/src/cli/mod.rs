@@ -56,6 +56,7 @@
 //! Every command but `migrate` refuses to create a database: a mistyped path answers
 //! "database … does not exist" instead of listing an empty, freshly created log.
 
+mod address;
 mod args;
 mod commands;
 mod definitions;
@@ -163,7 +164,9 @@ pub async fn open_store_for(cmd: &AdminCommand, url: &str) -> Result<Arc<dyn Sto
 
 /// Opens the database `url` names as [`open_store_for`] does and runs the command on it: the
 /// whole of an admin subcommand, for binaries. `start`, `definitions` and `signal` run without
-/// opening anything.
+/// opening anything: they ask the server given by `--server` or `SAGA_SERVER`, else the one
+/// whose address was written beside the database `url` ([`crate::discovery`]), else the
+/// default.
 ///
 /// `out` is taken to be standard output: tables fit its width and are coloured if it is a
 /// terminal ([`Layout::for_stdout`]).
@@ -173,17 +176,17 @@ pub async fn open_and_run(
     out: &mut impl std::io::Write,
 ) -> Result<(), CliError> {
     if let AdminCommand::Start(args) = cmd {
-        run_start(args, out).await?;
+        run_start(args, Some(url), out).await?;
         out.flush()?;
         return Ok(());
     }
     if let AdminCommand::Definitions(args) = cmd {
-        run_definitions(args, out).await?;
+        run_definitions(args, Some(url), out).await?;
         out.flush()?;
         return Ok(());
     }
     if let AdminCommand::Signal(args) = cmd {
-        run_signal(args, out).await?;
+        run_signal(args, Some(url), out).await?;
         out.flush()?;
         return Ok(());
     }
@@ -193,10 +196,20 @@ pub async fn open_and_run(
         return Ok(());
     }
     if cmd.changes_a_saga() {
-        // Said on stderr, so that what the command prints stays the same for scripts.
+        // Said on stderr, so that what the command prints stays the same for scripts. Going
+        // through a server stays a choice (it needs the server's token): a server found
+        // running on the database is only pointed out.
+        let running = crate::discovery::read_address(url)
+            .map(|(server, _)| {
+                format!(
+                    "; a server of this database listens at {server}: --server {server} goes \
+                     through it"
+                )
+            })
+            .unwrap_or_default();
         eprintln!(
             "note: no --server given, so this writes the database directly (meant for a server \
-             that is down), audited as {}",
+             that is down), audited as {}{running}",
             actor()
         );
     }

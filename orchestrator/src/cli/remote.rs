@@ -1,16 +1,15 @@
 //! The commands that change a saga (`cancel`, `abort`, `retry`, `mark-compensated`) sent
 //! through a server's HTTP API (`--server`): the same rules as the direct ones, checked by the
-//! server, and audited with the token's name.
+//! server, and audited with the token's name. A saga may be named by a prefix of its id: the
+//! server resolves it as the database would, and what is printed names the whole id.
 
 use std::io::Write;
 
-use uuid::Uuid;
-
+use super::address::Target;
 use super::args::{AdminCommand, ViaServer};
-use super::commands::whole_id as whole;
-use super::error::{client_error, CliError};
+use super::commands::id_for_server;
+use super::error::CliError;
 use super::render;
-use crate::client::SagaClient;
 use crate::operations::Reason;
 
 /// Runs `cmd` through the server of `via`. Only for commands that change a saga.
@@ -19,12 +18,14 @@ pub async fn run_via_server(
     via: &ViaServer,
     out: &mut impl Write,
 ) -> Result<(), CliError> {
-    let server = via.server.as_deref().unwrap_or_default();
-    let client = SagaClient::new(server, via.auth.token.clone()).map_err(client_error)?;
+    let target = Target::find(via.server.as_deref(), None);
+    let server = target.url.as_str();
+    let client = target.client(via.auth.token.clone())?;
+    let failed = |e| target.error(e);
     match cmd {
         AdminCommand::Cancel(a) => {
-            let id = whole_id(&a.id)?;
-            let answer = client.cancel(id).await.map_err(client_error)?;
+            let answer = client.cancel(id_for_server(&a.id)?).await.map_err(failed)?;
+            let id = answer.id;
             if answer.cancel == "already_compensating" {
                 writeln!(out, "saga {id} is already compensating; nothing to do")?;
             } else {
@@ -36,12 +37,10 @@ pub async fn run_via_server(
             }
         }
         AdminCommand::Abort(a) => {
-            let id = whole_id(&a.id)?;
+            let given = id_for_server(&a.id)?;
             let reason = Reason::parse(&a.reason)?;
-            let saga = client
-                .abort(id, reason.as_str())
-                .await
-                .map_err(client_error)?;
+            let saga = client.abort(given, reason.as_str()).await.map_err(failed)?;
+            let id = saga.id;
             writeln!(
                 out,
                 "saga {id} aborted through {server} without compensating: {reason}"
@@ -49,18 +48,19 @@ pub async fn run_via_server(
             render::now_status(out, &saga)?;
         }
         AdminCommand::Retry(a) => {
-            let id = whole_id(&a.id)?;
-            let saga = client.retry(id).await.map_err(client_error)?;
+            let saga = client.retry(id_for_server(&a.id)?).await.map_err(failed)?;
+            let id = saga.id;
             writeln!(out, "saga {id}: retry requested through {server}")?;
             render::now_status(out, &saga)?;
         }
         AdminCommand::MarkCompensated(a) => {
-            let id = whole_id(&a.id)?;
+            let given = id_for_server(&a.id)?;
             let reason = Reason::parse(&a.reason)?;
             let saga = client
-                .mark_compensated(id, &a.step, reason.as_str())
+                .mark_compensated(given, &a.step, reason.as_str())
                 .await
-                .map_err(client_error)?;
+                .map_err(failed)?;
+            let id = saga.id;
             writeln!(
                 out,
                 "step {} of saga {id} marked compensated through {server}: {reason}",
@@ -75,8 +75,4 @@ pub async fn run_via_server(
         }
     }
     Ok(())
-}
-
-fn whole_id(text: &str) -> Result<Uuid, CliError> {
-    whole(text, "with --server the server is asked")
 }

@@ -2,10 +2,11 @@
 //!
 //! The JSON forms are the serde form of the model types, byte for byte what the HTTP API
 //! answers, so a script can switch between `saga … --json` and `curl` freely. The tables are for
-//! reading at a glance: flags beside the status, long errors truncated (the full text is in
-//! `--json`), and times in RFC 3339 UTC like everywhere else, with how long ago beside them where
-//! that is what a reader wants to know. Tables fit the [`Layout`]'s width (see
-//! [`super::table`]) and colour statuses only when it says so.
+//! reading at a glance: flags beside the status, and times in RFC 3339 UTC like everywhere else,
+//! with how long ago beside them where that is what a reader wants to know. Tables fit the
+//! [`Layout`]'s width (see [`super::table`]), cutting long cells only to fit it (never in a
+//! pipe), and colour statuses only when it says so. `show` then prints every error the tables
+//! cut whole, under them.
 
 use std::io::Write;
 
@@ -13,7 +14,7 @@ use comfy_table::{Color, Table};
 use serde::Serialize;
 use unicode_width::UnicodeWidthStr;
 
-use super::table::{truncate, Fit, Grid, Layout};
+use super::table::{one_line, truncate, Fit, Grid, Layout};
 
 use crate::client::StartedSaga;
 use crate::model::{
@@ -21,10 +22,8 @@ use crate::model::{
     StepKind, StepRecord, StepStatus,
 };
 
-/// Longest error text shown in a table cell.
-const ERROR_WIDTH: usize = 60;
-/// Longest event detail shown in a table cell.
-const DETAIL_WIDTH: usize = 80;
+/// The columns a whole saga id takes in a table, with its borders and padding.
+const ID_COLUMNS: usize = 36 + 3;
 /// Longest input shown in the header of `show`.
 const INPUT_WIDTH: usize = 100;
 
@@ -152,10 +151,12 @@ fn flags(needs_attention: bool, blocked: bool, cancel_requested: bool) -> Vec<&'
 }
 
 /// The `list` table, then a hint for the next page. `now` is the database clock, for the
-/// relative times.
+/// relative times; `short`, each saga's shortest unique id prefix, shown instead of the whole
+/// id when the table must be narrow.
 pub(crate) fn saga_page(
     out: &mut impl Write,
     page: &SagaPage,
+    short: Option<&[String]>,
     now: Millis,
     layout: &Layout,
 ) -> std::io::Result<()> {
@@ -206,14 +207,20 @@ pub(crate) fn saga_page(
             "error",
             sagas
                 .iter()
-                .map(|s| {
-                    s.error
-                        .as_deref()
-                        .map(|e| truncate(e, ERROR_WIDTH))
-                        .unwrap_or_default()
-                })
+                .map(|s| s.error.as_deref().map(one_line).unwrap_or_default())
                 .collect(),
         );
+        if let Some(short) = short {
+            g.compact(id, short.to_vec());
+            // Whole, an id (and its borders) takes 39 columns: more than two fifths of a
+            // narrow terminal, which then has too little left for what a list is read for.
+            if layout
+                .width
+                .is_some_and(|w| usize::from(w) * 2 < ID_COLUMNS * 5)
+            {
+                g.use_compact(id);
+            }
+        }
         g.whole(id)
             .flex(name, 8)
             .flex(error, 12)
@@ -224,10 +231,16 @@ pub(crate) fn saga_page(
             .hide_if_empty(flagged)
             .hide_if_empty(waiting)
             .hide_if_empty(error);
-        // Flags (NEEDS ATTENTION) are what a narrow list must still show.
+        // Flags (NEEDS ATTENTION) are what a narrow list must still show; the id, shortened
+        // to a unique prefix (which every command takes), leaves them room.
         let t = g.render(
             layout,
-            &[Fit::Drop(version), Fit::Drop(created), Fit::Drop(updated)],
+            &[
+                Fit::Drop(version),
+                Fit::Drop(created),
+                Fit::Drop(updated),
+                Fit::Compact(id),
+            ],
         );
         writeln!(out, "{t}")?;
     }
@@ -265,7 +278,109 @@ pub(crate) fn saga(
             attempts_table(attempts, live, saga.created_at, layout)
         )?;
     }
+    // Tables fitted to a width may have cut errors; a pipe has them whole already.
+    if let Some(width) = layout.width {
+        full_errors(out, saga, attempts, usize::from(width))?;
+    }
     Ok(())
+}
+
+/// Every error of the saga in full, wrapped at `width` and never cut: the saga's, each step's
+/// last ones and each failed attempt's, the same text said once with every place it came from
+/// (`charge action, attempts 1-3`).
+fn full_errors(
+    out: &mut impl Write,
+    saga: &Saga,
+    attempts: &[Attempt],
+    width: usize,
+) -> std::io::Result<()> {
+    // (error, where it came from), in the order a reader meets them.
+    let mut errors: Vec<(String, Vec<String>)> = Vec::new();
+    let mut note = |text: &str, place: String| {
+        let text = one_line(text);
+        match errors.iter_mut().find(|(e, _)| *e == text) {
+            Some((_, places)) => {
+                if !places.contains(&place) {
+                    places.push(place);
+                }
+            }
+            None => errors.push((text, vec![place])),
+        }
+    };
+    if let Some(e) = &saga.error {
+        note(e, "saga".to_owned());
+    }
+    for s in &saga.steps {
+        if let Some(e) = &s.action.last_error {
+            note(e, format!("{} action", s.name));
+        }
+        if let Some(e) = &s.compensation.last_error {
+            note(e, format!("{} compensation", s.name));
+        }
+    }
+    // Runs of attempts of one phase that failed the same way, as one place.
+    let mut i = 0;
+    while i < attempts.len() {
+        let a = &attempts[i];
+        let Some(error) = &a.error else {
+            i += 1;
+            continue;
+        };
+        let mut last = i;
+        while attempts.get(last + 1).is_some_and(|b| {
+            b.step_index == a.step_index && b.phase == a.phase && b.error.as_ref() == Some(error)
+        }) {
+            last += 1;
+        }
+        let place = if last == i {
+            format!("{} {}, attempt {}", a.step, a.phase, a.attempt)
+        } else {
+            format!(
+                "{} {}, attempts {}-{}",
+                a.step, a.phase, a.attempt, attempts[last].attempt
+            )
+        };
+        note(error, place);
+        i = last + 1;
+    }
+    if errors.is_empty() {
+        return Ok(());
+    }
+    writeln!(out)?;
+    writeln!(out, "Errors in full")?;
+    for (text, places) in errors {
+        for line in wrap_hard(&format!("{}:", places.join("; ")), width.saturating_sub(2)) {
+            writeln!(out, "  {line}")?;
+        }
+        for line in wrap_hard(&text, width.saturating_sub(4)) {
+            writeln!(out, "    {line}")?;
+        }
+    }
+    Ok(())
+}
+
+/// [`wrap`], with words longer than `width` broken across lines: nothing is cut, and no line
+/// is wider than `width`.
+fn wrap_hard(text: &str, width: usize) -> Vec<String> {
+    use unicode_width::UnicodeWidthChar;
+
+    let width = width.max(10);
+    let mut words = Vec::new();
+    for word in text.split_whitespace() {
+        let mut piece = String::new();
+        let mut used = 0;
+        for c in word.chars() {
+            let w = c.width().unwrap_or(0);
+            if used + w > width {
+                words.push(std::mem::take(&mut piece));
+                used = 0;
+            }
+            used += w;
+            piece.push(c);
+        }
+        words.push(piece);
+    }
+    wrap(&words.join(" "), width)
 }
 
 fn header(out: &mut impl Write, s: &Saga, now: Millis, layout: &Layout) -> std::io::Result<()> {
@@ -297,7 +412,7 @@ fn header(out: &mut impl Write, s: &Saga, now: Millis, layout: &Layout) -> std::
         ));
     }
     if let Some(e) = &s.error {
-        lines.push(("Error", truncate(e, 200), true));
+        lines.push(("Error", one_line(e), true));
     }
     if let (Some(parent), Some(stage)) = (s.parent_id, &s.parent_stage) {
         lines.push((
@@ -551,8 +666,8 @@ fn steps_table(saga: &Saga, now: Millis, layout: &Layout) -> Table {
             .map(|s| {
                 // The compensation runs after the action, so its error is the more recent one.
                 match (&s.compensation.last_error, &s.action.last_error) {
-                    (Some(c), _) => format!("compensation: {}", truncate(c, ERROR_WIDTH)),
-                    (None, Some(a)) => truncate(a, ERROR_WIDTH),
+                    (Some(c), _) => format!("compensation: {}", one_line(c)),
+                    (None, Some(a)) => one_line(a),
                     (None, None) => String::new(),
                 }
             })
@@ -650,12 +765,7 @@ fn attempts_table(attempts: &[Attempt], live: bool, day: Millis, layout: &Layout
         "error",
         attempts
             .iter()
-            .map(|a| {
-                a.error
-                    .as_deref()
-                    .map(|e| truncate(e, ERROR_WIDTH))
-                    .unwrap_or_default()
-            })
+            .map(|a| a.error.as_deref().map(one_line).unwrap_or_default())
             .collect(),
     );
     g.compact(
@@ -715,10 +825,7 @@ pub(crate) fn deliveries(
     g.column("type", deliveries.iter().map(|d| d.kind.clone()).collect());
     let target = g.column(
         "target",
-        deliveries
-            .iter()
-            .map(|d| truncate(&d.target, DETAIL_WIDTH))
-            .collect(),
+        deliveries.iter().map(|d| one_line(&d.target)).collect(),
     );
     let states: Vec<String> = deliveries
         .iter()
@@ -749,12 +856,7 @@ pub(crate) fn deliveries(
         "error",
         deliveries
             .iter()
-            .map(|d| {
-                d.last_error
-                    .as_deref()
-                    .map(|e| truncate(e, ERROR_WIDTH))
-                    .unwrap_or_default()
-            })
+            .map(|d| d.last_error.as_deref().map(one_line).unwrap_or_default())
             .collect(),
     );
     g.right(event)
@@ -796,7 +898,7 @@ pub(crate) fn events(
             .map(|e| match &e.data {
                 serde_json::Value::Null => String::new(),
                 serde_json::Value::Object(m) if m.is_empty() => String::new(),
-                v => truncate(&v.to_string(), DETAIL_WIDTH),
+                v => one_line(&v.to_string()),
             })
             .collect(),
     );
@@ -954,6 +1056,11 @@ mod tests {
         assert_eq!(clock_time(t + 86_400_000, t), "2025-12-02T10:00:00.000Z");
         assert_eq!(wrap("aa bb cc dd", 5), ["aa bb", "cc dd"]);
         assert_eq!(wrap("a verylongword b", 4), ["a", "verylongword", "b"]);
+        assert_eq!(
+            wrap_hard("a 0123456789abcdef b", 10),
+            ["a", "0123456789", "abcdef b"]
+        );
+        assert_eq!(wrap_hard("漢字漢字漢字", 10), ["漢字漢字漢", "字"]);
     }
 
     #[test]

@@ -54,12 +54,18 @@ impl Layout {
     }
 }
 
+/// Folds text onto one line (line breaks and runs of white space become one space), so that a
+/// table cell stays one line; nothing is cut.
+pub(crate) fn one_line(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 /// Cuts text to `max` terminal columns (on a character boundary), marking the cut with `…`, and
 /// folds line breaks so that a cell stays one line.
 pub(crate) fn truncate(text: &str, max: usize) -> String {
     use unicode_width::UnicodeWidthChar;
 
-    let one_line = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    let one_line = one_line(text);
     if one_line.width() <= max {
         return one_line;
     }
@@ -181,6 +187,12 @@ impl Grid {
     /// Shorter cells to show when the full ones do not fit.
     pub(crate) fn compact(&mut self, i: usize, cells: Vec<String>) -> &mut Self {
         self.columns[i].compact = Some(cells);
+        self
+    }
+
+    /// Shows its compact cells whatever the width (when it has them).
+    pub(crate) fn use_compact(&mut self, i: usize) -> &mut Self {
+        self.columns[i].use_compact = self.columns[i].compact.is_some();
         self
     }
 

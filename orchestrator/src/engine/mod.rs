@@ -458,7 +458,45 @@ impl Engine {
         inner
             .registered
             .store(true, std::sync::atomic::Ordering::Release);
+        self.warn_of_changed_step_lists().await;
         Ok(())
+    }
+
+    /// Warns, once at registration, of unfinished sagas started under one of this process's
+    /// names and versions with another step list: no process that registers this list may
+    /// drive them, so they stay blocked (rightly: their steps are not these), and without a
+    /// word they would wait until someone looked. A failed read only loses the warning.
+    async fn warn_of_changed_step_lists(&self) {
+        let unfinished = match self.inner.store.unfinished_by_definition().await {
+            Ok(unfinished) => unfinished,
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot count unfinished sagas by definition");
+                return;
+            }
+        };
+        for def in self.inner.registry.iter() {
+            for old in unfinished.iter().filter(|u| {
+                u.name == def.name() && u.version == def.version() && u.hash != def.hash()
+            }) {
+                let short = |hash: &str| hash.chars().take(12).collect::<String>();
+                tracing::warn!(
+                    saga = def.name(),
+                    version = def.version(),
+                    "{} unfinished {} saga(s) of version {} were started with another step list \
+                     (definition {}) than the one this process registers under the same name \
+                     and version ({}): they stay blocked, since no process here can drive them. \
+                     Give the changed step list a new version (register version {} beside the \
+                     old steps as version {}), or restore the old steps",
+                    old.sagas,
+                    def.name(),
+                    def.version(),
+                    short(&old.hash),
+                    short(def.hash()),
+                    def.version() + 1,
+                    def.version(),
+                );
+            }
+        }
     }
 
     /// Gives up a registration made by [`Engine::register`] without running the engine (the

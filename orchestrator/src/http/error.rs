@@ -25,6 +25,7 @@ type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// | status | code |
 /// |---|---|
 /// | 400 | `bad_request`: malformed JSON, id, path or query parameter |
+/// | 400 | `ambiguous_id`: a saga id prefix that several sagas' ids start with |
 /// | 404 | `not_found`: unknown saga, saga definition or route |
 /// | 405 | `method_not_allowed`, with `Allow` (`POST` alone on a saga's start route) |
 /// | 400 | `idempotency_key_missing`: the server requires an `Idempotency-Key` |
@@ -68,6 +69,11 @@ impl ApiError {
     /// `400 bad_request`.
     pub fn bad_request(message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+
+    /// `400 ambiguous_id`: a saga id prefix that several sagas' ids start with.
+    pub fn ambiguous_id(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "ambiguous_id", message)
     }
 
     /// `404 not_found`.

@@ -12,35 +12,100 @@ use uuid::Uuid;
 
 use crate::http::error::{quote, ApiError};
 use crate::http::state::AppState;
-use crate::model::{ListFilter, SagaStatus};
+use crate::model::{IdPrefix, IdPrefixError, ListFilter, SagaStatus};
 
 /// The default page size of `GET /v1/sagas`.
 pub(crate) const DEFAULT_PAGE: u32 = 50;
 /// The largest page size of `GET /v1/sagas`.
 pub(crate) const MAX_PAGE: u32 = 1000;
 
-/// The `{saga}` path segment read as a saga id (a UUID); `400 bad_request` otherwise.
+/// The `{saga}` path segment read as a saga id: the whole id, or a unique prefix of it (see
+/// [`saga_id`]).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct SagaId(pub(crate) Uuid);
 
-impl<S: Send + Sync> FromRequestParts<S> for SagaId {
+impl FromRequestParts<AppState> for SagaId {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
         let Path(raw) = Path::<String>::from_request_parts(parts, state).await?;
-        saga_id(&raw).map(SagaId)
+        saga_id(state, &raw).await.map(SagaId)
     }
 }
 
-/// A saga id from a path segment; `400 bad_request` for anything but a UUID.
-pub(crate) fn saga_id(raw: &str) -> Result<Uuid, ApiError> {
-    hyphenated_uuid(raw).ok_or_else(|| {
-        ApiError::bad_request(format!(
-            "malformed saga id {}: expected a UUID such as \
-             0190f5b4-7a3c-7cc1-9f5e-2b8d3c4e5f60",
+/// How many sagas an ambiguous prefix's error names.
+const CANDIDATES_SHOWN: usize = 5;
+
+/// The saga a path segment names: a whole id (hyphenated, as the API writes ids) as it is,
+/// without a read; the start of one, 8 or more characters, as the one saga whose id starts with it,
+/// found by a range scan of the key (people and the CLI type the start of an id, as git's
+/// short hashes). `400 bad_request` for anything else, `404 not_found` for a prefix no saga
+/// has, `400 ambiguous_id` for one several sagas have, with some of them in the message.
+pub(crate) async fn saga_id(state: &AppState, raw: &str) -> Result<Uuid, ApiError> {
+    // Exactly what the document's pattern says: the start of an id as the API writes ids
+    // (which `IdPrefix` alone would also read without its dashes, or with white space).
+    let prefix = if hyphenated_prefix(raw) {
+        IdPrefix::parse(raw)
+    } else {
+        Err(IdPrefixError::Invalid(raw.to_owned()))
+    };
+    let prefix = prefix.map_err(|e| {
+        ApiError::bad_request(match e {
+            IdPrefixError::TooShort(_) => format!(
+                "saga id prefix {} is too short: give at least {} characters of the id",
+                quote(raw),
+                IdPrefix::MIN_LEN
+            ),
+            _ => format!(
+                "malformed saga id {}: expected a UUID such as \
+                 0190f5b4-7a3c-7cc1-9f5e-2b8d3c4e5f60, or its first 8 or more characters",
+                quote(raw)
+            ),
+        })
+    })?;
+    if prefix.as_str().len() == 32 {
+        return Ok(prefix.low());
+    }
+    let ids = state
+        .engine
+        .store()
+        .saga_ids_with_prefix(&prefix, CANDIDATES_SHOWN as u32 + 1)
+        .await?;
+    match ids.as_slice() {
+        [] => Err(ApiError::not_found(format!(
+            "no saga has an id starting with {}",
             quote(raw)
-        ))
-    })
+        ))),
+        [id] => Ok(*id),
+        more => {
+            let mut names: Vec<String> = more
+                .iter()
+                .take(CANDIDATES_SHOWN)
+                .map(Uuid::to_string)
+                .collect();
+            if more.len() > CANDIDATES_SHOWN {
+                names.push("…".to_owned());
+            }
+            Err(ApiError::ambiguous_id(format!(
+                "saga id prefix {} is ambiguous: it matches {}; give more of the id",
+                quote(raw),
+                names.join(", ")
+            )))
+        }
+    }
+}
+
+/// Whether `raw` is the start of a saga id in the form the API writes ids (`8-4-4-4-12`
+/// hexadecimal digits, any case): a digit everywhere but where the dashes go.
+fn hyphenated_prefix(raw: &str) -> bool {
+    raw.len() <= 36
+        && raw.char_indices().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => c == '-',
+            _ => c.is_ascii_hexdigit(),
+        })
 }
 
 /// A UUID in its hyphenated form (`8-4-4-4-12` hexadecimal digits, any case), the only form the
@@ -64,14 +129,17 @@ pub(crate) struct SignalPath {
     pub(crate) signal: String,
 }
 
-impl<S: Send + Sync> FromRequestParts<S> for SignalPath {
+impl FromRequestParts<AppState> for SignalPath {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Self, Self::Rejection> {
         let Path((saga, signal)) =
             Path::<(String, String)>::from_request_parts(parts, state).await?;
         Ok(SignalPath {
-            saga: saga_id(&saga)?,
+            saga: saga_id(state, &saga).await?,
             signal,
         })
     }

@@ -25,7 +25,7 @@ use crate::http::openapi::{
 };
 use crate::http::prefer::{applied_headers, Wait};
 use crate::http::state::AppState;
-use crate::model::{Attempt, Event, Saga, SagaPage, SagaStatus};
+use crate::model::{Attempt, Event, Saga, SagaDetail, SagaPage, SagaStatus};
 use crate::operations::{self, Operations};
 use crate::store::{Delivery, SavedResponse, SignalOutcome, SignalRequest};
 
@@ -126,9 +126,9 @@ const START_DESCRIPTION: &str = "Starts a saga of the latest registered version 
     of the client's choosing instead of the server's.";
 
 /// The OpenAPI description of `GET /v1/sagas/{saga}`.
-const GET_DESCRIPTION: &str = "The saga with its steps (the same object as `saga show ID \
-    --json`). With `Prefer: wait=N`, a saga that has not ended is waited for up to N seconds (a \
-    long poll); the answer is the saga as it is then.";
+const GET_DESCRIPTION: &str = "The saga with its steps and its attempt log (the same object as \
+    `saga show ID --json`). With `Prefer: wait=N`, a saga that has not ended is waited for up \
+    to N seconds (a long poll); the answer is the saga as it is then.";
 
 /// The OpenAPI description of `GET /v1/sagas`.
 const LIST_DESCRIPTION: &str = "A page of sagas, newest first, with a cursor for the next page \
@@ -448,13 +448,15 @@ fn json_answer(
     summary = "Read a saga",
     description = GET_DESCRIPTION,
     params(
-        ("saga" = Uuid, Path, description = "The saga id"),
+        ("saga" = String, Path,
+         description = "The saga id, or a unique prefix of it: its first 8 or more characters",
+         pattern = "^[0-9a-fA-F]{8}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-[0-9a-fA-F]{0,12})?))?))?))?$"),
         ("Prefer" = Option<String>, Header,
          description = "`wait=N` (RFC 7240): hold the answer up to N seconds for the saga to end"),
     ),
     security((), ("bearer" = [])),
     responses(
-        (status = 200, description = "The saga", body = Saga,
+        (status = 200, description = "The saga, with its attempt log", body = SagaDetail,
          headers(("Preference-Applied" = String,
                   description = "wait=N, when the request asked to wait"))),
         MalformedSagaId,
@@ -475,10 +477,10 @@ pub(crate) async fn get_saga(
     if is_start_route(&state, &segment) {
         return Ok(start_route_only(Method::GET, &segment));
     }
-    let id = saga_id(&segment)?;
+    let id = saga_id(&state, &segment).await?;
     let saga = find_saga(&state, id).await?;
     let Some(wait) = wait else {
-        return Ok(Json(saga).into_response());
+        return Ok(Json(with_attempts(&state, saga).await?).into_response());
     };
     let saga = if saga.status.is_terminal() {
         saga
@@ -488,7 +490,14 @@ pub(crate) async fn get_saga(
             None => find_saga(&state, id).await?,
         }
     };
-    Ok((applied_headers(wait), Json(saga)).into_response())
+    let detail = with_attempts(&state, saga).await?;
+    Ok((applied_headers(wait), Json(detail)).into_response())
+}
+
+/// The saga with its attempt log, read after it: every attempt its steps count is there.
+async fn with_attempts(state: &AppState, saga: Saga) -> Result<SagaDetail, ApiError> {
+    let attempts = state.engine.store().attempts(saga.id).await?;
+    Ok(SagaDetail { saga, attempts })
 }
 
 /// `rows`, the rows of saga `id`; when there are none, `404` unless the saga exists (the saga
@@ -569,7 +578,9 @@ pub(crate) async fn list_sagas(
     tag = "sagas",
     operation_id = "saga_events",
     summary = "Read a saga's event history",
-    params(("saga" = Uuid, Path, description = "The saga id")),
+    params(("saga" = String, Path,
+         description = "The saga id, or a unique prefix of it: its first 8 or more characters",
+         pattern = "^[0-9a-fA-F]{8}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-[0-9a-fA-F]{0,12})?))?))?))?$")),
     security((), ("bearer" = [])),
     responses(
         (status = 200, description = "The events, oldest first", body = Events),
@@ -602,7 +613,9 @@ pub(crate) async fn saga_events(
         the lease epoch it held, when it started and ended, and its outcome (`succeeded`, \
         `failed`, `retryable`, `timed_out`, `interrupted`, `abandoned`, or none while it \
         runs) with its error.",
-    params(("saga" = Uuid, Path, description = "The saga id")),
+    params(("saga" = String, Path,
+         description = "The saga id, or a unique prefix of it: its first 8 or more characters",
+         pattern = "^[0-9a-fA-F]{8}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-[0-9a-fA-F]{0,12})?))?))?))?$")),
     security((), ("bearer" = [])),
     responses(
         (status = 200, description = "The attempts, by step, phase and number", body = Attempts),
@@ -634,7 +647,9 @@ pub(crate) async fn saga_attempts(
         the server's subscribers): `pending`, `delivered` or `failed` (given up), with the \
         attempts made, the next attempt's time and the receiver's last answer. Empty when no \
         webhook is configured for the saga.",
-    params(("saga" = Uuid, Path, description = "The saga id")),
+    params(("saga" = String, Path,
+         description = "The saga id, or a unique prefix of it: its first 8 or more characters",
+         pattern = "^[0-9a-fA-F]{8}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-[0-9a-fA-F]{0,12})?))?))?))?$")),
     security((), ("bearer" = [])),
     responses(
         (status = 200, description = "The deliveries, by event", body = Deliveries),
@@ -664,7 +679,9 @@ pub(crate) async fn saga_deliveries(
     operation_id = "cancel_saga",
     summary = "Cancel a saga",
     description = CANCEL_DESCRIPTION,
-    params(("saga" = Uuid, Path, description = "The saga id")),
+    params(("saga" = String, Path,
+         description = "The saga id, or a unique prefix of it: its first 8 or more characters",
+         pattern = "^[0-9a-fA-F]{8}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-[0-9a-fA-F]{0,12})?))?))?))?$")),
     security((), ("bearer" = [])),
     responses(
         (status = 202, description = "Accepted: the saga will compensate", body = Cancelled),
@@ -713,7 +730,9 @@ takes no signal (`409 conflict`).";
     summary = "Send a signal to a saga",
     description = SIGNAL_DESCRIPTION,
     params(
-        ("saga" = Uuid, Path, description = "The saga id"),
+        ("saga" = String, Path,
+         description = "The saga id, or a unique prefix of it: its first 8 or more characters",
+         pattern = "^[0-9a-fA-F]{8}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-[0-9a-fA-F]{0,12})?))?))?))?$"),
         ("signal" = String, Path, description = "The signal's name, as the definition's signal step names it"),
         ("Idempotency-Key" = Option<String>, Header,
          pattern = r#"^[ \t]*(?:[!#-~][!-~]{0,254}|"(?:[ !#-\[\]-~]|\\["\\]){1,255}")[ \t]*$"#,
@@ -724,10 +743,10 @@ takes no signal (`409 conflict`).";
     security((), ("bearer" = [])),
     responses(
         (status = 202, description = "Taken: the saga goes on with it at its signal step", body = SignalAccepted),
-        (status = 400, description = "Malformed saga id, body or Idempotency-Key", body = ErrorBody),
+        (status = 400, description = "Malformed saga id, body or Idempotency-Key, or a saga id prefix of several sagas (`ambiguous_id`)", body = ErrorBody),
         Unauthorized,
         Forbidden,
-        (status = 404, description = "No saga with this id, or its definition waits for no such signal", body = ErrorBody),
+        (status = 404, description = "No saga with this id (or prefix), or its definition waits for no such signal", body = ErrorBody),
         (status = 409, description = "`signal_already_received`: another payload came first; `conflict`: the saga has ended or is compensating", body = ErrorBody),
         (status = 413, description = "Payload too large", body = ErrorBody),
         (status = 415, description = "The body is not JSON", body = ErrorBody),
@@ -849,9 +868,15 @@ pub(crate) async fn openapi(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
-/// The fallback for paths no route matches: `404 not_found` in the API's error shape.
-pub(crate) async fn not_found(method: Method, uri: Uri) -> ApiError {
-    ApiError::not_found(format!("no route for {method} {}", quote(uri.path())))
+/// The fallback for paths no route matches: `404 not_found` in the API's error shape, except
+/// the server's bare address, which a person opens in a browser to find the console: `GET /`
+/// is redirected to `/ui/`. A fallback rather than a route, so that an application that
+/// mounts the API beside a `/` of its own keeps it.
+pub(crate) async fn not_found(method: Method, uri: Uri) -> Response {
+    if uri.path() == "/" && (method == Method::GET || method == Method::HEAD) {
+        return axum::response::Redirect::temporary("/ui/").into_response();
+    }
+    ApiError::not_found(format!("no route for {method} {}", quote(uri.path()))).into_response()
 }
 
 /// The fallback for a known path with a method it does not serve: `405` in the API's error

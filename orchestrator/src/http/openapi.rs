@@ -73,13 +73,20 @@ pub(crate) struct ForbiddenOperate(ErrorBody);
 
 /// `400` of a route whose only input is the saga id in its path.
 #[derive(IntoResponses)]
-#[response(status = 400, description = "Malformed saga id")]
+#[response(
+    status = 400,
+    description = "Malformed saga id, or a prefix that several sagas' ids start with \
+                   (`ambiguous_id`, the message names some of them)"
+)]
 #[allow(dead_code)]
 pub(crate) struct MalformedSagaId(ErrorBody);
 
 /// `404` of a route about one saga, when no saga has the id.
 #[derive(IntoResponses)]
-#[response(status = 404, description = "No saga with this id")]
+#[response(
+    status = 404,
+    description = "No saga has this id (or an id with this prefix)"
+)]
 #[allow(dead_code)]
 pub(crate) struct SagaNotFound(ErrorBody);
 

@@ -63,12 +63,14 @@ fn reason(JsonBody(body): JsonBody) -> Result<Reason, ApiError> {
                    and the token's name. An action or compensation in flight is recorded \
                    `abandoned` with its step `UNKNOWN`: its outcome is unknown, and its result, \
                    when it comes, is refused. Needs the `operate` scope.",
-    params(("saga" = Uuid, Path, description = "The saga id")),
+    params(("saga" = String, Path,
+         description = "The saga id, or a unique prefix of it: its first 8 or more characters",
+         pattern = "^[0-9a-fA-F]{8}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-[0-9a-fA-F]{0,12})?))?))?))?$")),
     request_body(content = OperatorReason, content_type = "application/json"),
     security((), ("bearer" = [])),
     responses(
         (status = 200, description = "Aborted: the saga as the command left it", body = Saga),
-        (status = 400, description = "Malformed saga id or body, or no reason", body = ErrorBody),
+        (status = 400, description = "Malformed saga id or body, no reason, or a saga id prefix of several sagas (`ambiguous_id`)", body = ErrorBody),
         Unauthorized,
         ForbiddenOperate,
         SagaNotFound,
@@ -99,7 +101,9 @@ pub(crate) async fn abort_saga(
     description = "Makes a saga's waiting retry happen now; on a `FAILED` saga, gives its failed \
                    step another attempt (the saga runs again). Audited with the token's name. \
                    Needs the `operate` scope.",
-    params(("saga" = Uuid, Path, description = "The saga id")),
+    params(("saga" = String, Path,
+         description = "The saga id, or a unique prefix of it: its first 8 or more characters",
+         pattern = "^[0-9a-fA-F]{8}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-[0-9a-fA-F]{0,12})?))?))?))?$")),
     security((), ("bearer" = [])),
     responses(
         (status = 200, description = "Done: the saga as the command left it", body = Saga),
@@ -135,17 +139,19 @@ pub(crate) async fn retry_saga(
                    recorded `abandoned`. Audited with the reason and the token's name. Needs \
                    the `operate` scope.",
     params(
-        ("saga" = Uuid, Path, description = "The saga id"),
+        ("saga" = String, Path,
+         description = "The saga id, or a unique prefix of it: its first 8 or more characters",
+         pattern = "^[0-9a-fA-F]{8}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-[0-9a-fA-F]{0,12})?))?))?))?$"),
         ("step" = String, Path, description = "The step's name (a branch is `group/branch`)"),
     ),
     request_body(content = OperatorReason, content_type = "application/json"),
     security((), ("bearer" = [])),
     responses(
         (status = 200, description = "Marked: the saga as the command left it", body = Saga),
-        (status = 400, description = "Malformed saga id or body, or no reason", body = ErrorBody),
+        (status = 400, description = "Malformed saga id or body, no reason, or a saga id prefix of several sagas (`ambiguous_id`)", body = ErrorBody),
         Unauthorized,
         ForbiddenOperate,
-        (status = 404, description = "No saga with this id, or no such step", body = ErrorBody),
+        (status = 404, description = "No saga with this id (or prefix), or no such step", body = ErrorBody),
         (status = 409, description = "The saga is not compensating, or the step needs no compensation", body = ErrorBody),
         ServerErrors,
     )
@@ -156,7 +162,7 @@ pub(crate) async fn mark_compensated(
     Path((saga, step)): Path<(String, String)>,
     body: JsonBody,
 ) -> Result<Json<Saga>, ApiError> {
-    let id = crate::http::extract::saga_id(&saga)?;
+    let id = crate::http::extract::saga_id(&state, &saga).await?;
     let reason = reason(body)?;
     let saga = Operations::of(&state.engine)
         .mark_compensated(id, &step, &reason, actor.as_str())

@@ -103,12 +103,12 @@ pub(crate) fn grants(scopes: &[Scope], needed: Scope) -> bool {
 #[non_exhaustive]
 pub enum TokensFileError {
     /// The file cannot be read.
-    #[error("tokens file {path}: {source}")]
+    #[error("tokens file {path}: {cause}")]
     Read {
         /// The file.
         path: String,
-        /// Why.
-        source: std::io::Error,
+        /// Why (said in the message, so not also a `source()`).
+        cause: std::io::Error,
     },
     /// A line is wrong.
     #[error("tokens file {path}, line {line}: {reason}")]
@@ -125,9 +125,9 @@ pub enum TokensFileError {
 /// Reads the tokens of the file at `path`.
 pub fn read_tokens_file(path: &Path) -> Result<Vec<ApiToken>, TokensFileError> {
     let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| TokensFileError::Read {
+    let text = std::fs::read_to_string(path).map_err(|cause| TokensFileError::Read {
         path: shown.clone(),
-        source,
+        cause,
     })?;
     parse_tokens(&text).map_err(|(line, reason)| TokensFileError::Line {
         path: shown,

@@ -95,11 +95,13 @@ macro_rules! wire_enum {
     };
 }
 
+mod detail;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod rules;
 mod shown;
 mod stages;
+pub use detail::SagaDetail;
 pub(crate) use shown::wait_word;
 pub use stages::{stages_of, StageKind, StageRecord, WaitingCounts};
 
@@ -666,6 +668,19 @@ impl IdPrefix {
         &self.hex
     }
 
+    /// The prefix as the start of an id in its hyphenated form (`01a233a9-765f`), the form
+    /// the HTTP API takes in its paths.
+    pub fn hyphenated(&self) -> String {
+        let mut text = String::with_capacity(36);
+        for (i, c) in self.hex.chars().enumerate() {
+            if matches!(i, 8 | 12 | 16 | 20) {
+                text.push('-');
+            }
+            text.push(c);
+        }
+        text
+    }
+
     /// The smallest id with this prefix.
     pub fn low(&self) -> Uuid {
         self.padded('0')
@@ -687,6 +702,23 @@ impl IdPrefix {
 #[cfg(test)]
 mod id_prefix_tests {
     use super::*;
+
+    #[test]
+    fn a_prefix_is_written_back_hyphenated() {
+        for (typed, hyphenated) in [
+            ("01A233A9", "01a233a9"),
+            ("01a233a9765f7", "01a233a9-765f-7"),
+            (
+                "01a233a9765f71da882706dc00558ba1",
+                "01a233a9-765f-71da-8827-06dc00558ba1",
+            ),
+        ] {
+            assert_eq!(
+                IdPrefix::parse(typed).map(|p| p.hyphenated()),
+                Ok(hyphenated.to_owned())
+            );
+        }
+    }
 
     #[test]
     fn prefixes_are_checked_and_bound_their_ids() {

@@ -42,6 +42,10 @@ pub enum StoreError {
     /// see [`redact_url`](super::redact_url)).
     #[error("unsupported database URL {0:?}: use sqlite://PATH or postgres://…")]
     UnsupportedUrl(String),
+    /// The database URL is of a kind this build understands, but one of its settings is not
+    /// (`?synchronous=bogus`): the message names the setting and the values it takes.
+    #[error("{0}")]
+    InvalidUrl(String),
     /// Another orchestrator process runs the engine on this SQLite file.
     #[error("{0}")]
     InUse(String),

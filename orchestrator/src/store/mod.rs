@@ -413,6 +413,12 @@ pub trait LogReads: Send + Sync + 'static {
     /// process has their definition): each counted on an index, never the whole log.
     async fn count_flagged(&self) -> Result<(u64, u64)>;
 
+    /// How many unfinished sagas (queued, running or compensating) each definition key
+    /// (`name@version#hash`, [`definition_key`](crate::model::definition_key)) has, counted on
+    /// the `sagas_status` index: what a process compares with the definitions it registers,
+    /// to say which sagas it cannot drive.
+    async fn unfinished_by_definition(&self) -> Result<Vec<UnfinishedOf>>;
+
     /// A saga's event history, oldest first.
     async fn events(&self, id: Uuid) -> Result<Vec<Event>>;
 
@@ -583,6 +589,19 @@ pub trait Maintenance: Send + Sync + 'static {
         limit: u32,
         dry_run: bool,
     ) -> Result<PurgePage>;
+}
+
+/// The unfinished sagas of one definition key: see [`LogReads::unfinished_by_definition`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnfinishedOf {
+    /// The definition's name.
+    pub name: String,
+    /// Its version.
+    pub version: u32,
+    /// The hash of the step list the sagas were started with.
+    pub hash: String,
+    /// How many of them are queued, running or compensating.
+    pub sagas: u64,
 }
 
 /// Opens the store a URL names: `sqlite://PATH` (created if missing) or `postgres://…`.

@@ -175,9 +175,10 @@ pub enum WebhookError {
         /// What is wrong with it.
         reason: String,
     },
-    /// The HTTP client could not be built.
+    /// The HTTP client could not be built (the cause is in the message, so it is not also a
+    /// `source()`, which would print it twice in a chain).
     #[error("cannot build the webhook HTTP client: {0}")]
-    Client(#[from] reqwest::Error),
+    Client(reqwest::Error),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -247,14 +248,17 @@ impl Relay {
             Some(path) => read_roots(path)?,
             None => Vec::new(),
         };
-        let client = client_builder(&config, &roots).build()?;
+        let client = client_builder(&config, &roots)
+            .build()
+            .map_err(WebhookError::Client)?;
         let callback_client = client_builder(&config, &roots)
             .dns_resolver(Arc::new(GuardedResolver::new(Arc::new(
                 config.callbacks.clone(),
             ))))
             // A proxy would resolve the name itself, out of the resolver's sight.
             .no_proxy()
-            .build()?;
+            .build()
+            .map_err(WebhookError::Client)?;
         Ok(Self {
             cursor: Cursor::new(outbox, RELAY_NAME),
             config: Arc::new(config),

@@ -134,6 +134,10 @@ impl<B: SqlBackend> LogReads for B {
         reads::count_flagged(self.reader()).await
     }
 
+    async fn unfinished_by_definition(&self) -> Result<Vec<crate::store::UnfinishedOf>> {
+        reads::unfinished_by_definition(self.reader()).await
+    }
+
     async fn waiting(&self) -> Result<WaitingCounts> {
         let now = SqlBackend::now(self).await?;
         reads::waiting(self.reader(), now).await

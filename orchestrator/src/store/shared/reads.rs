@@ -192,6 +192,30 @@ pub(crate) async fn count_flagged(reader: Reader<'_>) -> Result<(u64, u64)> {
     Ok((count(attention)?, count(blocked)?))
 }
 
+/// Unfinished sagas per definition key (on `sagas_status`: finished ones are never looked at).
+pub(crate) async fn unfinished_by_definition(
+    reader: Reader<'_>,
+) -> Result<Vec<crate::store::UnfinishedOf>> {
+    let rows = reader
+        .all(
+            "SELECT name, version, definition_hash, COUNT(*) AS n FROM sagas \
+             WHERE status IN ('QUEUED', 'RUNNING', 'COMPENSATING') \
+             GROUP BY name, version, definition_hash",
+            &[],
+        )
+        .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(crate::store::UnfinishedOf {
+                name: row.get("name")?,
+                version: u32::try_from(row.get::<i64>("version")?).unwrap_or_default(),
+                hash: row.get("definition_hash")?,
+                sagas: u64::try_from(row.get::<i64>("n")?).unwrap_or(0),
+            })
+        })
+        .collect()
+}
+
 /// The waiting stages of unfinished sagas by kind, and the scheduled starts still ahead. Walks
 /// `sagas_status` for the unfinished sagas and their steps' keys, never the finished log.
 pub(crate) async fn waiting(reader: Reader<'_>, now: i64) -> Result<WaitingCounts> {

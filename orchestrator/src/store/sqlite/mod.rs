@@ -180,6 +180,9 @@ impl SqliteStore {
             .pragma("wal_autocheckpoint", "0");
         let path = opts.get_filename().to_owned();
         let in_memory = base.contains(":memory:") || path.as_os_str().is_empty();
+        if !in_memory {
+            check_folder(&path)?;
+        }
         if !create && !in_memory && !path.exists() {
             // The absolute path: a relative one is relative to a working directory the reader
             // of the message may not know.
@@ -315,6 +318,34 @@ impl SqliteStore {
     }
 }
 
+/// Refuses a database path whose folder is missing (or is not a folder), naming that folder:
+/// SQLite would only say "unable to open database file", which does not say which part of the
+/// path is wrong. Nothing is created: a folder is the operator's to make, in the right place.
+fn check_folder(path: &std::path::Path) -> Result<()> {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_owned());
+    let Some(folder) = absolute.parent() else {
+        return Ok(());
+    };
+    if folder.as_os_str().is_empty() || folder.is_dir() {
+        return Ok(());
+    }
+    let what = if folder.exists() {
+        "is not a folder"
+    } else {
+        "does not exist"
+    };
+    Err(StoreError::io(format!(
+        "the folder {} {what}, so database {} cannot be opened there: create it (mkdir -p {}) \
+         or point --database-url (DATABASE_URL) at a folder that exists",
+        folder.display(),
+        absolute
+            .file_name()
+            .map(|f| f.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        folder.display()
+    )))
+}
+
 fn split_durability(url: &str) -> Result<(String, SqliteDurability)> {
     let Some((base, query)) = url.split_once('?') else {
         return Ok((url.to_owned(), SqliteDurability::Full));
@@ -326,7 +357,12 @@ fn split_durability(url: &str) -> Result<(String, SqliteDurability)> {
             "synchronous=full" => durability = SqliteDurability::Full,
             "synchronous=normal" => durability = SqliteDurability::Normal,
             p if p.starts_with("synchronous=") => {
-                return Err(StoreError::UnsupportedUrl(crate::store::redact_url(url)))
+                return Err(StoreError::InvalidUrl(format!(
+                    "database URL {:?}: {pair:?} is not a setting this store knows: use \
+                     synchronous=full (the default: every commit is on disk when it returns) or \
+                     synchronous=normal (faster; a power loss may undo the last commits)",
+                    crate::store::redact_url(url)
+                )))
             }
             _ => rest.push(pair),
         }
