@@ -54,24 +54,38 @@
 //!   `store::postgres`: connecting, the batch writer, claims and due scans, keyed starts,
 //!   reading the outbox in commit order. Everything else is written once in `store::shared`.
 
+#[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+compile_error!(
+    "the orchestrator needs a store: enable the \"sqlite\" or the \"postgres\" feature \
+     (e.g. `features = [\"sqlite\"]`)"
+);
+
 pub mod broker;
+#[cfg(feature = "cli")]
 pub mod cli;
+#[cfg(feature = "cli")]
 pub mod client;
 pub mod clock;
 pub mod consumer;
 pub mod engine;
 pub mod failpoint;
+#[cfg(feature = "server")]
 pub mod http;
+#[cfg(any(feature = "server", feature = "cli"))]
+pub mod logs;
 pub mod model;
 pub mod operations;
 pub mod relay;
 pub mod retention;
+#[cfg(feature = "server")]
 pub mod server;
 pub mod store;
 pub mod telemetry;
+#[cfg(feature = "server")]
 pub mod webhooks;
 
 pub use engine::{Engine, EngineConfig, StartError, StartKey, StartOutcome, StartRequest, Started};
 pub use model::{Saga, SagaStatus, StepStatus};
+#[cfg(feature = "server")]
 pub use server::{Orchestrator, OrchestratorBuilder, ServeArgs, ServeError, Server};
 pub use store::{Store, StoreError};

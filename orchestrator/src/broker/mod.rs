@@ -27,6 +27,7 @@
 //! publisher confirms and the message id as `message_id` (RabbitMQ does not deduplicate, so
 //! its consumers must).
 
+#[cfg(feature = "nats")]
 pub mod nats;
 
 use std::sync::Arc;
