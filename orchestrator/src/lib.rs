@@ -25,6 +25,13 @@
 //! - [`consumer`]: the idempotent-consumer helper for participants' own handlers.
 //! - [`telemetry`]: traces of sagas over OpenTelemetry (OTLP/HTTP).
 //!
+//! ## Cargo features
+//!
+//! `sqlite` and `postgres` (the stores), `server` (the HTTP API, console, webhooks and
+//! `Orchestrator`), `cli` (the operator commands and `saga`), `nats` (the JetStream target),
+//! `otel` (the OTLP exporter), and `full` for all; the defaults are `sqlite`, `server` and
+//! `cli`. The engine alone on SQLite is `default-features = false, features = ["sqlite"]`.
+//!
 //! ## Where to look
 //!
 //! - **Where a step's status is written.** The engine's driver (`engine::driver`) turns each

@@ -1048,3 +1048,29 @@ fn parse_ratio(text: &str) -> Result<f64, String> {
         _ => Err(format!("{text:?} is not a ratio from 0 to 1")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::listen_address;
+
+    #[test]
+    fn listen_takes_an_address_or_a_bare_port() {
+        assert_eq!(listen_address("18083").unwrap(), "127.0.0.1:18083");
+        assert_eq!(listen_address("0.0.0.0:8080").unwrap(), "0.0.0.0:8080");
+        assert_eq!(listen_address("[::1]:8080").unwrap(), "[::1]:8080");
+        assert_eq!(listen_address("localhost:9000").unwrap(), "localhost:9000");
+        for bad in [
+            "localhost",
+            ":8080",
+            "127.0.0.1:",
+            "127.0.0.1:99999",
+            "eighty",
+        ] {
+            let e = listen_address(bad).unwrap_err();
+            assert!(
+                e.contains("HOST:PORT") && e.contains("bare PORT"),
+                "{bad}: {e}"
+            );
+        }
+    }
+}
