@@ -7,20 +7,21 @@
 //!
 //! ## Modules
 //!
-//! The layers run one way: [`saga_dsl`] ← [`model`] ← [`store`] ← [`engine`] ← [`operations`] ← [`http`] /
-//! [`cli`] / [`server`].
+//! The layers run one way: [`saga_dsl`] ← [`model`] ← [`store`] ← [`engine`] ← [`operations`] ← `http` /
+//! `cli` / `server` (the last three behind the `server` and `cli` features).
 //!
 //! - [`model`]: the records of the step log (sagas, steps, attempts, events).
-//! - [`store`]: the [`Store`] trait and its two implementations, [`store::SqliteStore`] and
-//!   [`store::PgStore`].
+//! - [`store`]: the [`Store`] trait and its two implementations, `store::SqliteStore` and
+//!   `store::PgStore` (the `sqlite` and `postgres` features).
 //! - [`engine`]: starting, claiming, leasing and driving sagas; [`engine::plan`] holds the rules.
 //! - [`operations`]: the commands that change a saga from outside (cancel, abort, retry,
 //!   mark-compensated, signal), each with its rules, audit and span, called by the HTTP API
 //!   and both paths of the CLI.
-//! - [`http`]: the HTTP API (axum); [`server`]: the library entry point that runs it all.
-//! - [`cli`]: the operator commands shared by `saga` and application binaries.
+//! - `http`: the HTTP API (axum); `server`: the library entry point that runs it all
+//!   (`Orchestrator`).
+//! - `cli`: the operator commands shared by `saga` and application binaries.
 //! - [`relay`]: the outbox relay every destination shares (the event's document, the cursor,
-//!   the loop and its lag gauges); its destinations: [`webhooks`], the signed webhook
+//!   the loop and its lag gauges); its destinations: `webhooks`, the signed webhook
 //!   deliveries, and [`broker`], the message-broker targets (NATS JetStream).
 //! - [`consumer`]: the idempotent-consumer helper for participants' own handlers.
 //! - [`telemetry`]: traces of sagas over OpenTelemetry (OTLP/HTTP).

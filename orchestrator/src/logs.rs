@@ -28,7 +28,7 @@ pub fn init_tracing(json: bool, default_filter: &str) {
 
 /// [`init_tracing`], and, when `telemetry` exports spans, the layer that exports the spans an
 /// application's steps open through `tracing` with them
-/// ([`Telemetry::tracing_layer`](crate::telemetry::Telemetry::tracing_layer)).
+/// (`Telemetry::tracing_layer`, with the `otel` feature).
 pub fn init_tracing_with(
     json: bool,
     default_filter: &str,

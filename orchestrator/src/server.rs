@@ -344,7 +344,7 @@ impl OrchestratorBuilder {
     }
 
     /// Exports the spans of sagas through `telemetry`: the one an application also hands its
-    /// `tracing` subscriber ([`Telemetry::tracing_layer`](crate::telemetry::Telemetry::tracing_layer)),
+    /// `tracing` subscriber (`Telemetry::tracing_layer`, with the `otel` feature),
     /// so that the spans its steps open join the sagas' traces. The server flushes it when it
     /// stops.
     pub fn telemetry(mut self, telemetry: crate::telemetry::Telemetry) -> Self {

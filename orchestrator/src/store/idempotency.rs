@@ -103,8 +103,7 @@ pub enum IdempotentStart {
     },
 }
 
-/// Idempotent saga starts. Implemented by [`SqliteStore`](super::SqliteStore) and
-/// [`PgStore`](super::PgStore).
+/// Idempotent saga starts. Implemented by `SqliteStore` and `PgStore`.
 #[async_trait]
 pub trait IdempotencyStore: Send + Sync + 'static {
     /// Creates the saga `new` unless `key` is known, in one transaction with the key row (and

@@ -204,7 +204,7 @@ pub struct Delivery {
 }
 
 /// The outbox relay's and the webhook senders' view of the store. Implemented by
-/// [`SqliteStore`](super::SqliteStore) and [`PgStore`](super::PgStore).
+/// `SqliteStore` and `PgStore`.
 #[async_trait]
 pub trait OutboxStore: Send + Sync + 'static {
     /// The position relay `name` has read up to (the start, for a new relay).
