@@ -115,3 +115,75 @@ async fn the_program_serves_its_saga_and_the_cli_reads_it() {
     let status = sigterm(&mut child);
     assert!(status.success(), "{status:?}");
 }
+
+#[test]
+fn help_lists_the_serve_flags_and_starts_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(bin_path("your-own-saga"))
+        .current_dir(dir.path())
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let help = String::from_utf8(out.stdout).unwrap();
+    for flag in ["--listen", "--database-url", "--workers", "--log-format"] {
+        assert!(help.contains(flag), "{flag} missing from the help:\n{help}");
+    }
+    assert!(
+        help.contains("Usage: your-own-saga"),
+        "the program's own name:\n{help}"
+    );
+    let created: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(created.is_empty(), "--help created {created:?}");
+}
+
+#[test]
+fn a_bare_port_listens_on_the_loopback_and_the_log_shows_at_info() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = Command::new(bin_path("your-own-saga"))
+        .current_dir(dir.path())
+        .args(["--listen", &port.to_string()])
+        .env_remove("RUST_LOG")
+        .env_remove("SAGA_LISTEN")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let _database = lines.next().unwrap().unwrap();
+    let listening = lines.next().unwrap().unwrap();
+    assert_eq!(listening, format!("listening on http://127.0.0.1:{port}"));
+    let stderr = child.stderr.take().unwrap();
+    let status = sigterm(&mut child);
+    assert!(status.success(), "{status:?}");
+    let log = std::io::read_to_string(stderr).unwrap();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("INFO") && l.contains("serving")),
+        "no info line saying it serves:\n{log}"
+    );
+}
+
+#[test]
+fn a_listen_address_without_a_port_is_refused_with_what_to_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(bin_path("your-own-saga"))
+        .current_dir(dir.path())
+        .args(["--listen", "localhost"])
+        .env_remove("SAGA_LISTEN")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8(out.stderr).unwrap();
+    assert!(err.contains("HOST:PORT") && err.contains("PORT"), "{err}");
+    let created: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(
+        created.is_empty(),
+        "a refused command line created {created:?}"
+    );
+}

@@ -28,9 +28,11 @@ use std::sync::Arc;
 use saga_dsl::{DefinitionError, Registry};
 
 pub mod bench;
+#[cfg(feature = "nats")]
 pub mod bench_broker;
 pub mod book_trip;
 pub mod fulfil_order;
+#[cfg(feature = "nats")]
 pub mod notify;
 pub mod place_order;
 pub mod shop;

@@ -57,12 +57,14 @@ enum Command {
     },
     /// Consume the orchestrator's events from NATS JetStream as an idempotent consumer (one
     /// notification per event, in its own database); `--ledger` prints what it recorded.
+    #[cfg(feature = "nats")]
     NotifyConsumer(NotifyArgs),
     /// Run the in-process benchmark on a fresh database and print one line of figures.
     Bench(BenchArgs),
     /// Measure the outbox relay to NATS JetStream: end-to-end lag with sagas in flight, then
     /// the relay's throughput on a backlog (fresh database; deletes the server's `SAGAS`
     /// stream first).
+    #[cfg(feature = "nats")]
     BenchBroker {
         /// The NATS server (a scratch one: its `SAGAS` stream is deleted).
         #[arg(long, default_value = "nats://127.0.0.1:4222")]
@@ -128,6 +130,7 @@ struct ServeCommand {
     with_bench_saga: bool,
 }
 
+#[cfg(feature = "nats")]
 #[derive(Debug, clap::Args)]
 struct NotifyArgs {
     /// The NATS server.
@@ -218,9 +221,11 @@ async fn main() -> ExitCode {
     let result = match &cli.cmd {
         Command::Serve(args) => serve(&cli, args, telemetry).await,
         Command::Ledger { json } => ledger(&cli, *json).await,
+        #[cfg(feature = "nats")]
         Command::NotifyConsumer(args) => notify_consumer(args).await,
         Command::Bench(args) => run_bench(&cli, args, db_explicit).await,
         Command::BenchWorker { workers } => bench_worker(&cli, *workers).await,
+        #[cfg(feature = "nats")]
         Command::BenchBroker {
             nats_url,
             sagas,
@@ -322,6 +327,7 @@ async fn serve(cli: &Cli, args: &ServeCommand, telemetry: Telemetry) -> anyhow::
     }
 }
 
+#[cfg(feature = "nats")]
 async fn notify_consumer(args: &NotifyArgs) -> anyhow::Result<()> {
     use example_sagas::notify::{consume, ConsumeConfig, NotifyStore};
     let cannot_open = || format!("cannot open {}", redact_url(&args.notify_database_url));
@@ -481,6 +487,7 @@ async fn run_bench(cli: &Cli, args: &BenchArgs, db_explicit: bool) -> anyhow::Re
     Ok(())
 }
 
+#[cfg(feature = "nats")]
 async fn bench_broker(
     cli: &Cli,
     nats_url: &str,

@@ -21,7 +21,9 @@ use futures_util::StreamExt;
 use orchestrator::consumer::{ConsumerError, IdempotentConsumer};
 use serde::{Deserialize, Serialize};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
-use sqlx::{Postgres, Row, Sqlite};
+#[cfg(feature = "postgres")]
+use sqlx::Postgres;
+use sqlx::{Row, Sqlite};
 use tokio_util::sync::CancellationToken;
 
 /// The consumer name of the processed message ids.
@@ -101,6 +103,7 @@ pub struct Ledger {
 #[derive(Debug, Clone)]
 enum Backend {
     Sqlite(IdempotentConsumer<Sqlite>),
+    #[cfg(feature = "postgres")]
     Postgres(IdempotentConsumer<Postgres>),
 }
 
@@ -126,10 +129,12 @@ fn create(auto_id: &str) -> [String; 2] {
 
 const INSERT_SQLITE: &str = "INSERT INTO notifications (message_id, saga_id, saga_name, type, \
      event_id) VALUES (?1, ?2, ?3, ?4, ?5)";
+#[cfg(feature = "postgres")]
 const INSERT_PG: &str = "INSERT INTO notifications (message_id, saga_id, saga_name, type, \
      event_id) VALUES ($1, $2, $3, $4, $5)";
 const DUPLICATE_SQLITE: &str =
     "INSERT INTO notify_duplicates (message_id, seen_at) VALUES (?1, ?2)";
+#[cfg(feature = "postgres")]
 const DUPLICATE_PG: &str = "INSERT INTO notify_duplicates (message_id, seen_at) VALUES ($1, $2)";
 const COUNTS: &str = "SELECT saga_id, saga_name, type, COUNT(*) AS n FROM notifications \
      GROUP BY saga_id, saga_name, type";
@@ -143,6 +148,7 @@ macro_rules! on_backend {
                 let ($insert, $dup) = (INSERT_SQLITE, DUPLICATE_SQLITE);
                 $body
             }
+            #[cfg(feature = "postgres")]
             Backend::Postgres($consumer) => {
                 let ($insert, $dup) = (INSERT_PG, DUPLICATE_PG);
                 $body
@@ -200,16 +206,23 @@ impl NotifyStore {
             consumer.migrate().await?;
             Backend::Sqlite(consumer)
         } else if is_postgres(url) {
-            let pool = sqlx::postgres::PgPoolOptions::new()
-                .max_connections(2)
-                .connect(url)
-                .await?;
-            for sql in create("BIGSERIAL PRIMARY KEY") {
-                sqlx::query(&sql).execute(&pool).await?;
+            #[cfg(not(feature = "postgres"))]
+            return Err(NotifyError::UnsupportedUrl(format!(
+                "{url} (PostgreSQL: build example-sagas with --features postgres)"
+            )));
+            #[cfg(feature = "postgres")]
+            {
+                let pool = sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(2)
+                    .connect(url)
+                    .await?;
+                for sql in create("BIGSERIAL PRIMARY KEY") {
+                    sqlx::query(&sql).execute(&pool).await?;
+                }
+                let consumer = IdempotentConsumer::new(pool, CONSUMER);
+                consumer.migrate().await?;
+                Backend::Postgres(consumer)
             }
-            let consumer = IdempotentConsumer::new(pool, CONSUMER);
-            consumer.migrate().await?;
-            Backend::Postgres(consumer)
         } else {
             return Err(NotifyError::UnsupportedUrl(url.to_owned()));
         };
@@ -237,18 +250,25 @@ impl NotifyStore {
             }
             Backend::Sqlite(IdempotentConsumer::new(pool, CONSUMER))
         } else if is_postgres(url) {
-            let pool = sqlx::postgres::PgPoolOptions::new()
-                .max_connections(1)
-                .connect(url)
-                .await?;
-            let made: Option<String> =
-                sqlx::query_scalar("SELECT to_regclass('notify_duplicates')::text")
-                    .fetch_one(&pool)
+            #[cfg(not(feature = "postgres"))]
+            return Err(NotifyError::UnsupportedUrl(format!(
+                "{url} (PostgreSQL: build example-sagas with --features postgres)"
+            )));
+            #[cfg(feature = "postgres")]
+            {
+                let pool = sqlx::postgres::PgPoolOptions::new()
+                    .max_connections(1)
+                    .connect(url)
                     .await?;
-            if made.is_none() {
-                return Ok(Ledger::default());
+                let made: Option<String> =
+                    sqlx::query_scalar("SELECT to_regclass('notify_duplicates')::text")
+                        .fetch_one(&pool)
+                        .await?;
+                if made.is_none() {
+                    return Ok(Ledger::default());
+                }
+                Backend::Postgres(IdempotentConsumer::new(pool, CONSUMER))
             }
-            Backend::Postgres(IdempotentConsumer::new(pool, CONSUMER))
         } else {
             return Err(NotifyError::UnsupportedUrl(url.to_owned()));
         };

@@ -18,9 +18,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+#[cfg(feature = "postgres")]
 use sqlx::postgres::PgPoolOptions;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{Postgres, Row, Sqlite};
+#[cfg(feature = "postgres")]
+use sqlx::Postgres;
+use sqlx::{Row, Sqlite};
 
 use orchestrator::consumer::{ConsumerError, IdempotentConsumer};
 
@@ -31,6 +34,9 @@ pub enum ShopError {
     /// The URL is neither `sqlite:…` nor `postgres://…`.
     #[error("unsupported shop database URL {0:?}: use sqlite://PATH or postgres://…")]
     UnsupportedUrl(String),
+    /// The URL names PostgreSQL, which this build leaves out.
+    #[error("the shop database {0:?} is PostgreSQL: build example-sagas with --features postgres")]
+    NotBuilt(String),
     /// The database failed (connection lost, busy past the timeout, …); usually transient.
     #[error("shop database: {0}")]
     Database(sqlx::Error),
@@ -349,6 +355,7 @@ const SQLITE: Dialect = Dialect {
                  GROUP BY order_id, effect",
 };
 
+#[cfg(feature = "postgres")]
 const POSTGRES: Dialect = Dialect {
     begin: "BEGIN",
     create: &[
@@ -371,6 +378,7 @@ const POSTGRES: Dialect = Dialect {
 #[derive(Debug, Clone)]
 enum Pool {
     Sqlite(IdempotentConsumer<Sqlite>),
+    #[cfg(feature = "postgres")]
     Postgres(IdempotentConsumer<Postgres>),
 }
 
@@ -421,6 +429,7 @@ macro_rules! on_backend {
                 let $sql = &SQLITE;
                 $body
             }
+            #[cfg(feature = "postgres")]
             Pool::Postgres($consumer) => {
                 let $pool = $consumer.pool();
                 let $sql = &POSTGRES;
@@ -462,6 +471,9 @@ impl Shop {
                 CONSUMER,
             ))
         } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            #[cfg(not(feature = "postgres"))]
+            return Err(ShopError::NotBuilt(url.to_owned()));
+            #[cfg(feature = "postgres")]
             Pool::Postgres(IdempotentConsumer::new(
                 PgPoolOptions::new().max_connections(8).connect(url).await?,
                 CONSUMER,
@@ -714,6 +726,7 @@ impl Shop {
     pub async fn close(&self) {
         match &self.pool {
             Pool::Sqlite(consumer) => consumer.pool().close().await,
+            #[cfg(feature = "postgres")]
             Pool::Postgres(consumer) => consumer.pool().close().await,
         }
     }

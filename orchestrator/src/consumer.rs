@@ -63,7 +63,11 @@ use std::pin::Pin;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use sqlx::{Database, PgConnection, Pool, Postgres, Sqlite, SqliteConnection};
+use sqlx::{Database, Pool};
+#[cfg(feature = "postgres")]
+use sqlx::{PgConnection, Postgres};
+#[cfg(feature = "sqlite")]
+use sqlx::{Sqlite, SqliteConnection};
 
 /// The future a unit of work returns: it borrows the transaction's connection.
 pub type WorkFuture<'c, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'c>>;
@@ -195,6 +199,7 @@ struct Sql {
     keep: &'static str,
 }
 
+#[cfg(feature = "sqlite")]
 const SQLITE: Sql = Sql {
     claim: "INSERT INTO saga_processed_messages (consumer, message_id, processed_at, result) \
             VALUES (?1, ?2, ?3, ?4) ON CONFLICT (consumer, message_id) DO NOTHING",
@@ -202,6 +207,7 @@ const SQLITE: Sql = Sql {
     keep: "UPDATE saga_processed_messages SET result = ?3 WHERE consumer = ?1 AND message_id = ?2",
 };
 
+#[cfg(feature = "postgres")]
 const POSTGRES: Sql = Sql {
     claim: "INSERT INTO saga_processed_messages (consumer, message_id, processed_at, result) \
             VALUES ($1, $2, $3, $4) ON CONFLICT (consumer, message_id) DO NOTHING",
@@ -295,6 +301,7 @@ macro_rules! consumer_impl {
     };
 }
 
+#[cfg(feature = "sqlite")]
 consumer_impl!(
     Sqlite,
     SqliteConnection,
@@ -314,13 +321,14 @@ consumer_impl!(
         }
     }
 );
+#[cfg(feature = "postgres")]
 consumer_impl!(Postgres, PgConnection, POSTGRES, "BEGIN", |pool| {
     sqlx::query("ALTER TABLE saga_processed_messages ADD COLUMN IF NOT EXISTS result TEXT")
         .execute(pool)
         .await?;
 });
 
-#[cfg(test)]
+#[cfg(all(test, feature = "sqlite"))]
 mod tests {
     use super::*;
 

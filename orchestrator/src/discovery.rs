@@ -8,17 +8,28 @@
 //! names the one server; a PostgreSQL log may have many, and no file beside it.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::path::{Path, PathBuf};
-
-use crate::store::sqlite_file;
+use std::path::PathBuf;
 
 /// The file a server on the SQLite database `database_url` writes its address in, or `None`
 /// for a database that is not an SQLite file.
 pub fn address_file(database_url: &str) -> Option<PathBuf> {
-    let db = sqlite_file(database_url)?;
+    let db = sqlite_path(database_url)?;
     let mut name = db.file_name()?.to_os_string();
     name.push(".address");
     Some(db.with_file_name(name))
+}
+
+/// The file of an SQLite database URL.
+#[cfg(feature = "sqlite")]
+fn sqlite_path(database_url: &str) -> Option<PathBuf> {
+    crate::store::sqlite_file(database_url)
+}
+
+/// A build without the SQLite store opens no database that is a file, so no server of it
+/// writes an address beside one.
+#[cfg(not(feature = "sqlite"))]
+fn sqlite_path(_database_url: &str) -> Option<PathBuf> {
+    None
 }
 
 /// The base URL written in the address file of `database_url`, with the file it came from, if
@@ -44,12 +55,14 @@ pub fn client_url(addr: SocketAddr) -> String {
 
 /// The address file of a running server: written when made, removed when dropped (when the
 /// server has stopped), unless another server has written its own address there since.
+#[cfg(feature = "server")]
 #[derive(Debug)]
 pub(crate) struct AddressFile {
     path: PathBuf,
     url: String,
 }
 
+#[cfg(feature = "server")]
 impl AddressFile {
     /// Writes the address of a server listening on `addr` next to the SQLite database
     /// `database_url`. `None` for another database, or when the file cannot be written (then
@@ -69,12 +82,13 @@ impl AddressFile {
     }
 
     /// The file's path.
-    #[cfg(test)]
-    fn path(&self) -> &Path {
+    #[cfg(all(test, feature = "sqlite"))]
+    fn path(&self) -> &std::path::Path {
         &self.path
     }
 }
 
+#[cfg(feature = "server")]
 impl Drop for AddressFile {
     fn drop(&mut self) {
         if still_ours(&self.path, &self.url) {
@@ -83,11 +97,12 @@ impl Drop for AddressFile {
     }
 }
 
-fn still_ours(path: &Path, url: &str) -> bool {
+#[cfg(feature = "server")]
+fn still_ours(path: &std::path::Path, url: &str) -> bool {
     std::fs::read_to_string(path).is_ok_and(|text| text.trim() == url)
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "server", feature = "sqlite"))]
 mod tests {
     #![allow(clippy::unwrap_used)]
 

@@ -7,23 +7,31 @@
 //!
 //! ## Modules
 //!
-//! The layers run one way: [`saga_dsl`] ← [`model`] ← [`store`] ← [`engine`] ← [`operations`] ← [`http`] /
-//! [`cli`] / [`server`].
+//! The layers run one way: [`saga_dsl`] ← [`model`] ← [`store`] ← [`engine`] ← [`operations`] ← `http` /
+//! `cli` / `server` (the last three behind the `server` and `cli` features).
 //!
 //! - [`model`]: the records of the step log (sagas, steps, attempts, events).
-//! - [`store`]: the [`Store`] trait and its two implementations, [`store::SqliteStore`] and
-//!   [`store::PgStore`].
+//! - [`store`]: the [`Store`] trait and its two implementations, `store::SqliteStore` and
+//!   `store::PgStore` (the `sqlite` and `postgres` features).
 //! - [`engine`]: starting, claiming, leasing and driving sagas; [`engine::plan`] holds the rules.
 //! - [`operations`]: the commands that change a saga from outside (cancel, abort, retry,
 //!   mark-compensated, signal), each with its rules, audit and span, called by the HTTP API
 //!   and both paths of the CLI.
-//! - [`http`]: the HTTP API (axum); [`server`]: the library entry point that runs it all.
-//! - [`cli`]: the operator commands shared by `saga` and application binaries.
+//! - `http`: the HTTP API (axum); `server`: the library entry point that runs it all
+//!   (`Orchestrator`).
+//! - `cli`: the operator commands shared by `saga` and application binaries.
 //! - [`relay`]: the outbox relay every destination shares (the event's document, the cursor,
-//!   the loop and its lag gauges); its destinations: [`webhooks`], the signed webhook
+//!   the loop and its lag gauges); its destinations: `webhooks`, the signed webhook
 //!   deliveries, and [`broker`], the message-broker targets (NATS JetStream).
 //! - [`consumer`]: the idempotent-consumer helper for participants' own handlers.
 //! - [`telemetry`]: traces of sagas over OpenTelemetry (OTLP/HTTP).
+//!
+//! ## Cargo features
+//!
+//! `sqlite` and `postgres` (the stores), `server` (the HTTP API, console, webhooks and
+//! `Orchestrator`), `cli` (the operator commands and `saga`), `nats` (the JetStream target),
+//! `otel` (the OTLP exporter), and `full` for all; the defaults are `sqlite`, `server` and
+//! `cli`. The engine alone on SQLite is `default-features = false, features = ["sqlite"]`.
 //!
 //! ## Where to look
 //!
@@ -54,25 +62,40 @@
 //!   `store::postgres`: connecting, the batch writer, claims and due scans, keyed starts,
 //!   reading the outbox in commit order. Everything else is written once in `store::shared`.
 
+#[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+compile_error!(
+    "the orchestrator needs a store: enable the \"sqlite\" or the \"postgres\" feature \
+     (e.g. `features = [\"sqlite\"]`)"
+);
+
 pub mod broker;
+#[cfg(feature = "cli")]
 pub mod cli;
+#[cfg(feature = "cli")]
 pub mod client;
 pub mod clock;
 pub mod consumer;
+#[cfg(any(feature = "server", feature = "cli"))]
 pub mod discovery;
 pub mod engine;
 pub mod failpoint;
+#[cfg(feature = "server")]
 pub mod http;
+#[cfg(any(feature = "server", feature = "cli"))]
+pub mod logs;
 pub mod model;
 pub mod operations;
 pub mod relay;
 pub mod retention;
+#[cfg(feature = "server")]
 pub mod server;
 pub mod store;
 pub mod telemetry;
+#[cfg(feature = "server")]
 pub mod webhooks;
 
 pub use engine::{Engine, EngineConfig, StartError, StartKey, StartOutcome, StartRequest, Started};
 pub use model::{Saga, SagaStatus, StepStatus};
+#[cfg(feature = "server")]
 pub use server::{Orchestrator, OrchestratorBuilder, ServeArgs, ServeError, Server};
 pub use store::{Store, StoreError};

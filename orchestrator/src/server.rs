@@ -55,11 +55,15 @@ use saga_dsl::Registry;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+#[cfg(feature = "nats")]
 use crate::broker::nats::{NatsConfig, NatsTarget};
-use crate::broker::{BrokerRelay, BrokerRelayConfig, EventTarget, TargetError};
+use crate::broker::{BrokerRelay, TargetError};
+#[cfg(feature = "nats")]
+use crate::broker::{BrokerRelayConfig, EventTarget};
 use crate::engine::{Engine, EngineConfig, EngineError};
 use crate::http::{self, HttpConfig};
-use crate::store::{self, engine_lock_file, redact_url, sqlite_file, Store, StoreError};
+use crate::logs::LogFormat;
+use crate::store::{self, redact_url, Store, StoreError};
 use crate::webhooks::{Relay, WebhookConfig, WebhookError};
 
 /// The default database: `saga.db` in the working directory.
@@ -123,6 +127,15 @@ pub enum ServeError {
         /// Which task.
         task: &'static str,
     },
+    /// A setting asks for a part this build was compiled without (a Cargo feature of the
+    /// `orchestrator` crate).
+    #[error("{setting} needs the \"{feature}\" feature: build with --features {feature}")]
+    NotBuilt {
+        /// The flag (and its variable) that asked for it.
+        setting: &'static str,
+        /// The feature that compiles it in.
+        feature: &'static str,
+    },
 }
 
 impl From<WebhookError> for ServeError {
@@ -151,7 +164,9 @@ impl Orchestrator {
         OrchestratorBuilder {
             registry: Arc::new(registry),
             database_url: env("DATABASE_URL").unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned()),
-            listen: env("SAGA_LISTEN").unwrap_or_else(|| DEFAULT_LISTEN.to_owned()),
+            listen: env("SAGA_LISTEN")
+                .map(|l| listen_address(&l).unwrap_or(l))
+                .unwrap_or_else(|| DEFAULT_LISTEN.to_owned()),
             engine,
             http: HttpConfig {
                 api_token: env("SAGA_API_TOKEN"),
@@ -162,7 +177,9 @@ impl Orchestrator {
                 ..WebhookConfig::default()
             },
             tokens_file: None,
+            #[cfg(feature = "nats")]
             nats: None,
+            not_built: None,
             otlp_endpoint: env("OTEL_EXPORTER_OTLP_ENDPOINT"),
             otlp_sample_ratio: 1.0,
             retention: None,
@@ -184,7 +201,10 @@ pub struct OrchestratorBuilder {
     http: HttpConfig,
     webhooks: WebhookConfig,
     tokens_file: Option<std::path::PathBuf>,
+    #[cfg(feature = "nats")]
     nats: Option<NatsConfig>,
+    /// A setting of the command line this build cannot honour, refused at start.
+    not_built: Option<ServeError>,
     otlp_endpoint: Option<String>,
     otlp_sample_ratio: f64,
     retention: Option<Duration>,
@@ -275,15 +295,22 @@ impl OrchestratorBuilder {
         self.webhooks.retry_base = Duration::from_millis(args.webhook_retry_base_ms.max(1));
         self.webhooks.max_attempts = args.webhook_max_attempts.max(1);
         self.webhooks.ca_file = args.webhook_ca_file.clone();
-        self.nats = args
-            .nats_url
-            .as_ref()
-            .filter(|u| !u.is_empty())
-            .map(|url| NatsConfig {
+        let nats_url = args.nats_url.as_ref().filter(|u| !u.is_empty());
+        #[cfg(feature = "nats")]
+        {
+            self.nats = nats_url.map(|url| NatsConfig {
                 stream: args.nats_stream.clone(),
                 duplicate_window: args.nats_dedup_window,
                 ..NatsConfig::new(url.clone())
             });
+        }
+        #[cfg(not(feature = "nats"))]
+        if nats_url.is_some() {
+            self.not_built = Some(ServeError::NotBuilt {
+                setting: "--nats-url (or SAGA_NATS_URL)",
+                feature: "nats",
+            });
+        }
         if let Some(endpoint) = args.otlp_endpoint.as_ref().filter(|e| !e.is_empty()) {
             self.otlp_endpoint = Some(endpoint.clone());
         }
@@ -304,6 +331,7 @@ impl OrchestratorBuilder {
     /// Also publishes every event to NATS JetStream (see [`crate::broker::nats`]). At start the
     /// server connects and creates or checks the stream: a stream it cannot use stops the
     /// start, a broker it cannot reach does not (events wait in the outbox until it can).
+    #[cfg(feature = "nats")]
     pub fn nats(mut self, config: NatsConfig) -> Self {
         self.nats = Some(config);
         self
@@ -325,7 +353,7 @@ impl OrchestratorBuilder {
     }
 
     /// Exports the spans of sagas through `telemetry`: the one an application also hands its
-    /// `tracing` subscriber ([`Telemetry::tracing_layer`](crate::telemetry::Telemetry::tracing_layer)),
+    /// `tracing` subscriber (`Telemetry::tracing_layer`, with the `otel` feature),
     /// so that the spans its steps open join the sagas' traces. The server flushes it when it
     /// stops.
     pub fn telemetry(mut self, telemetry: crate::telemetry::Telemetry) -> Self {
@@ -353,6 +381,9 @@ impl OrchestratorBuilder {
     /// [module](self) for what is checked first. The server runs until it is stopped
     /// ([`Server::stop`], the token of [`shutdown_on`](Self::shutdown_on), or a signal).
     pub async fn start(mut self) -> Result<Server, ServeError> {
+        if let Some(refused) = self.not_built.take() {
+            return Err(refused);
+        }
         if !self.engine.telemetry.is_enabled() {
             self.engine.telemetry =
                 telemetry_for(self.otlp_endpoint.as_deref(), self.otlp_sample_ratio)?;
@@ -385,7 +416,7 @@ impl OrchestratorBuilder {
         // Before anything is printed: a signal sent as soon as the address is known must stop
         // the server gracefully, not kill it.
         let signal = self.signals.then(shutdown_signal);
-        let database = match sqlite_file(&self.database_url) {
+        let database = match sqlite_path(&self.database_url) {
             Some(path) => format!("{} (SQLite)", path.display()),
             None if self.database_url.starts_with("sqlite:") => format!("{shown_url} (SQLite)"),
             None => format!("{shown_url} (PostgreSQL)"),
@@ -421,6 +452,43 @@ impl OrchestratorBuilder {
         self.start().await?.wait().await
     }
 
+    /// The whole life of a server process, as `example-sagas serve` runs one: reads the command
+    /// line and environment ([`ServeCommandLine`]: `--listen`, `--database-url`, `--workers`,
+    /// every [`ServeArgs`] flag, `--log-format`, `--help`), logs on stderr at `info` unless
+    /// `RUST_LOG` says otherwise, then [`serve`](Self::serve)s until SIGINT or SIGTERM.
+    ///
+    /// The settings those flags name come from the command line, its variables or its defaults,
+    /// replacing any set on the builder before; set the others (telemetry, a shutdown token)
+    /// as usual. `--help` prints the flags and exits, as does a command line that does not
+    /// parse (with status 2), before anything is opened or created.
+    pub async fn run_from_args(self) -> Result<(), ServeError> {
+        let program = std::env::args_os()
+            .next()
+            .and_then(|p| {
+                std::path::Path::new(&p)
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+            })
+            .unwrap_or_else(|| "server".to_owned());
+        let line = ServeCommandLine::parse_named(&program, std::env::args_os());
+        self.run_with(&line).await
+    }
+
+    /// [`run_from_args`](Self::run_from_args) with a command line already parsed (an
+    /// application's own parser that flattens [`ServeCommandLine`]).
+    pub async fn run_with(mut self, line: &ServeCommandLine) -> Result<(), ServeError> {
+        // Made before the log, so that the spans the steps open go with the sagas' traces.
+        let telemetry = line.serve.telemetry()?;
+        crate::logs::init_tracing_with(line.log_format == LogFormat::Json, "info", &telemetry);
+        if telemetry.is_enabled() {
+            self = self.telemetry(telemetry);
+        }
+        self.database_url(&line.database_url)
+            .args(&line.serve)
+            .serve()
+            .await
+    }
+
     /// Opens the store, checks the webhook settings and registers the engine: everything that
     /// can refuse to start.
     async fn prepare(&self, shown_url: &str) -> Result<Parts, ServeError> {
@@ -444,12 +512,15 @@ impl OrchestratorBuilder {
             );
         }
         let relay = Relay::new(store.clone(), self.webhooks.clone())?;
+        #[cfg(feature = "nats")]
         let broker = match &self.nats {
             Some(config) => {
                 Some(nats_relay(&store, config, shown_url, self.webhooks.trace_sampling).await?)
             }
             None => None,
         };
+        #[cfg(not(feature = "nats"))]
+        let broker: Option<BrokerRelay> = None;
         let engine = Engine::new(store, self.registry.clone(), self.engine.clone());
         engine
             .register()
@@ -475,6 +546,7 @@ struct Parts {
 
 /// The NATS relay, its stream checked (or the broker found unreachable, which only delays
 /// events) and its cursor made, so that retention keeps what it has not published.
+#[cfg(feature = "nats")]
 async fn nats_relay(
     store: &Arc<dyn Store>,
     config: &NatsConfig,
@@ -650,7 +722,7 @@ impl NewFiles {
     /// Notes which of the files an SQLite URL's database would use are missing now (none for
     /// PostgreSQL, or when the database file itself exists).
     pub fn before_open(url: &str) -> Self {
-        let Some(db) = sqlite_file(url) else {
+        let Some(db) = sqlite_path(url) else {
             return Self {
                 created: Vec::new(),
             };
@@ -670,7 +742,7 @@ impl NewFiles {
             with_suffix("-wal"),
             with_suffix("-shm"),
             with_suffix("-journal"),
-            engine_lock_file(&db),
+            lock_file(&db),
         ]
         .into_iter()
         .filter(|p| !p.exists())
@@ -688,6 +760,26 @@ impl NewFiles {
             }
         }
     }
+}
+
+/// The file of an SQLite URL (`None` for PostgreSQL, memory, or a build without SQLite, which
+/// creates no file).
+fn sqlite_path(url: &str) -> Option<PathBuf> {
+    #[cfg(feature = "sqlite")]
+    return store::sqlite_file(url);
+    #[cfg(not(feature = "sqlite"))]
+    {
+        let _ = url;
+        None
+    }
+}
+
+/// The engine's lock file beside the SQLite database `db`.
+fn lock_file(db: &std::path::Path) -> PathBuf {
+    #[cfg(feature = "sqlite")]
+    return store::engine_lock_file(db);
+    #[cfg(not(feature = "sqlite"))]
+    db.with_extension("lock")
 }
 
 /// Deletes expired idempotency keys every minute until `shutdown`.
@@ -773,8 +865,10 @@ async fn stop_on_signal(
 /// ```
 #[derive(Debug, Clone, clap::Args)]
 pub struct ServeArgs {
-    /// Address to listen on.
-    #[arg(long, default_value = DEFAULT_LISTEN, env = "SAGA_LISTEN")]
+    /// Address to listen on: HOST:PORT (0.0.0.0:8080 for every interface), or a bare PORT
+    /// for 127.0.0.1:PORT.
+    #[arg(long, default_value = DEFAULT_LISTEN, env = "SAGA_LISTEN", value_name = "ADDR",
+          value_parser = listen_address)]
     pub listen: String,
     /// Sagas driven at once by this process.
     #[arg(long, default_value_t = 32, env = "SAGA_WORKERS")]
@@ -904,9 +998,126 @@ fn telemetry_for(
     Ok(telemetry.with_sample_ratio(sample_ratio))
 }
 
+/// The address `--listen` names: `HOST:PORT` as given, or a bare port on the loopback
+/// interface (`18083` → `127.0.0.1:18083`).
+fn listen_address(text: &str) -> Result<String, String> {
+    let text = text.trim();
+    if let Ok(port) = text.parse::<u16>() {
+        return Ok(format!("127.0.0.1:{port}"));
+    }
+    let has_port = text
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    if has_port {
+        Ok(text.to_owned())
+    } else {
+        Err(format!(
+            "{text:?} is not an address to listen on: write HOST:PORT (127.0.0.1:8080, \
+             0.0.0.0:8080, [::1]:8080) or a bare PORT for 127.0.0.1:PORT"
+        ))
+    }
+}
+
+/// The command line of a server process ([`OrchestratorBuilder::run_from_args`]): the
+/// database, the [`ServeArgs`] that `example-sagas serve` takes too, and the log format.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    about = "Serve sagas: the HTTP API (the web console at /ui/) and the engine's workers, \
+until Ctrl-C or SIGTERM."
+)]
+pub struct ServeCommandLine {
+    /// Database URL: `sqlite://PATH` (created if missing) or `postgres://…`.
+    #[arg(long, env = "DATABASE_URL", default_value = DEFAULT_DATABASE_URL)]
+    pub database_url: String,
+    /// The server's settings.
+    #[command(flatten)]
+    pub serve: ServeArgs,
+    /// Log format on stderr (the level comes from RUST_LOG; default `info`).
+    #[arg(long, value_enum, default_value_t = LogFormat::Pretty)]
+    pub log_format: LogFormat,
+}
+
+impl ServeCommandLine {
+    /// Parses `args` (the program's name first) as the command line of `program`, which its
+    /// help names; prints the help, or what is wrong, and exits when there is nothing to run.
+    pub fn parse_named<I, T>(program: &str, args: I) -> Self
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        use clap::{CommandFactory, FromArgMatches};
+        // Parsed once per process: the name may as well live as long as it.
+        let name: &'static str = Box::leak(program.to_owned().into_boxed_str());
+        let command = Self::command().name(name).bin_name(name);
+        let parsed = command
+            .try_get_matches_from(args)
+            .and_then(|m| Self::from_arg_matches(&m));
+        match parsed {
+            Ok(line) => line,
+            Err(e) => e.exit(),
+        }
+    }
+}
+
 fn parse_ratio(text: &str) -> Result<f64, String> {
     match text.parse::<f64>() {
         Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
         _ => Err(format!("{text:?} is not a ratio from 0 to 1")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::listen_address;
+
+    /// A build without NATS refuses `--nats-url` before it binds or creates anything.
+    #[cfg(not(feature = "nats"))]
+    #[tokio::test]
+    async fn a_nats_url_is_refused_by_a_build_without_nats() {
+        use clap::Parser;
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("saga.db");
+        let url = format!("sqlite://{}", db.display());
+        let line = super::ServeCommandLine::try_parse_from([
+            "app",
+            "--listen",
+            "127.0.0.1:0",
+            "--nats-url",
+            "nats://127.0.0.1:4222",
+        ])
+        .unwrap();
+        let refused = super::Orchestrator::builder(saga_dsl::Registry::new())
+            .database_url(&url)
+            .args(&line.serve)
+            .quiet()
+            .start()
+            .await
+            .unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "--nats-url (or SAGA_NATS_URL) needs the \"nats\" feature: build with --features nats"
+        );
+        assert!(!db.exists(), "nothing is created");
+    }
+
+    #[test]
+    fn listen_takes_an_address_or_a_bare_port() {
+        assert_eq!(listen_address("18083").unwrap(), "127.0.0.1:18083");
+        assert_eq!(listen_address("0.0.0.0:8080").unwrap(), "0.0.0.0:8080");
+        assert_eq!(listen_address("[::1]:8080").unwrap(), "[::1]:8080");
+        assert_eq!(listen_address("localhost:9000").unwrap(), "localhost:9000");
+        for bad in [
+            "localhost",
+            ":8080",
+            "127.0.0.1:",
+            "127.0.0.1:99999",
+            "eighty",
+        ] {
+            let e = listen_address(bad).unwrap_err();
+            assert!(
+                e.contains("HOST:PORT") && e.contains("bare PORT"),
+                "{bad}: {e}"
+            );
+        }
     }
 }

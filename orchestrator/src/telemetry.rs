@@ -27,15 +27,20 @@ use std::time::{Duration, SystemTime};
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{
     Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
-    TraceState, Tracer as _, TracerProvider as _,
+    TraceState, Tracer as _,
 };
 use opentelemetry::{Context, KeyValue};
+#[cfg(feature = "otel")]
 use opentelemetry_otlp::{Protocol, WithExportConfig};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider, Tracer};
-use opentelemetry_sdk::Resource;
+use opentelemetry_sdk::trace::{SdkTracerProvider, Tracer};
 use saga_dsl::{Phase, TraceContext};
 use uuid::Uuid;
+#[cfg(feature = "otel")]
+use {
+    opentelemetry::trace::TracerProvider as _,
+    opentelemetry_sdk::{trace::Sampler, Resource},
+};
 
 use crate::model::{Millis, Saga, SagaStatus};
 
@@ -52,6 +57,12 @@ pub enum TelemetryError {
     /// The exporter could not be built.
     #[error("cannot build the OTLP exporter: {0}")]
     Exporter(String),
+    /// Traces were asked for from a build without the exporter.
+    #[error(
+        "--otlp-endpoint (or OTEL_EXPORTER_OTLP_ENDPOINT) needs the \"otel\" feature: build \
+         with --features otel, or unset it"
+    )]
+    NotBuilt,
 }
 
 /// Which sagas' traces are recorded: none, all, or a share of them chosen by saga id, so
@@ -122,6 +133,9 @@ pub struct Telemetry {
     sampling: Sampling,
 }
 
+// Built only by the OTLP exporter (the `otel` feature): without it a `Telemetry` is always
+// disabled and this code is never reached.
+#[cfg_attr(not(feature = "otel"), allow(dead_code))]
 struct Exporting {
     provider: SdkTracerProvider,
     tracer: Tracer,
@@ -138,6 +152,7 @@ impl fmt::Debug for Telemetry {
 }
 
 /// `url` if it is an `http` or `https` URL with a host.
+#[cfg(feature = "otel")]
 fn checked(url: &str) -> Result<&str, TelemetryError> {
     match reqwest::Url::parse(url) {
         Ok(u) if matches!(u.scheme(), "http" | "https") && u.host_str().is_some() => Ok(url),
@@ -148,6 +163,7 @@ fn checked(url: &str) -> Result<&str, TelemetryError> {
 /// The URL spans are posted to for the collector at `endpoint`: its `/v1/traces`, as
 /// `OTEL_EXPORTER_OTLP_ENDPOINT` is read (a base URL, path included), unless it names that
 /// path already.
+#[cfg(feature = "otel")]
 fn traces_url(endpoint: &str) -> Result<String, TelemetryError> {
     let base = checked(endpoint)?.trim_end_matches('/');
     if base.ends_with("/v1/traces") {
@@ -165,16 +181,31 @@ impl Telemetry {
 
     /// Exports spans to the OTLP/HTTP collector at `endpoint` (`http://HOST:4318`, to which
     /// `/v1/traces` is added, or the full URL of its traces path), as protobuf, in batches.
-    /// The service name is `OTEL_SERVICE_NAME`, else [`DEFAULT_SERVICE_NAME`].
+    /// The service name is `OTEL_SERVICE_NAME`, else [`DEFAULT_SERVICE_NAME`]. Without the
+    /// `otel` feature, [`TelemetryError::NotBuilt`].
     pub fn otlp(endpoint: &str) -> Result<Self, TelemetryError> {
-        Self::exporting_to(traces_url(endpoint)?)
+        #[cfg(feature = "otel")]
+        return Self::exporting_to(traces_url(endpoint)?);
+        #[cfg(not(feature = "otel"))]
+        {
+            let _ = endpoint;
+            Err(TelemetryError::NotBuilt)
+        }
     }
 
     /// Exports spans to exactly `url`, as `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` is read.
+    /// Without the `otel` feature, [`TelemetryError::NotBuilt`].
     pub fn otlp_traces_url(url: &str) -> Result<Self, TelemetryError> {
-        Self::exporting_to(checked(url)?.to_owned())
+        #[cfg(feature = "otel")]
+        return Self::exporting_to(checked(url)?.to_owned());
+        #[cfg(not(feature = "otel"))]
+        {
+            let _ = url;
+            Err(TelemetryError::NotBuilt)
+        }
     }
 
+    #[cfg(feature = "otel")]
     fn exporting_to(url: String) -> Result<Self, TelemetryError> {
         let exporter = opentelemetry_otlp::SpanExporter::builder()
             .with_http()
@@ -226,6 +257,7 @@ impl Telemetry {
     /// `tracing`, at `INFO` or above) to the same collector, each a child of the attempt that
     /// runs it; `None` when disabled. The orchestrator's own and its dependencies' spans stay
     /// out (its traces are the sagas'), as do the exporter's logs, which would feed themselves.
+    #[cfg(feature = "otel")]
     pub fn tracing_layer<S>(&self) -> Option<impl tracing_subscriber::Layer<S>>
     where
         S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
@@ -596,6 +628,7 @@ mod tests {
         );
     }
 
+    #[cfg(feature = "otel")]
     #[test]
     fn an_endpoint_gets_the_traces_path_unless_it_names_one() {
         assert_eq!(

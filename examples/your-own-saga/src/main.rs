@@ -44,9 +44,10 @@ async fn main() -> anyhow::Result<()> {
         ))
         .step(Step::pivot("charge_card", charge_card))
         .build()?;
-    // SQLite `saga.db` in the working directory, HTTP on 127.0.0.1:8080, until Ctrl-C.
+    // SQLite `saga.db` in the working directory, HTTP on 127.0.0.1:8080, until Ctrl-C;
+    // `--help` lists the flags (`--listen 9000`, `--database-url`, `--workers`, …).
     Orchestrator::builder(Registry::new().with(book_seat)?)
-        .serve()
+        .run_from_args()
         .await?;
     Ok(())
 }

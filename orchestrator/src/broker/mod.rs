@@ -22,11 +22,12 @@
 //! A target is one type implementing [`EventTarget`]: [`prepare`](EventTarget::prepare)
 //! connects and checks what it publishes into, [`publish`](EventTarget::publish) sends a batch
 //! in order and says how many of its first messages the broker confirmed. The relay does the
-//! rest (cursor, retries, metrics). [`nats::NatsTarget`] is the one this crate ships; a Kafka
+//! rest (cursor, retries, metrics). `nats::NatsTarget` (the `nats` feature) is the one this crate ships; a Kafka
 //! target would use an idempotent producer and the message id as key, a RabbitMQ one
 //! publisher confirms and the message id as `message_id` (RabbitMQ does not deduplicate, so
 //! its consumers must).
 
+#[cfg(feature = "nats")]
 pub mod nats;
 
 use std::sync::Arc;

@@ -79,70 +79,12 @@ pub use error::CliError;
 pub use remote::run_via_server;
 pub use table::Layout;
 
-use crate::store::{self, SqliteStore, Store};
+#[cfg(feature = "sqlite")]
+use crate::store::SqliteStore;
+use crate::store::{self, Store};
 
-/// How diagnostics are written to stderr (`--log-format`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
-pub enum LogFormat {
-    /// Human-readable lines.
-    #[default]
-    Pretty,
-    /// One JSON object per line.
-    Json,
-}
-
-/// Installs the process's tracing subscriber: logs on stderr, the level from `RUST_LOG` or else
-/// `default_filter` (`"warn"`, `"info"`), one JSON object per line when `json`.
-///
-/// Colour codes are written only when stderr is a terminal and `NO_COLOR` is unset, so logs
-/// redirected to a file or collected by a supervisor stay plain text. Every binary built on the
-/// orchestrator (the `saga` CLI, application binaries) should call this once, first thing.
-/// Does nothing if a subscriber is already installed.
-pub fn init_tracing(json: bool, default_filter: &str) {
-    init_tracing_with(
-        json,
-        default_filter,
-        &crate::telemetry::Telemetry::disabled(),
-    );
-}
-
-/// [`init_tracing`], and, when `telemetry` exports spans, the layer that exports the spans an
-/// application's steps open through `tracing` with them
-/// ([`Telemetry::tracing_layer`](crate::telemetry::Telemetry::tracing_layer)).
-pub fn init_tracing_with(
-    json: bool,
-    default_filter: &str,
-    telemetry: &crate::telemetry::Telemetry,
-) {
-    use std::io::IsTerminal;
-    use tracing_subscriber::layer::SubscriberExt;
-    use tracing_subscriber::util::SubscriberInitExt;
-    use tracing_subscriber::{EnvFilter, Layer};
-
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
-    let ansi = std::io::stderr().is_terminal() && !no_color();
-    let logs = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
-        .with_ansi(ansi && !json);
-    let logs = if json {
-        logs.json().boxed()
-    } else {
-        logs.boxed()
-    };
-    // The log level filters the log alone: the spans steps open are exported at INFO and
-    // above whatever the log shows.
-    // An error means a subscriber is already set (a test harness, an embedding application).
-    let _ = tracing_subscriber::registry()
-        .with(telemetry.tracing_layer())
-        .with(logs.with_filter(filter))
-        .try_init();
-}
-
-/// Whether the user asked for no colour (<https://no-color.org>: `NO_COLOR` set and not empty).
-pub(crate) fn no_color() -> bool {
-    std::env::var_os("NO_COLOR").is_some_and(|v| !v.is_empty())
-}
+pub(crate) use crate::logs::no_color;
+pub use crate::logs::{init_tracing, init_tracing_with, LogFormat};
 
 /// Opens the store a command needs: an existing database for every command but `migrate`, which
 /// creates an SQLite file if it is missing. Opening applies pending migrations.
@@ -155,11 +97,11 @@ pub async fn open_store_for(cmd: &AdminCommand, url: &str) -> Result<Arc<dyn Sto
             "this command works through the HTTP API and opens no database".to_owned(),
         ));
     }
+    #[cfg(feature = "sqlite")]
     if url.starts_with("sqlite:") && !cmd.creates_database() {
-        Ok(Arc::new(SqliteStore::open_existing(url).await?))
-    } else {
-        Ok(store::open(url).await?)
+        return Ok(Arc::new(SqliteStore::open_existing(url).await?));
     }
+    Ok(store::open(url).await?)
 }
 
 /// Opens the database `url` names as [`open_store_for`] does and runs the command on it: the
@@ -215,11 +157,14 @@ pub async fn open_and_run(
     }
     if let AdminCommand::Show(args) = cmd {
         // `show` also lists the saga's webhook deliveries, which live outside the step log.
+        #[cfg(feature = "sqlite")]
         let stores = if url.starts_with("sqlite:") {
             store::Stores::sqlite(SqliteStore::open_existing(url).await?)
         } else {
             store::open_full(url).await?
         };
+        #[cfg(not(feature = "sqlite"))]
+        let stores = store::open_full(url).await?;
         show_with_deliveries(
             args,
             stores.log.as_ref(),

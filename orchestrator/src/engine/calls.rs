@@ -10,6 +10,7 @@ use serde_json::Value;
 use tokio::task::{Id, JoinError, JoinSet};
 
 /// Every outcome a call can have, as [`CallResult::outcome`] names them.
+#[cfg(feature = "server")]
 pub(crate) const CALL_OUTCOMES: &[&str] = &["succeeded", "retryable", "failed", "timed_out"];
 
 /// The outcome of one call.

@@ -27,6 +27,8 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+// Read by the HTTP API's `/metrics`.
+#[cfg(feature = "server")]
 pub(crate) use calls::CALL_OUTCOMES;
 pub use start::{
     canonical_json, fingerprint, PendingAnswer, StartKey, StartOutcome, StartRequest, Started,

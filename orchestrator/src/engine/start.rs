@@ -145,7 +145,8 @@ impl StartKey {
 
 /// The summary of a started saga: the body of the `202` answer to a start, and what a keyed
 /// start saves to replay.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 pub struct Started {
     /// The new saga's id; follow `Location` to read it.
     pub id: Uuid,

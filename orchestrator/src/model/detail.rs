@@ -8,7 +8,8 @@ use super::{Attempt, Saga};
 /// `saga show ID --json`, one object on both surfaces. The saga's fields are at the top level
 /// (the [`Saga`] as shown, [`Saga::shown`]), so a client that reads a [`Saga`] from it still
 /// can; `attempts` has the fields of `GET /v1/sagas/{id}/attempts`, in the order they started.
-#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 pub struct SagaDetail {
     /// The saga, with its steps.
     #[serde(flatten)]

@@ -62,7 +62,8 @@ macro_rules! wire_enum {
     // A value may also be read from older texts (`| "OLD"`), never written as them.
     ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $variant:ident = $text:tt $(| $old:tt)*),+ $(,)? }) => {
         $(#[$m])*
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
         pub enum $name {
             $($(#[$vm])* #[serde(rename = $text $(, alias = $old)*)] $variant),+
         }
@@ -187,7 +188,8 @@ wire_enum!(
 pub use saga_dsl::StepKind;
 
 /// One half (action or compensation) of a step in the log.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 pub struct PhaseRecord {
     /// Its status.
     pub status: StepStatus,
@@ -199,11 +201,11 @@ pub struct PhaseRecord {
     pub outcome_unknown: bool,
     /// When the first attempt started.
     #[serde(with = "opt_time", default)]
-    #[schema(value_type = Option<String>, format = DateTime)]
+    #[cfg_attr(feature = "server", schema(value_type = Option<String>, format = DateTime))]
     pub started_at: Option<Millis>,
     /// When it reached its current status.
     #[serde(with = "opt_time", default)]
-    #[schema(value_type = Option<String>, format = DateTime)]
+    #[cfg_attr(feature = "server", schema(value_type = Option<String>, format = DateTime))]
     pub ended_at: Option<Millis>,
 }
 
@@ -227,7 +229,8 @@ impl PhaseRecord {
 }
 
 /// One step of a saga in the log.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 pub struct StepRecord {
     /// Position, from 0.
     pub index: u32,
@@ -250,26 +253,27 @@ pub struct StepRecord {
     pub output: Option<Value>,
     /// A sleep's wake time, once it started (absent for other steps).
     #[serde(with = "opt_time", default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>, format = DateTime)]
+    #[cfg_attr(feature = "server", schema(value_type = Option<String>, format = DateTime))]
     pub wake_at: Option<Millis>,
     /// The signal a signal step waits for, once it started waiting (absent for other steps).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_for: Option<String>,
     /// When a signal step stops waiting, if it waits at most some time.
     #[serde(with = "opt_time", default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>, format = DateTime)]
+    #[cfg_attr(feature = "server", schema(value_type = Option<String>, format = DateTime))]
     pub timeout_at: Option<Millis>,
     /// When a branch of a parallel group that waits to retry makes its next attempt (absent
     /// for other steps).
     #[serde(with = "opt_time", default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>, format = DateTime)]
+    #[cfg_attr(feature = "server", schema(value_type = Option<String>, format = DateTime))]
     pub retry_at: Option<Millis>,
     /// The compensation (`NOT_NEEDED` for pivot and retriable steps).
     pub compensation: PhaseRecord,
 }
 
 /// A saga as stored: the body of `GET /v1/sagas/{id}` and of `saga show ID --json`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 pub struct Saga {
     /// Id (a UUIDv7, so ids sort by creation time).
     pub id: Uuid,
@@ -304,7 +308,7 @@ pub struct Saga {
     /// When the wait ends on its own (a sleep's end, a signal's timeout, the next retry);
     /// `null` for a wait without a deadline. Computed with [`Saga::waiting_for`].
     #[serde(with = "opt_time", default)]
-    #[schema(value_type = Option<String>, format = DateTime)]
+    #[cfg_attr(feature = "server", schema(value_type = Option<String>, format = DateTime))]
     pub wake_at: Option<Millis>,
     /// The input.
     pub input: Value,
@@ -314,7 +318,7 @@ pub struct Saga {
     pub error: Option<String>,
     /// When the next attempt is due, while the saga waits on a retry timer.
     #[serde(with = "opt_time", default)]
-    #[schema(value_type = Option<String>, format = DateTime)]
+    #[cfg_attr(feature = "server", schema(value_type = Option<String>, format = DateTime))]
     pub next_run_at: Option<Millis>,
     /// The worker currently holding the saga's lease.
     pub lease_owner: Option<String>,
@@ -326,11 +330,11 @@ pub struct Saga {
     pub lease_expires_at: Option<Millis>,
     /// Created.
     #[serde(serialize_with = "ser_time", deserialize_with = "de_time")]
-    #[schema(value_type = String, format = DateTime)]
+    #[cfg_attr(feature = "server", schema(value_type = String, format = DateTime))]
     pub created_at: Millis,
     /// Last changed.
     #[serde(serialize_with = "ser_time", deserialize_with = "de_time")]
-    #[schema(value_type = String, format = DateTime)]
+    #[cfg_attr(feature = "server", schema(value_type = String, format = DateTime))]
     pub updated_at: Millis,
     /// The saga that started this one as a child saga (`GET /v1/sagas/{parent_id}`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -340,7 +344,7 @@ pub struct Saga {
     pub parent_stage: Option<String>,
     /// When a saga started with `Saga-Start-At` was asked to start.
     #[serde(with = "opt_time", default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>, format = DateTime)]
+    #[cfg_attr(feature = "server", schema(value_type = Option<String>, format = DateTime))]
     pub scheduled_at: Option<Millis>,
     /// The W3C trace context the start carried (`traceparent`), or a child saga's parent's:
     /// the trace the saga's spans join. Without one the saga's trace is its own.
@@ -390,7 +394,8 @@ pub fn definition_key(name: &str, version: u32, hash: &str) -> String {
 }
 
 /// A row of `saga list`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 pub struct SagaSummary {
     /// Id.
     pub id: Uuid,
@@ -411,15 +416,15 @@ pub struct SagaSummary {
     pub waiting_for: Option<String>,
     /// See [`Saga::wake_at`].
     #[serde(with = "opt_time", default)]
-    #[schema(value_type = Option<String>, format = DateTime)]
+    #[cfg_attr(feature = "server", schema(value_type = Option<String>, format = DateTime))]
     pub wake_at: Option<Millis>,
     /// Created.
     #[serde(serialize_with = "ser_time", deserialize_with = "de_time")]
-    #[schema(value_type = String, format = DateTime)]
+    #[cfg_attr(feature = "server", schema(value_type = String, format = DateTime))]
     pub created_at: Millis,
     /// Last changed.
     #[serde(serialize_with = "ser_time", deserialize_with = "de_time")]
-    #[schema(value_type = String, format = DateTime)]
+    #[cfg_attr(feature = "server", schema(value_type = String, format = DateTime))]
     pub updated_at: Millis,
 }
 
@@ -447,7 +452,8 @@ pub struct ListFilter {
 }
 
 /// A page of sagas, newest first.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 pub struct SagaPage {
     /// The sagas.
     pub sagas: Vec<SagaSummary>,
@@ -456,7 +462,8 @@ pub struct SagaPage {
 }
 
 /// One entry of a saga's event history (also the transactional outbox).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 pub struct Event {
     /// Position in the saga's history, from 1.
     pub seq: i64,
@@ -464,7 +471,7 @@ pub struct Event {
     pub id: i64,
     /// When.
     #[serde(serialize_with = "ser_time", deserialize_with = "de_time")]
-    #[schema(value_type = String, format = DateTime)]
+    #[cfg_attr(feature = "server", schema(value_type = String, format = DateTime))]
     pub at: Millis,
     /// `saga.started`, `step.succeeded`, `step.compensated`, …
     #[serde(rename = "type")]
@@ -476,7 +483,8 @@ pub struct Event {
 }
 
 /// One attempt of an action or compensation, as kept in the attempt log.
-#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 pub struct Attempt {
     /// Step index.
     pub step_index: u32,
@@ -492,11 +500,11 @@ pub struct Attempt {
     pub lease_epoch: i64,
     /// Started.
     #[serde(serialize_with = "ser_time")]
-    #[schema(value_type = String, format = DateTime)]
+    #[cfg_attr(feature = "server", schema(value_type = String, format = DateTime))]
     pub started_at: Millis,
     /// Ended (`None` while running, or forever if its process died).
     #[serde(serialize_with = "ser_opt_time")]
-    #[schema(value_type = Option<String>, format = DateTime)]
+    #[cfg_attr(feature = "server", schema(value_type = Option<String>, format = DateTime))]
     pub ended_at: Option<Millis>,
     /// `succeeded`, `failed`, `retryable`, `timed_out`, `interrupted`, `abandoned` (an
     /// operator's abort or mark-compensated took it over in flight), or `None` while running.
@@ -546,7 +554,8 @@ pub struct Worker {
 }
 
 /// A step of a definition as discovery shows it: its name and kind.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 pub struct Stage {
     /// The step's name.
     pub name: String,
@@ -556,10 +565,11 @@ pub struct Stage {
 
 /// A saga definition as `GET /v1/definitions` and `saga definitions` show it: what a client
 /// can start, with which steps, and what input it takes.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 pub struct Definition {
     /// The name, as in `POST /v1/sagas/{name}`.
-    #[schema(example = "place_order")]
+    #[cfg_attr(feature = "server", schema(example = "place_order"))]
     pub name: String,
     /// The version; a start uses the highest one of its name.
     pub version: u32,
@@ -603,7 +613,8 @@ impl Definition {
 }
 
 /// The body of `GET /v1/definitions`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 pub struct DefinitionList {
     /// Every registered version of every definition, by name, then version.
     pub definitions: Vec<Definition>,

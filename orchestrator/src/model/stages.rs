@@ -13,7 +13,8 @@ use super::{opt_time, Millis, PhaseRecord, Saga, StepKind, StepRecord};
 pub use saga_dsl::StageKind;
 
 /// One stage of a saga.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 pub struct StageRecord {
     /// Position in the definition, from 0 (also the index of its row in `steps`).
     pub index: u32,
@@ -32,14 +33,14 @@ pub struct StageRecord {
     pub output: Option<Value>,
     /// A sleep's wake time.
     #[serde(with = "opt_time", default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>, format = DateTime)]
+    #[cfg_attr(feature = "server", schema(value_type = Option<String>, format = DateTime))]
     pub wake_at: Option<Millis>,
     /// The signal a signal stage waits for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_for: Option<String>,
     /// When a signal wait gives up.
     #[serde(with = "opt_time", default, skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<String>, format = DateTime)]
+    #[cfg_attr(feature = "server", schema(value_type = Option<String>, format = DateTime))]
     pub timeout_at: Option<Millis>,
     /// The child saga of a child stage, once the stage started (`GET /v1/sagas/{child_id}`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

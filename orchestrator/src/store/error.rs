@@ -46,6 +46,18 @@ pub enum StoreError {
     /// (`?synchronous=bogus`): the message names the setting and the values it takes.
     #[error("{0}")]
     InvalidUrl(String),
+    /// The database URL names a store this build was compiled without (a Cargo feature of
+    /// the `orchestrator` crate).
+    #[error(
+        "{url:?} needs the {feature:?} feature of the orchestrator: build with --features \
+         {feature}"
+    )]
+    NotBuilt {
+        /// The URL, its password masked.
+        url: String,
+        /// The feature that compiles its store in.
+        feature: &'static str,
+    },
     /// Another orchestrator process runs the engine on this SQLite file.
     #[error("{0}")]
     InUse(String),
@@ -131,6 +143,8 @@ impl StoreError {
     /// A database server that could not be reached when the store was opened: `target` says
     /// what was dialled, for people (`PostgreSQL at host:port (database NAME)`), `cause` why it
     /// failed, in words.
+    // Only the PostgreSQL store dials a server.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn connect(target: &str, cause: &str, transient: bool) -> Self {
         Self::Backend(BackendError::new(
             BackendErrorKind::Connect,
@@ -155,6 +169,7 @@ impl StoreError {
 
     /// A statement run through SQLite's own API failed, with SQLite's extended result code if
     /// the library reported one (busy and locked, of any extended code, are transient).
+    #[cfg(feature = "sqlite")]
     pub(crate) fn sqlite(
         code: Option<i32>,
         message: &str,

@@ -62,6 +62,8 @@ pub struct Callback {
 /// One idempotent start as the write queue carries it (see
 /// [`IdempotencyStore::create_saga_idempotent`] for what each part means).
 #[derive(Debug, Clone)]
+// PostgreSQL runs a keyed start in a transaction of its own, never through the queue.
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 pub(crate) struct KeyedItem {
     /// The key.
     pub(crate) key: IdempotencyKey,
@@ -101,8 +103,7 @@ pub enum IdempotentStart {
     },
 }
 
-/// Idempotent saga starts. Implemented by [`SqliteStore`](super::SqliteStore) and
-/// [`PgStore`](super::PgStore).
+/// Idempotent saga starts. Implemented by `SqliteStore` and `PgStore`.
 #[async_trait]
 pub trait IdempotencyStore: Send + Sync + 'static {
     /// Creates the saga `new` unless `key` is known, in one transaction with the key row (and
@@ -210,6 +211,7 @@ impl StoredKey {
 
 /// Judges a request against the row its key already has (columns `fingerprint`, `saga_id` as
 /// text, `status_code` as a 64-bit integer, `response_body`, `created_at`, `completed_at`).
+#[cfg(feature = "postgres")]
 pub(super) fn judge_row<R: super::rows::LogRow>(
     row: &R,
     key: &IdempotencyKey,

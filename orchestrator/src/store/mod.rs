@@ -27,10 +27,12 @@ mod error;
 mod fence;
 pub mod idempotency;
 pub mod outbox;
+#[cfg(feature = "postgres")]
 mod postgres;
 pub(crate) mod rows;
 mod shared;
 pub mod signals;
+#[cfg(feature = "sqlite")]
 mod sqlite;
 mod stores;
 mod url;
@@ -47,8 +49,10 @@ pub(crate) use error::SqlxResultExt;
 pub use error::{BackendError, BackendErrorKind, StoreError};
 pub use idempotency::{Callback, IdempotencyKey, IdempotencyStore, IdempotentStart, SavedResponse};
 pub use outbox::{Delivery, DeliveryState, OutboxStore};
+#[cfg(feature = "postgres")]
 pub use postgres::PgStore;
 pub use signals::{ReceivedSignal, SignalOutcome, SignalRequest};
+#[cfg(feature = "sqlite")]
 pub use sqlite::{engine_lock_file, sqlite_file, SqliteDurability, SqliteStore};
 pub use stores::{open_full, Stores};
 pub use url::redact_url;
@@ -604,13 +608,27 @@ pub struct UnfinishedOf {
     pub sagas: u64,
 }
 
-/// Opens the store a URL names: `sqlite://PATH` (created if missing) or `postgres://…`.
+/// Opens the store a URL names: `sqlite://PATH` (created if missing) or `postgres://…`. A
+/// database whose store this build leaves out (a Cargo feature) is
+/// [`StoreError::NotBuilt`], which names the feature.
 pub async fn open(url: &str) -> Result<std::sync::Arc<dyn Store>> {
     if url.starts_with("sqlite:") {
-        Ok(std::sync::Arc::new(SqliteStore::open(url).await?))
-    } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        Ok(std::sync::Arc::new(PgStore::open(url).await?))
-    } else {
-        Err(StoreError::UnsupportedUrl(redact_url(url)))
+        #[cfg(feature = "sqlite")]
+        return Ok(std::sync::Arc::new(SqliteStore::open(url).await?));
+        #[cfg(not(feature = "sqlite"))]
+        return Err(StoreError::NotBuilt {
+            url: redact_url(url),
+            feature: "sqlite",
+        });
     }
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        #[cfg(feature = "postgres")]
+        return Ok(std::sync::Arc::new(PgStore::open(url).await?));
+        #[cfg(not(feature = "postgres"))]
+        return Err(StoreError::NotBuilt {
+            url: redact_url(url),
+            feature: "postgres",
+        });
+    }
+    Err(StoreError::UnsupportedUrl(redact_url(url)))
 }

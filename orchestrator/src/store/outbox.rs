@@ -81,7 +81,8 @@ impl OutboxEvent {
 }
 
 /// Who a delivery goes to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum TargetKind {
     /// The callback URL the client registered when it started the saga.
@@ -158,7 +159,8 @@ pub enum DeliveryOutcome {
 }
 
 /// Where a delivery stands.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum DeliveryState {
     /// Not delivered yet (waiting for its turn, a retry, or in flight).
@@ -171,7 +173,8 @@ pub enum DeliveryState {
 
 /// One delivery of one event to one target, as `GET /v1/sagas/{id}/deliveries` and
 /// `saga show` present it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
 pub struct Delivery {
     /// The event id (the `Saga-Event-Id` header of the delivery).
     pub event_id: i64,
@@ -188,11 +191,11 @@ pub struct Delivery {
     pub attempts: u32,
     /// When the next attempt is due, while pending.
     #[serde(serialize_with = "crate::model::ser_opt_time")]
-    #[schema(value_type = Option<String>, format = DateTime)]
+    #[cfg_attr(feature = "server", schema(value_type = Option<String>, format = DateTime))]
     pub next_attempt_at: Option<Millis>,
     /// When it was delivered.
     #[serde(serialize_with = "crate::model::ser_opt_time")]
-    #[schema(value_type = Option<String>, format = DateTime)]
+    #[cfg_attr(feature = "server", schema(value_type = Option<String>, format = DateTime))]
     pub delivered_at: Option<Millis>,
     /// The receiver's last HTTP status.
     pub last_status: Option<u16>,
@@ -201,7 +204,7 @@ pub struct Delivery {
 }
 
 /// The outbox relay's and the webhook senders' view of the store. Implemented by
-/// [`SqliteStore`](super::SqliteStore) and [`PgStore`](super::PgStore).
+/// `SqliteStore` and `PgStore`.
 #[async_trait]
 pub trait OutboxStore: Send + Sync + 'static {
     /// The position relay `name` has read up to (the start, for a new relay).

@@ -19,17 +19,21 @@ use crate::store::SqlxResultExt;
 /// A column value a log row can yield.
 pub(super) trait Column: Sized {
     /// Reads column `name` of a SQLite row.
+    #[cfg(feature = "sqlite")]
     fn sqlite(row: &sqlx::sqlite::SqliteRow, name: &str) -> Result<Self>;
     /// Reads column `name` of a PostgreSQL row.
+    #[cfg(feature = "postgres")]
     fn postgres(row: &sqlx::postgres::PgRow, name: &str) -> Result<Self>;
 }
 
 macro_rules! column {
     ($($t:ty),*) => {$(
         impl Column for $t {
+            #[cfg(feature = "sqlite")]
             fn sqlite(row: &sqlx::sqlite::SqliteRow, name: &str) -> Result<Self> {
                 sqlx::Row::try_get(row, name).db()
             }
+            #[cfg(feature = "postgres")]
             fn postgres(row: &sqlx::postgres::PgRow, name: &str) -> Result<Self> {
                 sqlx::Row::try_get(row, name).db()
             }
@@ -44,12 +48,14 @@ pub(super) trait LogRow {
     fn get<T: Column>(&self, name: &str) -> Result<T>;
 }
 
+#[cfg(feature = "sqlite")]
 impl LogRow for sqlx::sqlite::SqliteRow {
     fn get<T: Column>(&self, name: &str) -> Result<T> {
         T::sqlite(self, name)
     }
 }
 
+#[cfg(feature = "postgres")]
 impl LogRow for sqlx::postgres::PgRow {
     fn get<T: Column>(&self, name: &str) -> Result<T> {
         T::postgres(self, name)

@@ -7,7 +7,11 @@ use std::sync::Arc;
 
 use super::idempotency::IdempotencyStore;
 use super::outbox::OutboxStore;
-use super::{PgStore, Result, SqliteStore, Store};
+#[cfg(feature = "postgres")]
+use super::PgStore;
+#[cfg(feature = "sqlite")]
+use super::SqliteStore;
+use super::{Result, Store};
 
 /// The three views of one open store. Cheap to clone.
 #[derive(Clone)]
@@ -37,11 +41,13 @@ impl Stores {
     }
 
     /// The views of an SQLite store.
+    #[cfg(feature = "sqlite")]
     pub fn sqlite(store: SqliteStore) -> Self {
         Self::of(Arc::new(store))
     }
 
     /// The views of a PostgreSQL store.
+    #[cfg(feature = "postgres")]
     pub fn postgres(store: PgStore) -> Self {
         Self::of(Arc::new(store))
     }

@@ -12,13 +12,20 @@
 //! Values are bound from [`Arg`]s, each the same type in both databases' columns: ids are
 //! `uuid` on PostgreSQL and text on SQLite, JSON `jsonb` and text.
 
+#[cfg(feature = "sqlite")]
 use std::borrow::Cow;
 
 use serde_json::Value;
+#[cfg(feature = "postgres")]
 use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
+#[cfg(feature = "sqlite")]
 use sqlx::sqlite::{SqliteArguments, SqliteRow};
-use sqlx::{Postgres, Sqlite, Transaction};
+#[cfg(feature = "postgres")]
+use sqlx::Postgres;
+#[cfg(feature = "sqlite")]
+use sqlx::Sqlite;
+use sqlx::Transaction;
 use uuid::Uuid;
 
 use crate::model::{Millis, SagaStatus};
@@ -96,6 +103,7 @@ pub(crate) enum Arg<'a> {
 /// The statement text for SQLite: the PostgreSQL text without its `::type` casts, and each
 /// `= ANY($n)` over a list parameter as `IN (SELECT value FROM json_each($n))` (SQLite has no
 /// arrays: a list is bound as a JSON array).
+#[cfg(feature = "sqlite")]
 fn sqlite_text(sql: &str) -> Cow<'_, str> {
     if !sql.contains("::") && !sql.contains("= ANY(") {
         return Cow::Borrowed(sql);
@@ -123,11 +131,13 @@ fn sqlite_text(sql: &str) -> Cow<'_, str> {
 }
 
 /// A list as SQLite binds it: a JSON array of its items as text.
+#[cfg(feature = "sqlite")]
 fn json_list<T: ToString>(items: &[T]) -> String {
     let texts: Vec<String> = items.iter().map(ToString::to_string).collect();
     serde_json::Value::from(texts).to_string()
 }
 
+#[cfg(feature = "sqlite")]
 fn sqlite_query<'q>(sql: &'q str, args: &[Arg<'q>]) -> Query<'q, Sqlite, SqliteArguments<'q>> {
     let mut q = sqlx::query(sql);
     for arg in args {
@@ -145,6 +155,7 @@ fn sqlite_query<'q>(sql: &'q str, args: &[Arg<'q>]) -> Query<'q, Sqlite, SqliteA
     q
 }
 
+#[cfg(feature = "postgres")]
 fn pg_query<'q>(sql: &'q str, args: &[Arg<'q>]) -> Query<'q, Postgres, PgArguments> {
     let mut q = sqlx::query(sql);
     for arg in args {
@@ -165,15 +176,19 @@ fn pg_query<'q>(sql: &'q str, args: &[Arg<'q>]) -> Query<'q, Postgres, PgArgumen
 /// A row of either database.
 pub(crate) enum Row {
     /// From SQLite.
+    #[cfg(feature = "sqlite")]
     Sqlite(SqliteRow),
     /// From PostgreSQL.
+    #[cfg(feature = "postgres")]
     Postgres(PgRow),
 }
 
 impl LogRow for Row {
     fn get<T: Column>(&self, name: &str) -> Result<T> {
         match self {
+            #[cfg(feature = "sqlite")]
             Row::Sqlite(row) => row.get(name),
+            #[cfg(feature = "postgres")]
             Row::Postgres(row) => row.get(name),
         }
     }
@@ -183,8 +198,10 @@ impl LogRow for Row {
 #[derive(Clone, Copy)]
 pub(crate) enum Reader<'a> {
     /// SQLite's read-only pool.
+    #[cfg(feature = "sqlite")]
     Sqlite(&'a sqlx::SqlitePool),
     /// The PostgreSQL pool.
+    #[cfg(feature = "postgres")]
     Postgres(&'a sqlx::PgPool),
 }
 
@@ -192,7 +209,9 @@ impl Reader<'_> {
     /// The database it reads.
     pub(crate) fn dialect(&self) -> Dialect {
         match self {
+            #[cfg(feature = "sqlite")]
             Reader::Sqlite(_) => Dialect::Sqlite,
+            #[cfg(feature = "postgres")]
             Reader::Postgres(_) => Dialect::Postgres,
         }
     }
@@ -200,11 +219,13 @@ impl Reader<'_> {
     /// Every row `sql` returns.
     pub(crate) async fn all(&self, sql: &str, args: &[Arg<'_>]) -> Result<Vec<Row>> {
         Ok(match *self {
+            #[cfg(feature = "sqlite")]
             Reader::Sqlite(pool) => {
                 let text = sqlite_text(sql);
                 let rows = sqlite_query(&text, args).fetch_all(pool).await.db()?;
                 rows.into_iter().map(Row::Sqlite).collect()
             }
+            #[cfg(feature = "postgres")]
             Reader::Postgres(pool) => {
                 let rows = pg_query(sql, args).fetch_all(pool).await.db()?;
                 rows.into_iter().map(Row::Postgres).collect()
@@ -220,7 +241,9 @@ impl Reader<'_> {
     /// A read transaction: its statements see one snapshot.
     pub(crate) async fn snapshot(&self) -> Result<Tx> {
         Ok(match *self {
+            #[cfg(feature = "sqlite")]
             Reader::Sqlite(p) => Tx::sqlite(p.begin().await.db()?, None),
+            #[cfg(feature = "postgres")]
             Reader::Postgres(p) => Tx::postgres(
                 p.begin_with("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
                     .await
@@ -231,7 +254,9 @@ impl Reader<'_> {
 }
 
 enum TxConn {
+    #[cfg(feature = "sqlite")]
     Sqlite(Transaction<'static, Sqlite>),
+    #[cfg(feature = "postgres")]
     Postgres(Transaction<'static, Postgres>),
 }
 
@@ -247,6 +272,7 @@ pub(crate) struct Tx {
 
 impl Tx {
     /// A SQLite transaction whose writes record `now` (`None` for a read transaction).
+    #[cfg(feature = "sqlite")]
     pub(crate) fn sqlite(tx: Transaction<'static, Sqlite>, now: Option<Millis>) -> Self {
         Self {
             conn: TxConn::Sqlite(tx),
@@ -257,6 +283,7 @@ impl Tx {
 
     /// A PostgreSQL transaction, whose writes record the database's time (read when first
     /// needed, so a transaction that records none pays no round trip for it).
+    #[cfg(feature = "postgres")]
     pub(crate) fn postgres(tx: Transaction<'static, Postgres>) -> Self {
         Self {
             conn: TxConn::Postgres(tx),
@@ -268,23 +295,29 @@ impl Tx {
     /// The database it runs on.
     pub(crate) fn dialect(&self) -> Dialect {
         match self.conn {
+            #[cfg(feature = "sqlite")]
             TxConn::Sqlite(_) => Dialect::Sqlite,
+            #[cfg(feature = "postgres")]
             TxConn::Postgres(_) => Dialect::Postgres,
         }
     }
 
     /// The time this transaction's writes record: the same for all of them. On PostgreSQL the
     /// database's clock, read on first use (or when [`Tx::lock_saga`] takes its lock).
+    // A build with SQLite alone never reads a clock here.
+    #[cfg_attr(not(feature = "postgres"), allow(unreachable_code, unused_variables))]
     pub(crate) async fn now(&mut self) -> Result<Millis> {
         if let Some(now) = self.now {
             return Ok(now);
         }
         let now = match self.conn {
+            #[cfg(feature = "postgres")]
             TxConn::Postgres(_) => self
                 .opt("SELECT saga_now_ms() AS now", &[])
                 .await?
                 .ok_or_else(|| StoreError::io("saga_now_ms() returned no row"))?
                 .get("now")?,
+            #[cfg(feature = "sqlite")]
             TxConn::Sqlite(_) => {
                 return Err(StoreError::io("a read transaction records no time"));
             }
@@ -296,6 +329,7 @@ impl Tx {
     /// Every row `sql` returns.
     pub(crate) async fn all(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<Vec<Row>> {
         Ok(match &mut self.conn {
+            #[cfg(feature = "sqlite")]
             TxConn::Sqlite(tx) => {
                 let text = sqlite_text(sql);
                 sqlite_query(&text, args)
@@ -306,6 +340,7 @@ impl Tx {
                     .map(Row::Sqlite)
                     .collect()
             }
+            #[cfg(feature = "postgres")]
             TxConn::Postgres(tx) => pg_query(sql, args)
                 .fetch_all(&mut **tx)
                 .await
@@ -324,6 +359,7 @@ impl Tx {
     /// Runs `sql`; how many rows it changed.
     pub(crate) async fn exec(&mut self, sql: &str, args: &[Arg<'_>]) -> Result<u64> {
         Ok(match &mut self.conn {
+            #[cfg(feature = "sqlite")]
             TxConn::Sqlite(tx) => {
                 let text = sqlite_text(sql);
                 sqlite_query(&text, args)
@@ -332,6 +368,7 @@ impl Tx {
                     .db()?
                     .rows_affected()
             }
+            #[cfg(feature = "postgres")]
             TxConn::Postgres(tx) => pg_query(sql, args)
                 .execute(&mut **tx)
                 .await
@@ -341,28 +378,40 @@ impl Tx {
     }
 
     /// The SQLite connection under the transaction, for a backend's own statements.
+    #[cfg(feature = "sqlite")]
     pub(crate) fn sqlite_conn(&mut self) -> Option<&mut sqlx::SqliteConnection> {
         match &mut self.conn {
             TxConn::Sqlite(tx) => Some(&mut **tx),
+            #[cfg(feature = "postgres")]
             TxConn::Postgres(_) => None,
         }
     }
 
     /// The PostgreSQL connection under the transaction, for a backend's own statements.
+    #[cfg(feature = "postgres")]
     pub(crate) fn postgres_conn(&mut self) -> Option<&mut sqlx::PgConnection> {
         match &mut self.conn {
             TxConn::Postgres(tx) => Some(&mut **tx),
+            #[cfg(feature = "sqlite")]
             TxConn::Sqlite(_) => None,
         }
+    }
+
+    /// Whether it runs on PostgreSQL, whose wake-ups are `NOTIFY`s.
+    fn on_postgres(&self) -> bool {
+        self.dialect() == Dialect::Postgres
     }
 
     /// Locks the saga's row until the end of the transaction (PostgreSQL; a SQLite write
     /// transaction holds the database's one write lock already); whether the saga exists. On
     /// PostgreSQL the transaction's time is read again once the lock is held, so that what it
     /// writes is not older than the write it waited for.
+    #[cfg_attr(not(feature = "postgres"), allow(unused_variables))]
     pub(crate) async fn lock_saga(&mut self, id: Uuid) -> Result<bool> {
         match self.conn {
+            #[cfg(feature = "sqlite")]
             TxConn::Sqlite(_) => Ok(true),
+            #[cfg(feature = "postgres")]
             TxConn::Postgres(_) => {
                 let row = self
                     .opt(
@@ -384,7 +433,7 @@ impl Tx {
     /// Wakes the engines of other processes on commit: a saga became due (PostgreSQL's
     /// `NOTIFY`; SQLite has one engine, which polls).
     pub(crate) async fn announce_due(&mut self) -> Result<()> {
-        if let TxConn::Postgres(_) = self.conn {
+        if self.on_postgres() {
             self.exec("SELECT pg_notify($1, '')", &[Arg::Str(DUE_CHANNEL)])
                 .await?;
         }
@@ -394,7 +443,7 @@ impl Tx {
 
     /// Tells waiters in other processes, on commit, that saga `id` ended with `status`.
     pub(crate) async fn announce_finished(&mut self, id: Uuid, status: SagaStatus) -> Result<()> {
-        if let TxConn::Postgres(_) = self.conn {
+        if self.on_postgres() {
             let payload = format!("{id} {status}");
             self.exec(
                 "SELECT pg_notify($1, $2)",
@@ -409,14 +458,16 @@ impl Tx {
     /// Commits; returns whether it made a saga due ([`Tx::announce_due`]).
     pub(crate) async fn commit(self) -> Result<bool> {
         match self.conn {
+            #[cfg(feature = "sqlite")]
             TxConn::Sqlite(tx) => tx.commit().await.db()?,
+            #[cfg(feature = "postgres")]
             TxConn::Postgres(tx) => tx.commit().await.db()?,
         }
         Ok(self.due)
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "sqlite"))]
 mod tests {
     use super::sqlite_text;
 

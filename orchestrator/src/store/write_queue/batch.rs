@@ -23,6 +23,10 @@
 //! runs in-process, so a statement per row costs no round trip, and unpacking a flattened
 //! batch cost more than the rows' own writes.
 
+// What follows reads the rows of PostgreSQL's one batch statement; SQLite writes row by row
+// (`store::sqlite::writer_rows`) and uses only part of it.
+#![cfg_attr(not(feature = "postgres"), allow(dead_code))]
+
 use std::collections::{HashMap, HashSet};
 
 use uuid::Uuid;

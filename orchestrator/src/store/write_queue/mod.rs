@@ -25,7 +25,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use sqlx::{Database, Executor, Pool};
 use tokio::sync::{mpsc, oneshot};
@@ -59,6 +59,9 @@ type Run<DB> = Box<
 type Finish = Box<dyn FnOnce(Result<()>) + Send>;
 
 /// A queued write.
+// Keyed starts and closures go through the queue on SQLite only; PostgreSQL runs them in
+// transactions of their own.
+#[cfg_attr(not(feature = "sqlite"), allow(dead_code))]
 enum Job<DB: Database> {
     /// An idempotent start, run with the others of its batch.
     Keyed {
@@ -166,6 +169,7 @@ where
     }
 
     /// Runs an idempotent start, group-committed with whatever else is queued.
+    #[cfg(feature = "sqlite")]
     pub(crate) async fn keyed(&self, item: KeyedItem) -> Result<IdempotentStart> {
         let (reply, answer) = oneshot::channel();
         self.tx
@@ -175,6 +179,7 @@ where
     }
 
     /// Runs `f` inside a group-committed transaction and returns its result once committed.
+    #[cfg(feature = "sqlite")]
     pub(crate) async fn run<T, F>(&self, f: F) -> Result<T>
     where
         T: Send + 'static,
@@ -184,7 +189,7 @@ where
     {
         let (reply, answer) = oneshot::channel();
         // The job's own result waits here until the commit decides what the caller hears.
-        let slot = Arc::new(Mutex::new(None::<Result<T>>));
+        let slot = Arc::new(std::sync::Mutex::new(None::<Result<T>>));
         let written = slot.clone();
         let job = Job::<DB>::Closure {
             run: Box::new(move |conn, now| {

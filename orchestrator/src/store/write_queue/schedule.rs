@@ -100,7 +100,7 @@ pub(super) async fn next_batch<'q, DB: Database>(
     Some((jobs, Busy(turns)))
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "sqlite"))]
 mod tests {
     use super::*;
 
