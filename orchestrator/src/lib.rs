@@ -52,9 +52,11 @@
 //!   driver writes it ahead and runs it like an action.
 //! - **How each stage kind advances.** The definition's stage is a `saga_dsl::StageBody`
 //!   (a call, a sleep, a signal wait, a group, a child saga); the engine's `engine::stages`
-//!   has one module per kind implementing `StageRules` (`advance` going forward, `undo` going
-//!   back), matched to the body in one place (`by_kind!`). A call is written ahead and run by
-//!   the driver; the others decide without a call and are written with the next write.
+//!   has one module per kind implementing `StageRules` (`needs` the fact it reads from the
+//!   store, `advance` going forward, `undo` going back), matched to the body in one place
+//!   (`by_kind!`). The rules are pure: they return an `engine::decision::Decision`, which
+//!   `engine::effects` applies. A call is written ahead and run by the driver; the others
+//!   decide without a call and are written with the next write.
 //! - **Where a command from outside changes a saga.** [`operations`]: cancel, abort, retry,
 //!   mark-compensated and signal, each one file, with their rules in `model::rules`; the HTTP
 //!   handlers and the CLI only parse and render.

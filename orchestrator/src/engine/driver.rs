@@ -7,7 +7,9 @@
 //! saga-level changes that follow from a result (compensating, completed, …) are folded into the
 //! same transaction too. The branches of a parallel group run at once ([`super::calls`]): their
 //! write-aheads share one transaction, and their results are written as they come, each with
-//! whatever the plan starts next. Each stage's turn is asked of its kind, in [`super::stages`].
+//! whatever the plan starts next. Each stage's turn is decided by its kind, in
+//! [`super::stages`], as a value that the effect runner ([`super::effects`]) applies: this loop
+//! only hears whether to call, plan again, or stop.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -21,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::calls::{CallFuture, CallResult, InFlight};
-use super::decision::Decision;
+use super::decision::Turned;
 use super::plan::{self, NextCall};
 use super::Inner;
 use crate::failpoint::crash_if_armed;
@@ -277,22 +279,11 @@ impl Driver {
                         self.write(false, true).await?;
                         return Ok(());
                     }
-                    let decision = match phase {
-                        Phase::Action => self.decide(index, now).await?,
-                        Phase::Compensation => self.undo_stage(index, now).await?,
-                    };
-                    match decision {
-                        Decision::Call => {}
+                    match self.turn(index, phase, now).await? {
+                        Turned::Call => {}
                         // Written with whatever comes next.
-                        Decision::Decided => continue,
-                        Decision::AwaitSignal(signal) => {
-                            self.await_signal(&signal).await?;
-                            return Ok(());
-                        }
-                        Decision::AwaitChild { child, seen } => {
-                            self.await_child(child, seen).await?;
-                            return Ok(());
-                        }
+                        Turned::Continue => continue,
+                        Turned::Parked => return Ok(()),
                     }
                     vec![(index, phase)]
                 }

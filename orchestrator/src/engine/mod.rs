@@ -8,11 +8,14 @@
 //! lets every driver finish the call in flight and record its result, and releases the leases.
 //!
 //! The per-saga logic lives in `driver`; the rules that decide what comes next are pure
-//! functions in [`plan`], tested without a database.
+//! functions, tested without a database: [`plan`] picks the next call or wait from the saga's
+//! record, `stages` decides a stage's turn as a `decision::Decision`, and `effects` applies it
+//! (the record, the events, the writes, the waits and children).
 
 mod calls;
 mod decision;
 mod driver;
+mod effects;
 pub mod plan;
 mod stages;
 mod start;

@@ -1,12 +1,16 @@
-//! The stage kinds as the engine runs them: one module per kind, each implementing
-//! [`StageRules`] — how the stage advances when the saga reaches it going forward, and how it
-//! is undone going back. The driver asks [`Driver::decide`] and [`Driver::undo_stage`], which dispatch
-//! on the definition's [`StageBody`] in one place; a new kind of stage is a module here, a
-//! variant of `StageBody` in the DSL, an arm in each dispatch, and its rendering.
+//! The stage kinds as the engine decides them: one module per kind, each implementing
+//! [`StageRules`] — the facts from the store it needs, how the stage advances when the saga
+//! reaches it going forward, and how it is undone going back. The rules are pure: they read an
+//! immutable [`Turn`] (the saga's record, the stage, the clock reading, the step context, the
+//! registry) and the [`Facts`] the runner read for them, and return a [`Decision`]; the
+//! driver's effect runner ([`super::effects`]) applies it. [`needs`], [`advance`], [`undo`] and
+//! [`needs_back`] dispatch on the definition's [`StageBody`] in one place; a new kind of stage
+//! is a module here, a variant of `StageBody` in the DSL, an arm in the dispatch, and its
+//! rendering.
 //!
 //! What a stage decides without a call is kept in the driver's memory and written with
 //! whatever comes next: nothing outside the log happened. A stage that calls ([`call`]) is
-//! written ahead by the driver and run as an attempt.
+//! written ahead by the runner and run as an attempt.
 
 mod call;
 mod child;
@@ -16,13 +20,12 @@ mod sleep;
 
 use std::time::Duration;
 
-use saga_dsl::{Phase, StageBody, StepError};
-use serde_json::{json, Value};
+use saga_dsl::{Registry, StageBody, Step, StepContext, StepError};
 
-pub(super) use super::decision::Decision;
-use super::driver::Driver;
-use crate::model::{Millis, SagaStatus, StepStatus};
-use crate::store::{NewEvent, StoreError};
+use super::decision::{Decision, Facts, Need};
+use crate::model::{Millis, Saga, StepRecord, StepStatus};
+
+pub(super) use child::{after_cancel, after_compensate};
 
 /// `Some($call)` with `$rules` bound to the [`StageRules`] of `$body`'s kind, or `None` for a
 /// kind this engine does not know: the one place where a kind of stage is matched to its
@@ -40,8 +43,8 @@ macro_rules! by_kind {
     };
 }
 
-/// Where a stage's turn is: its name, its row and the engine's clock reading.
-#[derive(Debug, Clone, Copy)]
+/// What a stage's rules see of its turn: an immutable view of the saga, read, never changed.
+#[derive(Clone, Copy)]
 pub(super) struct Turn<'a> {
     /// The stage's name.
     pub(super) stage: &'a str,
@@ -49,162 +52,96 @@ pub(super) struct Turn<'a> {
     pub(super) index: usize,
     /// Now, on the engine's clock.
     pub(super) now: Millis,
+    /// The saga's record as the driver holds it.
+    pub(super) saga: &'a Saga,
+    /// The definitions this process runs (a child stage's child is the latest of its name).
+    pub(super) registry: &'a Registry,
+    /// Builds what the stage's rules (its condition, its wait, its group's list, its child's
+    /// input) are told: made only when asked, since a plain call needs none.
+    pub(super) context: &'a dyn Fn() -> StepContext,
 }
 
-/// What a turn comes to, or the store's error.
-pub(super) type Outcome = Result<Decision, StoreError>;
+impl Turn<'_> {
+    /// The stage's row.
+    pub(super) fn row(&self) -> &StepRecord {
+        &self.saga.steps[self.index]
+    }
 
-/// What one kind of stage does in the engine.
+    /// Whether the saga reaches the stage on this turn (its action has not begun).
+    pub(super) fn reached(&self) -> bool {
+        self.row().action.status == StepStatus::Pending
+    }
+
+    /// What the stage's rules are told.
+    pub(super) fn context(&self) -> StepContext {
+        (self.context)()
+    }
+}
+
+/// What one kind of stage decides in the engine. Every method is pure: what it needs from the
+/// store it names in `needs` (or `needs_back`), and the runner reads it before asking.
 pub(super) trait StageRules {
+    /// The fact its forward turn needs from the store.
+    fn needs(&self, _turn: &Turn<'_>) -> Need {
+        Need::Nothing
+    }
+
     /// Its turn going forward: the saga reached it, or it waits and was looked at again.
-    async fn advance(&self, driver: &mut Driver, turn: Turn<'_>) -> Outcome;
+    fn advance(&self, turn: &Turn<'_>, facts: Facts) -> Decision;
+
+    /// The fact its turn going back needs from the store.
+    fn needs_back(&self, _turn: &Turn<'_>) -> Need {
+        Need::Nothing
+    }
 
     /// Its turn going back, once every stage after it is undone: by default its compensation
     /// is called, as a call's is.
-    async fn undo(&self, _driver: &mut Driver, _turn: Turn<'_>) -> Outcome {
-        Ok(Decision::Call)
+    fn undo(&self, _turn: &Turn<'_>, _facts: Facts) -> Decision {
+        Decision::Call
     }
 }
 
-impl Driver {
-    /// The turn of stage `index` going forward. A condition that is false marks it `SKIPPED`;
-    /// otherwise its kind decides. A condition, wake time or timeout that cannot be computed
-    /// fails the stage permanently: it depends only on the saga's data, so asking again
-    /// cannot change it.
-    pub(super) async fn decide(
-        &mut self,
-        index: usize,
-        now: Millis,
-    ) -> Result<Decision, StoreError> {
-        let def = self.definition();
-        let step = &def.steps()[index];
-        let status = self.saga.steps[index].action.status;
-        if status == StepStatus::Pending && step.is_conditional() {
-            match step.applies(&self.context(index, Phase::Action, 0)) {
-                Ok(true) => {}
-                Ok(false) => {
-                    self.settle_without_call(index, StepStatus::Skipped, None, now);
-                    let event = NewEvent::step("step.skipped", step.name(), json!({}));
-                    self.pending.events.push(event);
-                    return Ok(Decision::Decided);
-                }
-                Err(e) => {
-                    self.refuse(
-                        index,
-                        &format!("its condition failed: {}", e.message()),
-                        now,
-                    );
-                    return Ok(Decision::Decided);
-                }
-            }
-        }
-        let turn = Turn {
-            stage: step.name(),
-            index,
-            now,
-        };
-        match by_kind!(step.body(), rules => rules.advance(self, turn).await) {
-            Some(outcome) => outcome,
-            // A kind this engine does not know: fail the stage rather than skip it.
-            None => {
-                self.refuse(index, "a stage of a kind this engine cannot run", now);
-                Ok(Decision::Decided)
+/// The first half of a forward turn: what comes before the stage's kind decides.
+#[derive(Debug)]
+pub(super) enum Ahead {
+    /// Its condition decided the turn: false skips the stage, an error refuses it.
+    Decided(Decision),
+    /// Its kind decides, once the runner read this fact.
+    Needs(Need),
+}
+
+/// The first half of a forward turn: a condition that is false skips the stage, one that
+/// fails refuses it; otherwise the fact its kind needs. A condition depends only on the saga's
+/// data, so asking again cannot change it.
+pub(super) fn needs(step: &Step, turn: &Turn<'_>) -> Ahead {
+    if turn.reached() && step.is_conditional() {
+        match step.applies(&turn.context()) {
+            Ok(true) => {}
+            Ok(false) => return Ahead::Decided(Decision::skip(turn.stage)),
+            Err(e) => {
+                let error = format!("its condition failed: {}", e.message());
+                return Ahead::Decided(Decision::refuse(turn.stage, error));
             }
         }
     }
+    Ahead::Needs(by_kind!(step.body(), rules => rules.needs(turn)).unwrap_or(Need::Nothing))
+}
 
-    /// The turn of row `index` going back. A branch's row is undone as a call.
-    pub(super) async fn undo_stage(
-        &mut self,
-        index: usize,
-        now: Millis,
-    ) -> Result<Decision, StoreError> {
-        let def = self.definition();
-        let Some(step) = def.steps().get(index) else {
-            return Ok(Decision::Call);
-        };
-        let turn = Turn {
-            stage: step.name(),
-            index,
-            now,
-        };
-        by_kind!(step.body(), rules => rules.undo(self, turn).await).unwrap_or(Ok(Decision::Call))
-    }
+/// The second half of a forward turn, with the facts [`needs`] asked for: its kind decides. A
+/// kind this engine does not know fails the stage rather than skip it.
+pub(super) fn advance(step: &Step, turn: &Turn<'_>, facts: Facts) -> Decision {
+    by_kind!(step.body(), rules => rules.advance(turn, facts))
+        .unwrap_or_else(|| Decision::refuse(turn.stage, "a stage of a kind this engine cannot run"))
+}
 
-    /// Marks a wait that starts now as `WAITING` and queues its record.
-    pub(super) fn start_waiting(&mut self, index: usize, now: Millis) {
-        if self.saga.status == SagaStatus::Queued {
-            self.saga.status = SagaStatus::Running;
-        }
-        let action = &mut self.saga.steps[index].action;
-        action.status = StepStatus::Waiting;
-        action.started_at = Some(now);
-        action.outcome_unknown = false;
-        self.push_update(index, Phase::Action, None);
-    }
+/// The fact a stage's turn going back needs.
+pub(super) fn needs_back(step: &Step, turn: &Turn<'_>) -> Need {
+    by_kind!(step.body(), rules => rules.needs_back(turn)).unwrap_or(Need::Nothing)
+}
 
-    /// Gives the saga back due at `recheck`, then parks it with `park` (retried while the
-    /// database is away for a moment; the first write stands meanwhile, so the saga is looked
-    /// at again at `recheck` whatever happens).
-    async fn give_back_and_park<F, Fut>(
-        &mut self,
-        recheck: Millis,
-        park: F,
-    ) -> Result<(), StoreError>
-    where
-        F: Fn() -> Fut,
-        Fut: std::future::Future<Output = Result<bool, StoreError>>,
-    {
-        self.saga.next_run_at = Some(recheck);
-        self.write(false, true).await?;
-        self.slot.take();
-        self.inner.wake.notify_one();
-        let mut delay = Duration::from_millis(50);
-        loop {
-            match park().await {
-                Ok(_) => return Ok(()),
-                Err(e) if e.is_transient() && !self.stop.is_cancelled() => {
-                    tracing::warn!(error = %e, "parking a wait failed; retrying");
-                }
-                Err(e) => return Err(e),
-            }
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_secs(5));
-        }
-    }
-
-    /// Ends a step's action in `status` at `now` without a call, with `output` if given, and
-    /// queues its update.
-    pub(super) fn settle_without_call(
-        &mut self,
-        index: usize,
-        status: StepStatus,
-        output: Option<Value>,
-        now: Millis,
-    ) {
-        if self.saga.status == SagaStatus::Queued {
-            self.saga.status = SagaStatus::Running;
-        }
-        let step = &mut self.saga.steps[index];
-        step.action.status = status;
-        step.action.outcome_unknown = false;
-        step.action.ended_at = Some(now);
-        if output.is_some() {
-            step.output.clone_from(&output);
-        }
-        self.push_update(index, Phase::Action, output);
-    }
-
-    /// Fails a step that was never called: permanently, with `error`.
-    pub(super) fn refuse(&mut self, index: usize, error: &str, now: Millis) {
-        self.saga.steps[index].action.last_error = Some(error.to_owned());
-        self.settle_without_call(index, StepStatus::Failed, None, now);
-        let data = json!({"attempt": 0, "error": error, "outcome": "failed"});
-        let name = self.saga.steps[index].name.clone();
-        self.pending
-            .events
-            .push(NewEvent::step("step.failed", &name, data));
-    }
+/// A stage's turn going back, with the facts [`needs_back`] asked for.
+pub(super) fn undo(step: &Step, turn: &Turn<'_>, facts: Facts) -> Decision {
+    by_kind!(step.body(), rules => rules.undo(turn, facts)).unwrap_or(Decision::Call)
 }
 
 /// The engine's clock reading as a `SystemTime`, for a sleep's wake time rule.
@@ -219,4 +156,55 @@ fn millis(at: std::time::SystemTime) -> Result<Millis, StepError> {
         .ok()
         .and_then(|d| Millis::try_from(d.as_millis()).ok())
         .ok_or_else(|| StepError::permanent(format!("{at:?} is not a time to wake at")))
+}
+
+/// What the rules' unit tests share: a turn over a hand-built record, no store.
+#[cfg(test)]
+pub(super) mod testing {
+    use std::sync::Arc;
+
+    use saga_dsl::{Phase, Registry, StepContext};
+    use serde_json::{json, Value};
+
+    use super::Turn;
+    use crate::model::fixtures::NOW;
+    use crate::model::Saga;
+
+    /// What the stage in row `index` of `saga` is told: the saga's input, no outputs.
+    pub(crate) fn context(saga: &Saga, index: usize) -> StepContext {
+        StepContext::new(
+            saga.id,
+            index,
+            saga.steps[index].name.as_str(),
+            Phase::Action,
+            0,
+            Arc::new(json!({"order": 7})),
+            Arc::new(std::collections::BTreeMap::<String, Value>::new()),
+        )
+    }
+
+    /// Runs `f` with the turn of row `index` of `saga` at `now`, over `registry`.
+    pub(crate) fn with_turn<R>(
+        saga: &Saga,
+        index: usize,
+        now: crate::model::Millis,
+        registry: &Registry,
+        f: impl FnOnce(&Turn<'_>) -> R,
+    ) -> R {
+        let make = || context(saga, index);
+        let turn = Turn {
+            stage: &saga.steps[index].name,
+            index,
+            now,
+            saga,
+            registry,
+            context: &make,
+        };
+        f(&turn)
+    }
+
+    /// The same at [`NOW`] with no definition registered.
+    pub(crate) fn turn<R>(saga: &Saga, index: usize, f: impl FnOnce(&Turn<'_>) -> R) -> R {
+        with_turn(saga, index, NOW, &Registry::new(), f)
+    }
 }

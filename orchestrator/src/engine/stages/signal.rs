@@ -2,116 +2,216 @@
 //! with its timeout) and gives the saga back until the signal or the timeout comes; a timeout
 //! takes the default payload or fails the stage. Nothing to undo.
 
-use saga_dsl::{Phase, SignalWait};
+use saga_dsl::SignalWait;
 use serde_json::json;
 
-use super::{millis, system_time, Decision, Outcome, StageRules, Turn};
-use crate::engine::driver::Driver;
-use crate::model::{rfc3339, Millis, StepStatus};
-use crate::store::{NewEvent, StoreError};
+use super::{millis, system_time, Decision, Facts, Need, StageRules, Turn};
+use crate::engine::decision::{Until, Wait};
+use crate::model::rfc3339;
+use crate::store::NewEvent;
 
 impl StageRules for SignalWait {
-    async fn advance(&self, driver: &mut Driver, turn: Turn<'_>) -> Outcome {
-        driver
-            .decide_signal(turn.stage, self, turn.index, turn.now)
-            .await
+    /// Whether the signal has come, read at every turn: it may have come before the saga
+    /// reached the stage.
+    fn needs(&self, _turn: &Turn<'_>) -> Need {
+        Need::Signal(self.signal().to_owned())
     }
-}
 
-impl Driver {
-    /// Takes the signal a signal step waits for if it has come; otherwise starts waiting, or
-    /// ends the wait when its timeout has passed (with the default payload, or failing).
-    async fn decide_signal(
-        &mut self,
-        name: &str,
-        wait: &SignalWait,
-        index: usize,
-        now: Millis,
-    ) -> Result<Decision, StoreError> {
-        let signal = wait.signal().to_owned();
-        let ctx = self.context(index, Phase::Action, 0);
-        let pending = self.saga.steps[index].action.status == StepStatus::Pending;
-        let received = self
-            .inner
-            .store
-            .received_signal(self.saga.id, &signal)
-            .await?;
+    /// Takes the signal if it has come; otherwise starts waiting, or ends the wait when its
+    /// timeout has passed (with the default payload, or failing).
+    fn advance(&self, turn: &Turn<'_>, facts: Facts) -> Decision {
+        let signal = self.signal();
+        let reached = turn.reached();
+        let received = match facts {
+            Facts::Signal(received) => received,
+            _ => None,
+        };
         let payload = match received {
-            Some(received) => received.payload,
-            None if pending => {
-                let deadline = wait
-                    .deadline(&ctx, system_time(now))
+            Some(payload) => payload,
+            None if reached => {
+                let deadline = self
+                    .deadline(&turn.context(), system_time(turn.now))
                     .map(|d| d.and_then(millis))
                     .transpose();
                 let deadline = match deadline {
                     Ok(deadline) => deadline,
                     Err(e) => {
                         let error = format!("its timeout failed: {}", e.message());
-                        self.refuse(index, &error, now);
-                        return Ok(Decision::Decided);
+                        return Decision::refuse(turn.stage, error);
                     }
                 };
-                let record = &mut self.saga.steps[index];
-                record.waiting_for = Some(signal.clone());
-                record.timeout_at = deadline;
-                self.start_waiting(index, now);
                 let data = json!({"signal": signal, "timeout_at": deadline.map(rfc3339)});
-                self.pending
-                    .events
-                    .push(NewEvent::step("step.waiting", name, data));
-                return Ok(Decision::AwaitSignal(signal));
+                return Decision::AwaitSignal {
+                    signal: signal.to_owned(),
+                    starts: Some(Wait {
+                        until: Until::Signal {
+                            name: signal.to_owned(),
+                            timeout_at: deadline,
+                        },
+                        event: NewEvent::step("step.waiting", turn.stage, data),
+                    }),
+                };
             }
-            None => match self.saga.steps[index].timeout_at {
-                Some(at) if at <= now => match wait.default_payload() {
+            None => match turn.row().timeout_at {
+                Some(at) if at <= turn.now => match self.default_payload() {
                     Some(default) => default.clone(),
                     None => {
                         let error = format!("no signal {signal:?} came before the timeout");
-                        self.refuse(index, &error, now);
-                        return Ok(Decision::Decided);
+                        return Decision::refuse(turn.stage, error);
                     }
                 },
                 // Woken for another reason; the signal has not come.
-                _ => return Ok(Decision::AwaitSignal(signal)),
+                _ => {
+                    return Decision::AwaitSignal {
+                        signal: signal.to_owned(),
+                        starts: None,
+                    }
+                }
             },
         };
-        if pending {
-            self.saga.steps[index].action.started_at = Some(now);
-            self.saga.steps[index].waiting_for = Some(signal.clone());
-        }
-        match wait.accept(&ctx, payload) {
-            Ok(output) => {
-                self.settle_without_call(index, StepStatus::Succeeded, Some(output), now);
-                let data = json!({"signal": signal});
-                self.pending
-                    .events
-                    .push(NewEvent::step("step.succeeded", name, data));
+        let decision = match self.accept(&turn.context(), payload) {
+            Ok(output) => Decision::succeed(turn.stage, output, json!({"signal": signal})),
+            Err(e) => Decision::refuse(turn.stage, e.message()),
+        };
+        match decision {
+            // Taken on the turn the saga reached the stage: recorded as waited for, begun now.
+            Decision::Settle(settle) if reached => {
+                Decision::Settle(settle.taken(signal.to_owned()))
             }
-            Err(e) => self.refuse(index, e.message(), now),
+            decision => decision,
         }
-        Ok(Decision::Decided)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use saga_dsl::{Step, StepError, StepKind};
+    use serde_json::json;
+
+    use super::super::testing::turn;
+    use super::*;
+    use crate::engine::decision::End;
+    use crate::model::fixtures::{saga, step, NOW};
+    use crate::model::{Saga, SagaStatus, StepStatus};
+
+    fn waiting(status: StepStatus, timeout_at: Option<i64>) -> Saga {
+        let mut record = saga(
+            SagaStatus::Running,
+            vec![step(0, "approve", StepKind::Signal, status)],
+        );
+        if status == StepStatus::Waiting {
+            record.steps[0].waiting_for = Some("approval".to_owned());
+            record.steps[0].timeout_at = timeout_at;
+        }
+        record
     }
 
-    /// Gives back a saga whose signal step waits, in two writes. The first gives the lease up
-    /// with the saga due a lease's time to live from now: should this process die before the
-    /// second, the saga is looked at again then. The second
-    /// ([`Store::park_signal_wait`](crate::store::EngineLog::park_signal_wait)) makes it due at
-    /// the timeout (or never), or now if the signal has come meanwhile. A sender locks the
-    /// saga's row and makes it due if its step waits: so whichever of the two comes first, the
-    /// signal is taken.
-    pub(in crate::engine) async fn await_signal(&mut self, signal: &str) -> Result<(), StoreError> {
-        let now = self.now();
-        let deadline = self.saga.steps.iter().find_map(|s| {
-            (s.action.status == StepStatus::Waiting && s.waiting_for.as_deref() == Some(signal))
-                .then_some(s.timeout_at)
-                .flatten()
+    #[test]
+    fn a_signal_wait_asks_whether_its_signal_came() {
+        let stage = Step::signal("approve", "approval");
+        let need = turn(&waiting(StepStatus::Pending, None), 0, |t| {
+            stage.body().needs(t)
         });
-        let ttl = self.inner.config.lease_ttl_ms();
-        let recheck = now.saturating_add(ttl);
-        let recheck = deadline.map_or(recheck, |d| d.min(recheck));
-        let (store, id) = (self.inner.store.clone(), self.saga.id);
-        self.give_back_and_park(recheck, || {
-            store.park_signal_wait(id, signal, recheck, deadline)
-        })
-        .await
+        assert_eq!(need, Need::Signal("approval".to_owned()));
+    }
+
+    #[test]
+    fn a_signal_wait_reached_with_no_signal_waits_until_its_timeout() {
+        let stage = Step::signal("approve", "approval").signal_timeout(Duration::from_secs(60));
+        let decision = turn(&waiting(StepStatus::Pending, None), 0, |t| {
+            stage.body().advance(t, Facts::Signal(None))
+        });
+        let Decision::AwaitSignal {
+            signal,
+            starts: Some(wait),
+        } = decision
+        else {
+            panic!("expected a wait that starts, got {decision:?}");
+        };
+        assert_eq!(signal, "approval");
+        assert_eq!(
+            wait.until,
+            Until::Signal {
+                name: "approval".to_owned(),
+                timeout_at: Some(NOW + 60_000)
+            }
+        );
+        assert_eq!(wait.event.kind, "step.waiting");
+    }
+
+    #[test]
+    fn a_signal_that_came_before_the_wait_is_taken_at_once() {
+        let stage = Step::signal("approve", "approval");
+        let decision = turn(&waiting(StepStatus::Pending, None), 0, |t| {
+            stage
+                .body()
+                .advance(t, Facts::Signal(Some(json!({"ok": true}))))
+        });
+        let Decision::Settle(settle) = decision else {
+            panic!("expected a settle, got {decision:?}");
+        };
+        assert_eq!(settle.end, End::Succeeded(json!({"ok": true})));
+        assert_eq!(settle.event.data, json!({"signal": "approval"}));
+        assert_eq!(settle.taken.as_deref(), Some("approval"));
+    }
+
+    #[test]
+    fn a_signal_wait_with_no_signal_and_a_passed_timeout_and_a_default_payload_settles_with_the_default(
+    ) {
+        let stage = Step::signal("approve", "approval")
+            .signal_timeout(Duration::from_secs(60))
+            .default_payload(json!({"approved": false}));
+        let decision = turn(&waiting(StepStatus::Waiting, Some(NOW - 1)), 0, |t| {
+            stage.body().advance(t, Facts::Signal(None))
+        });
+        let Decision::Settle(settle) = decision else {
+            panic!("expected a settle, got {decision:?}");
+        };
+        assert_eq!(settle.end, End::Succeeded(json!({"approved": false})));
+        assert_eq!(settle.event.kind, "step.succeeded");
+        assert_eq!(settle.taken, None);
+    }
+
+    #[test]
+    fn a_signal_wait_with_no_signal_and_a_passed_timeout_and_no_default_fails() {
+        let stage = Step::signal("approve", "approval").signal_timeout(Duration::from_secs(60));
+        let decision = turn(&waiting(StepStatus::Waiting, Some(NOW)), 0, |t| {
+            stage.body().advance(t, Facts::Signal(None))
+        });
+        let Decision::Settle(settle) = decision else {
+            panic!("expected a refusal, got {decision:?}");
+        };
+        assert_eq!(
+            settle.end,
+            End::Failed("no signal \"approval\" came before the timeout".to_owned())
+        );
+    }
+
+    #[test]
+    fn a_signal_wait_woken_before_its_timeout_without_its_signal_waits_on() {
+        let stage = Step::signal("approve", "approval").signal_timeout(Duration::from_secs(60));
+        let decision = turn(&waiting(StepStatus::Waiting, Some(NOW + 1)), 0, |t| {
+            stage.body().advance(t, Facts::Signal(None))
+        });
+        assert!(
+            matches!(decision, Decision::AwaitSignal { ref signal, starts: None } if signal == "approval"),
+            "{decision:?}"
+        );
+    }
+
+    #[test]
+    fn a_payload_its_acceptor_refuses_fails_the_wait() {
+        let stage = Step::signal("approve", "approval")
+            .accept(|_, _| Err(StepError::permanent("not approved")));
+        let decision = turn(&waiting(StepStatus::Waiting, None), 0, |t| {
+            stage.body().advance(t, Facts::Signal(Some(json!({}))))
+        });
+        let Decision::Settle(settle) = decision else {
+            panic!("expected a refusal, got {decision:?}");
+        };
+        assert_eq!(settle.end, End::Failed("not approved".to_owned()));
+        assert_eq!(settle.taken, None);
     }
 }
