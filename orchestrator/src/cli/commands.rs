@@ -23,7 +23,7 @@ use super::render;
 use super::table::Layout;
 use crate::model::{IdPrefix, ListFilter, Saga, SagaDetail, SagaPage};
 use crate::operations::{Cancelled, Operations, Reason, Retried};
-use crate::store::{OutboxStore, Store};
+use crate::store::{match_prefix, OutboxStore, PrefixMatch, Store};
 
 /// Runs one operator command against `store`, writing what it shows or did to `out`, with
 /// tables in full and without colour ([`Layout::plain`]).
@@ -212,9 +212,6 @@ enum IdArg {
     Prefix(IdPrefix),
 }
 
-/// How many candidates an ambiguous prefix names.
-const CANDIDATES_SHOWN: usize = 5;
-
 /// Reads a saga id given on the command line: a UUID, or its first 8 or more characters.
 fn parse_id(text: &str) -> Result<IdArg, CliError> {
     if let Ok(id) = Uuid::parse_str(text.trim()) {
@@ -232,26 +229,13 @@ async fn resolve_id(store: &dyn Store, text: &str) -> Result<Uuid, CliError> {
         IdArg::Full(id) => return Ok(id),
         IdArg::Prefix(p) => p,
     };
-    let ids = store
-        .saga_ids_with_prefix(&prefix, CANDIDATES_SHOWN as u32 + 1)
-        .await?;
-    match ids.as_slice() {
-        [] => Err(CliError::NoMatch(text.trim().to_owned())),
-        [id] => Ok(*id),
-        more => {
-            let mut names: Vec<String> = more
-                .iter()
-                .take(CANDIDATES_SHOWN)
-                .map(Uuid::to_string)
-                .collect();
-            if more.len() > CANDIDATES_SHOWN {
-                names.push("…".to_owned());
-            }
-            Err(CliError::Ambiguous {
-                prefix: text.trim().to_owned(),
-                candidates: names.join(", "),
-            })
-        }
+    match match_prefix(store, &prefix).await? {
+        PrefixMatch::One(id) => Ok(id),
+        PrefixMatch::None => Err(CliError::NoMatch(text.trim().to_owned())),
+        many => Err(CliError::Ambiguous {
+            prefix: text.trim().to_owned(),
+            candidates: many.candidates(),
+        }),
     }
 }
 

@@ -13,6 +13,7 @@ use uuid::Uuid;
 use crate::http::error::{quote, ApiError};
 use crate::http::state::AppState;
 use crate::model::{IdPrefix, IdPrefixError, ListFilter, SagaStatus};
+use crate::store::{match_prefix, PrefixMatch};
 
 /// The default page size of `GET /v1/sagas`.
 pub(crate) const DEFAULT_PAGE: u32 = 50;
@@ -35,9 +36,6 @@ impl FromRequestParts<AppState> for SagaId {
         saga_id(state, &raw).await.map(SagaId)
     }
 }
-
-/// How many sagas an ambiguous prefix's error names.
-const CANDIDATES_SHOWN: usize = 5;
 
 /// The saga a path segment names: a whole id (hyphenated, as the API writes ids) as it is,
 /// without a read; the start of one, 8 or more characters, as the one saga whose id starts with it,
@@ -69,32 +67,17 @@ pub(crate) async fn saga_id(state: &AppState, raw: &str) -> Result<Uuid, ApiErro
     if prefix.as_str().len() == 32 {
         return Ok(prefix.low());
     }
-    let ids = state
-        .engine
-        .store()
-        .saga_ids_with_prefix(&prefix, CANDIDATES_SHOWN as u32 + 1)
-        .await?;
-    match ids.as_slice() {
-        [] => Err(ApiError::not_found(format!(
+    match match_prefix(state.engine.store().as_ref(), &prefix).await? {
+        PrefixMatch::One(id) => Ok(id),
+        PrefixMatch::None => Err(ApiError::not_found(format!(
             "no saga has an id starting with {}",
             quote(raw)
         ))),
-        [id] => Ok(*id),
-        more => {
-            let mut names: Vec<String> = more
-                .iter()
-                .take(CANDIDATES_SHOWN)
-                .map(Uuid::to_string)
-                .collect();
-            if more.len() > CANDIDATES_SHOWN {
-                names.push("…".to_owned());
-            }
-            Err(ApiError::ambiguous_id(format!(
-                "saga id prefix {} is ambiguous: it matches {}; give more of the id",
-                quote(raw),
-                names.join(", ")
-            )))
-        }
+        many => Err(ApiError::ambiguous_id(format!(
+            "saga id prefix {} is ambiguous: it matches {}; give more of the id",
+            quote(raw),
+            many.candidates()
+        ))),
     }
 }
 

@@ -29,6 +29,7 @@ pub mod idempotency;
 pub mod outbox;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod prefix;
 pub(crate) mod rows;
 mod shared;
 pub mod signals;
@@ -51,6 +52,7 @@ pub use idempotency::{Callback, IdempotencyKey, IdempotencyStore, IdempotentStar
 pub use outbox::{Delivery, DeliveryState, OutboxStore};
 #[cfg(feature = "postgres")]
 pub use postgres::PgStore;
+pub use prefix::{match_prefix, PrefixMatch, CANDIDATES_SHOWN};
 pub use signals::{ReceivedSignal, SignalOutcome, SignalRequest};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{engine_lock_file, sqlite_file, SqliteDurability, SqliteStore};
