@@ -42,6 +42,9 @@ fi
 
 work="$(mktemp -d)"
 token="contract-$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')"
+# Made before the server starts: the loop below reads them before the server may have opened them.
+: >"$work/stdout"
+: >"$work/server.log"
 # The participants' own database beside the log, both gone when the check ends.
 "$bin" --database-url "sqlite://$work/saga.db" --shop-database-url "sqlite://$work/shop.db" \
     serve --listen 127.0.0.1:0 --api-token "$token" >"$work/stdout" 2>"$work/server.log" &
