@@ -2,7 +2,7 @@
 //! backend `SAGA_TEST_BACKEND` selects: a job acts on exactly the sagas its filter matched when
 //! it was made, lists those that refused the command with the command's error, survives
 //! `kill -9` of its server acting on each saga exactly once, and is shared by several servers
-//! on PostgreSQL without any saga being acted on twice.
+//! on PostgreSQL without any saga being acted on twice (that test always runs on PostgreSQL).
 //!
 //! Needs the workspace's binaries: `cargo build --workspace --bins` first.
 
@@ -12,7 +12,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use reqwest::StatusCode;
-use saga_suite::{backend_is_postgres, Server, TempDb};
+use saga_suite::{Server, TempDb};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
@@ -349,12 +349,9 @@ async fn a_bulk_job_killed_mid_way_finishes_after_a_restart_acting_on_each_saga_
 
 #[tokio::test]
 async fn two_servers_sharing_a_job_act_on_each_saga_once() {
-    if !backend_is_postgres() {
-        // Several processes share a database only on PostgreSQL (SQLite's engine lock admits
-        // one); this test runs in the PostgreSQL half of the suite.
-        return;
-    }
-    let db = TempDb::new();
+    // Several processes share a database only on PostgreSQL (SQLite's engine lock admits one),
+    // so this test runs on PostgreSQL whatever the backend selected.
+    let db = TempDb::postgres();
     let dir = db.dir.path();
     let a = Server::spawn(&db.url, dir, &[], &[]).await;
     let b = Server::spawn(&db.url, dir, &[], &[]).await;
