@@ -59,7 +59,11 @@ pub(crate) struct BulkBody {
     filter: BulkFilter,
     /// Why: kept in each saga's audit event, without its surrounding white space. At most
     /// 1000 characters as sent, at least one of them not white space.
-    #[schema(max_length = 1000)]
+    // The pattern of `OperatorReason`'s: one character outside the white space `Reason` trims.
+    #[schema(
+        max_length = 1000,
+        pattern = "[^\\t\\n\\u000b\\f\\r \\u0085\\u00a0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000]"
+    )]
     reason: String,
     /// Only count the matched sagas and show some of them: nothing is recorded or changed.
     #[serde(default)]
