@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+use orchestrator::store::Audit;
 use orchestrator::store::LogReads;
 use std::time::Duration;
 
@@ -74,7 +75,10 @@ async fn a_corrupt_row_is_parked_and_flagged_while_other_sagas_run() {
         bad.id
     ))
     .await;
-    store.retry_now(bad.id, "ops@test").await.unwrap();
+    store
+        .retry_now(bad.id, &Audit::by("ops@test"))
+        .await
+        .unwrap();
     let done = wait_for(&store, bad.id, Duration::from_secs(10), |s| {
         s.status.is_terminal()
     })

@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+use orchestrator::store::Audit;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -224,7 +225,10 @@ async fn cancelling_a_parent_cancels_its_running_child_and_waits_for_it() {
     .await;
     let saga = eng.engine.start_saga("order", json!({})).await.unwrap();
     child_waits(&store, &saga).await;
-    let cancel = store.request_cancel(saga.id).await.unwrap();
+    let cancel = store
+        .request_cancel(saga.id, &Audit::default())
+        .await
+        .unwrap();
     assert_eq!(cancel, CancelOutcome::Accepted);
     let done = wait_terminal(&store, saga.id).await;
     assert_eq!(done.status, SagaStatus::Compensated);
@@ -339,7 +343,10 @@ async fn a_scheduled_saga_cancelled_before_its_time_ends_compensated_with_nothin
         panic!("created");
     };
     assert_eq!(
-        store.request_cancel(saga.id).await.unwrap(),
+        store
+            .request_cancel(saga.id, &Audit::default())
+            .await
+            .unwrap(),
         CancelOutcome::Accepted
     );
     let done = wait_for(

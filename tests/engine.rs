@@ -5,6 +5,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+use orchestrator::store::Audit;
 use std::time::Duration;
 
 use orchestrator::model::{SagaStatus, StepStatus};
@@ -445,7 +446,10 @@ async fn cancel_finishes_the_step_in_flight_then_compensates() {
     })
     .await;
     assert_eq!(
-        store.request_cancel(saga.id).await.unwrap(),
+        store
+            .request_cancel(saga.id, &Audit::default())
+            .await
+            .unwrap(),
         CancelOutcome::Accepted
     );
     let done = wait_terminal(&store, saga.id).await;
@@ -457,7 +461,10 @@ async fn cancel_finishes_the_step_in_flight_then_compensates() {
     );
     assert_eq!(done.steps[2].action.status, StepStatus::Pending);
     assert_eq!(
-        store.request_cancel(saga.id).await.unwrap(),
+        store
+            .request_cancel(saga.id, &Audit::default())
+            .await
+            .unwrap(),
         CancelOutcome::Terminal(SagaStatus::Compensated)
     );
     eng.stop().await;
@@ -507,7 +514,10 @@ async fn a_cancel_during_a_call_that_then_backs_off_long_compensates_at_once() {
     })
     .await;
     assert_eq!(
-        store.request_cancel(saga.id).await.unwrap(),
+        store
+            .request_cancel(saga.id, &Audit::default())
+            .await
+            .unwrap(),
         CancelOutcome::Accepted
     );
     // The call ends in a retry an hour away, written with the lease given up: the cancel must
@@ -545,7 +555,10 @@ async fn cancel_before_any_step_runs_nothing() {
         test_config(),
     );
     let saga = idle.start_saga("s", json!({})).await.unwrap();
-    store.request_cancel(saga.id).await.unwrap();
+    store
+        .request_cancel(saga.id, &Audit::default())
+        .await
+        .unwrap();
     let eng = RunningEngine::start(store.clone(), registry, test_config());
     let done = wait_terminal(&store, saga.id).await;
     assert_eq!(done.status, SagaStatus::Compensated);
@@ -570,7 +583,10 @@ async fn cancel_after_the_pivot_started_is_refused() {
     })
     .await;
     assert_eq!(
-        store.request_cancel(saga.id).await.unwrap(),
+        store
+            .request_cancel(saga.id, &Audit::default())
+            .await
+            .unwrap(),
         CancelOutcome::PastPivot
     );
     let done = wait_terminal(&store, saga.id).await;
@@ -1052,7 +1068,10 @@ async fn a_start_with_a_free_worker_writes_its_first_action_ahead_in_the_same_co
     );
     // A cancel now is refused: the pivot has started.
     assert_eq!(
-        store.request_cancel(saga.id).await.unwrap(),
+        store
+            .request_cancel(saga.id, &Audit::default())
+            .await
+            .unwrap(),
         orchestrator::store::CancelOutcome::PastPivot
     );
     let before = store.commits();

@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use orchestrator::store::Audit;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -93,7 +94,10 @@ async fn an_abort_during_a_call_records_the_attempt_abandoned_and_the_late_resul
         .unwrap();
     when_running(&store, saga.id, false).await;
 
-    let aborted = store.abort(saga.id, "stuck", "ops@test").await.unwrap();
+    let aborted = store
+        .abort(saga.id, &Audit::by("ops@test").because("stuck"))
+        .await
+        .unwrap();
     let check = |s: &Saga| {
         assert_eq!(s.status, SagaStatus::Aborted);
         let reserve = &s.steps[0];

@@ -13,6 +13,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+use orchestrator::store::Audit;
 use std::time::Duration;
 
 use orchestrator::model::SagaStatus;
@@ -184,7 +185,7 @@ proptest! {
             let idle = orchestrator::Engine::new(store.clone(), std::sync::Arc::new(registry.clone()), test_config());
             let saga = idle.start_saga("p", json!({})).await.unwrap();
             if case.cancel_before_start {
-                store.request_cancel(saga.id).await.unwrap();
+                store.request_cancel(saga.id, &Audit::default()).await.unwrap();
             }
             let eng = RunningEngine::start(store.clone(), registry, test_config());
             let done = wait_terminal(&store, saga.id).await;

@@ -4,6 +4,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+use orchestrator::store::Audit;
 use std::time::{Duration, Instant};
 
 use orchestrator::model::{SagaStatus, StepStatus};
@@ -221,7 +222,10 @@ async fn a_cancel_during_a_long_sleep_compensates_at_once() {
     .await;
     let asked = Instant::now();
     assert_eq!(
-        store.request_cancel(saga.id).await.unwrap(),
+        store
+            .request_cancel(saga.id, &Audit::default())
+            .await
+            .unwrap(),
         CancelOutcome::Accepted
     );
     let done = wait_for(
@@ -262,7 +266,10 @@ async fn a_sleep_after_the_pivot_cannot_be_cancelled_and_still_ends() {
     })
     .await;
     assert!(matches!(
-        store.request_cancel(saga.id).await.unwrap(),
+        store
+            .request_cancel(saga.id, &Audit::default())
+            .await
+            .unwrap(),
         CancelOutcome::PastPivot
     ));
     let done = wait_terminal(&store, saga.id).await;
@@ -481,7 +488,10 @@ async fn a_cancel_while_waiting_for_a_signal_without_timeout_compensates_at_once
     })
     .await;
     assert_eq!(
-        store.request_cancel(saga.id).await.unwrap(),
+        store
+            .request_cancel(saga.id, &Audit::default())
+            .await
+            .unwrap(),
         CancelOutcome::Accepted
     );
     let done = wait_for(
@@ -806,7 +816,10 @@ async fn a_cancel_during_a_group_lets_branches_in_flight_finish_then_compensates
     })
     .await;
     assert_eq!(
-        store.request_cancel(saga.id).await.unwrap(),
+        store
+            .request_cancel(saga.id, &Audit::default())
+            .await
+            .unwrap(),
         CancelOutcome::Accepted
     );
     let done = wait_terminal(&store, saga.id).await;

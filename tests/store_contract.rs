@@ -14,6 +14,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+use orchestrator::store::Audit;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -423,7 +424,10 @@ async fn group_commit_fails_only_the_writes_whose_lease_is_lost() {
     assert_eq!(claimed.len(), 60);
     // An operator takes every third saga over: those leases are gone.
     for c in claimed.iter().step_by(3) {
-        store.abort(c.saga.id, "test", "ops@test").await.unwrap();
+        store
+            .abort(c.saga.id, &Audit::by("ops@test").because("test"))
+            .await
+            .unwrap();
     }
     let commits_before = store.commits();
     let writes = claimed.iter().map(|c| {
@@ -649,7 +653,10 @@ async fn a_cancel_refuses_the_next_action_start_and_nothing_of_it_is_written() {
     store.apply(&lease, &write_ahead(0, 1)).await.unwrap();
     store.apply(&lease, &succeeded(0, 1)).await.unwrap();
     assert_eq!(
-        store.request_cancel(lease.saga_id).await.unwrap(),
+        store
+            .request_cancel(lease.saga_id, &Audit::default())
+            .await
+            .unwrap(),
         CancelOutcome::Accepted
     );
     let before = log_of(&store, lease.saga_id).await;
@@ -692,7 +699,10 @@ async fn a_cancel_refuses_the_next_action_start_and_nothing_of_it_is_written() {
     let saga = store.get_saga(lease.saga_id).await.unwrap().unwrap();
     assert_eq!(saga.status, SagaStatus::Compensating);
     assert_eq!(
-        store.request_cancel(lease.saga_id).await.unwrap(),
+        store
+            .request_cancel(lease.saga_id, &Audit::default())
+            .await
+            .unwrap(),
         CancelOutcome::AlreadyCompensating
     );
 }
@@ -716,7 +726,10 @@ async fn a_cancel_after_the_pivot_started_is_refused_and_not_recorded() {
     let before = log_of(&store, lease.saga_id).await;
     assert!(before.0.pivot_started);
     assert_eq!(
-        store.request_cancel(lease.saga_id).await.unwrap(),
+        store
+            .request_cancel(lease.saga_id, &Audit::default())
+            .await
+            .unwrap(),
         CancelOutcome::PastPivot
     );
     let after = log_of(&store, lease.saga_id).await;
@@ -750,7 +763,7 @@ async fn a_cancel_racing_the_pivot_start_is_ordered_by_the_database() {
             let cancel = tokio::spawn({
                 let store = store.clone();
                 let id = lease.saga_id;
-                async move { store.request_cancel(id).await.unwrap() }
+                async move { store.request_cancel(id, &Audit::default()).await.unwrap() }
             });
             let started = store.apply(&lease, &start).await.unwrap();
             (started, cancel.await.unwrap())
@@ -784,7 +797,10 @@ async fn a_cancel_answers_by_the_state_of_the_saga() {
     let store = db.store().await;
     let queued = store.create_saga(four_steps()).await.unwrap();
     assert_eq!(
-        store.request_cancel(queued.id).await.unwrap(),
+        store
+            .request_cancel(queued.id, &Audit::default())
+            .await
+            .unwrap(),
         CancelOutcome::Accepted,
         "a saga nobody drives yet"
     );
@@ -796,14 +812,20 @@ async fn a_cancel_answers_by_the_state_of_the_saga() {
     );
 
     let aborted = store.create_saga(four_steps()).await.unwrap();
-    store.abort(aborted.id, "test", "ops@test").await.unwrap();
+    store
+        .abort(aborted.id, &Audit::by("ops@test").because("test"))
+        .await
+        .unwrap();
     assert_eq!(
-        store.request_cancel(aborted.id).await.unwrap(),
+        store
+            .request_cancel(aborted.id, &Audit::default())
+            .await
+            .unwrap(),
         CancelOutcome::Terminal(SagaStatus::Aborted)
     );
     let unknown = Uuid::now_v7();
     assert!(matches!(
-        store.request_cancel(unknown).await,
+        store.request_cancel(unknown, &Audit::default()).await,
         Err(StoreError::NotFound(id)) if id == unknown
     ));
 }
@@ -815,7 +837,10 @@ async fn a_second_cancel_is_accepted_and_records_nothing_more() {
     let saga = store.create_saga(four_steps()).await.unwrap();
     for _ in 0..2 {
         assert_eq!(
-            store.request_cancel(saga.id).await.unwrap(),
+            store
+                .request_cancel(saga.id, &Audit::default())
+                .await
+                .unwrap(),
             CancelOutcome::Accepted
         );
     }
@@ -939,7 +964,7 @@ async fn create_saga_leased_with_first_attempt_writes_the_first_action_ahead() {
     );
     // A cancel before the pivot is still accepted.
     assert_eq!(
-        store.request_cancel(id).await.unwrap(),
+        store.request_cancel(id, &Audit::default()).await.unwrap(),
         CancelOutcome::Accepted
     );
     // The driver closes the attempt written ahead under the create's lease.
@@ -967,7 +992,7 @@ async fn a_first_attempt_of_a_pivot_passes_the_point_of_no_return_in_the_create(
     assert!(saga.pivot_started);
     assert_eq!(saga.status, SagaStatus::Running);
     assert_eq!(
-        store.request_cancel(id).await.unwrap(),
+        store.request_cancel(id, &Audit::default()).await.unwrap(),
         CancelOutcome::PastPivot
     );
 }
@@ -1094,7 +1119,10 @@ async fn a_saga_waiting_on_a_timer_or_ended_is_not_claimed() {
     };
     store.apply(&waiting.lease, &park).await.unwrap();
     let ended = store.create_saga(four_steps()).await.unwrap();
-    store.abort(ended.id, "test", "ops@test").await.unwrap();
+    store
+        .abort(ended.id, &Audit::by("ops@test").because("test"))
+        .await
+        .unwrap();
 
     assert!(claim_all(&store, "w2", &key).await.is_empty());
     assert_eq!(
@@ -1104,7 +1132,10 @@ async fn a_saga_waiting_on_a_timer_or_ended_is_not_claimed() {
     assert!(!store.due_now(std::slice::from_ref(&key)).await.unwrap());
 
     // Made due now by an operator: claimable.
-    store.retry_now(waiting.saga.id, "ops@test").await.unwrap();
+    store
+        .retry_now(waiting.saga.id, &Audit::by("ops@test"))
+        .await
+        .unwrap();
     assert!(store.due_now(std::slice::from_ref(&key)).await.unwrap());
     let claimed = claim_all(&store, "w2", &key).await;
     assert_eq!(claimed.len(), 1);
@@ -1278,7 +1309,10 @@ async fn list_sagas_filters_by_status_name_and_attention_and_pages_within_them()
     store.apply(&flagged.lease, &flag).await.unwrap();
     b.push(flagged.saga.id);
     for id in &a[..2] {
-        store.abort(*id, "test", "ops@test").await.unwrap();
+        store
+            .abort(*id, &Audit::by("ops@test").because("test"))
+            .await
+            .unwrap();
     }
 
     let list = |filter: ListFilter| {

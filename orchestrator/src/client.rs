@@ -57,7 +57,7 @@ use serde::{Deserialize, Serialize};
 use tokio_retry::strategy::{jitter, ExponentialBackoff};
 use uuid::Uuid;
 
-use crate::model::{DefinitionList, Saga, SagaStatus};
+use crate::model::{BulkAction, BulkJob, DefinitionList, Saga, SagaStatus};
 
 /// The `Idempotency-Key` request header (IETF httpapi draft).
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -189,6 +189,43 @@ struct ErrorAnswer {
 struct ErrorDetail {
     code: String,
     message: String,
+}
+
+/// Which sagas a bulk action acts on (`POST /v1/bulk`'s `filter`): the fields given combine
+/// with AND; at least one is needed unless it is a dry run. Times are RFC 3339.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BulkFilter {
+    /// Only sagas in this status.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub status: Option<SagaStatus>,
+    /// Only sagas of this definition name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Only sagas flagged as needing attention.
+    #[serde(skip_serializing_if = "std::ops::Not::not", default)]
+    pub needs_attention: bool,
+    /// Only sagas created at or after this time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created_after: Option<String>,
+    /// Only sagas created before this time.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created_before: Option<String>,
+    /// Search attributes, equality on each (none is declared yet: the server refuses them).
+    #[serde(skip_serializing_if = "serde_json::Map::is_empty", default)]
+    pub attr: serde_json::Map<String, serde_json::Value>,
+}
+
+/// The answer to [`SagaClient::bulk`]: the job recorded (`id`, `matched`), or for a dry run no
+/// id, the count and the first matched ids.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BulkCreated {
+    /// The job, or `None` for a dry run.
+    pub id: Option<Uuid>,
+    /// How many sagas the filter matched.
+    pub matched: u64,
+    /// For a dry run, the first matched ids.
+    #[serde(default)]
+    pub sample: Vec<Uuid>,
 }
 
 /// A client of one orchestrator's HTTP API. Cheap to clone (it shares its connection pool).
@@ -444,6 +481,47 @@ impl SagaClient {
             "mark-compensated",
         ])?;
         self.operate(&url, Some(reason)).await
+    }
+
+    /// Records a bulk action (`POST /v1/bulk`): `action` applied to every saga `filter` matches
+    /// now, audited with `reason`, as a durable job the server works; with `dry_run`, only
+    /// counts them. Needs the `operate` scope. A `409` is not retried; a lost connection or a
+    /// `5xx` is, as for the other commands, so an answer lost after the job was recorded may
+    /// record a second job (which finds the sagas the first acted on refusing or unchanged):
+    /// [`bulk_jobs`](Self::bulk_jobs) shows them.
+    pub async fn bulk(
+        &self,
+        action: BulkAction,
+        filter: &BulkFilter,
+        reason: &str,
+        dry_run: bool,
+    ) -> Result<BulkCreated, ClientError> {
+        let url = self.url(&["v1", "bulk"])?;
+        let body = serde_json::json!({
+            "action": action, "filter": filter, "reason": reason, "dry_run": dry_run,
+        })
+        .to_string();
+        let response = self
+            .send_attempts(Method::POST, &url, self.request_timeout, false, |req| {
+                req.header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(body.clone())
+            })
+            .await?;
+        decode(&url, response).await
+    }
+
+    /// A bulk job's progress and refusals (`GET /v1/bulk/{id}`).
+    pub async fn bulk_job(&self, id: Uuid) -> Result<BulkJob, ClientError> {
+        let url = self.url(&["v1", "bulk", &id.to_string()])?;
+        let response = self.send(Method::GET, &url, |req| req).await?;
+        decode(&url, response).await
+    }
+
+    /// The most recent bulk jobs, newest first (`GET /v1/bulk`), without their refusals.
+    pub async fn bulk_jobs(&self) -> Result<crate::model::BulkJobPage, ClientError> {
+        let url = self.url(&["v1", "bulk"])?;
+        let response = self.send(Method::GET, &url, |req| req).await?;
+        decode(&url, response).await
     }
 
     /// An operator command: `POST` with `{"reason"}` if given, answered with the saga.

@@ -593,6 +593,7 @@ pub struct Server {
     relay_task: JoinHandle<()>,
     broker_task: Option<JoinHandle<()>>,
     sweeper_task: JoinHandle<()>,
+    bulk_task: JoinHandle<()>,
     retention_task: Option<JoinHandle<()>>,
     /// Where commands on this database find the server; removed once it has stopped.
     address_file: Option<crate::discovery::AddressFile>,
@@ -631,6 +632,10 @@ impl Server {
             engine.store().clone(),
             shutdown.clone(),
         ));
+        let bulk_task = tokio::spawn(crate::operations::bulk::run(
+            engine.clone(),
+            shutdown.clone(),
+        ));
         let retention_task = retention.map(|keep| {
             tokio::spawn(crate::retention::run(
                 engine.store().clone(),
@@ -647,6 +652,7 @@ impl Server {
             relay_task,
             broker_task,
             sweeper_task,
+            bulk_task,
             retention_task,
             address_file: None,
         }
@@ -681,6 +687,9 @@ impl Server {
             })?;
         }
         let swept = self.sweeper_task.await;
+        self.bulk_task.await.map_err(|_| ServeError::Panicked {
+            task: "bulk runner",
+        })?;
         if let Some(task) = self.retention_task {
             task.await
                 .map_err(|_| ServeError::Panicked { task: "retention" })?;

@@ -100,6 +100,9 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
         ("POST", "/v1/sagas/{saga}/abort"),
         ("POST", "/v1/sagas/{saga}/retry"),
         ("POST", "/v1/sagas/{saga}/steps/{step}/mark-compensated"),
+        ("POST", "/v1/bulk"),
+        ("GET", "/v1/bulk"),
+        ("GET", "/v1/bulk/{id}"),
         ("GET", "/v1/definitions"),
         ("GET", "/v1/counts"),
         ("GET", "/v1/whoami"),
@@ -556,6 +559,14 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
             mark(&done, "a"),
             READ_ONLY,
         ),
+        ("POST", "/v1/bulk", "/v1/bulk".to_owned(), READ_ONLY),
+        ("GET", "/v1/bulk", "/v1/bulk".to_owned(), START_ONLY),
+        (
+            "GET",
+            "/v1/bulk/{id}",
+            format!("/v1/bulk/{some_id}"),
+            START_ONLY,
+        ),
     ] {
         let m = Method::from_bytes(method.as_bytes()).unwrap();
         probes.push((
@@ -565,8 +576,77 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
             "403",
         ));
     }
-    // The operator commands.
+    // The operator commands, bulk actions among them.
+    let nothing = json!({"action": "abort", "filter": {"name": "no_such_saga"}, "reason": "probe"});
+    let (status, _, job) = api.post("/v1/bulk", &nothing).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{job}");
+    let job = format!("/v1/bulk/{}", job["id"].as_str().unwrap());
     let operator: Vec<Probe> = vec![
+        (
+            "POST",
+            "/v1/bulk",
+            api.req(Method::POST, "/v1/bulk").json(&nothing),
+            "202",
+        ),
+        (
+            "POST",
+            "/v1/bulk",
+            api.req(Method::POST, "/v1/bulk").json(
+                &json!({"action": "abort", "filter": {}, "reason": "probe", "dry_run": true}),
+            ),
+            "200",
+        ),
+        (
+            "POST",
+            "/v1/bulk",
+            api.req(Method::POST, "/v1/bulk").json(&json!({})),
+            "400",
+        ),
+        (
+            "POST",
+            "/v1/bulk",
+            api.anonymous(Method::POST, "/v1/bulk").json(&nothing),
+            "401",
+        ),
+        (
+            "POST",
+            "/v1/bulk",
+            api.req(Method::POST, "/v1/bulk")
+                .json(&json!({"action": "abort", "filter": {}, "reason": "probe"})),
+            "422",
+        ),
+        ("GET", "/v1/bulk", api.req(Method::GET, "/v1/bulk"), "200"),
+        (
+            "GET",
+            "/v1/bulk",
+            api.req(Method::GET, "/v1/bulk?limit=0"),
+            "400",
+        ),
+        (
+            "GET",
+            "/v1/bulk",
+            api.anonymous(Method::GET, "/v1/bulk"),
+            "401",
+        ),
+        ("GET", "/v1/bulk/{id}", api.req(Method::GET, &job), "200"),
+        (
+            "GET",
+            "/v1/bulk/{id}",
+            api.req(Method::GET, "/v1/bulk/not-a-job"),
+            "400",
+        ),
+        (
+            "GET",
+            "/v1/bulk/{id}",
+            api.anonymous(Method::GET, &job),
+            "401",
+        ),
+        (
+            "GET",
+            "/v1/bulk/{id}",
+            api.req(Method::GET, &format!("/v1/bulk/{some_id}")),
+            "404",
+        ),
         (
             "POST",
             "/v1/sagas/{saga}/abort",

@@ -4,7 +4,7 @@
 //! not by clap: a malformed id then gets the same one-line `invalid saga id …` error whether the
 //! command came from the `saga` binary, an application binary or a test.
 
-use crate::model::SagaStatus;
+use crate::model::{BulkAction, SagaStatus};
 
 /// The page size of `list` when `--limit` is not given.
 pub const DEFAULT_LIST_LIMIT: u32 = 50;
@@ -86,6 +86,11 @@ pub enum AdminCommand {
     /// Send a signal with a JSON payload to a saga through a server's HTTP API (an approval,
     /// a provider's answer); the saga's signal step takes it.
     Signal(SignalArgs),
+    /// Apply cancel, retry or abort to every saga a filter matches, as a durable job of the
+    /// server (audited); prints the job id and how many sagas it matched.
+    Bulk(BulkArgs),
+    /// Show a bulk job: its progress and the sagas that refused its command.
+    BulkJob(BulkJobArgs),
 }
 
 impl AdminCommand {
@@ -120,7 +125,11 @@ impl AdminCommand {
     pub fn needs_database(&self) -> bool {
         !matches!(
             self,
-            Self::Start(_) | Self::Definitions(_) | Self::Signal(_)
+            Self::Start(_)
+                | Self::Definitions(_)
+                | Self::Signal(_)
+                | Self::Bulk(_)
+                | Self::BulkJob(_)
         ) && self.server().is_none()
     }
 
@@ -420,6 +429,75 @@ pub struct SignalArgs {
     /// A sentence, or JSON.
     #[command(flatten)]
     pub output: Output,
+}
+
+/// `bulk ACTION [--status S] [--name N] [--needs-attention] [--created-after T]
+/// [--created-before T] [--attr K=V] --reason R [--dry-run] [--wait]`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct BulkArgs {
+    /// The command: cancel, pause, resume, retry, abort or fork.
+    #[arg(value_parser = parse_bulk_action)]
+    pub action: BulkAction,
+    /// Only sagas in this status.
+    #[arg(long, value_parser = parse_status)]
+    pub status: Option<SagaStatus>,
+    /// Only sagas of this definition name.
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Only sagas flagged as needing attention.
+    #[arg(long)]
+    pub needs_attention: bool,
+    /// Only sagas created at or after this RFC 3339 time.
+    #[arg(long, value_name = "TIME")]
+    pub created_after: Option<String>,
+    /// Only sagas created before this RFC 3339 time.
+    #[arg(long, value_name = "TIME")]
+    pub created_before: Option<String>,
+    /// A search attribute to match, KEY=VALUE (repeatable).
+    #[arg(long, value_name = "KEY=VALUE")]
+    pub attr: Vec<String>,
+    /// Why (recorded in each saga's events with who did it).
+    #[arg(long, value_name = "TEXT")]
+    pub reason: String,
+    /// Only count the matched sagas and show some of them; records nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// Follow the job's progress until it is done, then list the sagas that refused.
+    #[arg(long)]
+    pub wait: bool,
+    /// The server that records and works the job.
+    #[command(flatten)]
+    pub server: Server,
+    /// The token the server's API is asked with (scope `operate`).
+    #[command(flatten)]
+    pub auth: Auth,
+    /// A sentence, or JSON.
+    #[command(flatten)]
+    pub output: Output,
+}
+
+/// `bulk-job ID`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct BulkJobArgs {
+    /// The job's id, as `bulk` printed it.
+    pub id: String,
+    /// The server that holds the job.
+    #[command(flatten)]
+    pub server: Server,
+    /// The token the server's API is asked with.
+    #[command(flatten)]
+    pub auth: Auth,
+    /// A table, or JSON.
+    #[command(flatten)]
+    pub output: Output,
+}
+
+/// Reads a bulk action in any case.
+fn parse_bulk_action(text: &str) -> Result<BulkAction, String> {
+    text.trim().to_ascii_lowercase().parse().map_err(|_| {
+        let known: Vec<&str> = BulkAction::ALL.iter().map(|a| a.as_str()).collect();
+        format!("unknown action {text:?}: one of {}", known.join(", "))
+    })
 }
 
 /// Reads a saga status in any case (`failed`, `FAILED`).

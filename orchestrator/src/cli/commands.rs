@@ -95,6 +95,8 @@ pub async fn run_admin_with(
         AdminCommand::Start(a) => run_start(a, None, out).await,
         AdminCommand::Definitions(a) => super::definitions::run_definitions(a, None, out).await,
         AdminCommand::Signal(a) => run_signal(a, None, out).await,
+        AdminCommand::Bulk(a) => super::bulk::run_bulk(a, None, out).await,
+        AdminCommand::BulkJob(a) => super::bulk::run_bulk_job(a, None, out).await,
     }
 }
 

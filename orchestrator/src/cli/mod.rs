@@ -58,6 +58,7 @@
 
 mod address;
 mod args;
+mod bulk;
 mod commands;
 mod definitions;
 mod error;
@@ -69,9 +70,9 @@ use std::sync::Arc;
 
 pub use args::DefinitionsArgs;
 pub use args::{
-    AbortArgs, AdminCommand, Auth, CancelArgs, DatabaseArgs, EventsArgs, ListArgs,
-    MarkCompensatedArgs, OutboxArgs, Output, PurgeArgs, RetryArgs, Server, ShowArgs, SignalArgs,
-    StartArgs, ViaServer, WorkersArgs, DEFAULT_LIST_LIMIT, DEFAULT_SERVER,
+    AbortArgs, AdminCommand, Auth, BulkArgs, BulkJobArgs, CancelArgs, DatabaseArgs, EventsArgs,
+    ListArgs, MarkCompensatedArgs, OutboxArgs, Output, PurgeArgs, RetryArgs, Server, ShowArgs,
+    SignalArgs, StartArgs, ViaServer, WorkersArgs, DEFAULT_LIST_LIMIT, DEFAULT_SERVER,
 };
 pub use commands::{actor, run_admin, run_admin_with, run_signal, run_start, show_with_deliveries};
 pub use definitions::run_definitions;
@@ -129,6 +130,16 @@ pub async fn open_and_run(
     }
     if let AdminCommand::Signal(args) = cmd {
         run_signal(args, Some(url), out).await?;
+        out.flush()?;
+        return Ok(());
+    }
+    if let AdminCommand::Bulk(args) = cmd {
+        bulk::run_bulk(args, Some(url), out).await?;
+        out.flush()?;
+        return Ok(());
+    }
+    if let AdminCommand::BulkJob(args) = cmd {
+        bulk::run_bulk_job(args, Some(url), out).await?;
         out.flush()?;
         return Ok(());
     }

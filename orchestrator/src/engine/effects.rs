@@ -138,7 +138,9 @@ impl Driver {
                         stages::after_compensate(store.compensate_child(child, self.saga.id).await)?
                     }
                     ChildUndo::Cancel(status) => {
-                        let outcome = store.request_cancel(child).await?;
+                        let outcome = store
+                            .request_cancel(child, &crate::store::Audit::default())
+                            .await?;
                         stages::after_cancel(child, status, &outcome)
                     }
                     ChildUndo::Wait { seen, problem } => (seen, problem),

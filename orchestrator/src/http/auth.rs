@@ -129,7 +129,8 @@ fn digest(bytes: &[u8]) -> [u8; 32] {
 }
 
 /// The scope a request needs, from its method and route: reads need `read`; starting,
-/// signalling and cancelling need `start`; the operator commands need `operate`. An unknown
+/// signalling and cancelling need `start`; the operator commands (bulk actions too) need
+/// `operate`. An unknown
 /// route, and `GET /v1/whoami` (any token may ask what it may do), need only a valid token.
 fn required_scope(method: &Method, route: Option<&str>) -> Option<Scope> {
     if route == Some("/v1/whoami") {
@@ -142,6 +143,7 @@ fn required_scope(method: &Method, route: Option<&str>) -> Option<Scope> {
     if route.ends_with("/abort")
         || route.ends_with("/retry")
         || route.ends_with("/mark-compensated")
+        || route == "/v1/bulk"
     {
         Some(Scope::Operate)
     } else if route.starts_with("/v1/sagas") {

@@ -275,6 +275,11 @@ impl From<OperationError> for ApiError {
     fn from(e: OperationError) -> Self {
         match e {
             OperationError::BadRequest(message) => Self::bad_request(message),
+            OperationError::NotAvailable(message) => Self::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "action_not_available",
+                message,
+            ),
             OperationError::NotFound(message) => Self::not_found(message),
             OperationError::Conflict(message) => Self::conflict(message),
             OperationError::Store(e) => e.into(),

@@ -82,6 +82,7 @@
 //! ```
 
 mod auth;
+mod bulk;
 mod console;
 mod counts;
 mod definitions;
@@ -222,6 +223,8 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(operators::abort_saga))
         .routes(routes!(operators::retry_saga))
         .routes(routes!(operators::mark_compensated))
+        .routes(routes!(bulk::create_bulk, bulk::list_bulk))
+        .routes(routes!(bulk::get_bulk))
         .routes(routes!(definitions::list_definitions))
         .routes(routes!(overview::counts))
         .routes(routes!(overview::whoami))
@@ -261,6 +264,8 @@ pub fn openapi_json() -> String {
 /// | `POST /v1/sagas/{id}/abort` | an operator stops the saga without compensating (audited) |
 /// | `POST /v1/sagas/{id}/retry` | an operator makes a waiting or failed step retry now (audited) |
 /// | `POST /v1/sagas/{id}/steps/{step}/mark-compensated` | an operator vouches for a compensation done by hand (audited) |
+/// | `POST /v1/bulk` | an operator applies a command to every saga a filter matches, as a durable job (audited) |
+/// | `GET /v1/bulk`, `GET /v1/bulk/{id}` | recent bulk jobs; one job's progress and refusals |
 /// | `GET /v1/definitions` | the registered definitions: stages, hash, input schema |
 /// | `GET /v1/counts` | sagas by status, needing attention, blocked |
 /// | `GET /v1/whoami` | the caller's token name and scopes |

@@ -171,7 +171,7 @@ impl Modify for BearerAuth {
     tags(
         (name = "sagas", description = "Starting and following sagas"),
         (name = "definitions", description = "The sagas this server can start, and their inputs"),
-        (name = "operators", description = "Operator commands, audited: abort, retry, mark-compensated (scope `operate`)"),
+        (name = "operators", description = "Operator commands, audited: abort, retry, mark-compensated, bulk actions (scope `operate`)"),
         (name = "operations", description = "Health, metrics and this document"),
     )
 )]

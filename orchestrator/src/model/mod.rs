@@ -96,12 +96,14 @@ macro_rules! wire_enum {
     };
 }
 
+mod bulk;
 mod detail;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod rules;
 mod shown;
 mod stages;
+pub use bulk::{BulkAction, BulkJob, BulkJobPage, BulkRefusal, BulkStatus};
 pub use detail::SagaDetail;
 pub(crate) use shown::wait_word;
 pub use stages::{stages_of, StageKind, StageRecord, WaitingCounts};
@@ -125,6 +127,9 @@ wire_enum!(
         Running = "RUNNING",
         /// Running compensations backward.
         Compensating = "COMPENSATING",
+        /// Stopped by an operator, or by a step whose retries ran out: nothing new starts,
+        /// its timers do not fire and no lease is held until it is resumed.
+        Paused = "PAUSED",
         /// Every action succeeded.
         Completed = "COMPLETED",
         /// An action failed or the saga was cancelled, and every needed compensation succeeded.

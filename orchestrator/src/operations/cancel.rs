@@ -16,9 +16,14 @@ pub enum Cancelled {
 
 impl Operations<'_> {
     /// Requests the cancellation of saga `id`. Refused (`Conflict`) once the saga has ended or
-    /// its point of no return has started.
+    /// its point of no return has started. In a bulk job, its event carries the job's actor,
+    /// reason and id.
     pub async fn cancel(&self, id: Uuid) -> Result<Cancelled> {
-        match self.store.request_cancel(id).await? {
+        match self
+            .store
+            .request_cancel(id, &self.audit(None, None))
+            .await?
+        {
             CancelOutcome::Accepted => Ok(Cancelled::Accepted),
             CancelOutcome::AlreadyCompensating => Ok(Cancelled::AlreadyCompensating),
             CancelOutcome::Terminal(status) => Err(OperationError::Conflict(format!(

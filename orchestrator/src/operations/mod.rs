@@ -8,6 +8,7 @@
 //! makes it; the checks here come first so that a refusal says what would be accepted.
 
 mod abort;
+pub mod bulk;
 mod cancel;
 mod mark_compensated;
 mod reason;
@@ -19,7 +20,7 @@ use uuid::Uuid;
 
 use crate::engine::Engine;
 use crate::model::Saga;
-use crate::store::{Store, StoreError};
+use crate::store::{Audit, BulkTicket, Store, StoreError};
 use crate::telemetry::Telemetry;
 
 pub use cancel::Cancelled;
@@ -33,6 +34,9 @@ pub enum OperationError {
     /// The command itself is malformed (a blank reason).
     #[error("{0}")]
     BadRequest(String),
+    /// The command cannot be given here (an action this server does not offer).
+    #[error("{0}")]
+    NotAvailable(String),
     /// The command names something the saga does not have (a step, a signal).
     #[error("{0}")]
     NotFound(String),
@@ -44,6 +48,22 @@ pub enum OperationError {
     Store(#[from] StoreError),
 }
 
+impl OperationError {
+    /// The error's code, as the HTTP API answers it (`bad_request`, `not_found`, `conflict`,
+    /// …): what a bulk job records for a saga that refused its command.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Self::BadRequest(_) => "bad_request",
+            Self::NotAvailable(_) => "action_not_available",
+            Self::NotFound(_) | Self::Store(StoreError::NotFound(_)) => "not_found",
+            Self::Store(StoreError::UnknownStep { .. }) => "not_found",
+            Self::Conflict(_) | Self::Store(StoreError::Conflict(_)) => "conflict",
+            Self::Store(StoreError::InvalidValue(_)) => "bad_request",
+            Self::Store(_) => "internal",
+        }
+    }
+}
+
 /// The result of a command.
 pub type Result<T> = std::result::Result<T, OperationError>;
 
@@ -53,6 +73,8 @@ pub struct Operations<'a> {
     store: &'a dyn Store,
     registry: Option<&'a Registry>,
     telemetry: Option<&'a Telemetry>,
+    /// The bulk job the commands are part of: its ticket, actor and reason.
+    bulk: Option<(BulkTicket, &'a str, &'a str)>,
 }
 
 impl<'a> Operations<'a> {
@@ -63,6 +85,7 @@ impl<'a> Operations<'a> {
             store,
             registry: None,
             telemetry: None,
+            bulk: None,
         }
     }
 
@@ -78,6 +101,27 @@ impl<'a> Operations<'a> {
     pub fn of(engine: &'a Engine) -> Self {
         Self::new(engine.store().as_ref())
             .with_definitions(engine.registry(), &engine.config().telemetry)
+    }
+
+    /// The commands as the worker of a bulk job runs them: each settles the job's item for its
+    /// saga in its own transaction (see [`crate::store::bulk`]), and its audit event carries
+    /// the job's id as `bulk_id`, with the job's `actor` and `reason`.
+    pub fn in_bulk_job(mut self, ticket: BulkTicket, actor: &'a str, reason: &'a str) -> Self {
+        self.bulk = Some((ticket, actor, reason));
+        self
+    }
+
+    /// The audit of a command: the actor and reason given, else the bulk job's, and the job.
+    fn audit(&self, actor: Option<&'a str>, reason: Option<&'a str>) -> Audit<'a> {
+        let (ticket, job_actor, job_reason) = match self.bulk {
+            Some((ticket, actor, reason)) => (Some(ticket), Some(actor), Some(reason)),
+            None => (None, None, None),
+        };
+        Audit {
+            actor: actor.or(job_actor),
+            reason: reason.or(job_reason),
+            bulk: ticket,
+        }
     }
 
     /// The saga `id`, or `NotFound`.

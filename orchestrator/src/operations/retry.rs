@@ -29,10 +29,11 @@ impl Retried {
     }
 }
 
-impl Operations<'_> {
+impl<'a> Operations<'a> {
     /// Makes saga `id`'s waiting retry happen now, or gives a `FAILED` saga's failed step
     /// another attempt; audited as `actor`'s. Returns the saga as it left it.
-    pub async fn retry(&self, id: Uuid, actor: &str) -> Result<Saga> {
-        Ok(self.store.retry_now(id, actor).await?)
+    pub async fn retry(&self, id: Uuid, actor: &'a str) -> Result<Saga> {
+        let audit = self.audit(Some(actor), None);
+        Ok(self.store.retry_now(id, &audit).await?)
     }
 }

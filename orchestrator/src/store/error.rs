@@ -27,6 +27,21 @@ pub enum StoreError {
         /// The step name given.
         step: String,
     },
+    /// A command of a bulk job found the job's item for its saga settled already, or the job
+    /// taken over by another process: it changed nothing.
+    #[error(
+        "saga {saga} of bulk job {job} was acted on already, or another process works the job now"
+    )]
+    BulkItemSettled {
+        /// The bulk job.
+        job: Uuid,
+        /// The saga.
+        saga: Uuid,
+    },
+    /// The lease of a bulk job is no longer this claim's: it expired and another process took
+    /// the job, or the job is done.
+    #[error("bulk job {0} is no longer held by this claim")]
+    BulkJobLost(Uuid),
     /// The operation does not apply to the saga in its current state.
     #[error("{0}")]
     Conflict(String),

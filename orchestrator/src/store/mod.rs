@@ -23,6 +23,7 @@
 //!   due scans, keyed starts, the outbox's commit-order reads);
 //! - `rows`: decoding rows of either database; `rules`: the checks of operator commands.
 
+pub mod bulk;
 mod error;
 mod fence;
 pub mod idempotency;
@@ -46,6 +47,7 @@ use uuid::Uuid;
 use crate::model::{
     Attempt, Event, ListFilter, Millis, PhaseRecord, Saga, SagaPage, SagaStatus, StepKind,
 };
+pub use bulk::{Audit, BulkClaim, BulkLog, BulkTicket, NewBulkJob};
 pub(crate) use error::SqlxResultExt;
 pub use error::{BackendError, BackendErrorKind, StoreError};
 pub use idempotency::{Callback, IdempotencyKey, IdempotencyStore, IdempotentStart, SavedResponse};
@@ -376,12 +378,12 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 /// key in the saga's own transaction. Implemented once for every backend (`store::shared`);
 /// a caller imports the roles it uses.
 pub trait Store:
-    LogReads + EngineLog + OperatorLog + Maintenance + IdempotencyStore + OutboxStore
+    LogReads + EngineLog + OperatorLog + BulkLog + Maintenance + IdempotencyStore + OutboxStore
 {
 }
 
 impl<T> Store for T where
-    T: LogReads + EngineLog + OperatorLog + Maintenance + IdempotencyStore + OutboxStore
+    T: LogReads + EngineLog + OperatorLog + BulkLog + Maintenance + IdempotencyStore + OutboxStore
 {
 }
 
@@ -548,14 +550,15 @@ pub trait EngineLog: Send + Sync + 'static {
 /// records its audit event.
 #[async_trait]
 pub trait OperatorLog: Send + Sync + 'static {
-    /// Requests cancellation.
-    async fn request_cancel(&self, id: Uuid) -> Result<CancelOutcome>;
+    /// Requests cancellation; the first request's event records `audit`.
+    async fn request_cancel(&self, id: Uuid, audit: &Audit<'_>) -> Result<CancelOutcome>;
 
-    /// Stops driving a saga without compensating (operator command, audited).
-    async fn abort(&self, id: Uuid, reason: &str, actor: &str) -> Result<Saga>;
+    /// Stops driving a saga without compensating (operator command, audited; `audit` carries
+    /// the reason).
+    async fn abort(&self, id: Uuid, audit: &Audit<'_>) -> Result<Saga>;
 
     /// Makes a waiting retry happen now; on a `FAILED` saga, retries the failed step.
-    async fn retry_now(&self, id: Uuid, actor: &str) -> Result<Saga>;
+    async fn retry_now(&self, id: Uuid, audit: &Audit<'_>) -> Result<Saga>;
 
     /// Records that an operator did a stuck compensation by hand (audited).
     async fn mark_compensated(

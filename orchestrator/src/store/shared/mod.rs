@@ -9,6 +9,7 @@
 //! write queue (the engine's hot path: creates, transitions and, on SQLite, keyed starts), how
 //! workers claim sagas and find due ones, and how the outbox is read in commit order.
 
+pub(crate) mod bulk;
 pub(crate) mod children;
 pub(crate) mod events;
 pub(crate) mod operator;
@@ -40,9 +41,9 @@ use crate::store::outbox::{
 use crate::store::rows::{corrupt, LogRow};
 use crate::store::signals::{ReceivedSignal, SignalOutcome, SignalRequest};
 use crate::store::{
-    Applied, CancelOutcome, ClaimRequest, Claimed, EngineLog, Lease, LeaseRequest, LogReads,
-    Maintenance, NewSaga, OperatorLog, PurgeCursor, PurgePage, Result, StoreError, Transition,
-    WorkerInfo,
+    Applied, Audit, BulkClaim, BulkLog, BulkTicket, CancelOutcome, ClaimRequest, Claimed,
+    EngineLog, Lease, LeaseRequest, LogReads, Maintenance, NewBulkJob, NewSaga, OperatorLog,
+    PurgeCursor, PurgePage, Result, StoreError, Transition, WorkerInfo,
 };
 
 /// What one database provides to the shared store: its connections and transactions, and the
@@ -310,17 +311,71 @@ impl<B: SqlBackend> EngineLog for B {
 }
 
 #[async_trait]
+impl<B: SqlBackend> BulkLog for B {
+    async fn create_bulk_job(&self, job: &NewBulkJob<'_>) -> Result<u64> {
+        bulk::create(self, job).await
+    }
+
+    async fn match_sagas(&self, filter: &ListFilter, sample: u32) -> Result<(u64, Vec<Uuid>)> {
+        bulk::match_sagas(self.reader(), filter, sample).await
+    }
+
+    async fn bulk_job(&self, id: Uuid) -> Result<Option<crate::model::BulkJob>> {
+        bulk::get(self.reader(), id).await
+    }
+
+    async fn list_bulk_jobs(
+        &self,
+        limit: u32,
+        cursor: Option<Uuid>,
+    ) -> Result<crate::model::BulkJobPage> {
+        bulk::list(self.reader(), limit, cursor).await
+    }
+
+    async fn claim_bulk_job(&self, owner: &str, ttl_ms: Millis) -> Result<Option<BulkClaim>> {
+        bulk::claim(self, owner, ttl_ms).await
+    }
+
+    async fn pending_bulk_items(
+        &self,
+        ticket: BulkTicket,
+        ttl_ms: Millis,
+        limit: u32,
+    ) -> Result<Vec<Uuid>> {
+        bulk::pending(self, ticket, ttl_ms, limit).await
+    }
+
+    async fn complete_bulk_item(&self, ticket: BulkTicket, saga: Uuid) -> Result<()> {
+        bulk::settle_alone(self, ticket, saga, None).await
+    }
+
+    async fn refuse_bulk_item(
+        &self,
+        ticket: BulkTicket,
+        saga: Uuid,
+        code: &str,
+        message: &str,
+    ) -> Result<()> {
+        bulk::settle_alone(self, ticket, saga, Some((code, message))).await
+    }
+
+    async fn finish_bulk_job(&self, ticket: BulkTicket) -> Result<bool> {
+        bulk::finish(self, ticket).await
+    }
+}
+
+#[async_trait]
 impl<B: SqlBackend> OperatorLog for B {
-    async fn request_cancel(&self, id: Uuid) -> Result<CancelOutcome> {
-        operator::request_cancel(self, id).await
+    async fn request_cancel(&self, id: Uuid, audit: &Audit<'_>) -> Result<CancelOutcome> {
+        operator::request_cancel(self, id, audit).await
     }
 
-    async fn abort(&self, id: Uuid, reason: &str, actor: &str) -> Result<Saga> {
-        operator::abort(self, id, reason, actor).await
+    async fn abort(&self, id: Uuid, audit: &Audit<'_>) -> Result<Saga> {
+        operator::abort(self, id, audit).await
     }
 
-    async fn retry_now(&self, id: Uuid, actor: &str) -> Result<Saga> {
-        operator::retry_now(self, id, actor).await
+    async fn retry_now(&self, id: Uuid, audit: &Audit<'_>) -> Result<Saga> {
+        operator::retry_now(self, id, audit).await
     }
 
     async fn send_signal(&self, request: SignalRequest<'_>) -> Result<SignalOutcome> {

@@ -18,7 +18,7 @@ use crate::model::rules::{
 };
 use crate::model::{Saga, SagaStatus, StepKind, StepStatus};
 use crate::store::rows::{parse_enum, LogRow};
-use crate::store::{CancelOutcome, Result, StoreError};
+use crate::store::{Audit, CancelOutcome, Result, StoreError};
 
 /// The saga, locked for the rest of the transaction.
 async fn lock_and_load(tx: &mut Tx, id: Uuid) -> Result<Saga> {
@@ -33,7 +33,12 @@ const TAKE_OVER: &str =
     "lease_owner = NULL, lease_expires_at = NULL, lease_epoch = lease_epoch + 1";
 
 /// Requests cancellation: recorded once; refused when terminal, compensating or past the pivot.
-pub(crate) async fn request_cancel<B: SqlBackend>(store: &B, id: Uuid) -> Result<CancelOutcome> {
+/// The first request's event records `audit`.
+pub(crate) async fn request_cancel<B: SqlBackend>(
+    store: &B,
+    id: Uuid,
+    audit: &Audit<'_>,
+) -> Result<CancelOutcome> {
     let mut tx = store.begin().await?;
     tx.lock_saga(id).await?;
     let row = tx
@@ -48,6 +53,7 @@ pub(crate) async fn request_cancel<B: SqlBackend>(store: &B, id: Uuid) -> Result
         store.commit(tx).await?;
         return Ok(refusal);
     }
+    super::bulk::settle_item(&mut tx, audit, id).await?;
     // Due now, so that a worker compensates it; a second request makes it due again (in case
     // it waits on a timer) but records no second event.
     let now = tx.now().await?;
@@ -59,25 +65,22 @@ pub(crate) async fn request_cancel<B: SqlBackend>(store: &B, id: Uuid) -> Result
     )
     .await?;
     if !row.get::<bool>("cancel_requested")? {
-        insert_event(&mut tx, id, "saga.cancel_requested", None, &json!({})).await?;
+        let data = audit.data().into();
+        insert_event(&mut tx, id, "saga.cancel_requested", None, &data).await?;
     }
     tx.announce_due().await?;
     store.commit(tx).await?;
     Ok(CancelOutcome::Accepted)
 }
 
-/// Stops driving a saga without compensating; audited with `reason` and `actor`.
-pub(crate) async fn abort<B: SqlBackend>(
-    store: &B,
-    id: Uuid,
-    reason: &str,
-    actor: &str,
-) -> Result<Saga> {
+/// Stops driving a saga without compensating; audited with `audit`'s reason and actor.
+pub(crate) async fn abort<B: SqlBackend>(store: &B, id: Uuid, audit: &Audit<'_>) -> Result<Saga> {
     let mut tx = store.begin().await?;
     let saga = lock_and_load(&mut tx, id).await?;
     check_abort(&saga)?;
+    super::bulk::settle_item(&mut tx, audit, id).await?;
     let now = tx.now().await?;
-    let error = format!("aborted: {reason}");
+    let error = format!("aborted: {}", audit.reason.unwrap_or_default());
     tx.exec(
         &format!(
             "UPDATE sagas SET status = 'ABORTED', next_run_at = NULL, {TAKE_OVER}, \
@@ -87,9 +90,10 @@ pub(crate) async fn abort<B: SqlBackend>(
     )
     .await?;
     let abandoned = abandon_running(&mut tx, &saga, None, now, ABANDONED_BY_ABORT).await?;
-    let data = json!({"reason": reason, "actor": actor, "previous_status": saga.status,
-                      "abandoned": abandoned});
-    insert_event(&mut tx, id, "saga.aborted", None, &data).await?;
+    let mut data = audit.data();
+    data.insert("previous_status".into(), json!(saga.status));
+    data.insert("abandoned".into(), abandoned.into());
+    insert_event(&mut tx, id, "saga.aborted", None, &data.into()).await?;
     tx.announce_finished(id, SagaStatus::Aborted).await?;
     // A child saga's parent waits for its end.
     super::children::wake_parent(&mut tx, id).await?;
@@ -98,11 +102,17 @@ pub(crate) async fn abort<B: SqlBackend>(
 }
 
 /// Makes a waiting retry happen now; on a `FAILED` saga, gives the failed step another attempt.
-pub(crate) async fn retry_now<B: SqlBackend>(store: &B, id: Uuid, actor: &str) -> Result<Saga> {
+pub(crate) async fn retry_now<B: SqlBackend>(
+    store: &B,
+    id: Uuid,
+    audit: &Audit<'_>,
+) -> Result<Saga> {
     let mut tx = store.begin().await?;
     let saga = lock_and_load(&mut tx, id).await?;
     let now = tx.now().await?;
-    match plan_retry(&saga)? {
+    let plan = plan_retry(&saga)?;
+    super::bulk::settle_item(&mut tx, audit, id).await?;
+    match plan {
         RetryPlan::Failed(failed) => {
             tx.exec(
                 "UPDATE steps SET status = 'RETRYING' WHERE saga_id = $1 AND idx = $2",
@@ -117,8 +127,16 @@ pub(crate) async fn retry_now<B: SqlBackend>(store: &B, id: Uuid, actor: &str) -
                 &[Arg::Id(id), Arg::Int(now)],
             )
             .await?;
-            let data = json!({"actor": actor, "step": failed.name});
-            insert_event(&mut tx, id, "saga.retried", Some(&failed.name), &data).await?;
+            let mut data = audit.data();
+            data.insert("step".into(), failed.name.clone().into());
+            insert_event(
+                &mut tx,
+                id,
+                "saga.retried",
+                Some(&failed.name),
+                &data.into(),
+            )
+            .await?;
         }
         RetryPlan::DueNow => {
             tx.exec(
@@ -127,7 +145,7 @@ pub(crate) async fn retry_now<B: SqlBackend>(store: &B, id: Uuid, actor: &str) -
                 &[Arg::Id(id), Arg::Int(now)],
             )
             .await?;
-            let data = json!({"actor": actor});
+            let data = audit.data().into();
             insert_event(&mut tx, id, "saga.retry_requested", None, &data).await?;
         }
     }

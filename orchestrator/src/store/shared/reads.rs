@@ -98,44 +98,56 @@ const WAITING: &str = "CASE WHEN status IN ('RUNNING', 'COMPENSATING') THEN (\
      AND (CASE WHEN sagas.status = 'RUNNING' THEN st.status ELSE st.comp_status END) \
      IN ('WAITING', 'RETRYING') ORDER BY st.idx LIMIT 1) END AS waiting";
 
-/// A page of sagas, newest first, after the filter's cursor. Only the conditions the filter
-/// sets are in the text, so each can use its index (`sagas_status`, `sagas_name`,
-/// `sagas_attention`).
-pub(crate) async fn list_sagas(reader: Reader<'_>, filter: &ListFilter) -> Result<SagaPage> {
-    /// Appends `AND <condition> $n`, `$n` being `arg`'s place.
-    fn and<'a>(sql: &mut String, args: &mut Vec<Arg<'a>>, condition: &str, arg: Arg<'a>) {
-        args.push(arg);
-        sql.push_str(&format!(" AND {condition} ${}", args.len()));
-    }
-    let limit = filter.limit.clamp(1, MAX_PAGE);
-    let mut sql = format!(
-        "SELECT id::text AS id, name, version, status, needs_attention, blocked, error, \
-         next_run_at, created_at, updated_at, {WAITING} FROM sagas WHERE TRUE"
-    );
-    let mut args = Vec::new();
+/// Appends `AND <condition> $n`, `$n` being `arg`'s place.
+fn and<'a>(sql: &mut String, args: &mut Vec<Arg<'a>>, condition: &str, arg: Arg<'a>) {
+    args.push(arg);
+    sql.push_str(&format!(" AND {condition} ${}", args.len()));
+}
+
+/// Appends the conditions `filter` sets (not its page) to a statement over `sagas` ending in
+/// `WHERE …`, binding after the `args` already there: the list's filter, which a bulk job's
+/// snapshot shares. Only the conditions set are in the text, so each can use its index
+/// (`sagas_status`, `sagas_name`, `sagas_attention`).
+pub(crate) fn filter_conditions<'a>(
+    dialect: super::sql::Dialect,
+    filter: &'a ListFilter,
+    sql: &mut String,
+    args: &mut Vec<Arg<'a>>,
+) {
     if let Some(status) = filter.status {
-        and(&mut sql, &mut args, "status =", Arg::Str(status.as_str()));
+        and(sql, args, "status =", Arg::Str(status.as_str()));
     }
     if let Some(name) = &filter.name {
-        and(&mut sql, &mut args, "name =", Arg::Str(name));
+        and(sql, args, "name =", Arg::Str(name));
     }
     if filter.needs_attention {
-        sql.push_str(reader.dialect().needs_attention());
+        sql.push_str(dialect.needs_attention());
     }
     if filter.blocked {
         // As counted: an unfinished saga nobody can drive (an aborted one keeps its flag).
         sql.push_str(" AND blocked = TRUE AND status IN ('QUEUED', 'RUNNING', 'COMPENSATING')");
     }
     if let Some(after) = filter.created_after {
-        and(&mut sql, &mut args, "created_at >=", Arg::Int(after));
+        and(sql, args, "created_at >=", Arg::Int(after));
     }
     if let Some(before) = filter.created_before {
-        and(&mut sql, &mut args, "created_at <", Arg::Int(before));
+        and(sql, args, "created_at <", Arg::Int(before));
     }
     if let Some(prefix) = &filter.id_prefix {
-        and(&mut sql, &mut args, "id >=", Arg::Id(prefix.low()));
-        and(&mut sql, &mut args, "id <=", Arg::Id(prefix.high()));
+        and(sql, args, "id >=", Arg::Id(prefix.low()));
+        and(sql, args, "id <=", Arg::Id(prefix.high()));
     }
+}
+
+/// A page of sagas, newest first, after the filter's cursor.
+pub(crate) async fn list_sagas(reader: Reader<'_>, filter: &ListFilter) -> Result<SagaPage> {
+    let limit = filter.limit.clamp(1, MAX_PAGE);
+    let mut sql = format!(
+        "SELECT id::text AS id, name, version, status, needs_attention, blocked, error, \
+         next_run_at, created_at, updated_at, {WAITING} FROM sagas WHERE TRUE"
+    );
+    let mut args = Vec::new();
+    filter_conditions(reader.dialect(), filter, &mut sql, &mut args);
     if let Some(cursor) = filter.cursor {
         and(&mut sql, &mut args, "id <", Arg::Id(cursor));
     }
