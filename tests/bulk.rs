@@ -188,6 +188,54 @@ async fn a_bulk_cancel_acts_on_the_matched_sagas_and_lists_those_that_refused() 
 }
 
 #[tokio::test]
+async fn a_bulk_action_over_picked_ids_acts_on_those_sagas_only() {
+    let db = TempDb::new();
+    let server = Server::spawn(&db.url, db.dir.path(), &[], &[]).await;
+    let mut sagas = Vec::new();
+    for i in 0..5 {
+        sagas.push(start_later(&server, &format!("p{i}")).await);
+    }
+    // Picked one by one, one of them twice (as a selection kept across pages may): counted once.
+    let picked = json!([sagas[0], sagas[2], sagas[4], sagas[2]]);
+    let (status, _, created) = post_bulk(
+        &server,
+        &json!({"action": "abort", "filter": {"ids": picked}, "reason": "picked on the list"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{created}");
+    assert_eq!(created["matched"], 3);
+    let id = created["id"].as_str().unwrap().to_owned();
+    let done = wait_done(&server, &id).await;
+    assert_eq!(done["done"], 3);
+    assert_eq!(done["refused"], json!([]));
+    for (i, saga) in sagas.iter().enumerate() {
+        let (_, s) = get(&server, &format!("/v1/sagas/{saga}")).await;
+        let expected = if i % 2 == 0 { "ABORTED" } else { "QUEUED" };
+        assert_eq!(s["status"], expected, "saga {i}: {s}");
+    }
+
+    // More than a selection may name: refused, nothing recorded.
+    let many: Vec<Uuid> = (0..1001).map(|_| Uuid::now_v7()).collect();
+    let (status, _, refused) = post_bulk(
+        &server,
+        &json!({"action": "abort", "filter": {"ids": many}, "reason": "too many"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{refused}");
+    assert_eq!(refused["error"]["code"], "invalid_filter", "{refused}");
+    assert!(
+        refused["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("at most 1000"),
+        "{refused}"
+    );
+    let (_, jobs) = get(&server, "/v1/bulk").await;
+    assert_eq!(jobs["jobs"].as_array().unwrap().len(), 1);
+    server.kill9();
+}
+
+#[tokio::test]
 async fn a_filter_that_matches_nothing_makes_a_job_done_at_once() {
     let db = TempDb::new();
     let server = Server::spawn(&db.url, db.dir.path(), &[], &[]).await;

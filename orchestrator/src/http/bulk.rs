@@ -40,6 +40,10 @@ pub(crate) struct BulkFilter {
     /// Only sagas created before this RFC 3339 time.
     #[schema(format = DateTime)]
     created_before: Option<String>,
+    /// Only these sagas: ids picked one by one (at most 1000; one named twice counts once), as the console's
+    /// list selects them.
+    #[schema(max_items = 1000)]
+    ids: Option<Vec<Uuid>>,
     /// Search attributes (SPEC §17), equality on each. No definition declares attributes yet:
     /// a non-empty object is refused (`422`), an empty one is ignored.
     #[schema(value_type = Option<Object>)]
@@ -90,6 +94,9 @@ pub(crate) struct BulkDryRun {
     /// The first of them (up to 20), in the order a job would act on them (id order).
     sample: Vec<Uuid>,
 }
+
+/// The most sagas a bulk filter may name one by one.
+const MAX_IDS: usize = 1000;
 
 fn invalid_filter(message: String) -> ApiError {
     ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_filter", message)
@@ -164,7 +171,16 @@ fn parse(body: Value) -> Result<(BulkRequest, Reason), ApiError> {
             "filter.name is empty: give a definition name, or leave it out".to_owned(),
         ));
     }
+    let ids = f.ids.unwrap_or_default();
+    if ids.len() > MAX_IDS {
+        return Err(invalid_filter(format!(
+            "filter.ids names {} sagas; at most {MAX_IDS} may be given: use the other filter \
+             fields for more",
+            ids.len()
+        )));
+    }
     let filter = ListFilter {
+        ids,
         status,
         name: f.name,
         needs_attention: f.needs_attention.unwrap_or(false),
@@ -173,14 +189,15 @@ fn parse(body: Value) -> Result<(BulkRequest, Reason), ApiError> {
         ..ListFilter::default()
     };
     let empty = filter.status.is_none()
+        && filter.ids.is_empty()
         && filter.name.is_none()
         && !filter.needs_attention
         && filter.created_after.is_none()
         && filter.created_before.is_none();
     if empty && !body.dry_run {
         return Err(invalid_filter(
-            "the filter is empty: it would act on every saga. Give at least one of status, \
-             name, needs_attention, created_after, created_before (try it with \
+            "the filter is empty: it would act on every saga. Give at least one of ids, \
+             status, name, needs_attention, created_after, created_before (try it with \
              \"dry_run\": true first)"
                 .to_owned(),
         ));

@@ -333,6 +333,7 @@ impl RawListQuery {
             created_after: instant("created_after", self.created_after)?,
             created_before: instant("created_before", self.created_before)?,
             id_prefix,
+            ids: Vec::new(),
             limit,
             cursor,
         })

@@ -450,6 +450,8 @@ pub struct ListFilter {
     pub created_before: Option<Millis>,
     /// Only sagas whose id starts so.
     pub id_prefix: Option<IdPrefix>,
+    /// Only these sagas (a bulk action over sagas picked one by one); empty: no condition.
+    pub ids: Vec<Uuid>,
     /// Page size (the store caps it).
     pub limit: u32,
     /// Start after this id (keyset pagination, newest first).

@@ -137,6 +137,14 @@ pub(crate) fn filter_conditions<'a>(
         and(sql, args, "id >=", Arg::Id(prefix.low()));
         and(sql, args, "id <=", Arg::Id(prefix.high()));
     }
+    if !filter.ids.is_empty() {
+        let mut list = Vec::with_capacity(filter.ids.len());
+        for id in &filter.ids {
+            args.push(Arg::Id(*id));
+            list.push(format!("${}", args.len()));
+        }
+        sql.push_str(&format!(" AND id IN ({})", list.join(", ")));
+    }
 }
 
 /// A page of sagas, newest first, after the filter's cursor.
