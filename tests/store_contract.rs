@@ -83,6 +83,7 @@ fn saga_update(status: SagaStatus) -> SagaUpdate {
         output: None,
         needs_attention: false,
         pivot_started: false,
+        paused_from: None,
     }
 }
 
@@ -117,6 +118,7 @@ fn write_ahead(index: u32, attempt: u32) -> Transition {
         }],
         events: vec![NewEvent::saga("test.started", json!({"step": index}))],
         unless_cancelled: true,
+        unless_paused: false,
         release: false,
         wake: None,
     }
@@ -153,6 +155,7 @@ fn succeeded(index: u32, attempt: u32) -> Transition {
         }],
         events: vec![NewEvent::saga("test.succeeded", json!({"step": index}))],
         unless_cancelled: false,
+        unless_paused: false,
         release: false,
         wake: None,
     }
@@ -438,12 +441,14 @@ async fn group_commit_fails_only_the_writes_whose_lease_is_lost() {
                     output: None,
                     needs_attention: false,
                     pivot_started: false,
+                    paused_from: None,
                 },
                 new_steps: Vec::new(),
                 steps: vec![],
                 attempts: vec![],
                 events: vec![NewEvent::saga("test.written", json!({}))],
                 unless_cancelled: false,
+                unless_paused: false,
                 release: false,
                 wake: None,
             };
@@ -507,6 +512,7 @@ async fn a_stale_write_sharing_a_batch_with_the_new_owners_write_fails_alone() {
                     output: None,
                     needs_attention: false,
                     pivot_started: false,
+                    paused_from: None,
                 },
                 new_steps: Vec::new(),
                 steps: if start_step {
@@ -534,6 +540,7 @@ async fn a_stale_write_sharing_a_batch_with_the_new_owners_write_fails_alone() {
                 },
                 events: vec![NewEvent::saga(kind, json!({}))],
                 unless_cancelled: false,
+                unless_paused: false,
                 release: false,
                 wake: None,
             };
@@ -682,6 +689,7 @@ async fn a_cancel_refuses_the_next_action_start_and_nothing_of_it_is_written() {
         }],
         events: vec![NewEvent::saga("saga.compensating", json!({}))],
         unless_cancelled: false,
+        unless_paused: false,
         release: false,
         wake: None,
     };
@@ -1089,6 +1097,7 @@ async fn a_saga_waiting_on_a_timer_or_ended_is_not_claimed() {
         attempts: vec![],
         events: vec![],
         unless_cancelled: false,
+        unless_paused: false,
         release: true,
         wake: None,
     };
@@ -1272,6 +1281,7 @@ async fn list_sagas_filters_by_status_name_and_attention_and_pages_within_them()
         attempts: vec![],
         events: vec![],
         unless_cancelled: false,
+        unless_paused: false,
         release: false,
         wake: None,
     };

@@ -382,6 +382,14 @@ fn group_problem(group: &Group) -> Option<String> {
     }
     let mut seen = HashSet::new();
     for branch in &branches {
+        if branch.body().pauses_when_exhausted() {
+            return Some(format!(
+                "its branch {:?} pauses the saga when its retries run out; a branch of a \
+                 parallel group cannot (its group fails as one): give it an unlimited budget or \
+                 let the group fail",
+                branch.name()
+            ));
+        }
         if branch.kind() != first.kind() {
             return Some(format!(
                 "its branches {:?} and {:?} are of different kinds",

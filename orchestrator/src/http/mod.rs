@@ -222,6 +222,8 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(operators::abort_saga))
         .routes(routes!(operators::retry_saga))
         .routes(routes!(operators::mark_compensated))
+        .routes(routes!(operators::pause_saga))
+        .routes(routes!(operators::resume_saga))
         .routes(routes!(definitions::list_definitions))
         .routes(routes!(overview::counts))
         .routes(routes!(overview::whoami))

@@ -40,6 +40,12 @@ impl Saga {
         // The engine makes a waiting saga due when its wait ends (never, for a wait without a
         // deadline).
         self.wake_at = self.waiting_for.as_ref().and(self.next_run_at);
+        if self.status == SagaStatus::Paused {
+            // It waits for a person: nothing wakes it on its own. Its stages keep their own
+            // deadlines, which fire (if passed) only after a resume.
+            self.waiting_for = Some(super::PAUSED_WAIT.to_owned());
+            self.wake_at = None;
+        }
         self.with_stages()
     }
 
@@ -49,7 +55,8 @@ impl Saga {
     fn may_go_back(&self) -> bool {
         match self.status {
             SagaStatus::Compensating => true,
-            SagaStatus::Queued | SagaStatus::Running => {
+            SagaStatus::Paused if self.paused_from == Some(SagaStatus::Compensating) => true,
+            SagaStatus::Queued | SagaStatus::Running | SagaStatus::Paused => {
                 !self.pivot_reached
                     && point_of_no_return(&self.steps).is_none_or(|s| {
                         s.kind != StepKind::Retriable || s.action.status == StepStatus::Pending

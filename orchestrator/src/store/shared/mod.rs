@@ -319,6 +319,14 @@ impl<B: SqlBackend> OperatorLog for B {
         operator::abort(self, id, reason, actor).await
     }
 
+    async fn pause(&self, id: Uuid, reason: &str, actor: &str) -> Result<Saga> {
+        operator::pause(self, id, reason, actor).await
+    }
+
+    async fn resume(&self, id: Uuid, reason: &str, actor: &str) -> Result<Saga> {
+        operator::resume(self, id, reason, actor).await
+    }
+
     async fn retry_now(&self, id: Uuid, actor: &str) -> Result<Saga> {
         operator::retry_now(self, id, actor).await
     }

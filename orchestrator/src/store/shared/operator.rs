@@ -14,7 +14,8 @@ use super::reads::load_saga;
 use super::sql::{Arg, Tx};
 use super::SqlBackend;
 use crate::model::rules::{
-    cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan,
+    cancel_refusal, check_abort, check_mark_compensated, plan_pause, plan_resume, plan_retry,
+    PausePlan, ResumePlan, RetryPlan,
 };
 use crate::model::{Saga, SagaStatus, StepKind, StepStatus};
 use crate::store::rows::{parse_enum, LogRow};
@@ -38,7 +39,8 @@ pub(crate) async fn request_cancel<B: SqlBackend>(store: &B, id: Uuid) -> Result
     tx.lock_saga(id).await?;
     let row = tx
         .opt(
-            "SELECT status, pivot_reached, cancel_requested FROM sagas WHERE id = $1",
+            "SELECT status, pivot_reached, cancel_requested, paused_from FROM sagas \
+             WHERE id = $1",
             &[Arg::Id(id)],
         )
         .await?
@@ -49,17 +51,31 @@ pub(crate) async fn request_cancel<B: SqlBackend>(store: &B, id: Uuid) -> Result
         return Ok(refusal);
     }
     // Due now, so that a worker compensates it; a second request makes it due again (in case
-    // it waits on a timer) but records no second event.
+    // it waits on a timer) but records no second event. A cancel ends a pause (a paused saga
+    // before its pivot goes back to the status it was paused in, and compensates) and
+    // withdraws a pause not yet applied: the saga is to be undone, not held.
     let now = tx.now().await?;
+    let paused = status == SagaStatus::Paused;
+    let resume_as = match row.get::<Option<String>>("paused_from")? {
+        Some(from) => from,
+        None => SagaStatus::Running.as_str().to_owned(),
+    };
     tx.exec(
         "UPDATE sagas SET cancel_requested = TRUE, updated_at = $2, \
-         next_run_at = CASE WHEN next_run_at < $2 THEN next_run_at ELSE $2 END \
+         next_run_at = CASE WHEN next_run_at < $2 THEN next_run_at ELSE $2 END, \
+         status = CASE WHEN status = 'PAUSED' THEN $3 ELSE status END, \
+         paused_from = NULL, pause_requested = NULL \
          WHERE id = $1",
-        &[Arg::Id(id), Arg::Int(now)],
+        &[Arg::Id(id), Arg::Int(now), Arg::Str(&resume_as)],
     )
     .await?;
-    if !row.get::<bool>("cancel_requested")? {
-        insert_event(&mut tx, id, "saga.cancel_requested", None, &json!({})).await?;
+    if !row.get::<bool>("cancel_requested")? || paused {
+        let data = if paused {
+            json!({"was_paused": true})
+        } else {
+            json!({})
+        };
+        insert_event(&mut tx, id, "saga.cancel_requested", None, &data).await?;
     }
     tx.announce_due().await?;
     store.commit(tx).await?;
@@ -81,6 +97,7 @@ pub(crate) async fn abort<B: SqlBackend>(
     tx.exec(
         &format!(
             "UPDATE sagas SET status = 'ABORTED', next_run_at = NULL, {TAKE_OVER}, \
+             pause_requested = NULL, paused_from = NULL, \
              updated_at = $2, error = COALESCE(error, $3) WHERE id = $1"
         ),
         &[Arg::Id(id), Arg::Int(now), Arg::Str(&error)],
@@ -93,6 +110,114 @@ pub(crate) async fn abort<B: SqlBackend>(
     tx.announce_finished(id, SagaStatus::Aborted).await?;
     // A child saga's parent waits for its end.
     super::children::wake_parent(&mut tx, id).await?;
+    store.commit(tx).await?;
+    reload(store, id).await
+}
+
+/// The audit data of an operator's command: who and why (one place per command, so that a
+/// caller may add to it).
+fn audit(actor: &str, reason: &str) -> serde_json::Map<String, serde_json::Value> {
+    let mut data = serde_json::Map::new();
+    data.insert("actor".to_owned(), json!(actor));
+    data.insert("reason".to_owned(), json!(reason));
+    data
+}
+
+/// Pauses a saga: at once if no worker holds it (not due, no lease, the status it goes on
+/// in kept for the resume), else by recording the request, which its worker's fence meets at
+/// its next call or give-back; audited with `reason` and `actor`.
+pub(crate) async fn pause<B: SqlBackend>(
+    store: &B,
+    id: Uuid,
+    reason: &str,
+    actor: &str,
+) -> Result<Saga> {
+    let mut tx = store.begin().await?;
+    let saga = lock_and_load(&mut tx, id).await?;
+    let now = tx.now().await?;
+    let mut data = audit(actor, reason);
+    match plan_pause(&saga, now)? {
+        PausePlan::Now => {
+            // A lease left to run out is taken over: its worker is gone or lost it.
+            tx.exec(
+                &format!(
+                    "UPDATE sagas SET status = 'PAUSED', paused_from = $3, next_run_at = NULL, \
+                     pause_requested = NULL, {TAKE_OVER}, updated_at = $2 WHERE id = $1"
+                ),
+                &[Arg::Id(id), Arg::Int(now), Arg::Str(saga.status.as_str())],
+            )
+            .await?;
+            data.insert("previous_status".to_owned(), json!(saga.status));
+            insert_event(&mut tx, id, "saga.paused", None, &data.into()).await?;
+        }
+        PausePlan::Requested => {
+            let request = serde_json::Value::Object(data.clone()).to_string();
+            tx.exec(
+                "UPDATE sagas SET pause_requested = $3, updated_at = $2 WHERE id = $1",
+                &[Arg::Id(id), Arg::Int(now), Arg::Str(&request)],
+            )
+            .await?;
+            insert_event(&mut tx, id, "saga.pause_requested", None, &data.into()).await?;
+        }
+    }
+    store.commit(tx).await?;
+    reload(store, id).await
+}
+
+/// Resumes a `PAUSED` saga in the status it was paused in, due now; a step whose retries ran
+/// out gets a fresh budget (its attempts so far and now as the budget's base) and the flag
+/// and error its pause set are cleared. A pause not yet applied is withdrawn. Audited with
+/// `reason` and `actor`.
+pub(crate) async fn resume<B: SqlBackend>(
+    store: &B,
+    id: Uuid,
+    reason: &str,
+    actor: &str,
+) -> Result<Saga> {
+    let mut tx = store.begin().await?;
+    let saga = lock_and_load(&mut tx, id).await?;
+    let now = tx.now().await?;
+    let mut data = audit(actor, reason);
+    match plan_resume(&saga)? {
+        ResumePlan::Withdraw => {
+            tx.exec(
+                "UPDATE sagas SET pause_requested = NULL, updated_at = $2 WHERE id = $1",
+                &[Arg::Id(id), Arg::Int(now)],
+            )
+            .await?;
+            data.insert("withdrawn".to_owned(), json!(true));
+            insert_event(&mut tx, id, "saga.resumed", None, &data.into()).await?;
+        }
+        ResumePlan::Resume { status, exhausted } => {
+            if let Some(step) = exhausted {
+                tx.exec(
+                    "UPDATE steps SET status = 'RETRYING', budget_attempts = attempts, \
+                     budget_started_at = $3 WHERE saga_id = $1 AND idx = $2",
+                    &[Arg::Id(id), Arg::Int(i64::from(step.index)), Arg::Int(now)],
+                )
+                .await?;
+                data.insert("step".to_owned(), json!(step.name));
+            }
+            // The flag and the error of a pause for spent retries were the pause's own.
+            let cleared = if exhausted.is_some() {
+                "needs_attention = FALSE, error = NULL, "
+            } else {
+                ""
+            };
+            tx.exec(
+                &format!(
+                    "UPDATE sagas SET status = $3, paused_from = NULL, pause_requested = NULL, \
+                     next_run_at = $2, {cleared}updated_at = $2 WHERE id = $1"
+                ),
+                &[Arg::Id(id), Arg::Int(now), Arg::Str(status.as_str())],
+            )
+            .await?;
+            data.insert("status".to_owned(), json!(status));
+            let step = exhausted.map(|s| s.name.as_str());
+            insert_event(&mut tx, id, "saga.resumed", step, &data.into()).await?;
+            tx.announce_due().await?;
+        }
+    }
     store.commit(tx).await?;
     reload(store, id).await
 }
