@@ -262,4 +262,32 @@ mod tests {
         .shown();
         assert_eq!(s.clone().shown(), s);
     }
+
+    #[test]
+    fn a_paused_saga_waits_for_a_resume_with_no_deadline_and_keeps_its_stages_deadlines() {
+        let mut nap = step(1, "nap", StepKind::Sleep, StepStatus::Waiting);
+        nap.wake_at = Some(NOW + 60_000);
+        let mut s = saga(
+            SagaStatus::Paused,
+            vec![
+                step(0, "a", StepKind::Compensatable, StepStatus::Succeeded),
+                nap,
+            ],
+        );
+        s.paused_from = Some(SagaStatus::Running);
+        s.next_run_at = None;
+        let s = s.shown();
+        assert_eq!(s.waiting_for.as_deref(), Some("resume"));
+        assert_eq!(s.wake_at, None);
+        assert_eq!(
+            s.steps[1].wake_at,
+            Some(NOW + 60_000),
+            "the stage keeps its own"
+        );
+        assert_eq!(
+            s.steps[0].compensation.status,
+            StepStatus::Pending,
+            "it may still go back (a cancel compensates it)"
+        );
+    }
 }
