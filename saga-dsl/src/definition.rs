@@ -522,6 +522,35 @@ mod tests {
     }
 
     #[test]
+    fn a_branch_may_not_pause_its_saga_and_pausing_leaves_the_hash_alone() {
+        let err = SagaDefinition::builder("s", 1)
+            .step(Step::parallel(
+                "book",
+                [c("a"), c("b").pause_when_exhausted()],
+            ))
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(&err, DefinitionError::BadGroup { problem, .. }
+                if problem.contains("pauses the saga when its retries run out")),
+            "{err}"
+        );
+        let plain = SagaDefinition::builder("s", 1)
+            .step(c("a"))
+            .build()
+            .unwrap();
+        let pausing = SagaDefinition::builder("s", 1)
+            .step(c("a").pause_when_exhausted())
+            .build()
+            .unwrap();
+        assert_eq!(
+            plain.hash(),
+            pausing.hash(),
+            "behaviour, not the log's shape"
+        );
+    }
+
+    #[test]
     fn hash_follows_the_step_list() {
         let a = SagaDefinition::builder("s", 1)
             .step(c("a"))
