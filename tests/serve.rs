@@ -526,6 +526,7 @@ async fn a_fresh_server_has_its_series_at_zero_from_the_first_scrape() {
         "QUEUED",
         "RUNNING",
         "COMPENSATING",
+        "PAUSED",
         "COMPLETED",
         "COMPENSATED",
         "FAILED",

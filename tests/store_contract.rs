@@ -84,6 +84,7 @@ fn saga_update(status: SagaStatus) -> SagaUpdate {
         output: None,
         needs_attention: false,
         pivot_started: false,
+        paused_from: None,
     }
 }
 
@@ -118,6 +119,7 @@ fn write_ahead(index: u32, attempt: u32) -> Transition {
         }],
         events: vec![NewEvent::saga("test.started", json!({"step": index}))],
         unless_cancelled: true,
+        unless_paused: false,
         release: false,
         wake: None,
     }
@@ -154,6 +156,7 @@ fn succeeded(index: u32, attempt: u32) -> Transition {
         }],
         events: vec![NewEvent::saga("test.succeeded", json!({"step": index}))],
         unless_cancelled: false,
+        unless_paused: false,
         release: false,
         wake: None,
     }
@@ -442,12 +445,14 @@ async fn group_commit_fails_only_the_writes_whose_lease_is_lost() {
                     output: None,
                     needs_attention: false,
                     pivot_started: false,
+                    paused_from: None,
                 },
                 new_steps: Vec::new(),
                 steps: vec![],
                 attempts: vec![],
                 events: vec![NewEvent::saga("test.written", json!({}))],
                 unless_cancelled: false,
+                unless_paused: false,
                 release: false,
                 wake: None,
             };
@@ -511,6 +516,7 @@ async fn a_stale_write_sharing_a_batch_with_the_new_owners_write_fails_alone() {
                     output: None,
                     needs_attention: false,
                     pivot_started: false,
+                    paused_from: None,
                 },
                 new_steps: Vec::new(),
                 steps: if start_step {
@@ -538,6 +544,7 @@ async fn a_stale_write_sharing_a_batch_with_the_new_owners_write_fails_alone() {
                 },
                 events: vec![NewEvent::saga(kind, json!({}))],
                 unless_cancelled: false,
+                unless_paused: false,
                 release: false,
                 wake: None,
             };
@@ -689,6 +696,7 @@ async fn a_cancel_refuses_the_next_action_start_and_nothing_of_it_is_written() {
         }],
         events: vec![NewEvent::saga("saga.compensating", json!({}))],
         unless_cancelled: false,
+        unless_paused: false,
         release: false,
         wake: None,
     };
@@ -1114,6 +1122,7 @@ async fn a_saga_waiting_on_a_timer_or_ended_is_not_claimed() {
         attempts: vec![],
         events: vec![],
         unless_cancelled: false,
+        unless_paused: false,
         release: true,
         wake: None,
     };
@@ -1303,6 +1312,7 @@ async fn list_sagas_filters_by_status_name_and_attention_and_pages_within_them()
         attempts: vec![],
         events: vec![],
         unless_cancelled: false,
+        unless_paused: false,
         release: false,
         wake: None,
     };

@@ -118,11 +118,17 @@ pub fn fulfil_order(shop: Arc<Shop>) -> Result<SagaDefinition, DefinitionError> 
             )
             .max_concurrency(8),
         )
-        .step(compensatable(
-            CHARGE,
-            charge_payment,
-            undo("refund_payment", Effect::Charged, Effect::Refunded),
-        ))
+        .step(
+            // A payment provider that is down is waited out by a person rather than refunded
+            // and cancelled: at most 5 attempts within 10 s in all, then the saga pauses.
+            compensatable(
+                CHARGE,
+                charge_payment,
+                undo("refund_payment", Effect::Charged, Effect::Refunded),
+            )
+            .retry(action_policy().within(Duration::from_secs(10)))
+            .pause_when_exhausted(),
+        )
         .step(
             Step::signal("await_approval", APPROVAL)
                 .when(|ctx| Ok(ctx.input::<FulfilInput>()?.needs_approval))

@@ -456,6 +456,31 @@ impl SagaClient {
         self.operate(&url, Some(reason)).await
     }
 
+    /// Pauses a saga (`POST /v1/sagas/{id}/pause`), audited with `reason` and this client's
+    /// token name: at once if no worker holds it, else once its call in flight is recorded
+    /// (the answer then has `pause_requested`). Needs the `operate` scope; a saga that has
+    /// ended, is `FAILED` or is paused is a `409` [`ClientError::Api`].
+    pub async fn pause(
+        &self,
+        id: impl std::fmt::Display,
+        reason: &str,
+    ) -> Result<Saga, ClientError> {
+        let url = self.url(&["v1", "sagas", &id.to_string(), "pause"])?;
+        self.operate(&url, Some(reason)).await
+    }
+
+    /// Resumes a `PAUSED` saga (`POST /v1/sagas/{id}/resume`), audited with `reason`: it goes
+    /// on in the direction it was going, and a step whose retries ran out gets a fresh budget.
+    /// Needs the `operate` scope; a saga that is not paused is a `409` [`ClientError::Api`].
+    pub async fn resume(
+        &self,
+        id: impl std::fmt::Display,
+        reason: &str,
+    ) -> Result<Saga, ClientError> {
+        let url = self.url(&["v1", "sagas", &id.to_string(), "resume"])?;
+        self.operate(&url, Some(reason)).await
+    }
+
     /// Makes a waiting retry happen now, or gives a `FAILED` saga's failed step another
     /// attempt (`POST /v1/sagas/{id}/retry`). Needs the `operate` scope.
     pub async fn retry(&self, id: impl std::fmt::Display) -> Result<Saga, ClientError> {

@@ -382,6 +382,14 @@ fn group_problem(group: &Group) -> Option<String> {
     }
     let mut seen = HashSet::new();
     for branch in &branches {
+        if branch.body().pauses_when_exhausted() {
+            return Some(format!(
+                "its branch {:?} pauses the saga when its retries run out; a branch of a \
+                 parallel group cannot (its group fails as one): give it an unlimited budget or \
+                 let the group fail",
+                branch.name()
+            ));
+        }
         if branch.kind() != first.kind() {
             return Some(format!(
                 "its branches {:?} and {:?} are of different kinds",
@@ -511,6 +519,35 @@ mod tests {
             SagaDefinition::builder("bad name", 1).step(c("a")).build(),
             Err(DefinitionError::InvalidName(_))
         ));
+    }
+
+    #[test]
+    fn a_branch_may_not_pause_its_saga_and_pausing_leaves_the_hash_alone() {
+        let err = SagaDefinition::builder("s", 1)
+            .step(Step::parallel(
+                "book",
+                [c("a"), c("b").pause_when_exhausted()],
+            ))
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(&err, DefinitionError::BadGroup { problem, .. }
+                if problem.contains("pauses the saga when its retries run out")),
+            "{err}"
+        );
+        let plain = SagaDefinition::builder("s", 1)
+            .step(c("a"))
+            .build()
+            .unwrap();
+        let pausing = SagaDefinition::builder("s", 1)
+            .step(c("a").pause_when_exhausted())
+            .build()
+            .unwrap();
+        assert_eq!(
+            plain.hash(),
+            pausing.hash(),
+            "behaviour, not the log's shape"
+        );
     }
 
     #[test]

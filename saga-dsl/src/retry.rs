@@ -37,6 +37,10 @@ pub struct RetryPolicy {
     pub max_attempts: Option<u32>,
     /// Full jitter, so that many sagas failing together do not retry together.
     pub jitter: bool,
+    /// The longest a budget lasts, counted from its first attempt: no attempt starts after
+    /// it (`None`: no limit). The budget ends at whichever of this and `max_attempts` runs
+    /// out first.
+    pub max_elapsed: Option<Duration>,
 }
 
 impl Default for RetryPolicy {
@@ -53,6 +57,7 @@ impl RetryPolicy {
             max_delay: Duration::from_secs(30),
             max_attempts: Some(5),
             jitter: true,
+            max_elapsed: None,
         }
     }
 
@@ -102,9 +107,34 @@ impl RetryPolicy {
         self
     }
 
+    /// Limits the whole budget to `limit`, counted from its first attempt: once that much time
+    /// has passed no further attempt starts, even with attempts left. For an action whose
+    /// step pauses the saga when its retries run out, a resume starts a fresh budget: its
+    /// time counts from the resume.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use saga_dsl::RetryPolicy;
+    ///
+    /// let policy = RetryPolicy::new().with_max_attempts(5).within(Duration::from_secs(10));
+    /// assert!(policy.allows_attempt_after(3, Duration::from_secs(9)));
+    /// assert!(!policy.allows_attempt_after(3, Duration::from_secs(10)));
+    /// assert!(!policy.allows_attempt_after(6, Duration::ZERO));
+    /// ```
+    pub const fn within(mut self, limit: Duration) -> Self {
+        self.max_elapsed = Some(limit);
+        self
+    }
+
     /// Whether attempt number `attempt` (1-based) may be made.
     pub fn allows_attempt(&self, attempt: u32) -> bool {
         self.max_attempts.is_none_or(|max| attempt <= max)
+    }
+
+    /// Whether attempt number `attempt` of a budget (1-based, counted within the budget) may
+    /// start `elapsed` after the budget's first attempt: both limits must allow it.
+    pub fn allows_attempt_after(&self, attempt: u32, elapsed: Duration) -> bool {
+        self.allows_attempt(attempt) && self.max_elapsed.is_none_or(|limit| elapsed < limit)
     }
 
     /// The delay to wait after failed attempt number `failed_attempt` (1-based).

@@ -103,6 +103,8 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
         ("POST", "/v1/bulk"),
         ("GET", "/v1/bulk"),
         ("GET", "/v1/bulk/{id}"),
+        ("POST", "/v1/sagas/{saga}/pause"),
+        ("POST", "/v1/sagas/{saga}/resume"),
         ("GET", "/v1/definitions"),
         ("GET", "/v1/counts"),
         ("GET", "/v1/whoami"),
@@ -149,6 +151,8 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
     // Running, for the operator commands: one to abort, one to retry, one stuck compensating.
     let to_abort = api.start_saga("stuck", json!({})).await;
     let to_retry = api.start_saga("stuck", json!({})).await;
+    // Running: paused (a request, its call being in flight), then resumed (withdrawn).
+    let to_pause = api.start_saga("stuck", json!({})).await;
     let undoing = api.start_saga("stuck_undo", json!({})).await;
     api.wait(&undoing, |s| {
         s["steps"][0]["compensation"]["status"] == "RUNNING"
@@ -160,6 +164,8 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
     let abort = |id: &str| format!("/v1/sagas/{id}/abort");
     let retry = |id: &str| format!("/v1/sagas/{id}/retry");
     let mark = |id: &str, step: &str| format!("/v1/sagas/{id}/steps/{step}/mark-compensated");
+    let pause = |id: &str| format!("/v1/sagas/{id}/pause");
+    let resume = |id: &str| format!("/v1/sagas/{id}/resume");
     // A start that waits holds its idempotency key in progress: a retry meanwhile is 409.
     let waiting = {
         let req = api
@@ -567,6 +573,8 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
             format!("/v1/bulk/{some_id}"),
             START_ONLY,
         ),
+        ("POST", "/v1/sagas/{saga}/pause", pause(&done), READ_ONLY),
+        ("POST", "/v1/sagas/{saga}/resume", resume(&done), READ_ONLY),
     ] {
         let m = Method::from_bytes(method.as_bytes()).unwrap();
         probes.push((
@@ -736,6 +744,67 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
             "POST",
             "/v1/sagas/{saga}/steps/{step}/mark-compensated",
             api.req(Method::POST, &mark(&done, "a")).json(&reason),
+            "409",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/pause",
+            api.req(Method::POST, &pause(&to_pause)).json(&reason),
+            "200",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/pause",
+            api.req(Method::POST, &pause(&to_pause)).json(&json!({})),
+            "400",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/pause",
+            api.anonymous(Method::POST, &pause(&to_pause)).json(&reason),
+            "401",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/pause",
+            api.req(Method::POST, &pause(&unknown)).json(&reason),
+            "404",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/pause",
+            api.req(Method::POST, &pause(&done)).json(&reason),
+            "409",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/resume",
+            api.req(Method::POST, &resume(&to_pause)).json(&reason),
+            "200",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/resume",
+            api.req(Method::POST, &resume(&to_pause)).json(&json!({})),
+            "400",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/resume",
+            api.anonymous(Method::POST, &resume(&to_pause))
+                .json(&reason),
+            "401",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/resume",
+            api.req(Method::POST, &resume(&unknown)).json(&reason),
+            "404",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/resume",
+            api.req(Method::POST, &resume(&done)).json(&reason),
             "409",
         ),
     ];

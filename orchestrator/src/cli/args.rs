@@ -70,6 +70,11 @@ pub enum AdminCommand {
     Retry(RetryArgs),
     /// Vouch that a stuck compensation was done by hand (audited); the saga carries on.
     MarkCompensated(MarkCompensatedArgs),
+    /// Pause a saga (audited): nothing new starts, its timers do not fire, no lease is held;
+    /// a call in flight finishes and is recorded first.
+    Pause(PauseArgs),
+    /// Resume a PAUSED saga (audited); a step whose retries ran out gets a fresh budget.
+    Resume(PauseArgs),
     /// List the orchestrator processes recorded in the database, their heartbeats and leases.
     Workers(WorkersArgs),
     /// Show how far each outbox relay (webhooks, NATS) has published the event log, and what
@@ -140,6 +145,7 @@ impl AdminCommand {
             Self::Abort(a) => &a.via,
             Self::Retry(a) => &a.via,
             Self::MarkCompensated(a) => &a.via,
+            Self::Pause(a) | Self::Resume(a) => &a.via,
             _ => return None,
         };
         via.server.is_some().then_some(via)
@@ -149,7 +155,12 @@ impl AdminCommand {
     pub fn changes_a_saga(&self) -> bool {
         matches!(
             self,
-            Self::Cancel(_) | Self::Abort(_) | Self::Retry(_) | Self::MarkCompensated(_)
+            Self::Cancel(_)
+                | Self::Abort(_)
+                | Self::Retry(_)
+                | Self::MarkCompensated(_)
+                | Self::Pause(_)
+                | Self::Resume(_)
         )
     }
 }
@@ -332,6 +343,19 @@ pub struct CancelArgs {
 /// `abort ID --reason TEXT [--server URL]`.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct AbortArgs {
+    /// The saga id, or its first 8 or more characters.
+    pub id: String,
+    /// Why (recorded in the saga's events with who did it).
+    #[arg(long, value_name = "TEXT")]
+    pub reason: String,
+    /// Through a server, or the database.
+    #[command(flatten)]
+    pub via: ViaServer,
+}
+
+/// `pause ID --reason TEXT [--server URL]`, and `resume` with the same arguments.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct PauseArgs {
     /// The saga id, or its first 8 or more characters.
     pub id: String,
     /// Why (recorded in the saga's events with who did it).

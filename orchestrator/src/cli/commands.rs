@@ -15,8 +15,8 @@ use uuid::Uuid;
 
 use super::address::Target;
 use super::args::{
-    AbortArgs, AdminCommand, CancelArgs, EventsArgs, ListArgs, MarkCompensatedArgs, PurgeArgs,
-    RetryArgs, ShowArgs, SignalArgs, StartArgs,
+    AbortArgs, AdminCommand, CancelArgs, EventsArgs, ListArgs, MarkCompensatedArgs, PauseArgs,
+    PurgeArgs, RetryArgs, ShowArgs, SignalArgs, StartArgs,
 };
 use super::error::CliError;
 use super::render;
@@ -51,6 +51,8 @@ pub async fn run_admin_with(
         AdminCommand::Events(a) => events(a, store, out, layout).await,
         AdminCommand::Cancel(a) => cancel(a, store, out).await,
         AdminCommand::Abort(a) => abort(a, store, out).await,
+        AdminCommand::Pause(a) => pause(a, store, out).await,
+        AdminCommand::Resume(a) => resume(a, store, out).await,
         AdminCommand::Retry(a) => retry(a, store, out).await,
         AdminCommand::MarkCompensated(a) => mark_compensated(a, store, out).await,
         AdminCommand::Workers(a) => {
@@ -437,6 +439,26 @@ async fn abort(a: &AbortArgs, store: &dyn Store, out: &mut impl Write) -> Result
         out,
         "saga {id} aborted by {actor} without compensating: {reason}"
     )?;
+    render::now_status(out, &saga)?;
+    Ok(())
+}
+
+async fn pause(a: &PauseArgs, store: &dyn Store, out: &mut impl Write) -> Result<(), CliError> {
+    let id = resolve_id(store, &a.id).await?;
+    let reason = Reason::parse(&a.reason)?;
+    let actor = actor();
+    let saga = Operations::new(store).pause(id, &reason, &actor).await?;
+    writeln!(out, "{}", render::paused_sentence(&saga, &actor, &reason))?;
+    render::now_status(out, &saga)?;
+    Ok(())
+}
+
+async fn resume(a: &PauseArgs, store: &dyn Store, out: &mut impl Write) -> Result<(), CliError> {
+    let id = resolve_id(store, &a.id).await?;
+    let reason = Reason::parse(&a.reason)?;
+    let actor = actor();
+    let saga = Operations::new(store).resume(id, &reason, &actor).await?;
+    writeln!(out, "saga {id} resumed by {actor}: {reason}")?;
     render::now_status(out, &saga)?;
     Ok(())
 }

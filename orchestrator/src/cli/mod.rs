@@ -71,8 +71,8 @@ use std::sync::Arc;
 pub use args::DefinitionsArgs;
 pub use args::{
     AbortArgs, AdminCommand, Auth, BulkArgs, BulkJobArgs, CancelArgs, DatabaseArgs, EventsArgs,
-    ListArgs, MarkCompensatedArgs, OutboxArgs, Output, PurgeArgs, RetryArgs, Server, ShowArgs,
-    SignalArgs, StartArgs, ViaServer, WorkersArgs, DEFAULT_LIST_LIMIT, DEFAULT_SERVER,
+    ListArgs, MarkCompensatedArgs, OutboxArgs, Output, PauseArgs, PurgeArgs, RetryArgs, Server,
+    ShowArgs, SignalArgs, StartArgs, ViaServer, WorkersArgs, DEFAULT_LIST_LIMIT, DEFAULT_SERVER,
 };
 pub use commands::{actor, run_admin, run_admin_with, run_signal, run_start, show_with_deliveries};
 pub use definitions::run_definitions;

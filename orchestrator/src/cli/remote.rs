@@ -1,4 +1,5 @@
-//! The commands that change a saga (`cancel`, `abort`, `retry`, `mark-compensated`) sent
+//! The commands that change a saga (`cancel`, `abort`, `retry`, `mark-compensated`, `pause`,
+//! `resume`) sent
 //! through a server's HTTP API (`--server`): the same rules as the direct ones, checked by the
 //! server, and audited with the token's name. A saga may be named by a prefix of its id: the
 //! server resolves it as the database would, and what is printed names the whole id.
@@ -68,9 +69,30 @@ pub async fn run_via_server(
             )?;
             render::now_status(out, &saga)?;
         }
+        AdminCommand::Pause(a) => {
+            let given = id_for_server(&a.id)?;
+            let reason = Reason::parse(&a.reason)?;
+            let saga = client.pause(given, reason.as_str()).await.map_err(failed)?;
+            let by = format!("a request through {server}");
+            writeln!(out, "{}", render::paused_sentence(&saga, &by, &reason))?;
+            render::now_status(out, &saga)?;
+        }
+        AdminCommand::Resume(a) => {
+            let given = id_for_server(&a.id)?;
+            let reason = Reason::parse(&a.reason)?;
+            let saga = client
+                .resume(given, reason.as_str())
+                .await
+                .map_err(failed)?;
+            let id = saga.id;
+            writeln!(out, "saga {id} resumed through {server}: {reason}")?;
+            render::now_status(out, &saga)?;
+        }
         _ => {
             return Err(CliError::BadArgument(
-                "only cancel, abort, retry and mark-compensated go through --server".to_owned(),
+                "only cancel, abort, retry, mark-compensated, pause and resume go through \
+                 --server"
+                    .to_owned(),
             ))
         }
     }

@@ -1032,10 +1032,27 @@ pub(crate) fn now_status(out: &mut impl Write, saga: &Saga) -> std::io::Result<(
     if !f.is_empty() {
         line.push_str(&format!(" ({})", f.join(", ")));
     }
-    if saga.status == SagaStatus::Running || saga.status == SagaStatus::Compensating {
+    if saga.pause_requested {
+        line.push_str("; pause requested: its call in flight finishes, then it is paused");
+    } else if saga.status == SagaStatus::Running || saga.status == SagaStatus::Compensating {
         line.push_str("; a worker will pick it up");
+    } else if saga.status == SagaStatus::Paused {
+        line.push_str("; nothing runs until it is resumed");
     }
     writeln!(out, "{line}")
+}
+
+/// What `pause` did, said for a person: paused by `by`, or (a worker driving the saga) asked.
+pub(crate) fn paused_sentence(saga: &Saga, by: &str, reason: &crate::operations::Reason) -> String {
+    if saga.status == SagaStatus::Paused {
+        format!("saga {} paused by {by}: {reason}", saga.id)
+    } else {
+        format!(
+            "pause of saga {} requested by {by}: {reason}; a worker drives it, so it is paused \
+             once its call in flight is recorded",
+            saga.id
+        )
+    }
 }
 
 #[cfg(test)]

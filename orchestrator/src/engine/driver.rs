@@ -25,6 +25,7 @@ use tracing::Instrument;
 use super::calls::{CallFuture, CallResult, InFlight};
 use super::decision::Turned;
 use super::plan::{self, NextCall};
+use super::stages::{self, AfterFailure};
 use super::Inner;
 use crate::failpoint::crash_if_armed;
 use crate::model::{Millis, PhaseRecord, Saga, SagaStatus, StepStatus};
@@ -207,6 +208,15 @@ impl Driver {
             self.start_call(&mut calls, 0, Phase::Action, attempt);
         } else {
             self.interrupted = self.recover_interrupted();
+            if self.saga.pause_requested {
+                // Claimed with a pause pending (its last driver stopped before it could
+                // apply it): give it back, which the pause guard turns into `PAUSED`.
+                let now = self.now();
+                let events = plan::settle(&mut self.saga, now);
+                self.pending.events.extend(events);
+                self.write(false, true).await?;
+                return Ok(());
+            }
         }
         loop {
             if !calls.is_empty() {
@@ -309,11 +319,21 @@ impl Driver {
                 .iter()
                 .map(|&(index, phase)| self.write_ahead(index, phase, now))
                 .collect();
-            if self.write(fresh_start, false).await? == Applied::CancelRequested {
-                // A cancel arrived before these actions could start: do not start them.
-                undo.apply(self);
-                self.saga.cancel_requested = true;
-                continue;
+            match self.write(fresh_start, false).await? {
+                Applied::Written => {}
+                Applied::CancelRequested => {
+                    // A cancel arrived before these actions could start: do not start them.
+                    undo.apply(self);
+                    self.saga.cancel_requested = true;
+                    continue;
+                }
+                Applied::PauseRequested(request) => {
+                    // An operator paused the saga: start nothing; once the calls in flight
+                    // are recorded, the plan ends and the saga is given back `PAUSED`.
+                    undo.apply(self);
+                    self.pause_for(&request);
+                    continue;
+                }
             }
             for (&(index, phase), attempt) in starts.iter().zip(attempts) {
                 self.start_call(&mut calls, index, phase, attempt);
@@ -634,14 +654,20 @@ impl Driver {
         };
         let delay = policy.delay_after(attempt).max(hint);
         let attention_after = self.inner.config.needs_attention_after;
+        let verdict = stages::after_failure(
+            self.call_site(index),
+            phase,
+            &self.saga.steps[index],
+            attempt,
+            error.is_retryable(),
+            now,
+            delay,
+        );
         let rec = phase_record_mut(&mut self.saga, index, phase);
         rec.last_error = Some(error.message().to_owned());
         rec.outcome_unknown = unknown;
         rec.ended_at = Some(now);
-        let retry = match phase {
-            Phase::Action => error.is_retryable() && policy.allows_attempt(attempt + 1),
-            Phase::Compensation => true,
-        };
+        let retry = verdict == AfterFailure::Retry;
         let step_name = self.saga.steps[index].name.clone();
         let mut events = Vec::new();
         let rec = phase_record_mut(&mut self.saga, index, phase);
@@ -694,6 +720,16 @@ impl Driver {
             ));
             tracing::error!(step = %step_name, attempts = attempt, error = %error, "compensation keeps failing; saga needs attention (still retrying)");
         }
+        if verdict == AfterFailure::Pause {
+            let in_budget = attempt.saturating_sub(self.saga.steps[index].budget_attempts);
+            events.extend(plan::pause_exhausted(
+                &mut self.saga,
+                &step_name,
+                in_budget,
+                error.message(),
+            ));
+            tracing::warn!(step = %step_name, attempts = attempt, error = %error, "retries ran out; saga paused for a person");
+        }
         self.pending.events.extend(events);
         self.push_update(index, phase, None);
         self.pending.attempts.push(AttemptChange::Finish {
@@ -705,11 +741,51 @@ impl Driver {
         });
     }
 
+    /// Pauses the saga in memory for the operator's request `request` (its audit data as JSON
+    /// text), to be written (giving the lease up) once the calls in flight are recorded.
+    fn pause_for(&mut self, request: &str) {
+        let request: Value = serde_json::from_str(request).unwrap_or(Value::Null);
+        self.pending
+            .events
+            .extend(plan::pause_requested(&mut self.saga, &request));
+    }
+
     /// Writes the pending changes and the saga's current fields in one fenced transaction,
     /// retrying briefly when the database is away for a moment.
+    ///
+    /// A write that starts a call, or gives back a saga that has not ended, is refused if an
+    /// operator asked for a pause: one that starts a call answers
+    /// [`Applied::PauseRequested`] (its caller takes the starts back and pauses); one that
+    /// gives the saga back is made again here, the saga `PAUSED`.
     pub(super) async fn write(
         &mut self,
         unless_cancelled: bool,
+        release: bool,
+    ) -> Result<Applied, StoreError> {
+        let starts = self
+            .pending
+            .attempts
+            .iter()
+            .any(|a| matches!(a, AttemptChange::Start { .. }));
+        let open = !self.saga.status.is_terminal() && self.saga.status != SagaStatus::Paused;
+        let unless_paused = starts || (release && open);
+        match self
+            .write_guarded(unless_cancelled, unless_paused, release)
+            .await?
+        {
+            Applied::PauseRequested(request) if !starts => {
+                self.pause_for(&request);
+                self.write_guarded(false, false, release).await
+            }
+            applied => Ok(applied),
+        }
+    }
+
+    /// [`Driver::write`] with the guards given.
+    async fn write_guarded(
+        &mut self,
+        unless_cancelled: bool,
+        unless_paused: bool,
         release: bool,
     ) -> Result<Applied, StoreError> {
         let pending = std::mem::take(&mut self.pending);
@@ -723,12 +799,17 @@ impl Driver {
                     .flatten(),
                 needs_attention: self.saga.needs_attention,
                 pivot_started: self.saga.pivot_started,
+                paused_from: self
+                    .saga
+                    .paused_from
+                    .filter(|_| self.saga.status == SagaStatus::Paused),
             },
             new_steps: pending.new_steps,
             steps: pending.steps,
             attempts: pending.attempts,
             events: pending.events,
             unless_cancelled,
+            unless_paused,
             release,
             // A child saga that ends makes its parent due.
             wake: self
@@ -758,11 +839,7 @@ impl Driver {
             let interrupted = std::mem::take(&mut self.interrupted);
             self.trace_interrupted(&interrupted).await;
         }
-        if applied.is_err()
-            || applied
-                .as_ref()
-                .is_ok_and(|a| *a == Applied::CancelRequested)
-        {
+        if !matches!(applied, Ok(Applied::Written)) {
             // Nothing was written: keep the changes so the caller can decide.
             self.pending = Pending {
                 new_steps: transition.new_steps,

@@ -198,12 +198,63 @@ pub fn settle(saga: &mut Saga, now: Millis) -> Vec<NewEvent> {
     // Due now; a saga already due since earlier keeps that time (it means the same to a claim,
     // and leaving the column alone lets the database update the row in place).
     if !saga.status.is_terminal()
+        && saga.status != SagaStatus::Paused
         && (!waiting || saga.next_run_at.is_none())
         && saga.next_run_at.is_none_or(|at| at > now)
     {
         saga.next_run_at = Some(now);
     }
     events
+}
+
+/// Pauses a saga whose step `step` ran out of retries (it declares that it pauses the saga
+/// rather than give up): `PAUSED`, needing attention, its error naming the step, its spent
+/// budget and `last_error`; not due until a resume. Returns the `saga.paused` event. A saga
+/// already paused is left as it is (no event).
+pub fn pause_exhausted(
+    saga: &mut Saga,
+    step: &str,
+    attempts: u32,
+    last_error: &str,
+) -> Option<NewEvent> {
+    if saga.status == SagaStatus::Paused {
+        return None;
+    }
+    let reason = format!("its retries ran out after {attempts} attempts");
+    let data = json!({"actor": "engine", "reason": reason, "step": step,
+                      "last_error": last_error});
+    pause(saga, format!("{step}: {reason}; last error: {last_error}"));
+    saga.needs_attention = true;
+    Some(NewEvent::step("saga.paused", step, data))
+}
+
+/// Pauses a saga whose driver met an operator's pause request (`request`: its audit data,
+/// `{"actor", "reason"}`), the call in flight recorded. Returns the `saga.paused` event. A saga
+/// already paused is left as it is (no event).
+pub fn pause_requested(saga: &mut Saga, request: &Value) -> Option<NewEvent> {
+    if saga.status == SagaStatus::Paused || saga.status.is_terminal() {
+        return None;
+    }
+    let mut data = match request {
+        Value::Object(map) => map.clone(),
+        _ => Map::new(),
+    };
+    data.insert("previous_status".to_owned(), json!(saga.status));
+    saga.paused_from = Some(saga.status);
+    saga.status = SagaStatus::Paused;
+    saga.next_run_at = None;
+    Some(NewEvent::saga("saga.paused", Value::Object(data)))
+}
+
+/// `PAUSED`, with `error`, remembering the direction it was going; not due.
+fn pause(saga: &mut Saga, error: String) {
+    saga.paused_from = Some(match saga.status {
+        SagaStatus::Queued => SagaStatus::Running,
+        s => s,
+    });
+    saga.status = SagaStatus::Paused;
+    saga.next_run_at = None;
+    saga.error = Some(error);
 }
 
 /// Whether a saga whose stage `failed` failed for good may go back (compensate) rather than

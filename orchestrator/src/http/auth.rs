@@ -144,6 +144,8 @@ fn required_scope(method: &Method, route: Option<&str>) -> Option<Scope> {
         || route.ends_with("/retry")
         || route.ends_with("/mark-compensated")
         || route == "/v1/bulk"
+        || route.ends_with("/pause")
+        || route.ends_with("/resume")
     {
         Some(Scope::Operate)
     } else if route.starts_with("/v1/sagas") {
@@ -399,6 +401,8 @@ mod tests {
             "/v1/sagas/{saga}/abort",
             "/v1/sagas/{saga}/retry",
             "/v1/sagas/{saga}/steps/{step}/mark-compensated",
+            "/v1/sagas/{saga}/pause",
+            "/v1/sagas/{saga}/resume",
         ] {
             assert_eq!(required_scope(&post, Some(operate)), Some(Scope::Operate));
         }

@@ -132,7 +132,7 @@ pub(crate) fn with_start_routes(doc: &utoipa::openapi::OpenApi, registry: &Regis
 }
 
 /// The operations on one saga, each linked from a start's answers.
-const SAGA_OPERATIONS: [&str; 9] = [
+const SAGA_OPERATIONS: [&str; 11] = [
     "get_saga",
     "saga_events",
     "saga_attempts",
@@ -142,6 +142,8 @@ const SAGA_OPERATIONS: [&str; 9] = [
     "abort_saga",
     "retry_saga",
     "mark_compensated",
+    "pause_saga",
+    "resume_saga",
 ];
 
 /// Links from the generic start's answers (`200`, `202`; each saga's own start route copies

@@ -225,6 +225,8 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(operators::mark_compensated))
         .routes(routes!(bulk::create_bulk, bulk::list_bulk))
         .routes(routes!(bulk::get_bulk))
+        .routes(routes!(operators::pause_saga))
+        .routes(routes!(operators::resume_saga))
         .routes(routes!(definitions::list_definitions))
         .routes(routes!(overview::counts))
         .routes(routes!(overview::whoami))

@@ -1,4 +1,5 @@
-//! The operator commands over HTTP (SPEC §8): abort, retry and mark-compensated, through the
+//! The operator commands over HTTP (SPEC §8, §13): abort, retry, mark-compensated, pause and
+//! resume, through the
 //! same use cases as the CLI's ([`crate::operations`]), each audited in the saga's events with the
 //! token's name as the actor. They need the `operate` scope.
 
@@ -166,6 +167,92 @@ pub(crate) async fn mark_compensated(
     let reason = reason(body)?;
     let saga = Operations::of(&state.engine)
         .mark_compensated(id, &step, &reason, actor.as_str())
+        .await?;
+    Ok(Json(saga.shown()))
+}
+
+/// `POST /v1/sagas/{id}/pause` `{"reason"}`: stops the saga where it stands.
+#[utoipa::path(
+    post,
+    path = "/v1/sagas/{saga}/pause",
+    tag = "operators",
+    operation_id = "pause_saga",
+    summary = "Pause a saga",
+    description = "Pauses a saga that is queued, running or compensating: nothing new is \
+                   started for it, its timers (a sleep's end, a signal's timeout) do not fire \
+                   and no lease is held until it is resumed; signals sent meanwhile are kept. \
+                   A saga no worker holds becomes `PAUSED` at once; one a worker drives is \
+                   answered with `pause_requested: true`: its call in flight finishes and is \
+                   recorded, then the worker gives it back `PAUSED`. Audited with the reason \
+                   and the token's name (`saga.paused`, or `saga.pause_requested` then \
+                   `saga.paused`). Needs the `operate` scope.",
+    params(("saga" = String, Path,
+         description = "The saga id, or a unique prefix of it: its first 8 or more characters",
+         pattern = "^[0-9a-fA-F]{8}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-[0-9a-fA-F]{0,12})?))?))?))?$")),
+    request_body(content = OperatorReason, content_type = "application/json"),
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "Paused, or the pause requested: the saga as the command left it", body = Saga),
+        (status = 400, description = "Malformed saga id or body, no reason, or a saga id prefix of several sagas (`ambiguous_id`)", body = ErrorBody),
+        Unauthorized,
+        ForbiddenOperate,
+        SagaNotFound,
+        (status = 409, description = "The saga has ended, is `FAILED` (use retry or abort), is already paused or has a pause pending", body = ErrorBody),
+        ServerErrors,
+    )
+)]
+pub(crate) async fn pause_saga(
+    State(state): State<AppState>,
+    Extension(actor): Extension<ClientId>,
+    SagaId(id): SagaId,
+    body: JsonBody,
+) -> Result<Json<Saga>, ApiError> {
+    let reason = reason(body)?;
+    let saga = Operations::of(&state.engine)
+        .pause(id, &reason, actor.as_str())
+        .await?;
+    Ok(Json(saga.shown()))
+}
+
+/// `POST /v1/sagas/{id}/resume` `{"reason"}`: lets a paused saga go on.
+#[utoipa::path(
+    post,
+    path = "/v1/sagas/{saga}/resume",
+    tag = "operators",
+    operation_id = "resume_saga",
+    summary = "Resume a paused saga",
+    description = "Lets a `PAUSED` saga go on in the direction it was going (`RUNNING`, \
+                   `COMPENSATING`, or `QUEUED` if it had not started), due now: sleeps and \
+                   signal timeouts that passed while it was paused fire now, signals it was \
+                   sent are taken. A step whose retries ran out gets a fresh budget (attempts \
+                   and time counted from now) and the needs-attention flag its pause set is \
+                   cleared. On a saga whose pause was requested but not yet applied, withdraws \
+                   the request. Audited with the reason and the token's name \
+                   (`saga.resumed`). Needs the `operate` scope.",
+    params(("saga" = String, Path,
+         description = "The saga id, or a unique prefix of it: its first 8 or more characters",
+         pattern = "^[0-9a-fA-F]{8}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-([0-9a-fA-F]{0,3}|[0-9a-fA-F]{4}(-[0-9a-fA-F]{0,12})?))?))?))?$")),
+    request_body(content = OperatorReason, content_type = "application/json"),
+    security((), ("bearer" = [])),
+    responses(
+        (status = 200, description = "Resumed: the saga as the command left it", body = Saga),
+        (status = 400, description = "Malformed saga id or body, no reason, or a saga id prefix of several sagas (`ambiguous_id`)", body = ErrorBody),
+        Unauthorized,
+        ForbiddenOperate,
+        SagaNotFound,
+        (status = 409, description = "The saga is not paused and has no pause pending", body = ErrorBody),
+        ServerErrors,
+    )
+)]
+pub(crate) async fn resume_saga(
+    State(state): State<AppState>,
+    Extension(actor): Extension<ClientId>,
+    SagaId(id): SagaId,
+    body: JsonBody,
+) -> Result<Json<Saga>, ApiError> {
+    let reason = reason(body)?;
+    let saga = Operations::of(&state.engine)
+        .resume(id, &reason, actor.as_str())
         .await?;
     Ok(Json(saga.shown()))
 }

@@ -37,6 +37,8 @@ pub(crate) fn step(index: u32, name: &str, kind: StepKind, action: StepStatus) -
         } else {
             StepStatus::NotNeeded
         }),
+        budget_attempts: 0,
+        budget_started_at: None,
     }
 }
 
@@ -51,6 +53,8 @@ pub(crate) fn saga(status: SagaStatus, steps: Vec<StepRecord>) -> Saga {
         needs_attention: false,
         blocked: false,
         cancel_requested: false,
+        pause_requested: false,
+        paused_from: None,
         pivot_started: false,
         pivot_reached: false,
         waiting_for: None,

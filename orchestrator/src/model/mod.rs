@@ -106,6 +106,9 @@ mod stages;
 pub use bulk::{BulkAction, BulkJob, BulkJobPage, BulkRefusal, BulkStatus};
 pub use detail::SagaDetail;
 pub(crate) use shown::wait_word;
+
+/// What a `PAUSED` saga's `waiting_for` says: it waits for a person to resume it.
+pub const PAUSED_WAIT: &str = "resume";
 pub use stages::{stages_of, StageKind, StageRecord, WaitingCounts};
 
 /// A stored or given text that names no known value (a corrupt row, a typo in `--status`).
@@ -274,6 +277,15 @@ pub struct StepRecord {
     pub retry_at: Option<Millis>,
     /// The compensation (`NOT_NEEDED` for pivot and retriable steps).
     pub compensation: PhaseRecord,
+    /// Attempts of the action made before its current retry budget: 0 until a resume gives
+    /// a step whose retries ran out a fresh budget (the attempt numbers keep counting up).
+    /// Internal; not part of the saga object of the API.
+    #[serde(skip)]
+    pub budget_attempts: u32,
+    /// When the action's current retry budget began, if a resume began it (else the first
+    /// attempt's start): the time limit of its policy counts from here. Internal.
+    #[serde(skip)]
+    pub budget_started_at: Option<Millis>,
 }
 
 /// A saga as stored: the body of `GET /v1/sagas/{id}` and of `saga show ID --json`.
@@ -296,6 +308,16 @@ pub struct Saga {
     pub blocked: bool,
     /// A cancel was requested.
     pub cancel_requested: bool,
+    /// An operator asked to pause the saga while a worker drove it: the call in flight
+    /// finishes and is recorded, then the worker starts nothing new and gives it back
+    /// `PAUSED`. False once it is `PAUSED`.
+    #[serde(default)]
+    pub pause_requested: bool,
+    /// While `PAUSED`: the status a resume gives it back (`QUEUED`, `RUNNING` or
+    /// `COMPENSATING`), so that it goes on in the direction it was going. Internal; not part
+    /// of the saga object of the API.
+    #[serde(skip)]
+    pub paused_from: Option<SagaStatus>,
     /// The point of no return (the pivot, or the first retriable step) has started: its action
     /// was written ahead, so the saga can no longer be cancelled (the engine's meaning, kept in
     /// the log's `pivot_reached` column; not part of the saga object of the API).
@@ -367,6 +389,15 @@ pub struct Saga {
 }
 
 impl StepRecord {
+    /// The number of the next attempt of the action within its current budget, and when the
+    /// budget began (`None` before any attempt).
+    pub fn budget(&self) -> (u32, Option<Millis>) {
+        (
+            self.action.attempts.saturating_sub(self.budget_attempts),
+            self.budget_started_at.or(self.action.started_at),
+        )
+    }
+
     /// When the wait of this step ends: a sleep's wake time, a signal wait's timeout, or when a
     /// branch of a parallel group is retried (each in a field of its own; a row has at most
     /// one of them).

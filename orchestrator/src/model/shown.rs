@@ -40,6 +40,12 @@ impl Saga {
         // The engine makes a waiting saga due when its wait ends (never, for a wait without a
         // deadline).
         self.wake_at = self.waiting_for.as_ref().and(self.next_run_at);
+        if self.status == SagaStatus::Paused {
+            // It waits for a person: nothing wakes it on its own. Its stages keep their own
+            // deadlines, which fire (if passed) only after a resume.
+            self.waiting_for = Some(super::PAUSED_WAIT.to_owned());
+            self.wake_at = None;
+        }
         self.with_stages()
     }
 
@@ -49,6 +55,7 @@ impl Saga {
     fn may_go_back(&self) -> bool {
         match self.status {
             SagaStatus::Compensating => true,
+            SagaStatus::Paused if self.paused_from == Some(SagaStatus::Compensating) => true,
             // A paused saga may still be cancelled, and then goes back.
             SagaStatus::Queued | SagaStatus::Running | SagaStatus::Paused => {
                 !self.pivot_reached
@@ -255,5 +262,33 @@ mod tests {
         )
         .shown();
         assert_eq!(s.clone().shown(), s);
+    }
+
+    #[test]
+    fn a_paused_saga_waits_for_a_resume_with_no_deadline_and_keeps_its_stages_deadlines() {
+        let mut nap = step(1, "nap", StepKind::Sleep, StepStatus::Waiting);
+        nap.wake_at = Some(NOW + 60_000);
+        let mut s = saga(
+            SagaStatus::Paused,
+            vec![
+                step(0, "a", StepKind::Compensatable, StepStatus::Succeeded),
+                nap,
+            ],
+        );
+        s.paused_from = Some(SagaStatus::Running);
+        s.next_run_at = None;
+        let s = s.shown();
+        assert_eq!(s.waiting_for.as_deref(), Some("resume"));
+        assert_eq!(s.wake_at, None);
+        assert_eq!(
+            s.steps[1].wake_at,
+            Some(NOW + 60_000),
+            "the stage keeps its own"
+        );
+        assert_eq!(
+            s.steps[0].compensation.status,
+            StepStatus::Pending,
+            "it may still go back (a cancel compensates it)"
+        );
     }
 }

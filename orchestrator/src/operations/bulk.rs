@@ -59,13 +59,15 @@ pub enum BulkCreated {
     },
 }
 
-/// Whether this build's servers apply `action` in bulk. Pause, resume and fork are not built
-/// yet: refused before anything is recorded.
+/// Whether this build's servers apply `action` in bulk. Fork is not built yet: refused before
+/// anything is recorded.
 pub fn check_available(action: BulkAction) -> Result<()> {
     match action {
-        BulkAction::Cancel | BulkAction::Retry | BulkAction::Abort => Ok(()),
-        BulkAction::Pause => Err(not_available(action)),
-        BulkAction::Resume => Err(not_available(action)),
+        BulkAction::Cancel
+        | BulkAction::Retry
+        | BulkAction::Abort
+        | BulkAction::Pause
+        | BulkAction::Resume => Ok(()),
         BulkAction::Fork => Err(not_available(action)),
     }
 }
@@ -73,7 +75,7 @@ pub fn check_available(action: BulkAction) -> Result<()> {
 fn not_available(action: BulkAction) -> OperationError {
     OperationError::NotAvailable(format!(
         "the bulk action {action} is not available on this server: it does not offer the \
-         {action} command yet (available: cancel, retry, abort)"
+         {action} command yet (available: cancel, pause, resume, retry, abort)"
     ))
 }
 
@@ -117,7 +119,9 @@ impl Operations<'_> {
             BulkAction::Cancel => self.cancel(id).await.map(drop),
             BulkAction::Retry => self.retry(id, actor).await.map(drop),
             BulkAction::Abort => self.abort(id, reason, actor).await.map(drop),
-            BulkAction::Pause | BulkAction::Resume | BulkAction::Fork => Err(not_available(action)),
+            BulkAction::Pause => self.pause(id, reason, actor).await.map(drop),
+            BulkAction::Resume => self.resume(id, reason, actor).await.map(drop),
+            BulkAction::Fork => Err(not_available(action)),
         }
     }
 }

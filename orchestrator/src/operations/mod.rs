@@ -1,5 +1,5 @@
 //! The use cases that change a saga from outside the engine: cancel, abort, retry,
-//! mark-compensated and signal. The HTTP API, the CLI through a server and the CLI straight on
+//! mark-compensated, pause, resume and signal. The HTTP API, the CLI through a server and the CLI straight on
 //! the database all call these, so each command's rules, its audit (actor and reason), its
 //! events and its span are written once.
 //!
@@ -11,7 +11,9 @@ mod abort;
 pub mod bulk;
 mod cancel;
 mod mark_compensated;
+mod pause;
 mod reason;
+mod resume;
 mod retry;
 mod signal;
 

@@ -300,6 +300,8 @@ pub struct SagaUpdate {
     pub needs_attention: bool,
     /// The point of no return has started.
     pub pivot_started: bool,
+    /// For a saga given back `PAUSED`: the status a resume gives it back; `None` otherwise.
+    pub paused_from: Option<SagaStatus>,
 }
 
 /// One atomic change of a saga by the engine.
@@ -319,6 +321,9 @@ pub struct Transition {
     /// Refuse the write if a cancel was requested (used when starting a new action, so that a
     /// cancel and the start of the pivot are ordered by the database).
     pub unless_cancelled: bool,
+    /// Refuse the write if a pause was requested (used when starting a call or giving a saga
+    /// that has not ended back, so that its driver gives it back `PAUSED` instead).
+    pub unless_paused: bool,
     /// Give the lease up in the same write (terminal, or waiting on a long retry timer).
     pub release: bool,
     /// Another saga to make due in the same write, unless it has ended: the parent of a child
@@ -327,12 +332,15 @@ pub struct Transition {
 }
 
 /// How [`Store::apply`](crate::store::EngineLog::apply) went when the lease still held.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Applied {
     /// Written and committed.
     Written,
     /// Not written: `unless_cancelled` was set and a cancel had been requested.
     CancelRequested,
+    /// Not written: `unless_paused` was set and an operator asked for a pause; the request's
+    /// audit data (`{"actor", "reason"}`, as JSON text).
+    PauseRequested(String),
 }
 
 /// Where a purge has got to: the finished status it walks and the last id it saw. Start
@@ -556,6 +564,16 @@ pub trait OperatorLog: Send + Sync + 'static {
     /// Stops driving a saga without compensating (operator command, audited; `audit` carries
     /// the reason).
     async fn abort(&self, id: Uuid, audit: &Audit<'_>) -> Result<Saga>;
+
+    /// Pauses a saga (operator command, audited): at once if no worker holds it, else as a
+    /// request its worker applies once its call in flight is recorded
+    /// ([`crate::model::rules::plan_pause`]).
+    async fn pause(&self, id: Uuid, audit: &Audit<'_>) -> Result<Saga>;
+
+    /// Resumes a `PAUSED` saga, or withdraws a pause not yet applied (operator command,
+    /// audited); a step whose retries ran out gets a fresh budget
+    /// ([`crate::model::rules::plan_resume`]).
+    async fn resume(&self, id: Uuid, audit: &Audit<'_>) -> Result<Saga>;
 
     /// Makes a waiting retry happen now; on a `FAILED` saga, retries the failed step.
     async fn retry_now(&self, id: Uuid, audit: &Audit<'_>) -> Result<Saga>;

@@ -102,6 +102,11 @@ pub(super) fn saga_from_row<R: LogRow>(row: &R, steps: Vec<StepRecord>) -> Resul
         needs_attention: row.get("needs_attention")?,
         blocked: row.get("blocked")?,
         cancel_requested: row.get("cancel_requested")?,
+        pause_requested: row.get::<Option<String>>("pause_requested")?.is_some(),
+        paused_from: row
+            .get::<Option<String>>("paused_from")?
+            .map(|s| parse_enum(&id_text, &s))
+            .transpose()?,
         pivot_started: row.get("pivot_reached")?,
         // The vocabulary's fields are computed when the saga is shown (`Saga::shown`).
         pivot_reached: false,
@@ -166,6 +171,9 @@ pub(super) fn step_from_row<R: LogRow>(row: &R) -> Result<StepRecord> {
             started_at: row.get("comp_started_at")?,
             ended_at: row.get("comp_ended_at")?,
         },
+        budget_attempts: u32::try_from(row.get::<i64>("budget_attempts")?)
+            .map_err(|e| corrupt(&saga, e))?,
+        budget_started_at: row.get("budget_started_at")?,
     })
 }
 
@@ -187,12 +195,19 @@ pub(super) fn summary_from_row<R: LogRow>(row: &R) -> Result<SagaSummary> {
         }
         None => None,
     };
+    let status: crate::model::SagaStatus = parse_enum(&id_text, &status)?;
+    // A paused saga waits for a person, with no deadline (SPEC §12).
+    let waiting_for = if status == crate::model::SagaStatus::Paused {
+        Some(crate::model::PAUSED_WAIT.to_owned())
+    } else {
+        waiting_for
+    };
     let next_run_at: Option<Millis> = row.get("next_run_at")?;
     Ok(SagaSummary {
         id,
         name: row.get("name")?,
         version: u32::try_from(version).map_err(|e| corrupt(&id_text, e))?,
-        status: parse_enum(&id_text, &status)?,
+        status,
         needs_attention: row.get("needs_attention")?,
         blocked: row.get("blocked")?,
         error: row.get("error")?,
@@ -230,6 +245,8 @@ pub(crate) fn pending_row(index: u32, name: String, kind: StepKind) -> StepRecor
         timeout_at: None,
         retry_at: None,
         compensation: PhaseRecord::with_status(comp_status_for(kind)),
+        budget_attempts: 0,
+        budget_started_at: None,
     }
 }
 
@@ -266,6 +283,8 @@ pub(super) fn new_saga_record(new: NewSaga, now: Millis, owner: Option<String>) 
         needs_attention: false,
         blocked: false,
         cancel_requested: false,
+        pause_requested: false,
+        paused_from: None,
         pivot_started,
         pivot_reached: false,
         waiting_for: None,

@@ -83,6 +83,7 @@ pub struct Call {
     retry: RetryPolicy,
     timeout: Duration,
     role: Role,
+    pause_when_exhausted: bool,
 }
 
 impl Call {
@@ -92,6 +93,7 @@ impl Call {
             retry,
             timeout: DEFAULT_ATTEMPT_TIMEOUT,
             role,
+            pause_when_exhausted: false,
         }
     }
 
@@ -131,6 +133,13 @@ impl Call {
         &self.retry
     }
 
+    /// Whether the saga pauses (`PAUSED`, flagged as needing attention) when this action's
+    /// retry budget runs out, instead of compensating (or, past the point of no return,
+    /// failing). See [`Step::pause_when_exhausted`].
+    pub fn pauses_when_exhausted(&self) -> bool {
+        self.pause_when_exhausted
+    }
+
     /// The action's per-attempt timeout.
     pub fn attempt_timeout(&self) -> Duration {
         self.timeout
@@ -168,6 +177,22 @@ impl Step<Call> {
     /// The retry policy of the action.
     pub fn retry(self, policy: RetryPolicy) -> Self {
         self.map_body(|call| call.retry = policy)
+    }
+
+    /// When the action's retry budget runs out (its attempts, or the time its policy allows
+    /// with [`RetryPolicy::within`]), the saga is paused (`PAUSED`, flagged as needing
+    /// attention, its error naming the step and the last error) instead of compensating or,
+    /// past the point of no return, failing: a person resumes it once the cause is fixed
+    /// (the step then gets a fresh budget), or cancels or aborts it. A permanent error
+    /// ([`crate::StepError::Permanent`]) is no exhausted budget: it compensates (or fails) as
+    /// usual.
+    ///
+    /// This changes what the engine does, not the shape of the log (the same steps, names and
+    /// kinds), so it is not part of the definition's step-list hash: sagas started before the
+    /// setting was added or removed are driven by the new definition. Not allowed on a branch
+    /// of a parallel group (the definition is refused): a group's branches fail together.
+    pub fn pause_when_exhausted(self) -> Self {
+        self.map_body(|call| call.pause_when_exhausted = true)
     }
 
     /// How long one attempt of the action may take; past it, the outcome is unknown.

@@ -25,6 +25,7 @@ use saga_dsl::{Registry, StageBody, Step, StepContext, StepError};
 use super::decision::{Decision, Facts, Need};
 use crate::model::{Millis, Saga, StepRecord, StepStatus};
 
+pub(super) use call::{after_failure, AfterFailure};
 pub(super) use child::{after_cancel, after_compensate};
 
 /// `Some($call)` with `$rules` bound to the [`StageRules`] of `$body`'s kind, or `None` for a

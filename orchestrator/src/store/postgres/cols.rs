@@ -38,6 +38,8 @@ pub(crate) const SAGAS: Cols = &[
     ("attention", "boolean"),
     ("pivot", "boolean"),
     ("rel", "boolean"),
+    ("hold", "boolean"),
+    ("paused_from", "text"),
 ];
 
 /// One row per touched (saga, step); `has_a` / `has_c` say which phases changed.
@@ -130,6 +132,7 @@ pub(crate) const NEW_BRANCHES: Cols = &[
     ("owner", "text"),
     ("epoch", "bigint"),
     ("guard", "boolean"),
+    ("hold", "boolean"),
     ("idx", "bigint"),
     ("name", "text"),
     ("kind", "text"),
@@ -145,6 +148,7 @@ pub(crate) struct NewBranchCols<'a> {
     owner: Vec<&'a str>,
     epoch: Vec<i64>,
     guard: Vec<bool>,
+    hold: Vec<bool>,
     idx: Vec<i64>,
     name: Vec<&'a str>,
     kind: Vec<&'static str>,
@@ -163,6 +167,7 @@ impl<'a> NewBranchCols<'a> {
                 c.owner.push(&lease.owner);
                 c.epoch.push(lease.epoch);
                 c.guard.push(t.unless_cancelled);
+                c.hold.push(t.unless_paused);
                 c.idx.push(i64::from(n.index));
                 c.name.push(&n.name);
                 c.kind.push(n.kind.as_str());
@@ -180,6 +185,7 @@ impl<'a> NewBranchCols<'a> {
             .bind(&self.owner)
             .bind(&self.epoch)
             .bind(&self.guard)
+            .bind(&self.hold)
             .bind(&self.idx)
             .bind(&self.name)
             .bind(&self.kind)
@@ -236,6 +242,8 @@ struct SagaCols<'a> {
     attention: Vec<bool>,
     pivot: Vec<bool>,
     rel: Vec<bool>,
+    hold: Vec<bool>,
+    paused_from: Vec<Option<&'static str>>,
 }
 
 /// One phase's columns.
@@ -338,6 +346,8 @@ impl<'a> ApplyCols<'a> {
             s.attention.push(t.saga.needs_attention);
             s.pivot.push(t.saga.pivot_started);
             s.rel.push(t.release);
+            s.hold.push(t.unless_paused);
+            s.paused_from.push(t.saga.paused_from.map(|p| p.as_str()));
             for change in &t.attempts {
                 let (table, idx, phase, attempt) = match change {
                     AttemptChange::Start {
@@ -461,7 +471,9 @@ impl<'a> ApplyCols<'a> {
             .bind(&s.output)
             .bind(&s.attention)
             .bind(&s.pivot)
-            .bind(&s.rel);
+            .bind(&s.rel)
+            .bind(&s.hold)
+            .bind(&s.paused_from);
         let st = &self.steps;
         let q = q.bind(&st.saga_id).bind(&st.epoch).bind(&st.idx);
         let q =

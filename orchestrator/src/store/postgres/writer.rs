@@ -90,7 +90,7 @@ fn apply_ctes(src: &ApplySources, now: &str) -> String {
         ])
         .collect();
     let fenced = "(x.saga_id, x.epoch) IN (SELECT id, epoch FROM fenced)";
-    let fence = lease_fence!(table "sagas", "v.owner", "v.epoch", guard "v.guard");
+    let fence = lease_fence!(table "sagas", "v.owner", "v.epoch", guard "v.guard", hold "v.hold");
     format!(
         "v AS (SELECT * FROM {sagas}), \
          fenced AS (UPDATE sagas SET status = v.status, \
@@ -101,7 +101,9 @@ fn apply_ctes(src: &ApplySources, now: &str) -> String {
          error = v.error, output = COALESCE(v.output::jsonb, sagas.output), \
          needs_attention = v.attention, pivot_reached = v.pivot, updated_at = {now}, \
          lease_owner = CASE WHEN v.rel THEN NULL ELSE sagas.lease_owner END, \
-         lease_expires_at = CASE WHEN v.rel THEN NULL ELSE sagas.lease_expires_at END \
+         lease_expires_at = CASE WHEN v.rel THEN NULL ELSE sagas.lease_expires_at END, \
+         pause_requested = CASE WHEN v.rel THEN NULL ELSE sagas.pause_requested END, \
+         paused_from = v.paused_from \
          FROM v WHERE sagas.id = ANY({ids}) AND sagas.id = v.saga_id AND {fence} \
          RETURNING sagas.id, sagas.lease_epoch AS epoch, \
          v.status, v.status IN ('COMPLETED', 'COMPENSATED', 'FAILED', 'ABORTED') AS ended, \
@@ -179,7 +181,7 @@ static APPLY: LazyLock<String> = LazyLock::new(|| {
 static INSERT_BRANCHES: LazyLock<String> = LazyLock::new(|| {
     let mut p = Params::default();
     let (rows, _) = p.unnest(NEW_BRANCHES, "x", false);
-    let fence = lease_fence!(table "sagas", "x.owner", "x.epoch", guard "x.guard");
+    let fence = lease_fence!(table "sagas", "x.owner", "x.epoch", guard "x.guard", hold "x.hold");
     format!(
         "INSERT INTO steps (saga_id, idx, name, kind, status, comp_status, stage_index, \
          branch) SELECT x.saga_id, x.idx, x.name, x.kind, 'PENDING', x.comp_status, \
@@ -198,7 +200,8 @@ const WAKE_PARENTS: &str = "WITH w AS (UPDATE sagas SET next_run_at = $1 \
      SELECT pg_notify('saga_due', '') FROM w LIMIT 1";
 
 /// $1 the refused ids.
-const REFUSED: &str = "SELECT id::text AS id, lease_owner, lease_epoch, cancel_requested \
+const REFUSED: &str = "SELECT id::text AS id, lease_owner, lease_epoch, cancel_requested, \
+     pause_requested \
      FROM sagas WHERE id IN (SELECT value::uuid FROM json_array_elements_text($1::json))";
 
 /// Creates sagas: the batch time, then the [`CreateCols`].

@@ -374,6 +374,14 @@ impl<B: SqlBackend> OperatorLog for B {
         operator::abort(self, id, audit).await
     }
 
+    async fn pause(&self, id: Uuid, audit: &Audit<'_>) -> Result<Saga> {
+        operator::pause(self, id, audit).await
+    }
+
+    async fn resume(&self, id: Uuid, audit: &Audit<'_>) -> Result<Saga> {
+        operator::resume(self, id, audit).await
+    }
+
     async fn retry_now(&self, id: Uuid, audit: &Audit<'_>) -> Result<Saga> {
         operator::retry_now(self, id, audit).await
     }

@@ -14,7 +14,8 @@ use super::reads::load_saga;
 use super::sql::{Arg, Tx};
 use super::SqlBackend;
 use crate::model::rules::{
-    cancel_refusal, check_abort, check_mark_compensated, plan_retry, RetryPlan,
+    cancel_refusal, check_abort, check_mark_compensated, plan_pause, plan_resume, plan_retry,
+    PausePlan, ResumePlan, RetryPlan,
 };
 use crate::model::{Saga, SagaStatus, StepKind, StepStatus};
 use crate::store::rows::{parse_enum, LogRow};
@@ -43,7 +44,8 @@ pub(crate) async fn request_cancel<B: SqlBackend>(
     tx.lock_saga(id).await?;
     let row = tx
         .opt(
-            "SELECT status, pivot_reached, cancel_requested FROM sagas WHERE id = $1",
+            "SELECT status, pivot_reached, cancel_requested, paused_from FROM sagas \
+             WHERE id = $1",
             &[Arg::Id(id)],
         )
         .await?
@@ -55,17 +57,30 @@ pub(crate) async fn request_cancel<B: SqlBackend>(
     }
     super::bulk::settle_item(&mut tx, audit, id).await?;
     // Due now, so that a worker compensates it; a second request makes it due again (in case
-    // it waits on a timer) but records no second event.
+    // it waits on a timer) but records no second event. A cancel ends a pause (a paused saga
+    // before its pivot goes back to the status it was paused in, and compensates) and
+    // withdraws a pause not yet applied: the saga is to be undone, not held.
     let now = tx.now().await?;
+    let paused = status == SagaStatus::Paused;
+    let resume_as = match row.get::<Option<String>>("paused_from")? {
+        Some(from) => from,
+        None => SagaStatus::Running.as_str().to_owned(),
+    };
     tx.exec(
         "UPDATE sagas SET cancel_requested = TRUE, updated_at = $2, \
-         next_run_at = CASE WHEN next_run_at < $2 THEN next_run_at ELSE $2 END \
+         next_run_at = CASE WHEN next_run_at < $2 THEN next_run_at ELSE $2 END, \
+         status = CASE WHEN status = 'PAUSED' THEN $3 ELSE status END, \
+         paused_from = NULL, pause_requested = NULL \
          WHERE id = $1",
-        &[Arg::Id(id), Arg::Int(now)],
+        &[Arg::Id(id), Arg::Int(now), Arg::Str(&resume_as)],
     )
     .await?;
-    if !row.get::<bool>("cancel_requested")? {
-        let data = audit.data().into();
+    if !row.get::<bool>("cancel_requested")? || paused {
+        let mut data = audit.data();
+        if paused {
+            data.insert("was_paused".to_owned(), json!(true));
+        }
+        let data = data.into();
         insert_event(&mut tx, id, "saga.cancel_requested", None, &data).await?;
     }
     tx.announce_due().await?;
@@ -84,6 +99,7 @@ pub(crate) async fn abort<B: SqlBackend>(store: &B, id: Uuid, audit: &Audit<'_>)
     tx.exec(
         &format!(
             "UPDATE sagas SET status = 'ABORTED', next_run_at = NULL, {TAKE_OVER}, \
+             pause_requested = NULL, paused_from = NULL, \
              updated_at = $2, error = COALESCE(error, $3) WHERE id = $1"
         ),
         &[Arg::Id(id), Arg::Int(now), Arg::Str(&error)],
@@ -97,6 +113,99 @@ pub(crate) async fn abort<B: SqlBackend>(store: &B, id: Uuid, audit: &Audit<'_>)
     tx.announce_finished(id, SagaStatus::Aborted).await?;
     // A child saga's parent waits for its end.
     super::children::wake_parent(&mut tx, id).await?;
+    store.commit(tx).await?;
+    reload(store, id).await
+}
+
+/// Pauses a saga: at once if no worker holds it (not due, no lease, the status it goes on
+/// in kept for the resume), else by recording the request, which its worker's fence meets at
+/// its next call or give-back; audited with its audit.
+pub(crate) async fn pause<B: SqlBackend>(store: &B, id: Uuid, audit: &Audit<'_>) -> Result<Saga> {
+    let mut tx = store.begin().await?;
+    let saga = lock_and_load(&mut tx, id).await?;
+    let now = tx.now().await?;
+    let plan = plan_pause(&saga, now)?;
+    super::bulk::settle_item(&mut tx, audit, id).await?;
+    let mut data = audit.data();
+    match plan {
+        PausePlan::Now => {
+            // A lease left to run out is taken over: its worker is gone or lost it.
+            tx.exec(
+                &format!(
+                    "UPDATE sagas SET status = 'PAUSED', paused_from = $3, next_run_at = NULL, \
+                     pause_requested = NULL, {TAKE_OVER}, updated_at = $2 WHERE id = $1"
+                ),
+                &[Arg::Id(id), Arg::Int(now), Arg::Str(saga.status.as_str())],
+            )
+            .await?;
+            data.insert("previous_status".to_owned(), json!(saga.status));
+            insert_event(&mut tx, id, "saga.paused", None, &data.into()).await?;
+        }
+        PausePlan::Requested => {
+            let request = serde_json::Value::Object(data.clone()).to_string();
+            tx.exec(
+                "UPDATE sagas SET pause_requested = $3, updated_at = $2 WHERE id = $1",
+                &[Arg::Id(id), Arg::Int(now), Arg::Str(&request)],
+            )
+            .await?;
+            insert_event(&mut tx, id, "saga.pause_requested", None, &data.into()).await?;
+        }
+    }
+    store.commit(tx).await?;
+    reload(store, id).await
+}
+
+/// Resumes a `PAUSED` saga in the status it was paused in, due now; a step whose retries ran
+/// out gets a fresh budget (its attempts so far and now as the budget's base) and the flag
+/// and error its pause set are cleared. A pause not yet applied is withdrawn. Audited with
+/// `reason` and `actor`.
+pub(crate) async fn resume<B: SqlBackend>(store: &B, id: Uuid, audit: &Audit<'_>) -> Result<Saga> {
+    let mut tx = store.begin().await?;
+    let saga = lock_and_load(&mut tx, id).await?;
+    let now = tx.now().await?;
+    let plan = plan_resume(&saga)?;
+    super::bulk::settle_item(&mut tx, audit, id).await?;
+    let mut data = audit.data();
+    match plan {
+        ResumePlan::Withdraw => {
+            tx.exec(
+                "UPDATE sagas SET pause_requested = NULL, updated_at = $2 WHERE id = $1",
+                &[Arg::Id(id), Arg::Int(now)],
+            )
+            .await?;
+            data.insert("withdrawn".to_owned(), json!(true));
+            insert_event(&mut tx, id, "saga.resumed", None, &data.into()).await?;
+        }
+        ResumePlan::Resume { status, exhausted } => {
+            if let Some(step) = exhausted {
+                tx.exec(
+                    "UPDATE steps SET status = 'RETRYING', budget_attempts = attempts, \
+                     budget_started_at = $3 WHERE saga_id = $1 AND idx = $2",
+                    &[Arg::Id(id), Arg::Int(i64::from(step.index)), Arg::Int(now)],
+                )
+                .await?;
+                data.insert("step".to_owned(), json!(step.name));
+            }
+            // The flag and the error of a pause for spent retries were the pause's own.
+            let cleared = if exhausted.is_some() {
+                "needs_attention = FALSE, error = NULL, "
+            } else {
+                ""
+            };
+            tx.exec(
+                &format!(
+                    "UPDATE sagas SET status = $3, paused_from = NULL, pause_requested = NULL, \
+                     next_run_at = $2, {cleared}updated_at = $2 WHERE id = $1"
+                ),
+                &[Arg::Id(id), Arg::Int(now), Arg::Str(status.as_str())],
+            )
+            .await?;
+            data.insert("status".to_owned(), json!(status));
+            let step = exhausted.map(|s| s.name.as_str());
+            insert_event(&mut tx, id, "saga.resumed", step, &data.into()).await?;
+            tx.announce_due().await?;
+        }
+    }
     store.commit(tx).await?;
     reload(store, id).await
 }

@@ -13,9 +13,10 @@ use crate::store::signals::{ReceivedSignal, SignalOutcome, SignalRequest};
 use crate::store::{Result, StoreError};
 
 /// Makes the saga due now if one of its steps waits for the signal `name` (and it is not due
-/// already); tells the engines.
+/// already, nor paused: a paused saga keeps the signal and takes it once resumed); tells the
+/// engines.
 const DUE_IF_WAITING: &str = "UPDATE sagas SET next_run_at = $2, updated_at = $2 \
-     WHERE id = $1 AND (next_run_at IS NULL OR next_run_at > $2) AND EXISTS (SELECT 1 FROM \
+     WHERE id = $1 AND status <> 'PAUSED' AND (next_run_at IS NULL OR next_run_at > $2) AND EXISTS (SELECT 1 FROM \
      steps WHERE steps.saga_id = $1 AND steps.status = 'WAITING' AND steps.waiting_for = $3)";
 
 /// Records a signal for a saga, under the saga's row lock: a signal step that starts waiting

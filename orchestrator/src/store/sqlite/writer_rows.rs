@@ -32,9 +32,10 @@ const FENCE: &str = concat!(
          AND (?2 IS NULL OR ?2 > ?7) THEN ?7 ELSE ?2 END, error = ?3, \
      output = COALESCE(?4, output), needs_attention = ?5, pivot_reached = ?6, updated_at = ?7, \
      lease_owner = CASE WHEN ?8 THEN NULL ELSE lease_owner END, \
-     lease_expires_at = CASE WHEN ?8 THEN NULL ELSE lease_expires_at END \
+     lease_expires_at = CASE WHEN ?8 THEN NULL ELSE lease_expires_at END, \
+     pause_requested = CASE WHEN ?8 THEN NULL ELSE pause_requested END, paused_from = ?14 \
      WHERE id = ?9 AND ",
-    lease_fence!("?10", "?11", guard "?12")
+    lease_fence!("?10", "?11", guard "?12", hold "?13")
 );
 
 /// The fence of a transition that leaves the saga row's indexed columns as they are (a result
@@ -43,12 +44,13 @@ const FENCE: &str = concat!(
 /// transition's status, due time and flag. Where it does not match, [`FENCE`] follows.
 const FENCE_IN_PLACE: &str = concat!(
     "UPDATE sagas SET error = ?1, pivot_reached = ?2, updated_at = ?3 WHERE id = ?4 AND ",
-    lease_fence!("?5", "?6", guard "?7"),
+    lease_fence!("?5", "?6", guard "?7", hold "?11"),
     " AND status = ?8 AND next_run_at IS ?9 AND needs_attention = ?10"
 );
 
 /// What a refused saga's row says now.
-const REFUSED: &str = "SELECT lease_owner, lease_epoch, cancel_requested FROM sagas WHERE id = ?1";
+const REFUSED: &str = "SELECT lease_owner, lease_epoch, cancel_requested, pause_requested \
+     FROM sagas WHERE id = ?1";
 
 const ACTION: &str = "UPDATE steps SET status = ?1, attempts = ?2, last_error = ?3, \
      outcome_unknown = ?4, started_at = ?5, ended_at = ?6, output = COALESCE(?7, output), \
@@ -204,6 +206,7 @@ fn apply_one(db: &Connection, now: Millis, (lease, t): &Item) -> Result<Result<A
                 s.status.as_str(),
                 s.next_run_at,
                 s.needs_attention,
+                t.unless_paused,
             ],
         )? == 1;
     let fenced = if in_place {
@@ -225,6 +228,8 @@ fn apply_one(db: &Connection, now: Millis, (lease, t): &Item) -> Result<Result<A
                 lease.owner,
                 lease.epoch,
                 t.unless_cancelled,
+                t.unless_paused,
+                s.paused_from.map(|p| p.as_str()),
             ],
         )?
     };
@@ -343,8 +348,10 @@ fn refused(db: &Connection, id: &str, lease: &Lease) -> Result<Result<Applied>> 
     let row: Option<Refused> = db
         .prepare_cached(REFUSED)
         .and_then(|mut st| {
-            st.query_row(params![id], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
-                .optional()
+            st.query_row(params![id], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?))
+            })
+            .optional()
         })
         .map_err(from_rusqlite)?;
     Ok(refusal(lease, row.as_ref()))

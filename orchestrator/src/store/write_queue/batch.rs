@@ -63,7 +63,7 @@ fn fenced_leases<R: LogRow>(rows: &[R]) -> Result<HashSet<(Uuid, i64)>> {
     Ok(written)
 }
 
-/// What the rows of the refused sagas say now: `(lease owner, lease epoch, cancel requested)`.
+/// What the rows of the refused sagas say now (see [`Refused`]).
 fn refused_rows<R: LogRow>(rows: &[R]) -> Result<HashMap<Uuid, Refused>> {
     let mut refused = HashMap::with_capacity(rows.len());
     for row in rows {
@@ -75,14 +75,15 @@ fn refused_rows<R: LogRow>(rows: &[R]) -> Result<HashMap<Uuid, Refused>> {
                 row.get("lease_owner")?,
                 row.get("lease_epoch")?,
                 row.get("cancel_requested")?,
+                row.get("pause_requested")?,
             ),
         );
     }
     Ok(refused)
 }
 
-/// A refused saga's row: `(lease owner, lease epoch, cancel requested)`.
-pub(crate) type Refused = (Option<String>, i64, bool);
+/// A refused saga's row: `(lease owner, lease epoch, cancel requested, pause requested)`.
+pub(crate) type Refused = (Option<String>, i64, bool, Option<String>);
 
 /// Each item's result, given the leases the fence let through and, for the others, what their
 /// rows say now.
@@ -106,7 +107,16 @@ fn outcomes(
 /// met by an action start under a lease still held, or else the lease is gone.
 pub(crate) fn refusal(lease: &Lease, row: Option<&Refused>) -> Result<Applied> {
     match row {
-        Some((Some(owner), epoch, true)) if *owner == lease.owner && *epoch == lease.epoch => {
+        // A pause comes first: a cancel recorded with it cleared it, so both are never set
+        // unless the pause came after.
+        Some((Some(owner), epoch, _, Some(request)))
+            if *owner == lease.owner && *epoch == lease.epoch =>
+        {
+            Ok(Applied::PauseRequested(request.clone()))
+        }
+        Some((Some(owner), epoch, true, None))
+            if *owner == lease.owner && *epoch == lease.epoch =>
+        {
             Ok(Applied::CancelRequested)
         }
         _ => Err(StoreError::LeaseLost(lease.saga_id)),
