@@ -68,6 +68,10 @@ impl From<OperationError> for CliError {
                 Self::BadArgument(msg)
             }
             OperationError::Conflict(msg) => Self::Conflict(msg),
+            OperationError::Invalid(msg) | OperationError::NeedsServer(msg) => {
+                Self::BadArgument(msg)
+            }
+            OperationError::Start(e) => Self::BadArgument(e.to_string()),
             OperationError::Store(e) => e.into(),
         }
     }

@@ -37,6 +37,7 @@ pub(crate) fn step(index: u32, name: &str, kind: StepKind, action: StepStatus) -
         } else {
             StepStatus::NotNeeded
         }),
+        keys_saga_id: None,
     }
 }
 
@@ -66,6 +67,8 @@ pub(crate) fn saga(status: SagaStatus, steps: Vec<StepRecord>) -> Saga {
         updated_at: NOW - 10,
         parent_id: None,
         parent_stage: None,
+        forked_from: None,
+        superseded_by: None,
         scheduled_at: None,
         traceparent: None,
         steps,

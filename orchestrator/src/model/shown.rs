@@ -49,7 +49,7 @@ impl Saga {
     fn may_go_back(&self) -> bool {
         match self.status {
             SagaStatus::Compensating => true,
-            SagaStatus::Queued | SagaStatus::Running => {
+            SagaStatus::Queued | SagaStatus::Running | SagaStatus::Paused => {
                 !self.pivot_reached
                     && point_of_no_return(&self.steps).is_none_or(|s| {
                         s.kind != StepKind::Retriable || s.action.status == StepStatus::Pending

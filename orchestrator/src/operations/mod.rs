@@ -1,5 +1,5 @@
 //! The use cases that change a saga from outside the engine: cancel, abort, retry,
-//! mark-compensated and signal. The HTTP API, the CLI through a server and the CLI straight on
+//! mark-compensated, signal, complete-step and fork. The HTTP API, the CLI through a server and the CLI straight on
 //! the database all call these, so each command's rules, its audit (actor and reason), its
 //! events and its span are written once.
 //!
@@ -9,6 +9,8 @@
 
 mod abort;
 mod cancel;
+mod complete_step;
+mod fork;
 mod mark_compensated;
 mod reason;
 mod retry;
@@ -17,12 +19,14 @@ mod signal;
 use saga_dsl::Registry;
 use uuid::Uuid;
 
-use crate::engine::Engine;
+use crate::engine::{Engine, StartError};
 use crate::model::Saga;
 use crate::store::{Store, StoreError};
 use crate::telemetry::Telemetry;
 
 pub use cancel::Cancelled;
+pub use complete_step::MAX_OUTPUT;
+pub use fork::{ForkRequest, Forked};
 pub use reason::{Reason, MAX_REASON};
 pub use retry::Retried;
 
@@ -39,6 +43,18 @@ pub enum OperationError {
     /// The saga's state does not allow the command now.
     #[error("{0}")]
     Conflict(String),
+    /// The command is well-formed but does not fit what it names: a fork from a stage the
+    /// saga's definition does not have, or whose earlier stages differ; an output over the
+    /// limit.
+    #[error("{0}")]
+    Invalid(String),
+    /// The command needs the saga definitions, which only a server running them has (a fork
+    /// on a bare database).
+    #[error("{0}")]
+    NeedsServer(String),
+    /// A new saga was refused as a start refuses it (its input does not fit the definition).
+    #[error(transparent)]
+    Start(#[from] StartError),
     /// The store refused or failed (no such saga, a lost race, the database).
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -53,6 +69,9 @@ pub struct Operations<'a> {
     store: &'a dyn Store,
     registry: Option<&'a Registry>,
     telemetry: Option<&'a Telemetry>,
+    /// The engine whose sagas these are, when a server runs the commands: a fork's new saga
+    /// goes to it like any start.
+    engine: Option<&'a Engine>,
 }
 
 impl<'a> Operations<'a> {
@@ -63,6 +82,7 @@ impl<'a> Operations<'a> {
             store,
             registry: None,
             telemetry: None,
+            engine: None,
         }
     }
 
@@ -76,8 +96,11 @@ impl<'a> Operations<'a> {
 
     /// The commands as `engine`'s server runs them, with its definitions and exporter.
     pub fn of(engine: &'a Engine) -> Self {
-        Self::new(engine.store().as_ref())
-            .with_definitions(engine.registry(), &engine.config().telemetry)
+        Self {
+            engine: Some(engine),
+            ..Self::new(engine.store().as_ref())
+                .with_definitions(engine.registry(), &engine.config().telemetry)
+        }
     }
 
     /// The saga `id`, or `NotFound`.
