@@ -142,6 +142,8 @@ fn required_scope(method: &Method, route: Option<&str>) -> Option<Scope> {
     if route.ends_with("/abort")
         || route.ends_with("/retry")
         || route.ends_with("/mark-compensated")
+        || route.ends_with("/complete")
+        || route.ends_with("/fork")
     {
         Some(Scope::Operate)
     } else if route.starts_with("/v1/sagas") {
@@ -397,6 +399,8 @@ mod tests {
             "/v1/sagas/{saga}/abort",
             "/v1/sagas/{saga}/retry",
             "/v1/sagas/{saga}/steps/{step}/mark-compensated",
+            "/v1/sagas/{saga}/steps/{step}/complete",
+            "/v1/sagas/{saga}/fork",
         ] {
             assert_eq!(required_scope(&post, Some(operate)), Some(Scope::Operate));
         }

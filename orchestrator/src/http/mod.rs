@@ -95,6 +95,7 @@ mod openapi;
 mod operators;
 mod overview;
 mod prefer;
+mod recovery;
 mod state;
 pub mod tokens;
 
@@ -222,6 +223,8 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(operators::abort_saga))
         .routes(routes!(operators::retry_saga))
         .routes(routes!(operators::mark_compensated))
+        .routes(routes!(recovery::complete_step))
+        .routes(routes!(recovery::fork_saga))
         .routes(routes!(definitions::list_definitions))
         .routes(routes!(overview::counts))
         .routes(routes!(overview::whoami))
