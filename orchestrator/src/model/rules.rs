@@ -371,3 +371,228 @@ pub fn check_fork<'a>(
         taken,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::model::fixtures::{saga, step};
+    use crate::model::StepKind::{Compensatable, Parallel, Pivot, Retriable, Signal};
+    use crate::model::StepStatus::{
+        Failed, Pending, Retrying, Running, Skipped, Succeeded, Unknown, Waiting,
+    };
+
+    /// `reserve` (compensatable), `charge` (compensatable), `ship` (pivot), `notify`
+    /// (retriable), in the given statuses.
+    fn order(status: SagaStatus, actions: [StepStatus; 4]) -> Saga {
+        let kinds = [Compensatable, Compensatable, Pivot, Retriable];
+        let names = ["reserve", "charge", "ship", "notify"];
+        saga(
+            status,
+            (0..4)
+                .map(|i| step(i as u32, names[i], kinds[i], actions[i]))
+                .collect(),
+        )
+    }
+
+    fn conflict<T: std::fmt::Debug>(result: Result<T, Refusal>, words: &str) {
+        match result {
+            Err(Refusal::Conflict(m)) => assert!(m.contains(words), "{m}"),
+            other => panic!("expected a conflict naming {words:?}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn complete_step_takes_the_step_a_saga_stopped_on_with_no_call_in_flight() {
+        use SagaStatus::*;
+        // A failed saga: its failed step, and no other.
+        let failed = order(
+            Failed,
+            [Succeeded, Succeeded, Succeeded, StepStatus::Failed],
+        );
+        assert_eq!(
+            check_complete_step(&failed, "notify").map(|s| s.index),
+            Ok(3)
+        );
+        conflict(check_complete_step(&failed, "ship"), "already SUCCEEDED");
+        assert!(matches!(
+            check_complete_step(&failed, "nope"),
+            Err(Refusal::UnknownStep { .. })
+        ));
+        // A running saga: only the stage parked on a timer or a wait.
+        let retrying = order(Running, [Succeeded, Retrying, Pending, Pending]);
+        assert!(check_complete_step(&retrying, "charge").is_ok());
+        conflict(check_complete_step(&retrying, "ship"), "stands on charge");
+        let in_flight = order(Running, [Succeeded, StepStatus::Running, Pending, Pending]);
+        conflict(check_complete_step(&in_flight, "charge"), "in flight");
+        let mut cancelling = retrying.clone();
+        cancelling.cancel_requested = true;
+        conflict(check_complete_step(&cancelling, "charge"), "cancelled");
+        // A paused saga: the stage it stands on, even one not started.
+        for action in [Pending, Retrying, Unknown, StepStatus::Failed] {
+            let paused = order(Paused, [Succeeded, action, Pending, Pending]);
+            assert!(check_complete_step(&paused, "charge").is_ok(), "{action}");
+            conflict(check_complete_step(&paused, "ship"), "not stopped on");
+        }
+        // Going back, or finished: never.
+        let back = order(
+            Compensating,
+            [Succeeded, StepStatus::Failed, Pending, Pending],
+        );
+        conflict(check_complete_step(&back, "charge"), "mark-compensated");
+        for status in [Completed, Compensated, Aborted] {
+            let ended = order(status, [Succeeded, Pending, Pending, Pending]);
+            conflict(check_complete_step(&ended, "charge"), status.as_str());
+        }
+    }
+
+    #[test]
+    fn complete_step_takes_a_branch_but_never_its_group_nor_a_child_stage() {
+        let mut steps = vec![
+            step(0, "book", Parallel, StepStatus::Running),
+            step(1, "approve", Signal, Pending),
+        ];
+        for (i, (branch, action)) in [("hotel", Retrying), ("car", StepStatus::Running)]
+            .into_iter()
+            .enumerate()
+        {
+            steps.push(StepRecord {
+                stage_index: Some(0),
+                branch: Some(branch.to_owned()),
+                ..step(
+                    2 + i as u32,
+                    &format!("book/{branch}"),
+                    Compensatable,
+                    action,
+                )
+            });
+        }
+        let running = saga(SagaStatus::Running, steps);
+        assert!(check_complete_step(&running, "book/hotel").is_ok());
+        conflict(check_complete_step(&running, "book/car"), "in flight");
+        conflict(
+            check_complete_step(&running, "book"),
+            "its branches: book/hotel, book/car",
+        );
+        let child = saga(
+            SagaStatus::Running,
+            vec![step(0, "payout", StepKind::Child, Waiting)],
+        );
+        conflict(check_complete_step(&child, "payout"), "child stage");
+    }
+
+    fn stages(of: &Saga) -> Vec<(String, StepKind)> {
+        of.steps
+            .iter()
+            .filter(|s| s.branch.is_none())
+            .map(|s| (s.name.clone(), s.kind))
+            .collect()
+    }
+
+    #[test]
+    fn a_fork_from_a_stage_takes_over_only_effects_that_stand() {
+        use SagaStatus::*;
+        let aborted = order(Aborted, [Succeeded, Skipped, Pending, Pending]);
+        let plan = check_fork(&aborted, &stages(&aborted), Some("ship")).unwrap();
+        assert_eq!(plan.from_index, Some(2));
+        let taken: Vec<&str> = plan.taken.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(taken, ["reserve", "charge"]);
+        // Afresh: anything, nothing taken over.
+        let running = order(Running, [Succeeded, Retrying, Pending, Pending]);
+        let plan = check_fork(&running, &stages(&running), None).unwrap();
+        assert_eq!((plan.from_index, plan.taken.len()), (None, 0));
+        // From a stage: only once its effects can no longer change.
+        conflict(
+            check_fork(&running, &stages(&running), Some("charge")),
+            "RUNNING",
+        );
+        for status in [Paused, Completed] {
+            let s = order(status, [Succeeded, Succeeded, Succeeded, Succeeded]);
+            assert!(
+                check_fork(&s, &stages(&s), Some("notify")).is_ok(),
+                "{status}"
+            );
+        }
+        conflict(
+            check_fork(
+                &order(Compensated, [Succeeded; 4]),
+                &stages(&aborted),
+                Some("ship"),
+            ),
+            "COMPENSATED",
+        );
+        // Every earlier stage done, and not compensated.
+        let stuck = order(Paused, [Succeeded, Retrying, Pending, Pending]);
+        conflict(check_fork(&stuck, &stages(&stuck), Some("ship")), "charge");
+        let mut undone = aborted.clone();
+        undone.steps[0].compensation.status = Succeeded;
+        undone.steps[0].compensation.attempts = 1;
+        conflict(
+            check_fork(&undone, &stages(&undone), Some("ship")),
+            "has run",
+        );
+        // Superseded: never again.
+        let mut superseded = aborted.clone();
+        superseded.superseded_by = Some(Uuid::nil());
+        conflict(
+            check_fork(&superseded, &stages(&aborted), None),
+            "superseded",
+        );
+        // A stage the definition lacks, or earlier stages that differ: invalid.
+        assert!(matches!(
+            check_fork(&aborted, &stages(&aborted), Some("nope")),
+            Err(Refusal::Invalid(m)) if m.contains("nope")
+        ));
+        let mut renamed = stages(&aborted);
+        renamed[1].0 = "pay".to_owned();
+        renamed[1].1 = Compensatable;
+        assert!(matches!(
+            check_fork(&aborted, &renamed, Some("ship")),
+            Err(Refusal::Invalid(m)) if m.contains("pay")
+        ));
+        // Output is carried as recorded.
+        assert_eq!(
+            check_fork(&aborted, &stages(&aborted), Some("ship"))
+                .unwrap()
+                .taken[0]
+                .output,
+            Some(json!({"from": "reserve"}))
+        );
+    }
+
+    #[test]
+    fn a_fork_takes_a_group_s_branches_and_refuses_a_child_stage_or_a_child_saga() {
+        let mut steps = vec![
+            step(0, "book", Parallel, Succeeded),
+            step(1, "ship", Pivot, Pending),
+        ];
+        steps.push(StepRecord {
+            stage_index: Some(0),
+            branch: Some("hotel".to_owned()),
+            ..step(2, "book/hotel", Compensatable, Succeeded)
+        });
+        let aborted = saga(SagaStatus::Aborted, steps);
+        let plan = check_fork(&aborted, &stages(&aborted), Some("ship")).unwrap();
+        let taken: Vec<&str> = plan.taken.iter().map(|s| s.name.as_str()).collect();
+        assert_eq!(taken, ["book", "book/hotel"]);
+
+        let with_child = saga(
+            SagaStatus::Aborted,
+            vec![
+                step(0, "payout", StepKind::Child, Succeeded),
+                step(1, "ship", Pivot, Pending),
+            ],
+        );
+        conflict(
+            check_fork(&with_child, &stages(&with_child), Some("ship")),
+            "child stage",
+        );
+        let mut child_saga = aborted.clone();
+        child_saga.parent_id = Some(Uuid::nil());
+        conflict(
+            check_fork(&child_saga, &stages(&aborted), Some("ship")),
+            "fork the parent",
+        );
+    }
+}

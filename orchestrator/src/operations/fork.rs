@@ -65,6 +65,9 @@ impl Operations<'_> {
             actor,
         };
         let saga = self.store.fork(&fork).await?;
+        // Committed, not yet handed to the engine nor answered: a crash here must leave the
+        // fork whole (one owner per effect) and the new saga to be claimed after a restart.
+        crate::failpoint::crash_if_armed("after_fork", &saga.name);
         engine.created_elsewhere(&saga);
         // The original ended here, not in a driver: its span is emitted as an abort's is.
         if from_stage.is_some() && original.status != SagaStatus::Aborted {
