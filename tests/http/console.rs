@@ -151,7 +151,8 @@ async fn counts_give_every_status_and_the_flagged_sagas() {
     let (status, counts) = api.get("/v1/counts").await;
     assert_eq!(status, StatusCode::OK, "{counts}");
     let by_status = counts["by_status"].as_object().unwrap();
-    assert_eq!(by_status.len(), 7, "every status: {counts}");
+    assert_eq!(by_status.len(), 8, "every status: {counts}");
+    assert_eq!(counts["by_status"]["PAUSED"], 0);
     assert_eq!(counts["by_status"]["COMPLETED"], 1);
     assert_eq!(counts["by_status"]["COMPENSATED"], 1);
     assert_eq!(counts["by_status"]["RUNNING"], 0);
