@@ -379,9 +379,7 @@ mod tests {
     use super::*;
     use crate::model::fixtures::{saga, step};
     use crate::model::StepKind::{Compensatable, Parallel, Pivot, Retriable, Signal};
-    use crate::model::StepStatus::{
-        Failed, Pending, Retrying, Running, Skipped, Succeeded, Unknown, Waiting,
-    };
+    use crate::model::StepStatus::{Pending, Retrying, Skipped, Succeeded, Unknown, Waiting};
 
     /// `reserve` (compensatable), `charge` (compensatable), `ship` (pivot), `notify`
     /// (retriable), in the given statuses.
