@@ -816,3 +816,85 @@ async fn a_crash_right_after_a_fork_commits_leaves_every_effect_one_owner() {
         ])
     );
 }
+
+#[tokio::test]
+async fn the_cli_completes_a_failed_order_s_step_through_a_server_and_on_the_database() {
+    let db = TempDb::new();
+    let server = Server::spawn(&db.url, db.dir.path(), &[], &[]).await;
+    let failing = json!({"simulate": {"fail_step": "notify_customer"}});
+    let via_server = server
+        .start("fulfil_order", order("f-cli-1", failing.clone()))
+        .await;
+    let on_db = server
+        .start("fulfil_order", order("f-cli-2", failing))
+        .await;
+    for id in [via_server, on_db] {
+        server.wait_for(id, LONG, |s| s["status"] == "FAILED").await;
+    }
+    let output = json!({"notified_by": "phone"}).to_string();
+    let base = server.base.clone();
+    let via_server_id = via_server.to_string();
+    let on_db_id = on_db.to_string();
+    let mut with_server = vec![
+        "complete-step",
+        &via_server_id[..13],
+        "notify_customer",
+        "--output",
+        &output,
+        "--reason",
+        "called the customer",
+    ];
+    with_server.extend(["--server", &base]);
+    let on_database = [
+        "--database-url",
+        &db.url,
+        "complete-step",
+        &on_db_id,
+        "notify_customer",
+        "--output",
+        &output,
+        "--reason",
+        "called the customer",
+    ];
+    // A bad --output is refused before anything is sent or written.
+    let bad = run_bin(
+        "example-sagas",
+        &[
+            "complete-step",
+            &via_server_id,
+            "notify_customer",
+            "--output",
+            "{nope",
+            "--reason",
+            "x",
+            "--server",
+            &base,
+        ],
+        db.dir.path(),
+    )
+    .await;
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("--output"),
+        "{bad:?}"
+    );
+    for (args, id) in [(&with_server[..], via_server), (&on_database[..], on_db)] {
+        let out = run_bin("example-sagas", args, db.dir.path()).await;
+        assert!(out.status.success(), "{out:?}");
+        let done = server
+            .wait_for(id, LONG, |s| s["status"] == "COMPLETED")
+            .await;
+        let notify = done["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["name"] == "notify_customer")
+            .unwrap()
+            .clone();
+        assert_eq!(notify["output"], json!({"notified_by": "phone"}));
+    }
+    // Done by hand: the participant never notified.
+    for order_id in ["f-cli-1", "f-cli-2"] {
+        assert_eq!(ledger(&db, order_id).await.get("notified"), None);
+    }
+}
