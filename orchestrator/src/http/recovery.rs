@@ -25,7 +25,6 @@ use crate::operations::{ForkRequest, Operations};
 pub(crate) struct CompleteStep {
     /// The step's output, as its action would have returned it (any JSON, `null` included; at
     /// most 1 MiB): later steps read it, and its compensation, if ever needed, receives it.
-    #[schema(value_type = Object)]
     output: Value,
     /// Why: kept in the audit event, without its surrounding white space. At most 1000
     /// characters as sent, at least one of them not white space.
@@ -43,7 +42,6 @@ pub(crate) struct ForkSaga {
     /// The new saga's input, checked against the definition's input schema as a start's is;
     /// absent (or `null`) to take the original's.
     #[serde(default)]
-    #[schema(value_type = Option<Object>)]
     input: Option<Value>,
     /// The stage the new saga starts at: the stages before it are taken over from the
     /// original with their outputs and are not run again (their compensations, if ever
