@@ -898,3 +898,79 @@ async fn the_cli_completes_a_failed_order_s_step_through_a_server_and_on_the_dat
         assert_eq!(ledger(&db, order_id).await.get("notified"), None);
     }
 }
+
+/// `trip`: the parallel group `book` (branches `hotel`, whose action asks to be retried in an
+/// hour, and `car`), then `pay` (pivot).
+fn trip(calls: &Calls) -> SagaDefinition {
+    let branch = |name: &'static str| {
+        let (act, undo) = (calls.clone(), calls.clone());
+        Step::compensatable(
+            name,
+            move |ctx: StepContext| {
+                let calls = act.clone();
+                async move {
+                    calls.record(&ctx)?;
+                    if name == "hotel" {
+                        return Err(StepError::retry_after(
+                            Duration::from_secs(3600),
+                            "the hotel desk is closed",
+                        ));
+                    }
+                    Ok(json!({"booked": name}))
+                }
+            },
+            move |ctx: StepContext| {
+                let calls = undo.clone();
+                async move { calls.record(&ctx) }
+            },
+        )
+    };
+    SagaDefinition::builder("trip", 1)
+        .step(Step::parallel("book", vec![branch("hotel"), branch("car")]))
+        .step(Step::pivot("pay", |_ctx: StepContext| async {
+            Ok::<_, StepError>(json!("paid"))
+        }))
+        .build()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_branch_waiting_on_its_retry_is_completed_by_hand_and_its_group_goes_on() {
+    let calls = Calls::default();
+    let api = Harness::new(registry_of([trip(&calls)]))
+        .await
+        .into_api(HttpConfig::default())
+        .await;
+    let id = api.start_saga("trip", json!({})).await;
+    let status_of = |s: &Value, name: &str| {
+        s["steps"]
+            .as_array()
+            .and_then(|steps| steps.iter().find(|st| st["name"] == name))
+            .map(|st| st["status"].clone())
+    };
+    api.wait(&id, |s| {
+        status_of(s, "book/hotel") == Some(json!("RETRYING"))
+            && status_of(s, "book/car") == Some(json!("SUCCEEDED"))
+    })
+    .await;
+    let complete = |step: &str| format!("/v1/sagas/{id}/steps/{step}/complete");
+    let (status, _, body) = api
+        .post(&complete("book"), &json!({"output": 1, "reason": "x"}))
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("book/hotel, book/car"), "{message}");
+
+    let room = json!({"booked": "hotel", "room": 12});
+    let (status, _, body) = api
+        .post(
+            &complete("book%2Fhotel"),
+            &json!({"output": room, "reason": "booked by phone"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let done = api.wait_status(&id, "COMPLETED").await;
+    assert_eq!(step(&done, "book")["output"]["hotel"], room);
+    assert_eq!(calls.of("book/hotel", Phase::Action).len(), 1);
+    api.stop().await;
+}
