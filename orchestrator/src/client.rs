@@ -549,6 +549,71 @@ impl SagaClient {
         decode(&url, response).await
     }
 
+    /// Records `output` as the result of `step`, done by hand
+    /// (`POST /v1/sagas/{id}/steps/{step}/complete`), audited with `reason`; the saga goes on.
+    /// Needs the `operate` scope; a saga not stopped on that step is a `409`
+    /// [`ClientError::Api`]. Returns the saga as the command left it.
+    pub async fn complete_step(
+        &self,
+        id: impl std::fmt::Display,
+        step: &str,
+        output: &serde_json::Value,
+        reason: &str,
+    ) -> Result<Saga, ClientError> {
+        let url = self.url(&["v1", "sagas", &id.to_string(), "steps", step, "complete"])?;
+        let body = serde_json::json!({ "output": output, "reason": reason }).to_string();
+        let response = self
+            .send_command(&url, |req| {
+                req.header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(body.clone())
+            })
+            .await?;
+        decode(&url, response).await
+    }
+
+    /// Forks saga `id` (`POST /v1/sagas/{id}/fork`), audited with `reason`: a new saga of the
+    /// same name from the original's input or `input`, taking over the effects of the stages
+    /// before `from_stage` if given (the original then `ABORTED` with `superseded_by`). Needs
+    /// the `operate` scope. Returns the new saga.
+    ///
+    /// Sent once, never retried: a fresh fork whose answer was lost would otherwise be made
+    /// twice. After a transport error, the original's `saga.forked` events say whether it was.
+    pub async fn fork(
+        &self,
+        id: impl std::fmt::Display,
+        input: Option<&serde_json::Value>,
+        from_stage: Option<&str>,
+        reason: &str,
+    ) -> Result<Saga, ClientError> {
+        let url = self.url(&["v1", "sagas", &id.to_string(), "fork"])?;
+        let mut body = serde_json::json!({ "reason": reason });
+        if let Some(input) = input {
+            body["input"] = input.clone();
+        }
+        if let Some(stage) = from_stage {
+            body["from_stage"] = serde_json::json!(stage);
+        }
+        let body = body.to_string();
+        let mut req = self
+            .http
+            .request(Method::POST, url.clone())
+            .timeout(self.request_timeout)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body);
+        if let Some(token) = &self.token {
+            req = req.bearer_auth(token);
+        }
+        let response = req.send().await.map_err(|e| ClientError::Transport {
+            url: url.to_string(),
+            attempts: 1,
+            detail: chain(&e),
+        })?;
+        if !response.status().is_success() {
+            return Err(api_error(&url, response).await);
+        }
+        decode(&url, response).await
+    }
+
     /// An operator command: `POST` with `{"reason"}` if given, answered with the saga.
     async fn operate(&self, url: &Url, reason: Option<&str>) -> Result<Saga, ClientError> {
         let body = reason.map(|r| serde_json::json!({ "reason": r }).to_string());

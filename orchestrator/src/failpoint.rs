@@ -6,7 +6,8 @@
 //! that point, exactly like a `kill -9` there. Points: `before_action`, `after_action`,
 //! `before_compensation`, `after_compensation`, and for a child stage `before_child` (its
 //! waiting record committed, the child not created) and `after_child` (the child created, the
-//! parent not yet parked); for the outbox, by event type in place of a step,
+//! parent not yet parked); for a fork, by the saga's name in place of a step, `after_fork`
+//! (the fork committed, its new saga not yet handed to the engine nor answered); for the outbox, by event type in place of a step,
 //! `after_webhook_send` (a webhook answered, its delivery not recorded), `after_broker_ack`
 //! (the broker acknowledged a batch ending with that event, the relay's cursor not moved) and,
 //! in a consumer, `after_consume_commit` (its work committed, the message not acked). Unset

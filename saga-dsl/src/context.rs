@@ -107,6 +107,8 @@ pub struct StepContext {
     branch: Option<BranchOf>,
     state: Option<SharedState>,
     trace: Option<TraceContext>,
+    /// The saga whose keys this call uses, when it is not `saga_id` (a row a fork took over).
+    keys_saga: Option<Uuid>,
 }
 
 impl StepContext {
@@ -135,7 +137,16 @@ impl StepContext {
             branch: None,
             state: None,
             trace: None,
+            keys_saga: None,
         }
+    }
+
+    /// This context, with the idempotency keys of saga `saga` instead of its own: for a step a
+    /// fork took over from the saga it was forked from, whose effect is that saga's and is
+    /// undone with that saga's key. The orchestrator does this.
+    pub fn with_keys_of(mut self, saga: Uuid) -> Self {
+        self.keys_saga = Some(saga);
+        self
     }
 
     /// This context, with the trace context of the call. The orchestrator does this.
@@ -258,9 +269,10 @@ impl StepContext {
     }
 
     fn key_of(&self, phase: Phase) -> Uuid {
+        let saga = self.keys_saga.unwrap_or(self.saga_id);
         match &self.branch {
-            Some(b) => branch_idempotency_key(self.saga_id, &b.stage, &b.name, phase),
-            None => idempotency_key(self.saga_id, self.step_index, phase),
+            Some(b) => branch_idempotency_key(saga, &b.stage, &b.name, phase),
+            None => idempotency_key(saga, self.step_index, phase),
         }
     }
 

@@ -164,6 +164,68 @@ async fn the_client_starts_reads_waits_for_and_cancels_sagas() {
 }
 
 #[tokio::test]
+async fn the_client_completes_a_step_by_hand_and_forks_a_saga() {
+    let api = own(with_token()).await;
+    let client = SagaClient::new(&api.base, Some(TOKEN.to_owned())).unwrap();
+    let waiting = client.start("approval", &json!({}), None).await.unwrap();
+    api.wait(&waiting.id.to_string(), |s| {
+        s["steps"][1]["status"] == "WAITING"
+    })
+    .await;
+    let saga = client
+        .complete_step(
+            waiting.id,
+            "await_approval",
+            &json!({"approved": true, "by": "phone"}),
+            "approved by phone",
+        )
+        .await
+        .unwrap();
+    assert_eq!(saga.steps[1].action.status, StepStatus::Succeeded);
+    let done = client
+        .wait(waiting.id, Duration::from_secs(20))
+        .await
+        .unwrap();
+    assert_eq!(done.status, SagaStatus::Completed);
+    assert_eq!(
+        done.steps[1].output,
+        Some(json!({"approved": true, "by": "phone"}))
+    );
+
+    // Afresh: the original is left as it is; from a stage of a completed saga: superseded.
+    let fresh = client
+        .fork(
+            waiting.id,
+            Some(&json!({"edited": true})),
+            None,
+            "once more",
+        )
+        .await
+        .unwrap();
+    assert_eq!(fresh.input, json!({"edited": true}));
+    let from = fresh.forked_from.clone().unwrap();
+    assert_eq!((from.saga_id, from.stage), (waiting.id, None));
+    let taken = client
+        .fork(waiting.id, None, Some("ship"), "ship it again")
+        .await
+        .unwrap();
+    assert_eq!(taken.steps[1].output, done.steps[1].output);
+    let old = client.get(waiting.id).await.unwrap();
+    assert_eq!(old.status, SagaStatus::Aborted);
+    assert_eq!(old.superseded_by, Some(taken.id));
+    let err = client
+        .fork(waiting.id, None, Some("ship"), "twice")
+        .await
+        .unwrap_err();
+    assert_eq!(err.status(), Some(409), "{err}");
+    let err = client
+        .complete_step(taken.id, "nope", &json!(1), "x")
+        .await
+        .unwrap_err();
+    assert_eq!(err.status(), Some(404), "{err}");
+}
+
+#[tokio::test]
 async fn saga_start_goes_through_the_http_api() {
     let db = TempDb::new();
     let server = Server::spawn(&db.url, db.dir.path(), &[("SAGA_API_TOKEN", TOKEN)], &[]).await;

@@ -100,6 +100,8 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
         ("POST", "/v1/sagas/{saga}/abort"),
         ("POST", "/v1/sagas/{saga}/retry"),
         ("POST", "/v1/sagas/{saga}/steps/{step}/mark-compensated"),
+        ("POST", "/v1/sagas/{saga}/steps/{step}/complete"),
+        ("POST", "/v1/sagas/{saga}/fork"),
         ("POST", "/v1/bulk"),
         ("GET", "/v1/bulk"),
         ("GET", "/v1/bulk/{id}"),
@@ -164,6 +166,24 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
     let abort = |id: &str| format!("/v1/sagas/{id}/abort");
     let retry = |id: &str| format!("/v1/sagas/{id}/retry");
     let mark = |id: &str, step: &str| format!("/v1/sagas/{id}/steps/{step}/mark-compensated");
+    let complete = |id: &str, step: &str| format!("/v1/sagas/{id}/steps/{step}/complete");
+    let fork = |id: &str| format!("/v1/sagas/{id}/fork");
+    // Waiting for its approval: a step a person may complete.
+    let to_complete = api.start_saga("approval", json!({})).await;
+    api.wait(&to_complete, |s| s["steps"][1]["status"] == "WAITING")
+        .await;
+    // An output over the operator's limit fits only a body limit above it: a server of its own.
+    let roomy = own(HttpConfig {
+        api_token: Some(TOKEN.to_owned()),
+        body_limit: 2 * orchestrator::operations::MAX_OUTPUT,
+        ..HttpConfig::default()
+    })
+    .await;
+    let roomy_done = roomy.run_saga("s").await["id"].as_str().unwrap().to_owned();
+    let too_big = json!({
+        "output": "x".repeat(orchestrator::operations::MAX_OUTPUT),
+        "reason": "probe",
+    });
     let pause = |id: &str| format!("/v1/sagas/{id}/pause");
     let resume = |id: &str| format!("/v1/sagas/{id}/resume");
     // A start that waits holds its idempotency key in progress: a retry meanwhile is 409.
@@ -565,6 +585,13 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
             mark(&done, "a"),
             READ_ONLY,
         ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/steps/{step}/complete",
+            complete(&done, "a"),
+            READ_ONLY,
+        ),
+        ("POST", "/v1/sagas/{saga}/fork", fork(&done), READ_ONLY),
         ("POST", "/v1/bulk", "/v1/bulk".to_owned(), READ_ONLY),
         ("GET", "/v1/bulk", "/v1/bulk".to_owned(), START_ONLY),
         (
@@ -806,6 +833,101 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
             "/v1/sagas/{saga}/resume",
             api.req(Method::POST, &resume(&done)).json(&reason),
             "409",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/steps/{step}/complete",
+            api.req(Method::POST, &complete(&to_complete, "await_approval"))
+                .json(&json!({"output": {"approved": true}, "reason": "by phone"})),
+            "200",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/steps/{step}/complete",
+            api.req(Method::POST, &complete(&to_complete, "reserve"))
+                .json(&reason),
+            "400",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/steps/{step}/complete",
+            api.anonymous(Method::POST, &complete(&to_complete, "reserve"))
+                .json(&json!({"output": 1, "reason": "probe"})),
+            "401",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/steps/{step}/complete",
+            api.req(Method::POST, &complete(&done, "nope"))
+                .json(&json!({"output": 1, "reason": "probe"})),
+            "404",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/steps/{step}/complete",
+            api.req(Method::POST, &complete(&done, "a"))
+                .json(&json!({"output": 1, "reason": "probe"})),
+            "409",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/steps/{step}/complete",
+            api.req(Method::POST, &complete(&done, "a"))
+                .json(&json!({"output": big, "reason": "probe"})),
+            "413",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/steps/{step}/complete",
+            roomy
+                .req(Method::POST, &complete(&roomy_done, "a"))
+                .json(&too_big),
+            "422",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/fork",
+            api.req(Method::POST, &fork(&done)).json(&reason),
+            "201",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/fork",
+            api.req(Method::POST, &fork("x")).json(&reason),
+            "400",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/fork",
+            api.anonymous(Method::POST, &fork(&done)).json(&reason),
+            "401",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/fork",
+            api.req(Method::POST, &fork(&unknown)).json(&reason),
+            "404",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/fork",
+            api.req(Method::POST, &fork(&running))
+                .json(&json!({"from_stage": "hang", "reason": "probe"})),
+            "409",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/fork",
+            api.req(Method::POST, &fork(&done))
+                .json(&json!({"input": big, "reason": "probe"})),
+            "413",
+        ),
+        (
+            "POST",
+            "/v1/sagas/{saga}/fork",
+            api.req(Method::POST, &fork(&done))
+                .json(&json!({"from_stage": "nope", "reason": "probe"})),
+            "422",
         ),
     ];
     probes.extend(operator);

@@ -75,6 +75,12 @@ pub enum AdminCommand {
     Pause(PauseArgs),
     /// Resume a PAUSED saga (audited); a step whose retries ran out gets a fresh budget.
     Resume(PauseArgs),
+    /// Record the output of a step done by hand (audited); the saga goes on, and the step's
+    /// compensation, if ever needed, receives that output.
+    CompleteStep(CompleteStepArgs),
+    /// Fork a saga: a new one from its input (or another), optionally taking over the effects
+    /// of the stages before --from-stage (audited); prints the new saga's id. Needs a server.
+    Fork(ForkArgs),
     /// List the orchestrator processes recorded in the database, their heartbeats and leases.
     Workers(WorkersArgs),
     /// Show how far each outbox relay (webhooks, NATS) has published the event log, and what
@@ -91,8 +97,8 @@ pub enum AdminCommand {
     /// Send a signal with a JSON payload to a saga through a server's HTTP API (an approval,
     /// a provider's answer); the saga's signal step takes it.
     Signal(SignalArgs),
-    /// Apply cancel, retry or abort to every saga a filter matches, as a durable job of the
-    /// server (audited); prints the job id and how many sagas it matched.
+    /// Apply cancel, pause, resume, retry, abort or fork to every saga a filter matches, as a
+    /// durable job of the server (audited); prints the job id and how many sagas it matched.
     Bulk(BulkArgs),
     /// Show a bulk job: its progress and the sagas that refused its command.
     BulkJob(BulkJobArgs),
@@ -146,6 +152,8 @@ impl AdminCommand {
             Self::Retry(a) => &a.via,
             Self::MarkCompensated(a) => &a.via,
             Self::Pause(a) | Self::Resume(a) => &a.via,
+            Self::CompleteStep(a) => &a.via,
+            Self::Fork(a) => &a.via,
             _ => return None,
         };
         via.server.is_some().then_some(via)
@@ -161,6 +169,8 @@ impl AdminCommand {
                 | Self::MarkCompensated(_)
                 | Self::Pause(_)
                 | Self::Resume(_)
+                | Self::CompleteStep(_)
+                | Self::Fork(_)
         )
     }
 }
@@ -387,6 +397,44 @@ pub struct MarkCompensatedArgs {
     #[arg(long, value_name = "TEXT")]
     pub reason: String,
     /// Through a server, or the database.
+    #[command(flatten)]
+    pub via: ViaServer,
+}
+
+/// `complete-step ID STEP --output JSON --reason TEXT [--server URL]`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct CompleteStepArgs {
+    /// The saga id, or its first 8 or more characters.
+    pub id: String,
+    /// The name of the step done by hand (a branch of a parallel group is `group/branch`).
+    pub step: String,
+    /// The step's output, as JSON (what its action would have returned).
+    #[arg(long, value_name = "JSON")]
+    pub output: String,
+    /// What was done, and why (recorded in the saga's events with who did it).
+    #[arg(long, value_name = "TEXT")]
+    pub reason: String,
+    /// Through a server, or the database.
+    #[command(flatten)]
+    pub via: ViaServer,
+}
+
+/// `fork ID [--from-stage S] [--input JSON] --reason TEXT [--server URL]`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct ForkArgs {
+    /// The saga id, or its first 8 or more characters.
+    pub id: String,
+    /// The stage the new saga starts at: the stages before it are taken over from the
+    /// original (not run again) and the original is aborted, superseded by the new saga.
+    #[arg(long, value_name = "STAGE")]
+    pub from_stage: Option<String>,
+    /// The new saga's input, as JSON; the original's if not given.
+    #[arg(long, value_name = "JSON")]
+    pub input: Option<String>,
+    /// Why (recorded in both sagas' events with who did it).
+    #[arg(long, value_name = "TEXT")]
+    pub reason: String,
+    /// Through a server: a fork needs the saga definitions, which only a server has.
     #[command(flatten)]
     pub via: ViaServer,
 }

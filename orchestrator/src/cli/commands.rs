@@ -15,14 +15,14 @@ use uuid::Uuid;
 
 use super::address::Target;
 use super::args::{
-    AbortArgs, AdminCommand, CancelArgs, EventsArgs, ListArgs, MarkCompensatedArgs, PauseArgs,
-    PurgeArgs, RetryArgs, ShowArgs, SignalArgs, StartArgs,
+    AbortArgs, AdminCommand, CancelArgs, CompleteStepArgs, EventsArgs, ForkArgs, ListArgs,
+    MarkCompensatedArgs, PauseArgs, PurgeArgs, RetryArgs, ShowArgs, SignalArgs, StartArgs,
 };
 use super::error::CliError;
 use super::render;
 use super::table::Layout;
 use crate::model::{IdPrefix, ListFilter, Saga, SagaDetail, SagaPage};
-use crate::operations::{Cancelled, Operations, Reason, Retried};
+use crate::operations::{Cancelled, ForkRequest, Operations, Reason, Retried};
 use crate::store::{match_prefix, OutboxStore, PrefixMatch, Store};
 
 /// Runs one operator command against `store`, writing what it shows or did to `out`, with
@@ -55,6 +55,8 @@ pub async fn run_admin_with(
         AdminCommand::Resume(a) => resume(a, store, out).await,
         AdminCommand::Retry(a) => retry(a, store, out).await,
         AdminCommand::MarkCompensated(a) => mark_compensated(a, store, out).await,
+        AdminCommand::CompleteStep(a) => complete_step(a, store, out).await,
+        AdminCommand::Fork(a) => fork(a, store).await,
         AdminCommand::Workers(a) => {
             let workers = store.workers().await?;
             if a.output.json {
@@ -496,6 +498,54 @@ async fn mark_compensated(
         a.step
     )?;
     render::now_status(out, &saga)?;
+    Ok(())
+}
+
+/// A JSON argument (`--output`, `--input`), or a clear error naming the flag.
+pub(super) fn json_arg(flag: &str, text: &str) -> Result<serde_json::Value, CliError> {
+    serde_json::from_str(text)
+        .map_err(|e| CliError::BadArgument(format!("{flag} is not valid JSON: {e}")))
+}
+
+async fn complete_step(
+    a: &CompleteStepArgs,
+    store: &dyn Store,
+    out: &mut impl Write,
+) -> Result<(), CliError> {
+    let id = resolve_id(store, &a.id).await?;
+    let output = json_arg("--output", &a.output)?;
+    let reason = Reason::parse(&a.reason)?;
+    let actor = actor();
+    let saga = Operations::new(store)
+        .complete_step(id, &a.step, output, &reason, &actor)
+        .await?;
+    writeln!(
+        out,
+        "step {} of saga {id} completed by hand by {actor}: {reason}",
+        a.step
+    )?;
+    render::now_status(out, &saga)?;
+    Ok(())
+}
+
+/// A fork straight on the database: refused by the use case, which says to use a server (the
+/// new saga's definition, and its input's check, are the server's). The arguments are checked
+/// first, so a typo is reported as such.
+async fn fork(a: &ForkArgs, store: &dyn Store) -> Result<(), CliError> {
+    let id = resolve_id(store, &a.id).await?;
+    let input = a
+        .input
+        .as_deref()
+        .map(|i| json_arg("--input", i))
+        .transpose()?;
+    let reason = Reason::parse(&a.reason)?;
+    let request = ForkRequest {
+        input,
+        from_stage: a.from_stage.clone(),
+    };
+    Operations::new(store)
+        .fork(id, request, &reason, &actor())
+        .await?;
     Ok(())
 }
 

@@ -64,10 +64,14 @@ impl From<StoreError> for CliError {
 impl From<OperationError> for CliError {
     fn from(e: OperationError) -> Self {
         match e {
-            OperationError::BadRequest(msg)
-            | OperationError::NotFound(msg)
-            | OperationError::NotAvailable(msg) => Self::BadArgument(msg),
+            OperationError::BadRequest(msg) | OperationError::NotFound(msg) => {
+                Self::BadArgument(msg)
+            }
             OperationError::Conflict(msg) => Self::Conflict(msg),
+            OperationError::Invalid(msg) | OperationError::NeedsServer(msg) => {
+                Self::BadArgument(msg)
+            }
+            OperationError::Start(e) => Self::BadArgument(e.to_string()),
             OperationError::Store(e) => e.into(),
         }
     }

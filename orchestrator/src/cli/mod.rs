@@ -70,9 +70,10 @@ use std::sync::Arc;
 
 pub use args::DefinitionsArgs;
 pub use args::{
-    AbortArgs, AdminCommand, Auth, BulkArgs, BulkJobArgs, CancelArgs, DatabaseArgs, EventsArgs,
-    ListArgs, MarkCompensatedArgs, OutboxArgs, Output, PauseArgs, PurgeArgs, RetryArgs, Server,
-    ShowArgs, SignalArgs, StartArgs, ViaServer, WorkersArgs, DEFAULT_LIST_LIMIT, DEFAULT_SERVER,
+    AbortArgs, AdminCommand, Auth, BulkArgs, BulkJobArgs, CancelArgs, CompleteStepArgs,
+    DatabaseArgs, EventsArgs, ForkArgs, ListArgs, MarkCompensatedArgs, OutboxArgs, Output,
+    PauseArgs, PurgeArgs, RetryArgs, Server, ShowArgs, SignalArgs, StartArgs, ViaServer,
+    WorkersArgs, DEFAULT_LIST_LIMIT, DEFAULT_SERVER,
 };
 pub use commands::{actor, run_admin, run_admin_with, run_signal, run_start, show_with_deliveries};
 pub use definitions::run_definitions;
@@ -148,7 +149,8 @@ pub async fn open_and_run(
         out.flush()?;
         return Ok(());
     }
-    if cmd.changes_a_saga() {
+    // A fork on the database is refused (it needs a server): no note that it writes there.
+    if cmd.changes_a_saga() && !matches!(cmd, AdminCommand::Fork(_)) {
         // Said on stderr, so that what the command prints stays the same for scripts. Going
         // through a server stays a choice (it needs the server's token): a server found
         // running on the database is only pointed out.

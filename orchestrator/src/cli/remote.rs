@@ -1,5 +1,5 @@
 //! The commands that change a saga (`cancel`, `abort`, `retry`, `mark-compensated`, `pause`,
-//! `resume`) sent
+//! `resume`, `complete-step`, `fork`) sent
 //! through a server's HTTP API (`--server`): the same rules as the direct ones, checked by the
 //! server, and audited with the token's name. A saga may be named by a prefix of its id: the
 //! server resolves it as the database would, and what is printed names the whole id.
@@ -8,7 +8,7 @@ use std::io::Write;
 
 use super::address::Target;
 use super::args::{AdminCommand, ViaServer};
-use super::commands::id_for_server;
+use super::commands::{id_for_server, json_arg};
 use super::error::CliError;
 use super::render;
 use crate::operations::Reason;
@@ -88,10 +88,46 @@ pub async fn run_via_server(
             writeln!(out, "saga {id} resumed through {server}: {reason}")?;
             render::now_status(out, &saga)?;
         }
+        AdminCommand::CompleteStep(a) => {
+            let given = id_for_server(&a.id)?;
+            let output = json_arg("--output", &a.output)?;
+            let reason = Reason::parse(&a.reason)?;
+            let saga = client
+                .complete_step(given, &a.step, &output, reason.as_str())
+                .await
+                .map_err(failed)?;
+            let id = saga.id;
+            writeln!(
+                out,
+                "step {} of saga {id} completed by hand through {server}: {reason}",
+                a.step
+            )?;
+            render::now_status(out, &saga)?;
+        }
+        AdminCommand::Fork(a) => {
+            let given = id_for_server(&a.id)?;
+            let input = a
+                .input
+                .as_deref()
+                .map(|i| json_arg("--input", i))
+                .transpose()?;
+            let reason = Reason::parse(&a.reason)?;
+            let saga = client
+                .fork(
+                    given,
+                    input.as_ref(),
+                    a.from_stage.as_deref(),
+                    reason.as_str(),
+                )
+                .await
+                .map_err(failed)?;
+            // The new id alone, so that a script can take it: `NEW=$(saga fork …)`.
+            writeln!(out, "{}", saga.id)?;
+        }
         _ => {
             return Err(CliError::BadArgument(
-                "only cancel, abort, retry, mark-compensated, pause and resume go through \
-                 --server"
+                "only cancel, abort, retry, mark-compensated, pause, resume, complete-step \
+                 and fork go through --server"
                     .to_owned(),
             ))
         }

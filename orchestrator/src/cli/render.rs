@@ -421,6 +421,20 @@ fn header(out: &mut impl Write, s: &Saga, now: Millis, layout: &Layout) -> std::
             true,
         ));
     }
+    if let Some(from) = &s.forked_from {
+        let how = match &from.stage {
+            Some(stage) => format!("from stage {stage}, taking over the effects before it"),
+            None => "afresh".to_owned(),
+        };
+        lines.push(("Forked from", format!("{} ({how})", from.saga_id), true));
+    }
+    if let Some(by) = s.superseded_by {
+        lines.push((
+            "Superseded by",
+            format!("{by} (a fork that took this saga's effects over)"),
+            true,
+        ));
+    }
     lines.push(("Created", time_and_ago(s.created_at, now), false));
     if let Some(at) = s.scheduled_at {
         lines.push(("Scheduled", time_and_in(at, now), false));

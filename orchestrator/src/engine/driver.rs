@@ -546,6 +546,11 @@ impl Driver {
         )
         .with_state(self.def.state().cloned())
         .with_input_cache(self.typed_input.clone());
+        // A row a fork took over undoes the original's effect with the original's key.
+        let ctx = match row.keys_saga_id {
+            Some(saga) => ctx.with_keys_of(saga),
+            None => ctx,
+        };
         let ctx = match &self.trace {
             Some(trace) => ctx.with_trace(trace.context),
             None => ctx,

@@ -253,16 +253,7 @@ impl Engine {
             start_at,
             trace,
         } = request;
-        let def = self
-            .inner
-            .registry
-            .latest(&name)
-            .ok_or_else(|| StartError::UnknownDefinition(name.clone()))?;
-        def.check_input(&input)
-            .map_err(|message| StartError::InvalidInput {
-                name: name.clone(),
-                message,
-            })?;
+        let def = self.checked_definition(&name, &input)?;
         let fingerprint = key
             .as_ref()
             .map(|_| fingerprint(def.name(), callback.as_ref(), start_at, &input));
@@ -345,6 +336,43 @@ impl Engine {
             },
         };
         Ok(self.started(saga, started, slot, None))
+    }
+
+    /// The latest registered definition of `name`, once `input` was checked against it: the
+    /// first rule of every start ([`Engine::start`], and a fork's new saga).
+    fn checked_definition(
+        &self,
+        name: &str,
+        input: &Value,
+    ) -> Result<&saga_dsl::SagaDefinition, StartError> {
+        let def = self
+            .inner
+            .registry
+            .latest(name)
+            .ok_or_else(|| StartError::UnknownDefinition(name.to_owned()))?;
+        def.check_input(input)
+            .map_err(|message| StartError::InvalidInput {
+                name: name.to_owned(),
+                message,
+            })?;
+        Ok(def)
+    }
+
+    /// A new saga of the latest version of `name` with `input`, checked as a start checks it,
+    /// for a caller that records it in a transaction of its own (a fork, with the original's
+    /// change); once committed, [`Engine::created_elsewhere`] hands it to the engine.
+    pub(crate) fn new_saga(&self, name: &str, input: Value) -> Result<NewSaga, StartError> {
+        let def = self.checked_definition(name, &input)?;
+        Ok(NewSaga::of(def, input))
+    }
+
+    /// A saga [`Engine::new_saga`] made and another transaction committed, unleased and due
+    /// now: counted as started, and the engine woken to claim it (here or in another process
+    /// sharing the database).
+    pub(crate) fn created_elsewhere(&self, saga: &Saga) {
+        self.wake();
+        tracing::debug!(saga.id = %saga.id, saga.name = %saga.name, "saga started");
+        metrics::counter!("saga_started_total", "name" => saga.name.clone()).increment(1);
     }
 
     /// [`Engine::start`] of `name` with `input` and no options, which always creates a saga:

@@ -146,6 +146,8 @@ fn required_scope(method: &Method, route: Option<&str>) -> Option<Scope> {
         || route == "/v1/bulk"
         || route.ends_with("/pause")
         || route.ends_with("/resume")
+        || route.ends_with("/complete")
+        || route.ends_with("/fork")
     {
         Some(Scope::Operate)
     } else if route.starts_with("/v1/sagas") {
@@ -403,6 +405,8 @@ mod tests {
             "/v1/sagas/{saga}/steps/{step}/mark-compensated",
             "/v1/sagas/{saga}/pause",
             "/v1/sagas/{saga}/resume",
+            "/v1/sagas/{saga}/steps/{step}/complete",
+            "/v1/sagas/{saga}/fork",
         ] {
             assert_eq!(required_scope(&post, Some(operate)), Some(Scope::Operate));
         }

@@ -54,8 +54,9 @@ pub(crate) struct BulkFilter {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct BulkBody {
-    /// The command applied to each matched saga: `cancel`, `retry` or `abort` (`pause`,
-    /// `resume` and `fork` answer `422 action_not_available` on this server).
+    /// The command applied to each matched saga: `cancel`, `pause`, `resume`, `retry`,
+    /// `abort`, or `fork` (each saga forked afresh from its own input, as `POST
+    /// /v1/sagas/{id}/fork` without `from_stage` does).
     #[schema(value_type = BulkAction)]
     action: String,
     /// Which sagas.
@@ -239,7 +240,7 @@ fn parse(body: Value) -> Result<(BulkRequest, Reason), ApiError> {
         (status = 400, description = "Malformed JSON or body, or no reason", body = ErrorBody),
         Unauthorized,
         ForbiddenOperate,
-        (status = 422, description = "An unknown action (`invalid_action`), a filter value that does not parse, an empty filter without `dry_run`, or search attributes (`invalid_filter`), or an action this server does not offer (`action_not_available`)", body = ErrorBody),
+        (status = 422, description = "An unknown action (`invalid_action`), a filter value that does not parse, an empty filter without `dry_run`, or search attributes (`invalid_filter`)", body = ErrorBody),
         ServerErrors,
     )
 )]

@@ -132,7 +132,7 @@ pub(crate) fn with_start_routes(doc: &utoipa::openapi::OpenApi, registry: &Regis
 }
 
 /// The operations on one saga, each linked from a start's answers.
-const SAGA_OPERATIONS: [&str; 11] = [
+const SAGA_OPERATIONS: [&str; 13] = [
     "get_saga",
     "saga_events",
     "saga_attempts",
@@ -144,6 +144,8 @@ const SAGA_OPERATIONS: [&str; 11] = [
     "mark_compensated",
     "pause_saga",
     "resume_saga",
+    "complete_step",
+    "fork_saga",
 ];
 
 /// Links from the generic start's answers (`200`, `202`; each saga's own start route copies
@@ -163,11 +165,14 @@ fn start_links(doc: &mut Value) {
             ((*op).to_owned(), link)
         })
         .collect();
-    for status in ["200", "202"] {
-        if let Some(response) = doc
-            .pointer_mut(&format!("{GENERIC_START}/responses/{status}"))
-            .and_then(Value::as_object_mut)
-        {
+    // A fork's answer is a new saga too.
+    let answers = [
+        format!("{GENERIC_START}/responses/200"),
+        format!("{GENERIC_START}/responses/202"),
+        "/paths/~1v1~1sagas~1{saga}~1fork/post/responses/201".to_owned(),
+    ];
+    for answer in answers {
+        if let Some(response) = doc.pointer_mut(&answer).and_then(Value::as_object_mut) {
             response.insert("links".to_owned(), Value::Object(links.clone()));
         }
     }

@@ -35,6 +35,7 @@ type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// | 413 | `payload_too_large` |
 /// | 415 | `unsupported_media_type` |
 /// | 422 | `invalid_input`: well-formed JSON that does not fit the saga's input type |
+/// | 422 | `unprocessable`: a command that does not fit what it names (a fork from a stage the definition does not have, an operator's output over the limit) |
 /// | 422 | `callback_secret_without_url`: a `Saga-Callback-Secret` without a `Saga-Callback-Url` |
 /// | 500 | `internal` (generic message; the cause is logged) |
 /// | 503 | `unavailable` (with `Retry-After`): the database is away, or the request timed out |
@@ -275,13 +276,14 @@ impl From<OperationError> for ApiError {
     fn from(e: OperationError) -> Self {
         match e {
             OperationError::BadRequest(message) => Self::bad_request(message),
-            OperationError::NotAvailable(message) => Self::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "action_not_available",
-                message,
-            ),
             OperationError::NotFound(message) => Self::not_found(message),
             OperationError::Conflict(message) => Self::conflict(message),
+            OperationError::Invalid(message) => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "unprocessable", message)
+            }
+            // A server runs every command with its definitions: this is a wiring bug.
+            OperationError::NeedsServer(message) => Self::internal(message),
+            OperationError::Start(e) => e.into(),
             OperationError::Store(e) => e.into(),
         }
     }

@@ -96,6 +96,7 @@ mod openapi;
 mod operators;
 mod overview;
 mod prefer;
+mod recovery;
 mod state;
 pub mod tokens;
 
@@ -227,6 +228,8 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(bulk::get_bulk))
         .routes(routes!(operators::pause_saga))
         .routes(routes!(operators::resume_saga))
+        .routes(routes!(recovery::complete_step))
+        .routes(routes!(recovery::fork_saga))
         .routes(routes!(definitions::list_definitions))
         .routes(routes!(overview::counts))
         .routes(routes!(overview::whoami))

@@ -40,16 +40,21 @@ fn reason(JsonBody(body): JsonBody) -> Result<Reason, ApiError> {
             "the body must be {{\"reason\": \"…\"}} (why, for the audit): {e}"
         ))
     })?;
+    checked_reason(&parsed.reason)
+}
+
+/// A reason as sent in a command's body, checked.
+pub(crate) fn checked_reason(text: &str) -> Result<Reason, ApiError> {
     // Counted as sent, as the document's `maxLength` counts it: `Reason` alone would count
     // the trimmed text and take a longer one.
-    if parsed.reason.chars().count() > MAX_REASON {
+    if text.chars().count() > MAX_REASON {
         return Err(ApiError::bad_request(format!(
             "the reason is {} characters long; at most {MAX_REASON} are allowed, surrounding \
              white space included: shorten it",
-            parsed.reason.chars().count()
+            text.chars().count()
         )));
     }
-    Ok(Reason::parse(&parsed.reason)?)
+    Ok(Reason::parse(text)?)
 }
 
 /// `POST /v1/sagas/{id}/abort` `{"reason"}`: stops driving the saga without compensating.

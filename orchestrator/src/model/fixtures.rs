@@ -39,6 +39,7 @@ pub(crate) fn step(index: u32, name: &str, kind: StepKind, action: StepStatus) -
         }),
         budget_attempts: 0,
         budget_started_at: None,
+        keys_saga_id: None,
     }
 }
 
@@ -70,6 +71,8 @@ pub(crate) fn saga(status: SagaStatus, steps: Vec<StepRecord>) -> Saga {
         updated_at: NOW - 10,
         parent_id: None,
         parent_stage: None,
+        forked_from: None,
+        superseded_by: None,
         scheduled_at: None,
         traceparent: None,
         steps,

@@ -286,6 +286,12 @@ pub struct StepRecord {
     /// attempt's start): the time limit of its policy counts from here. Internal.
     #[serde(skip)]
     pub budget_started_at: Option<Millis>,
+    /// For a row a fork took over from the saga it was forked from: that saga, whose
+    /// idempotency keys the row's calls use, so that its compensation undoes the original's
+    /// effect with the original's key. `None` (the saga's own keys) for every other row. Not
+    /// part of the saga object of the API: `forked_from` says it for the whole saga.
+    #[serde(skip)]
+    pub keys_saga_id: Option<Uuid>,
 }
 
 /// A saga as stored: the body of `GET /v1/sagas/{id}` and of `saga show ID --json`.
@@ -369,6 +375,14 @@ pub struct Saga {
     /// The parent's stage that started this saga.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent_stage: Option<String>,
+    /// The saga this one was forked from, and the stage it took over the effects before
+    /// (`null` for a fresh fork); absent for a saga that is no fork.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<ForkedFrom>,
+    /// The saga a fork made to take over this one's effects: this one was `ABORTED` by that
+    /// fork, and every effect it made belongs to that saga now; absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub superseded_by: Option<Uuid>,
     /// When a saga started with `Saga-Start-At` was asked to start.
     #[serde(with = "opt_time", default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "server", schema(value_type = Option<String>, format = DateTime))]
@@ -386,6 +400,18 @@ pub struct Saga {
     /// ([`Saga::with_stages`]); empty in the engine's own copies.
     #[serde(default)]
     pub stages: Vec<StageRecord>,
+}
+
+/// Where a forked saga comes from: the saga it was forked from, and the stage it starts at.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
+pub struct ForkedFrom {
+    /// The original saga (`GET /v1/sagas/{saga_id}`).
+    pub saga_id: Uuid,
+    /// The stage the fork starts at: the stages before it were taken over from the original
+    /// with their outputs, and are not run again. `null` for a fresh fork, which runs every
+    /// stage with keys of its own.
+    pub stage: Option<String>,
 }
 
 impl StepRecord {

@@ -59,26 +59,6 @@ pub enum BulkCreated {
     },
 }
 
-/// Whether this build's servers apply `action` in bulk. Fork is not built yet: refused before
-/// anything is recorded.
-pub fn check_available(action: BulkAction) -> Result<()> {
-    match action {
-        BulkAction::Cancel
-        | BulkAction::Retry
-        | BulkAction::Abort
-        | BulkAction::Pause
-        | BulkAction::Resume => Ok(()),
-        BulkAction::Fork => Err(not_available(action)),
-    }
-}
-
-fn not_available(action: BulkAction) -> OperationError {
-    OperationError::NotAvailable(format!(
-        "the bulk action {action} is not available on this server: it does not offer the \
-         {action} command yet (available: cancel, pause, resume, retry, abort)"
-    ))
-}
-
 impl Operations<'_> {
     /// Records a bulk job applying `request.action` to every saga `request.filter` matches now,
     /// audited as `actor`'s with `reason`; or, for a dry run, only counts them.
@@ -88,7 +68,6 @@ impl Operations<'_> {
         reason: &Reason,
         actor: &str,
     ) -> Result<BulkCreated> {
-        check_available(request.action)?;
         if request.dry_run {
             let (matched, sample) = self
                 .store
@@ -121,7 +100,11 @@ impl Operations<'_> {
             BulkAction::Abort => self.abort(id, reason, actor).await.map(drop),
             BulkAction::Pause => self.pause(id, reason, actor).await.map(drop),
             BulkAction::Resume => self.resume(id, reason, actor).await.map(drop),
-            BulkAction::Fork => Err(not_available(action)),
+            // Each saga forked afresh from its own input: a bulk fork never takes effects over.
+            BulkAction::Fork => self
+                .fork(id, super::ForkRequest::default(), reason, actor)
+                .await
+                .map(drop),
         }
     }
 }

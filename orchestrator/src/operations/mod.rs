@@ -1,5 +1,6 @@
 //! The use cases that change a saga from outside the engine: cancel, abort, retry,
-//! mark-compensated, pause, resume and signal. The HTTP API, the CLI through a server and the CLI straight on
+//! mark-compensated, pause, resume, signal, complete-step, fork and bulk. The HTTP API, the CLI
+//! through a server and the CLI straight on
 //! the database all call these, so each command's rules, its audit (actor and reason), its
 //! events and its span are written once.
 //!
@@ -10,6 +11,8 @@
 mod abort;
 pub mod bulk;
 mod cancel;
+mod complete_step;
+mod fork;
 mod mark_compensated;
 mod pause;
 mod reason;
@@ -20,12 +23,14 @@ mod signal;
 use saga_dsl::Registry;
 use uuid::Uuid;
 
-use crate::engine::Engine;
+use crate::engine::{Engine, StartError};
 use crate::model::Saga;
 use crate::store::{Audit, BulkTicket, Store, StoreError};
 use crate::telemetry::Telemetry;
 
 pub use cancel::Cancelled;
+pub use complete_step::MAX_OUTPUT;
+pub use fork::{ForkRequest, Forked};
 pub use reason::{Reason, MAX_REASON};
 pub use retry::Retried;
 
@@ -36,15 +41,24 @@ pub enum OperationError {
     /// The command itself is malformed (a blank reason).
     #[error("{0}")]
     BadRequest(String),
-    /// The command cannot be given here (an action this server does not offer).
-    #[error("{0}")]
-    NotAvailable(String),
     /// The command names something the saga does not have (a step, a signal).
     #[error("{0}")]
     NotFound(String),
     /// The saga's state does not allow the command now.
     #[error("{0}")]
     Conflict(String),
+    /// The command is well-formed but does not fit what it names: a fork from a stage the
+    /// saga's definition does not have, or whose earlier stages differ; an output over the
+    /// limit.
+    #[error("{0}")]
+    Invalid(String),
+    /// The command needs the saga definitions, which only a server running them has (a fork
+    /// on a bare database).
+    #[error("{0}")]
+    NeedsServer(String),
+    /// A new saga was refused as a start refuses it (its input does not fit the definition).
+    #[error(transparent)]
+    Start(#[from] StartError),
     /// The store refused or failed (no such saga, a lost race, the database).
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -56,12 +70,17 @@ impl OperationError {
     pub fn code(&self) -> &'static str {
         match self {
             Self::BadRequest(_) => "bad_request",
-            Self::NotAvailable(_) => "action_not_available",
             Self::NotFound(_) | Self::Store(StoreError::NotFound(_)) => "not_found",
             Self::Store(StoreError::UnknownStep { .. }) => "not_found",
             Self::Conflict(_) | Self::Store(StoreError::Conflict(_)) => "conflict",
             Self::Store(StoreError::InvalidValue(_)) => "bad_request",
-            Self::Store(_) => "internal",
+            Self::Invalid(_) => "unprocessable",
+            Self::Start(StartError::UnknownDefinition(_)) => "not_found",
+            Self::Start(StartError::InvalidInput { .. }) => "invalid_input",
+            Self::Start(StartError::KeyInProgress { .. }) => "request_in_progress",
+            Self::Start(StartError::KeyReused { .. }) => "idempotency_key_reused",
+            Self::Start(StartError::StartInPast { .. }) => "start_in_past",
+            Self::NeedsServer(_) | Self::Start(_) | Self::Store(_) => "internal",
         }
     }
 }
@@ -77,6 +96,9 @@ pub struct Operations<'a> {
     telemetry: Option<&'a Telemetry>,
     /// The bulk job the commands are part of: its ticket, actor and reason.
     bulk: Option<(BulkTicket, &'a str, &'a str)>,
+    /// The engine whose sagas these are, when a server runs the commands: a fork's new saga
+    /// goes to it like any start.
+    engine: Option<&'a Engine>,
 }
 
 impl<'a> Operations<'a> {
@@ -88,6 +110,7 @@ impl<'a> Operations<'a> {
             registry: None,
             telemetry: None,
             bulk: None,
+            engine: None,
         }
     }
 
@@ -101,8 +124,11 @@ impl<'a> Operations<'a> {
 
     /// The commands as `engine`'s server runs them, with its definitions and exporter.
     pub fn of(engine: &'a Engine) -> Self {
-        Self::new(engine.store().as_ref())
-            .with_definitions(engine.registry(), &engine.config().telemetry)
+        Self {
+            engine: Some(engine),
+            ..Self::new(engine.store().as_ref())
+                .with_definitions(engine.registry(), &engine.config().telemetry)
+        }
     }
 
     /// The commands as the worker of a bulk job runs them: each settles the job's item for its

@@ -94,6 +94,8 @@ impl From<crate::model::rules::Refusal> for StoreError {
                 Self::UnknownStep { saga, step }
             }
             crate::model::rules::Refusal::Conflict(message) => Self::Conflict(message),
+            // Checked first by the use case against the same definition: a conflict here.
+            crate::model::rules::Refusal::Invalid(message) => Self::Conflict(message),
         }
     }
 }

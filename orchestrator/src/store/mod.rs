@@ -88,6 +88,21 @@ pub struct NewSaga {
     pub traceparent: Option<String>,
 }
 
+/// A fork to record ([`OperatorLog::fork`]).
+#[derive(Debug, Clone)]
+pub struct NewFork<'a> {
+    /// The saga forked.
+    pub original: Uuid,
+    /// The new saga: of the latest version of the original's definition, with its input
+    /// checked.
+    pub new: NewSaga,
+    /// The stage the new saga starts at, taking over the original's effects before it; `None`
+    /// for a fresh fork, which takes nothing over and leaves the original as it is.
+    pub from_stage: Option<&'a str>,
+    /// Who and why, for the audit (and the bulk job the fork is part of, if any).
+    pub audit: Audit<'a>,
+}
+
 impl NewSaga {
     /// A new saga of `def` with `input` (not checked here) and a fresh UUIDv7.
     pub fn of(def: &saga_dsl::SagaDefinition, input: Value) -> Self {
@@ -591,6 +606,24 @@ pub trait OperatorLog: Send + Sync + 'static {
     /// back. Returns the child's status after the call: unchanged if it had not completed;
     /// [`StoreError::Conflict`] if it passed its point of no return.
     async fn compensate_child(&self, child: Uuid, parent: Uuid) -> Result<SagaStatus>;
+
+    /// Records `output` as the result of step `step` done by hand (operator command,
+    /// audited): the action `SUCCEEDED` with it, the saga due now going forward. Refused as
+    /// [`crate::model::rules::check_complete_step`] says, asked inside the transaction.
+    async fn complete_step(
+        &self,
+        id: Uuid,
+        step: &str,
+        output: &Value,
+        audit: &Audit<'_>,
+    ) -> Result<Saga>;
+
+    /// Creates the fork `fork.new` of `fork.original` in one transaction (operator command,
+    /// audited): with a `from_stage`, the new saga takes over the original's rows before it,
+    /// and the original becomes `ABORTED` with `superseded_by`. Refused as
+    /// [`crate::model::rules::check_fork`] says, asked inside the transaction. Returns the new
+    /// saga.
+    async fn fork(&self, fork: &NewFork<'_>) -> Result<Saga>;
 
     /// Records a signal for a saga (the first of a name wins), with a `signal.received`
     /// event, and makes the saga due if a step of it waits for that signal.

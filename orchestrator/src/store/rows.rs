@@ -11,8 +11,8 @@ use super::NewSaga;
 use super::{Result, StoreError};
 use crate::model::{wait_word, SagaPage};
 use crate::model::{
-    Attempt, Event, Millis, PhaseRecord, Saga, SagaSummary, StepKind, StepRecord, StepStatus,
-    Worker,
+    Attempt, Event, ForkedFrom, Millis, PhaseRecord, Saga, SagaSummary, StepKind, StepRecord,
+    StepStatus, Worker,
 };
 use crate::store::SqlxResultExt;
 
@@ -126,6 +126,17 @@ pub(super) fn saga_from_row<R: LogRow>(row: &R, steps: Vec<StepRecord>) -> Resul
             .map(|p| Uuid::parse_str(&p).map_err(|e| corrupt(&id_text, e)))
             .transpose()?,
         parent_stage: row.get("parent_stage")?,
+        forked_from: match row.get::<Option<String>>("forked_from")? {
+            Some(from) => Some(ForkedFrom {
+                saga_id: Uuid::parse_str(&from).map_err(|e| corrupt(&id_text, e))?,
+                stage: row.get("forked_from_stage")?,
+            }),
+            None => None,
+        },
+        superseded_by: row
+            .get::<Option<String>>("superseded_by")?
+            .map(|p| Uuid::parse_str(&p).map_err(|e| corrupt(&id_text, e)))
+            .transpose()?,
         scheduled_at: row.get("scheduled_at")?,
         traceparent: row.get("traceparent")?,
         steps,
@@ -174,6 +185,10 @@ pub(super) fn step_from_row<R: LogRow>(row: &R) -> Result<StepRecord> {
         budget_attempts: u32::try_from(row.get::<i64>("budget_attempts")?)
             .map_err(|e| corrupt(&saga, e))?,
         budget_started_at: row.get("budget_started_at")?,
+        keys_saga_id: row
+            .get::<Option<String>>("keys_saga_id")?
+            .map(|k| Uuid::parse_str(&k).map_err(|e| corrupt(&saga, e)))
+            .transpose()?,
     })
 }
 
@@ -247,6 +262,7 @@ pub(crate) fn pending_row(index: u32, name: String, kind: StepKind) -> StepRecor
         compensation: PhaseRecord::with_status(comp_status_for(kind)),
         budget_attempts: 0,
         budget_started_at: None,
+        keys_saga_id: None,
     }
 }
 
@@ -301,6 +317,8 @@ pub(super) fn new_saga_record(new: NewSaga, now: Millis, owner: Option<String>) 
         updated_at: now,
         parent_id: None,
         parent_stage: None,
+        forked_from: None,
+        superseded_by: None,
         scheduled_at: new.start_at,
         traceparent: new.traceparent,
         steps,

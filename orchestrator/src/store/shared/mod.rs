@@ -15,6 +15,7 @@ pub(crate) mod events;
 pub(crate) mod operator;
 pub(crate) mod outbox;
 pub(crate) mod reads;
+pub(crate) mod recovery;
 pub(crate) mod retention;
 pub(crate) mod signals;
 pub(crate) mod sql;
@@ -42,8 +43,8 @@ use crate::store::rows::{corrupt, LogRow};
 use crate::store::signals::{ReceivedSignal, SignalOutcome, SignalRequest};
 use crate::store::{
     Applied, Audit, BulkClaim, BulkLog, BulkTicket, CancelOutcome, ClaimRequest, Claimed,
-    EngineLog, Lease, LeaseRequest, LogReads, Maintenance, NewBulkJob, NewSaga, OperatorLog,
-    PurgeCursor, PurgePage, Result, StoreError, Transition, WorkerInfo,
+    EngineLog, Lease, LeaseRequest, LogReads, Maintenance, NewBulkJob, NewFork, NewSaga,
+    OperatorLog, PurgeCursor, PurgePage, Result, StoreError, Transition, WorkerInfo,
 };
 
 /// What one database provides to the shared store: its connections and transactions, and the
@@ -402,6 +403,20 @@ impl<B: SqlBackend> OperatorLog for B {
 
     async fn compensate_child(&self, child: Uuid, parent: Uuid) -> Result<SagaStatus> {
         children::compensate(self, child, parent).await
+    }
+
+    async fn complete_step(
+        &self,
+        id: Uuid,
+        step: &str,
+        output: &serde_json::Value,
+        audit: &Audit<'_>,
+    ) -> Result<Saga> {
+        recovery::complete_step(self, id, step, output, audit).await
+    }
+
+    async fn fork(&self, fork: &NewFork<'_>) -> Result<Saga> {
+        recovery::fork(self, fork).await
     }
 }
 

@@ -22,7 +22,7 @@ use crate::store::rows::{parse_enum, LogRow};
 use crate::store::{Audit, CancelOutcome, Result, StoreError};
 
 /// The saga, locked for the rest of the transaction.
-async fn lock_and_load(tx: &mut Tx, id: Uuid) -> Result<Saga> {
+pub(super) async fn lock_and_load(tx: &mut Tx, id: Uuid) -> Result<Saga> {
     if !tx.lock_saga(id).await? {
         return Err(StoreError::NotFound(id));
     }
@@ -30,7 +30,7 @@ async fn lock_and_load(tx: &mut Tx, id: Uuid) -> Result<Saga> {
 }
 
 /// Clears the lease and bumps the epoch: whoever drove the saga loses it at its next write.
-const TAKE_OVER: &str =
+pub(super) const TAKE_OVER: &str =
     "lease_owner = NULL, lease_expires_at = NULL, lease_epoch = lease_epoch + 1";
 
 /// Requests cancellation: recorded once; refused when terminal, compensating or past the pivot.
@@ -304,7 +304,7 @@ pub(crate) async fn mark_compensated<B: SqlBackend>(
     reload(store, id).await
 }
 
-const ABANDONED_BY_ABORT: &str =
+pub(super) const ABANDONED_BY_ABORT: &str =
     "abandoned: the saga was aborted while this attempt was in flight; its outcome is unknown";
 const ABANDONED_BY_MARK: &str = "abandoned: an operator marked the step compensated while this \
                                  attempt was in flight; its outcome is unknown";
@@ -314,7 +314,7 @@ const ABANDONED_BY_MARK: &str = "abandoned: an operator marked the step compensa
 /// open attempt-log row `abandoned`, so the log never shows a call as running that nobody will
 /// finish. The worker making it loses its lease with the same command, so its result, when
 /// it comes, is refused. Returns `{step, phase, attempt}` for each, for the audit event.
-async fn abandon_running(
+pub(super) async fn abandon_running(
     tx: &mut Tx,
     saga: &Saga,
     only: Option<u32>,
@@ -375,7 +375,7 @@ async fn abandon_running(
 }
 
 /// The saga as the command left it.
-async fn reload<B: SqlBackend>(store: &B, id: Uuid) -> Result<Saga> {
+pub(super) async fn reload<B: SqlBackend>(store: &B, id: Uuid) -> Result<Saga> {
     super::reads::get_saga(store.reader(), id)
         .await?
         .ok_or(StoreError::NotFound(id))

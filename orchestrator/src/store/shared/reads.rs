@@ -21,13 +21,15 @@ const SELECT_SAGA: &str = "SELECT id::text AS id, name, version, definition_hash
      needs_attention, blocked, cancel_requested, pause_requested, paused_from, pivot_reached, input::text AS input, \
      output::text AS output, error, next_run_at, lease_owner, lease_epoch, lease_expires_at, \
      created_at, updated_at, parent_id::text AS parent_id, parent_stage, scheduled_at, \
-     traceparent FROM sagas WHERE id = $1";
+     traceparent, forked_from::text AS forked_from, forked_from_stage, \
+     superseded_by::text AS superseded_by FROM sagas WHERE id = $1";
 
 const SELECT_STEPS: &str = "SELECT saga_id::text AS saga_id, idx, name, kind, status, attempts, \
      last_error, outcome_unknown, output::text AS output, started_at, ended_at, comp_status, \
      comp_attempts, comp_last_error, comp_outcome_unknown, comp_started_at, comp_ended_at, \
-     wake_at, waiting_for, timeout_at, retry_at, stage_index, branch, budget_attempts, budget_started_at FROM steps \
-     WHERE saga_id = $1 ORDER BY idx";
+     wake_at, waiting_for, timeout_at, retry_at, stage_index, branch, budget_attempts, \
+     budget_started_at, keys_saga_id::text AS keys_saga_id FROM steps WHERE saga_id = $1 \
+     ORDER BY idx";
 
 /// A saga and its steps, read inside `tx` (whose snapshot pairs the saga with its own steps).
 pub(crate) async fn load_saga(tx: &mut Tx, id: Uuid) -> Result<Option<Saga>> {

@@ -377,14 +377,14 @@ fn split_durability(url: &str) -> Result<(String, SqliteDurability)> {
 
 const SELECT_SAGA: &str = "SELECT id, name, version, definition_hash, status, needs_attention, blocked, \
      cancel_requested, pause_requested, paused_from, pivot_reached, input, output, error, next_run_at, lease_owner, lease_epoch, lease_expires_at, \
-     created_at, updated_at, parent_id, parent_stage, scheduled_at, traceparent \
-     FROM sagas WHERE id = ?1";
+     created_at, updated_at, parent_id, parent_stage, scheduled_at, traceparent, forked_from, \
+     forked_from_stage, superseded_by FROM sagas WHERE id = ?1";
 
 const SELECT_STEPS: &str =
     "SELECT saga_id, idx, name, kind, status, attempts, last_error, outcome_unknown, output, \
      started_at, ended_at, comp_status, comp_attempts, comp_last_error, comp_outcome_unknown, \
      comp_started_at, comp_ended_at, wake_at, waiting_for, timeout_at, retry_at, stage_index, \
-     branch, budget_attempts, budget_started_at FROM steps WHERE saga_id = ?1 ORDER BY idx";
+     branch, budget_attempts, budget_started_at, keys_saga_id FROM steps WHERE saga_id = ?1 ORDER BY idx";
 
 fn json_list(items: &[String]) -> String {
     serde_json::to_string(items).unwrap_or_else(|_| "[]".to_owned())
