@@ -70,6 +70,11 @@ const FILES: &[(&str, &str, &str)] = &[
         include_str!("console/actions.js"),
     ),
     (
+        "bulk.js",
+        "text/javascript; charset=utf-8",
+        include_str!("console/bulk.js"),
+    ),
+    (
         "console.css",
         "text/css; charset=utf-8",
         include_str!("console/console.css"),

@@ -1,6 +1,6 @@
 // The saga console: plain ES modules, no build step, no dependency. This one routes and wires
 // the page; below it, list.js and saga.js draw the pages, actions.js the action dialogs,
-// poll.js keeps a page current, login.js signs in, ui.js builds and patches the page, api.js
+// bulk.js the bulk jobs' pages, poll.js keeps a page current, login.js signs in, ui.js builds and patches the page, api.js
 // talks to the server and state.js holds what they share; no module imports one that imports
 // it. The console reads and steers sagas through the same HTTP API as any client, with the
 // user's token (kept for this tab only, in sessionStorage, and sent as a bearer header: never
@@ -19,6 +19,7 @@ import { el, fill, main, refreshNotice } from './ui.js';
 import { loadMe, showLogin } from './login.js';
 import { renderList } from './list.js';
 import { renderSaga } from './saga.js';
+import { renderBulk, renderBulkList } from './bulk.js';
 
 // ---- routing ------------------------------------------------------------------------------
 
@@ -45,7 +46,10 @@ async function route() {
   const [path, query] = hash.split('?');
   const sagaMatch = path.match(/^\/sagas\/([0-9a-fA-F-]{36})$/);
   try {
+    const bulkMatch = path.match(/^\/bulk\/([0-9a-fA-F-]{36})$/);
     if (sagaMatch) await renderSaga(sagaMatch[1].toLowerCase());
+    else if (bulkMatch) await renderBulk(bulkMatch[1].toLowerCase());
+    else if (path === '/bulk') await renderBulkList();
     else await renderList(new URLSearchParams(query || ''));
   } catch (e) {
     // A page left while it loaded says nothing over the one shown since.

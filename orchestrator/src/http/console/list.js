@@ -1,10 +1,11 @@
 // The list of sagas, its filters and the queue of those needing attention.
 
-import { STATUSES, LIST_POLL_MS, state } from './state.js';
-import { ApiError, describe, api } from './api.js';
+import { STATUSES, LIST_POLL_MS, BULK_ACTIONS, state } from './state.js';
+import { ApiError, describe, api, can } from './api.js';
 import { el, timeEl, badge, idText, fill, field, main, update, showCounts, waitEl } from './ui.js';
 import { showLogin } from './login.js';
 import { poll } from './poll.js';
+import { bulkDialog } from './actions.js';
 
 // ---- the list of sagas --------------------------------------------------------------------
 
@@ -28,8 +29,14 @@ function listQuery(params) {
   return q;
 }
 
-function sagaRow(s) {
+/** A row; with `picks` (the ids selected for a bulk action), a checkbox to select it. */
+function sagaRow(s, picks) {
   return el('tr', { class: s.needs_attention ? 'attention' : '', dataset: { key: s.id } },
+    picks ? el('td', { class: 'pick' }, el('input', {
+      type: 'checkbox', class: 'pick', 'aria-label': `Select ${s.id}`, checked: picks.has(s.id),
+      dataset: { id: s.id, focus: `pick ${s.id}` },
+      onchange: (ev) => picks.toggle(s.id, ev.target.checked),
+    })) : null,
     el('td', { class: 'idcell' }, el('a', { href: `#/sagas/${s.id}`, class: 'mono' }, idText(s.id))),
     el('td', {}, s.name),
     el('td', {}, badge(s.status), ' ',
@@ -41,15 +48,82 @@ function sagaRow(s) {
     el('td', { class: 'err', title: s.error || '' }, s.error || ''));
 }
 
-function sagaTable(sagas, caption, name) {
+function sagaTable(sagas, caption, name, picks) {
+  const all = picks && sagas.length > 0 && sagas.every((s) => picks.has(s.id));
   return el('div', { class: 'table-wrap', dataset: { key: name } }, el('table', {},
     el('caption', { class: 'muted', style: 'text-align:left' }, caption),
     el('thead', {}, el('tr', {},
+      picks ? el('th', { scope: 'col', class: 'pick' }, el('input', {
+        type: 'checkbox', class: 'pick-all', 'aria-label': 'Select every saga on this page', checked: all,
+        dataset: { focus: 'pick all' },
+        onchange: (ev) => picks.page(sagas.map((s) => s.id), ev.target.checked),
+      })) : null,
       el('th', { scope: 'col' }, 'Id'), el('th', { scope: 'col' }, 'Saga'), el('th', { scope: 'col' }, 'Status'),
       el('th', { scope: 'col' }, 'Waiting for'),
       el('th', { scope: 'col', class: 'opt' }, 'Created'), el('th', { scope: 'col', class: 'opt' }, 'Updated'),
       el('th', { scope: 'col' }, 'Error'))),
-    el('tbody', {}, sagas.map(sagaRow))));
+    el('tbody', {}, sagas.map((s) => sagaRow(s, picks)))));
+}
+
+/**
+ * The list's filter as a bulk action's filter (POST /v1/bulk), or null when it filters on
+ * something a bulk filter has not (blocked, an id prefix).
+ */
+function bulkFilter(params) {
+  if (params.get('blocked') || params.get('id')) return null;
+  const f = {};
+  if (params.get('status')) f.status = params.get('status');
+  if (params.get('name')) f.name = params.get('name');
+  if (params.get('needs_attention')) f.needs_attention = true;
+  if (params.get('after')) f.created_after = params.get('after');
+  if (params.get('before')) f.created_before = params.get('before');
+  return f;
+}
+
+/**
+ * The sagas picked for a bulk action, kept across pages and refreshes of the list, and the bar
+ * that acts on them (or on every saga the filter matches). `redraw` draws the bar again.
+ */
+function picker(bar, currentParams) {
+  const ids = new Set();
+  const count = el('span', { id: 'bulk-count', role: 'status' });
+  const action = el('select', { id: 'bulk-action', name: 'action' },
+    BULK_ACTIONS.map((a) => el('option', { value: a }, a)));
+  const onSelected = el('button', {
+    type: 'button',
+    onclick: () => bulkDialog({ action: action.value, filter: { ids: [...ids] }, what: `the ${ids.size} selected saga${ids.size === 1 ? '' : 's'}` }),
+  }, 'Act on selected…');
+  const onMatching = el('button', {
+    type: 'button',
+    onclick: () => bulkDialog({ action: action.value, filter: bulkFilter(currentParams()), what: 'every saga matching these filters' }),
+  }, 'Act on all matching…');
+  const clear = el('button', { type: 'button', onclick: () => { ids.clear(); picks.draw(); } }, 'Clear selection');
+  fill(bar, count, field('bulk-action', 'Action', action), onSelected, onMatching, clear, el('a', { href: '#/bulk' }, 'Bulk jobs'));
+  const picks = {
+    has: (id) => ids.has(id),
+    toggle: (id, on) => { if (on) ids.add(id); else ids.delete(id); picks.draw(); },
+    page: (list, on) => { for (const id of list) { if (on) ids.add(id); else ids.delete(id); } picks.draw(); },
+    /** Sets each checkbox from the selection: a patched page keeps the boxes of its last draw. */
+    sync: (region) => {
+      const boxes = [...region.querySelectorAll('input.pick')];
+      for (const box of boxes) box.checked = ids.has(box.dataset.id);
+      const all = region.querySelector('input.pick-all');
+      if (all) all.checked = boxes.length > 0 && boxes.every((b) => b.checked);
+    },
+    /** Brings the bar up to date with the selection and the filter shown (the same nodes stay). */
+    draw: () => {
+      picks.sync(document);
+      const text = ids.size ? `${ids.size} selected` : 'Select sagas to act on them together';
+      if (count.textContent !== text) count.textContent = text;
+      onSelected.disabled = ids.size === 0;
+      clear.hidden = ids.size === 0;
+      const filter = bulkFilter(currentParams());
+      onMatching.disabled = !filter || Object.keys(filter).length === 0;
+      onMatching.title = onMatching.disabled
+        ? 'Set a filter first (status, saga, needs attention, dates); blocked and id prefix are not bulk filters' : '';
+    },
+  };
+  return picks;
 }
 
 /** The API's complaint about a filter, shown beside the field it is about. */
@@ -152,9 +226,13 @@ export async function renderList(params) {
   });
 
   const queue = el('section', { class: 'attention-queue', 'aria-labelledby': 'q-title', hidden: true });
+  // Bulk actions need the operate scope; a reader's list has no checkboxes.
+  const bar = el('div', { class: 'bulkbar', role: 'group', 'aria-label': 'Bulk actions' });
+  const picks = can('operate') ? picker(bar, () => shown) : null;
   const results = el('section', { 'aria-labelledby': 'r-title' },
     el('h2', { id: 'r-title' }, 'Sagas'), el('p', { class: 'muted' }, 'Loading…'));
-  fill(main(), el('h1', {}, 'Sagas'), queue, form, results);
+  fill(main(), el('h1', {}, 'Sagas'), queue, form, picks ? bar : null, results);
+  if (picks) picks.draw();
 
   let problemShown = false;
   const showProblem = (e) => {
@@ -263,10 +341,11 @@ export async function renderList(params) {
       if (resultsKey !== drawn.results && update(results, [
         el('h2', { id: 'r-title' }, 'Sagas'),
         found.sagas.length
-          ? sagaTable(found.sagas, 'Newest first. Times in your time zone; hover for UTC.', 'results')
+          ? sagaTable(found.sagas, 'Newest first. Times in your time zone; hover for UTC.', 'results', picks)
           : el('p', { class: 'muted' }, 'No saga matches these filters.'),
         page(found),
       ])) drawn.results = resultsKey;
+      if (picks) picks.draw();
       results.removeAttribute('aria-busy');
       return true;
     }, LIST_POLL_MS);

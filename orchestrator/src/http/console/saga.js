@@ -148,6 +148,10 @@ function sagaHeader(saga, now) {
     // Not running: it waits for a person to retry or abort it.
     since = ['Waiting for an operator since', timeEl(saga.updated_at)];
     took = ['Ran for', fmtDur(lived)];
+  } else if (saga.status === 'PAUSED') {
+    // Not running: nothing starts and no timer fires until a person resumes it.
+    since = ['Paused since', timeEl(saga.updated_at)];
+    took = ['Ran for', fmtDur(lived)];
   } else if (stopped) {
     since = ['Ended', timeEl(saga.updated_at)];
     took = ['Took', fmtDur(lived)];
@@ -165,6 +169,11 @@ function sagaHeader(saga, now) {
     saga.parent_id ? el('div', { dataset: { key: 'parent' } }, el('dt', {}, 'Parent'), el('dd', {},
       el('a', { href: `#/sagas/${saga.parent_id}`, class: 'mono', title: saga.parent_id, dataset: { focus: 'parent' } }, shortId(saga.parent_id)),
       saga.parent_stage ? ` (stage ${saga.parent_stage})` : '')) : null,
+    saga.forked_from ? el('div', { dataset: { key: 'forked-from' } }, el('dt', {}, 'Forked from'), el('dd', {},
+      el('a', { href: `#/sagas/${saga.forked_from.saga_id}`, class: 'mono', title: saga.forked_from.saga_id, dataset: { focus: 'forked from' } }, shortId(saga.forked_from.saga_id)),
+      saga.forked_from.stage ? ` (from stage ${saga.forked_from.stage})` : '')) : null,
+    saga.superseded_by ? el('div', { dataset: { key: 'superseded' } }, el('dt', {}, 'Superseded by'), el('dd', {},
+      el('a', { href: `#/sagas/${saga.superseded_by}`, class: 'mono', title: saga.superseded_by, dataset: { focus: 'superseded by' } }, shortId(saga.superseded_by)))) : null,
     children.length ? el('div', { dataset: { key: 'children' } }, el('dt', {}, 'Children'), el('dd', {}, children.map((c) =>
       el('span', { dataset: { key: c.child_id } },
         el('a', { href: `#/sagas/${c.child_id}`, class: 'mono', title: c.child_id, dataset: { focus: `child ${c.child_id}` } }, shortId(c.child_id)),

@@ -9,7 +9,12 @@ export const TOKEN_KEY = 'saga-console-token';
 export const STOPPED = new Set(['COMPLETED', 'COMPENSATED', 'ABORTED', 'FAILED']);
 // No operator action changes these any more: their page stops polling.
 export const FINISHED = new Set(['COMPLETED', 'COMPENSATED', 'ABORTED']);
-export const STATUSES = ['QUEUED', 'RUNNING', 'COMPENSATING', 'COMPLETED', 'COMPENSATED', 'FAILED', 'ABORTED'];
+export const STATUSES = ['QUEUED', 'RUNNING', 'COMPENSATING', 'PAUSED', 'COMPLETED', 'COMPENSATED', 'FAILED', 'ABORTED'];
+// The statuses a saga may be paused in (SPEC §13): not finished, not already paused, not FAILED.
+export const PAUSABLE = new Set(['QUEUED', 'RUNNING', 'COMPENSATING']);
+// The actions of a bulk job (POST /v1/bulk), in the order the list offers them.
+export const BULK_ACTIONS = ['cancel', 'pause', 'resume', 'retry', 'abort', 'fork'];
+export const BULK_POLL_MS = 1000;
 export const UNKNOWN_OUTCOMES = new Set(['timed_out', 'interrupted', 'abandoned']);
 export const FAILED_OUTCOMES = new Set(['failed', 'retryable']);
 export const SAGA_POLL_MS = 2000;
