@@ -24,6 +24,7 @@ export async function renderBulk(id) {
       el('h1', {}, `Bulk ${job.action}`, badge(job.status)),
       el('dl', { class: 'meta' },
         el('div', {}, el('dt', {}, 'Job'), el('dd', { class: 'mono' }, job.id)),
+        el('div', {}, el('dt', {}, 'Sagas'), el('dd', { class: 'mono' }, JSON.stringify(job.filter))),
         el('div', {}, el('dt', {}, 'Reason'), el('dd', {}, job.reason ?? '')),
         el('div', {}, el('dt', {}, 'By'), el('dd', {}, job.actor ?? '')),
         el('div', {}, el('dt', {}, 'Created'), el('dd', {}, timeEl(job.created_at))),
@@ -58,11 +59,11 @@ export async function renderBulkList() {
     if (key !== drawn && update(body, jobs.length
       ? el('div', { class: 'table-wrap', dataset: { key: 'jobs' } }, el('table', {},
         el('caption', { class: 'muted', style: 'text-align:left' }, 'Newest first. Select sagas on the list to start one.'),
-        el('thead', {}, el('tr', {}, ['Job', 'Action', 'Status', 'Progress', 'Refused', 'Reason', 'Created'].map((h) => el('th', { scope: 'col' }, h)))),
+        el('thead', {}, el('tr', {}, ['Job', 'Action', 'Status', 'Progress', 'Reason', 'Created'].map((h) => el('th', { scope: 'col' }, h)))),
         el('tbody', {}, jobs.map((j) => el('tr', { dataset: { key: j.id } },
           el('td', {}, el('a', { href: `#/bulk/${j.id}`, class: 'mono' }, shortId(j.id))),
           el('td', {}, j.action), el('td', {}, badge(j.status)),
-          el('td', {}, `${j.done} / ${j.matched}`), el('td', {}, String(j.refused_count ?? (j.refused || []).length)),
+          el('td', {}, `${j.done} / ${j.matched}`),
           el('td', {}, j.reason ?? ''), el('td', {}, timeEl(j.created_at)))))))
       : el('p', { class: 'muted' }, 'No bulk job yet. Select sagas on the list to start one.'))) drawn = key;
     return true;

@@ -194,8 +194,10 @@ pub(crate) async fn resume<B: SqlBackend>(store: &B, id: Uuid, audit: &Audit<'_>
             };
             tx.exec(
                 &format!(
+                    // A saga paused before its scheduled start waits for that start again.
                     "UPDATE sagas SET status = $3, paused_from = NULL, pause_requested = NULL, \
-                     next_run_at = $2, {cleared}updated_at = $2 WHERE id = $1"
+                     next_run_at = CASE WHEN $3 = 'QUEUED' AND scheduled_at > $2 \
+                     THEN scheduled_at ELSE $2 END, {cleared}updated_at = $2 WHERE id = $1"
                 ),
                 &[Arg::Id(id), Arg::Int(now), Arg::Str(status.as_str())],
             )
