@@ -45,7 +45,7 @@ test('a saga paused when its retries ran out says so, and its Resume button comp
     await page.locator('h1 .badge').filter({ hasText: 'PAUSED' }).waitFor();
     await page.locator('h1 .badge').filter({ hasText: 'needs attention' }).waitFor();
     assert.match(await page.locator('[data-key="error"]').innerText(), /charge_payment/);
-    assert.match(await page.locator('.meta').innerText(), /Paused since/);
+    assert.match(await page.locator('.meta').innerText(), /Paused since/i);
     assert.equal(await page.getByRole('button', { name: 'Pause…' }).count(), 0, 'a paused saga is not paused again');
     assert.equal(await page.getByRole('button', { name: 'Retry…' }).count(), 0, 'a paused saga is resumed, not retried');
 
@@ -147,7 +147,7 @@ test('sagas picked on the list are cancelled by one bulk job, whose page follows
     await page.getByLabel(`Select ${ids[0]}`).check();
     await page.getByLabel(`Select ${ids[1]}`).check();
     await page.locator('#bulk-count').getByText('2 selected').waitFor();
-    await page.getByLabel('Action').selectOption('cancel');
+    await page.getByLabel('Action', { exact: true }).selectOption('cancel');
     await page.getByRole('button', { name: 'Act on selected…' }).click();
     const dialog = page.getByRole('dialog');
     await dialog.getByText(/2 sagas now/).waitFor();
