@@ -115,12 +115,14 @@ function picker(bar, currentParams) {
       picks.sync(document);
       const text = ids.size ? `${ids.size} selected` : 'Select sagas to act on them together';
       if (count.textContent !== text) count.textContent = text;
-      onSelected.disabled = ids.size === 0;
-      clear.hidden = ids.size === 0;
+      // Each property is set only when it changes: a refresh that changes nothing draws nothing.
+      const set = (node, key, value) => { if (node[key] !== value) node[key] = value; };
+      set(onSelected, 'disabled', ids.size === 0);
+      set(clear, 'hidden', ids.size === 0);
       const filter = bulkFilter(currentParams());
-      onMatching.disabled = !filter || Object.keys(filter).length === 0;
-      onMatching.title = onMatching.disabled
-        ? 'Set a filter first (status, saga, needs attention, dates); blocked and id prefix are not bulk filters' : '';
+      set(onMatching, 'disabled', !filter || Object.keys(filter).length === 0);
+      set(onMatching, 'title', onMatching.disabled
+        ? 'Set a filter first (status, saga, needs attention, dates); blocked and id prefix are not bulk filters' : '');
     },
   };
   return picks;
