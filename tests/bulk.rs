@@ -495,3 +495,63 @@ async fn two_servers_sharing_a_job_act_on_each_saga_once() {
     a.kill9();
     b.kill9();
 }
+
+#[tokio::test]
+async fn the_cli_runs_a_bulk_job_through_the_server_and_follows_it_to_the_end() {
+    let db = TempDb::new();
+    let server = Server::spawn(&db.url, db.dir.path(), &[], &[]).await;
+    let mut sagas = Vec::new();
+    for i in 0..3 {
+        sagas.push(start_later(&server, &format!("c{i}")).await);
+    }
+    let base = server.base.clone();
+    let args = [
+        "bulk",
+        "abort",
+        "--name",
+        "place_order",
+        "--status",
+        "QUEUED",
+        "--reason",
+        "withdrawn",
+        "--server",
+        &base,
+    ];
+    // A dry run counts and changes nothing.
+    let mut dry = args.to_vec();
+    dry.push("--dry-run");
+    let out = saga_suite::run_bin("example-sagas", &dry, db.dir.path()).await;
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains('3'),
+        "{out:?}"
+    );
+    let (_, s) = get(&server, &format!("/v1/sagas/{}", sagas[0])).await;
+    assert_eq!(s["status"], "QUEUED");
+
+    let mut wait = args.to_vec();
+    wait.push("--wait");
+    let out = saga_suite::run_bin("example-sagas", &wait, db.dir.path()).await;
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("DONE"),
+        "{out:?}"
+    );
+    for id in &sagas {
+        let (_, s) = get(&server, &format!("/v1/sagas/{id}")).await;
+        assert_eq!(s["status"], "ABORTED", "{s}");
+    }
+    // Without any filter the command refuses before asking the server.
+    let out = saga_suite::run_bin(
+        "example-sagas",
+        &["bulk", "abort", "--reason", "all", "--server", &base],
+        db.dir.path(),
+    )
+    .await;
+    assert!(!out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("filter"),
+        "{out:?}"
+    );
+    server.kill9();
+}

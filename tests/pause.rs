@@ -405,3 +405,81 @@ async fn on_postgres_two_servers_leave_a_paused_saga_alone() {
     a.kill9();
     b.kill9();
 }
+
+#[tokio::test]
+async fn the_cli_pauses_through_a_server_and_resumes_on_the_database() {
+    let db = TempDb::new();
+    let server = Server::spawn(&db.url, db.dir.path(), &[], &[]).await;
+    let id = server
+        .start(
+            "fulfil_order",
+            order("p-cli", json!({"cooling_off_ms": 600_000})),
+        )
+        .await;
+    server
+        .wait_for(id, LONG, |s| step(s, "cooling_off")["status"] == "WAITING")
+        .await;
+    let full = id.to_string();
+    let base = server.base.clone();
+    // Through the server, with a prefix the API resolves.
+    let out = saga_suite::run_bin(
+        "example-sagas",
+        &[
+            "pause",
+            &full[..13],
+            "--reason",
+            "hold it",
+            "--server",
+            &base,
+        ],
+        db.dir.path(),
+    )
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("PAUSED"),
+        "{out:?}"
+    );
+    let paused = server.wait_for(id, LONG, status_is("PAUSED")).await;
+    assert_eq!(paused["waiting_for"], "resume", "{paused}");
+    // A pause of a paused saga is refused, with the reason and a failing exit.
+    let again = saga_suite::run_bin(
+        "example-sagas",
+        &["pause", &full, "--reason", "again", "--server", &base],
+        db.dir.path(),
+    )
+    .await;
+    assert!(!again.status.success(), "{again:?}");
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("already PAUSED"),
+        "{again:?}"
+    );
+    // Straight on the database, as for a server that is down.
+    let out = saga_suite::run_bin(
+        "example-sagas",
+        &[
+            "--database-url",
+            &db.url,
+            "resume",
+            &full,
+            "--reason",
+            "go on",
+        ],
+        db.dir.path(),
+    )
+    .await;
+    assert!(out.status.success(), "{out:?}");
+    server
+        .wait_for(id, LONG, |s| {
+            s["status"] == "RUNNING" && s["waiting_for"] == "sleep"
+        })
+        .await;
+    let resumed: Vec<_> = events(&db, id)
+        .await
+        .into_iter()
+        .filter(|(k, _)| k == "saga.resumed")
+        .collect();
+    assert_eq!(resumed.len(), 1);
+    assert_eq!(resumed[0].1["reason"], "go on");
+    server.kill9();
+}
