@@ -26,6 +26,8 @@
 mod error;
 mod fence;
 pub mod idempotency;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod migrations;
 pub mod outbox;
 #[cfg(feature = "postgres")]
 mod postgres;
