@@ -5,7 +5,6 @@
 //! without sqlx's `macros` feature, whose proc-macro crate compiles sqlx and SQLite a second
 //! time for the build host.
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 fn main() {
@@ -20,26 +19,18 @@ fn main() {
         // A directory is scanned whole: a file added, removed or edited reruns this script.
         println!("cargo:rerun-if-changed={}", dir.display());
         let files = listed(&dir);
-        writeln!(
-            code,
-            "/// The files of `migrations/{feature}`: version, file name, contents."
-        )
-        .unwrap();
-        writeln!(code, "#[cfg(feature = \"{feature}\")]").unwrap();
-        writeln!(
-            code,
-            "pub(crate) const {constant}: &[(i64, &str, &str)] = &["
-        )
-        .unwrap();
+        code.push_str(&format!(
+            "/// The files of `migrations/{feature}`: version, file name, contents.\n\
+             #[cfg(feature = \"{feature}\")]\n\
+             pub(crate) const {constant}: &[(i64, &str, &str)] = &[\n"
+        ));
         for (version, name, path) in files {
-            writeln!(
-                code,
-                "    ({version}, {name:?}, include_str!({:?})),",
+            code.push_str(&format!(
+                "    ({version}, {name:?}, include_str!({:?})),\n",
                 path.display()
-            )
-            .unwrap();
+            ));
         }
-        writeln!(code, "];").unwrap();
+        code.push_str("];\n");
     }
     std::fs::write(out.join("migrations.rs"), code).expect("cannot write migrations.rs");
 }
