@@ -46,13 +46,20 @@ pub enum NotifyError {
     UnsupportedUrl(String),
     /// The consumer's database failed.
     #[error("notify database: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(sqlx::Error),
     /// A stored result cannot be read back.
     #[error("notify database: {0}")]
     Stored(String),
     /// NATS failed (connection, stream, consumer).
     #[error("NATS: {0}")]
     Nats(String),
+}
+
+// Said in the message, not also as the `source()`: a chain printed whole would say it twice.
+impl From<sqlx::Error> for NotifyError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Database(e)
+    }
 }
 
 impl From<ConsumerError<sqlx::Error>> for NotifyError {

@@ -42,7 +42,7 @@ pub enum ShopError {
     Database(sqlx::Error),
     /// A stored result is not valid JSON: the store was tampered with.
     #[error("stored result is not JSON: {0}")]
-    Json(#[from] serde_json::Error),
+    Json(serde_json::Error),
     /// The store holds an effect name this program does not know.
     #[error("unknown effect {0:?} in the shop store")]
     UnknownEffect(String),
@@ -413,7 +413,7 @@ impl From<ConsumerError<ShopError>> for ShopError {
         match e {
             ConsumerError::Database(e) => Self::Database(e),
             ConsumerError::Work(e) => e,
-            ConsumerError::StoredResult { source, .. } => Self::Json(source),
+            ConsumerError::StoredResult { cause, .. } => Self::Json(cause),
         }
     }
 }

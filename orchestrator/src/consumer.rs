@@ -99,21 +99,30 @@ impl<T> Consumed<T> {
 /// Why a message could not be processed.
 #[derive(Debug, thiserror::Error)]
 pub enum ConsumerError<E> {
+    // The variants say their cause in their message, so none also gives it as its `source()`:
+    // an error printed with its chain (anyhow's `{:#}`, the `Error: … Caused by: …` of a `main`
+    // that returns it) would say the cause twice.
     /// The database failed; nothing was committed.
     #[error("database error: {0}")]
-    Database(#[from] sqlx::Error),
+    Database(sqlx::Error),
     /// The work returned an error; nothing was committed (the message counts as unprocessed).
     #[error("the work failed: {0}")]
     Work(E),
     /// The result stored for the message cannot be read back as the type asked for (the
     /// consumer's result type changed, or the row was written by hand).
-    #[error("the result stored for message {message_id} cannot be read: {source}")]
+    #[error("the result stored for message {message_id} cannot be read: {cause}")]
     StoredResult {
         /// The message.
         message_id: String,
         /// What failed.
-        source: serde_json::Error,
+        cause: serde_json::Error,
     },
+}
+
+impl<E> From<sqlx::Error> for ConsumerError<E> {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Database(e)
+    }
 }
 
 /// Records processed message ids, with the result of each, next to a participant's own data;
@@ -172,9 +181,9 @@ impl<DB: Database> IdempotentConsumer<DB> {
 
 /// The JSON of a result to store.
 fn to_json<T: Serialize, E>(message_id: &str, value: &T) -> Result<String, ConsumerError<E>> {
-    serde_json::to_string(value).map_err(|source| ConsumerError::StoredResult {
+    serde_json::to_string(value).map_err(|cause| ConsumerError::StoredResult {
         message_id: message_id.to_owned(),
-        source,
+        cause,
     })
 }
 
@@ -184,10 +193,10 @@ fn from_json<T: DeserializeOwned, E>(
     message_id: &str,
     text: Option<String>,
 ) -> Result<T, ConsumerError<E>> {
-    serde_json::from_str(text.as_deref().unwrap_or("null")).map_err(|source| {
+    serde_json::from_str(text.as_deref().unwrap_or("null")).map_err(|cause| {
         ConsumerError::StoredResult {
             message_id: message_id.to_owned(),
-            source,
+            cause,
         }
     })
 }

@@ -18,31 +18,42 @@
 //! (`OTEL_BSP_SCHEDULE_DELAY`, `OTEL_BSP_MAX_QUEUE_SIZE`, …): the engine never waits for the
 //! collector, and a collector that is away costs dropped spans, never a slower saga. Without
 //! an endpoint, [`Telemetry::disabled`], no span is built at all.
+//!
+//! The OpenTelemetry API and SDK are compiled only with the `otel` feature. Without it a
+//! [`Telemetry`] is always disabled and the span code is absent; a saga still joins the trace of
+//! its start's `traceparent` and passes it on to its steps, webhooks and broker messages.
 
-use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
 
-use opentelemetry::propagation::TextMapPropagator;
-use opentelemetry::trace::{
-    Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
-    TraceState, Tracer as _,
-};
-use opentelemetry::{Context, KeyValue};
-#[cfg(feature = "otel")]
-use opentelemetry_otlp::{Protocol, WithExportConfig};
-use opentelemetry_sdk::propagation::TraceContextPropagator;
-use opentelemetry_sdk::trace::{SdkTracerProvider, Tracer};
 use saga_dsl::{Phase, TraceContext};
 use uuid::Uuid;
 #[cfg(feature = "otel")]
 use {
-    opentelemetry::trace::TracerProvider as _,
-    opentelemetry_sdk::{trace::Sampler, Resource},
+    crate::model::SagaStatus,
+    opentelemetry::trace::{
+        Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceFlags, TraceId,
+        TraceState, Tracer as _, TracerProvider as _,
+    },
+    opentelemetry::KeyValue,
+    opentelemetry_otlp::{Protocol, WithExportConfig},
+    opentelemetry_sdk::trace::{Sampler, SdkTracerProvider, Tracer},
+    opentelemetry_sdk::Resource,
+    std::time::{Duration, SystemTime},
 };
 
-use crate::model::{Millis, Saga, SagaStatus};
+use crate::model::{Millis, Saga};
+
+/// The OpenTelemetry context of an attempt's span, which its call runs in.
+#[cfg(feature = "otel")]
+pub(crate) type Context = opentelemetry::Context;
+
+/// Without the exporter there are no spans: no value of this type can exist, so every
+/// `Option<Context>` is `None` and the code that handles spans is compiled out.
+#[cfg(not(feature = "otel"))]
+#[derive(Debug, Clone)]
+pub(crate) enum Context {}
 
 /// The service name spans carry unless `OTEL_SERVICE_NAME` says otherwise.
 pub const DEFAULT_SERVICE_NAME: &str = "saga-orchestrator";
@@ -133,19 +144,31 @@ pub struct Telemetry {
     sampling: Sampling,
 }
 
-// Built only by the OTLP exporter (the `otel` feature): without it a `Telemetry` is always
-// disabled and this code is never reached.
-#[cfg_attr(not(feature = "otel"), allow(dead_code))]
+/// The exporter of an enabled `Telemetry`, built by [`Telemetry::otlp`].
+#[cfg(feature = "otel")]
 struct Exporting {
     provider: SdkTracerProvider,
     tracer: Tracer,
     endpoint: String,
 }
 
+/// Without the `otel` feature nothing exports: a `Telemetry` is always disabled.
+#[cfg(not(feature = "otel"))]
+enum Exporting {}
+
+impl Exporting {
+    fn endpoint(&self) -> &str {
+        #[cfg(feature = "otel")]
+        return &self.endpoint;
+        #[cfg(not(feature = "otel"))]
+        match *self {}
+    }
+}
+
 impl fmt::Debug for Telemetry {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.inner {
-            Some(e) => write!(f, "Telemetry(otlp {}, {:?})", e.endpoint, self.sampling),
+            Some(e) => write!(f, "Telemetry(otlp {}, {:?})", e.endpoint(), self.sampling),
             None => f.write_str("Telemetry(disabled)"),
         }
     }
@@ -298,6 +321,7 @@ impl Telemetry {
     /// Exports the spans still queued and stops the exporter (blocking: call it from a
     /// blocking thread). Spans ended after this are dropped.
     pub fn shutdown(&self) {
+        #[cfg(feature = "otel")]
         if let Some(e) = &self.inner {
             if let Err(err) = e.provider.shutdown() {
                 tracing::warn!(error = %err, "exporting the last spans failed");
@@ -309,7 +333,36 @@ impl Telemetry {
     pub(crate) fn saga_trace(&self, id: Uuid, traceparent: Option<&str>) -> Option<SagaTrace> {
         SagaTrace::of(id, traceparent, self.sampling)
     }
+}
 
+// Without the exporter the spans of sagas and attempts are never built.
+#[cfg(not(feature = "otel"))]
+impl Telemetry {
+    pub(crate) fn saga_attrs(&self, _id: Uuid, _name: &str) -> SagaAttrs {
+        SagaAttrs::default()
+    }
+
+    pub(crate) fn start_attempt(
+        &self,
+        _trace: &SagaTrace,
+        _call: AttemptSpan<'_>,
+    ) -> (Option<Context>, Option<Context>) {
+        (None, None)
+    }
+
+    pub(crate) fn interrupted_attempt(
+        &self,
+        _trace: &SagaTrace,
+        _call: AttemptSpan<'_>,
+        _started_at: Millis,
+    ) {
+    }
+
+    pub(crate) fn end_saga(&self, _saga: &Saga, _trace: &SagaTrace, _ended_at: Millis) {}
+}
+
+#[cfg(feature = "otel")]
+impl Telemetry {
     /// The attributes every attempt span of saga `id` named `name` carries, made once for all
     /// its attempts (shared, not copied, by each span); none when disabled.
     pub(crate) fn saga_attrs(&self, id: Uuid, name: &str) -> SagaAttrs {
@@ -323,13 +376,20 @@ impl Telemetry {
         ])
     }
 
-    /// Starts the span of an attempt (none when disabled): the context the call runs in.
+    /// Starts the span of an attempt (none when disabled or not sampled), and the context the
+    /// call runs in: its span's, or, for an attempt not sampled, its saga's unsampled one, so
+    /// that the spans its step opens are not recorded either.
     pub(crate) fn start_attempt(
         &self,
         trace: &SagaTrace,
         call: AttemptSpan<'_>,
-    ) -> Option<Context> {
-        self.attempt_span(trace, call, None)
+    ) -> (Option<Context>, Option<Context>) {
+        if !self.is_enabled() {
+            return (None, None);
+        }
+        let span = self.attempt_span(trace, call, None);
+        let run_in = span.clone().unwrap_or_else(|| trace.as_parent());
+        (span, Some(run_in))
     }
 
     /// Emits the span of an attempt that a stopped process began and never recorded: from
@@ -423,10 +483,12 @@ impl Telemetry {
 
 /// The saga's own attributes on its attempt spans ([`Telemetry::saga_attrs`]).
 #[derive(Debug, Clone, Default)]
-pub(crate) struct SagaAttrs(Vec<KeyValue>);
+pub(crate) struct SagaAttrs(#[cfg(feature = "otel")] Vec<KeyValue>);
 
 /// What an attempt's span names.
 #[derive(Debug, Clone, Copy)]
+// Read only when spans are built (the `otel` feature).
+#[cfg_attr(not(feature = "otel"), allow(dead_code))]
 pub(crate) struct AttemptSpan<'a> {
     /// The saga's attributes.
     pub(crate) saga: &'a SagaAttrs,
@@ -440,23 +502,48 @@ pub(crate) struct AttemptSpan<'a> {
 
 /// Ends the attempt span of `cx` with its outcome; an error marks it failed.
 pub(crate) fn end_attempt(cx: &mut Context, outcome: &'static str, error: Option<&str>) {
-    let span = cx.span();
-    span.set_attribute(KeyValue::new("saga.outcome", outcome));
-    match error {
-        Some(message) => span.set_status(Status::error(message.to_owned())),
-        None => span.set_status(Status::Ok),
+    #[cfg(feature = "otel")]
+    {
+        let span = cx.span();
+        span.set_attribute(KeyValue::new("saga.outcome", outcome));
+        match error {
+            Some(message) => span.set_status(Status::error(message.to_owned())),
+            None => span.set_status(Status::Ok),
+        }
+        span.end();
     }
-    span.end();
+    #[cfg(not(feature = "otel"))]
+    {
+        let _ = (outcome, error);
+        match *cx {}
+    }
 }
 
 /// The W3C context of the span `cx` holds.
 pub(crate) fn context_of(cx: &Context) -> TraceContext {
-    let span = cx.span();
-    let sc = span.span_context();
-    TraceContext {
-        trace_id: sc.trace_id().to_bytes(),
-        span_id: sc.span_id().to_bytes(),
-        sampled: sc.is_sampled(),
+    #[cfg(feature = "otel")]
+    {
+        let span = cx.span();
+        let sc = span.span_context();
+        TraceContext {
+            trace_id: sc.trace_id().to_bytes(),
+            span_id: sc.span_id().to_bytes(),
+            sampled: sc.is_sampled(),
+        }
+    }
+    #[cfg(not(feature = "otel"))]
+    match *cx {}
+}
+
+/// `run`, seeing `cx` as its current OpenTelemetry context.
+pub(crate) fn within<F: Future>(run: F, cx: Context) -> impl Future<Output = F::Output> {
+    #[cfg(feature = "otel")]
+    return opentelemetry::trace::FutureExt::with_context(run, cx);
+    #[cfg(not(feature = "otel"))]
+    {
+        // No value of `Context` exists: this is never called.
+        let _ = cx;
+        run
     }
 }
 
@@ -505,6 +592,7 @@ impl SagaTrace {
 
     /// The saga span as the remote parent of its attempts' spans (and, when the saga is not
     /// sampled, the context its calls run in, so that what they open is not recorded either).
+    #[cfg(feature = "otel")]
     pub(crate) fn as_parent(&self) -> Context {
         remote(
             self.context.trace_id,
@@ -514,6 +602,7 @@ impl SagaTrace {
     }
 }
 
+#[cfg(feature = "otel")]
 fn remote(trace_id: [u8; 16], span_id: [u8; 8], sampled: bool) -> Context {
     let flags = if sampled {
         TraceFlags::SAMPLED
@@ -531,18 +620,40 @@ fn remote(trace_id: [u8; 16], span_id: [u8; 8], sampled: bool) -> Context {
 
 /// A `traceparent` header's context, if it is a valid one (W3C Trace Context: an unknown
 /// version's extra fields are ignored, an invalid header is no parent at all).
+///
+/// Read by the rules of the OpenTelemetry SDK's `TraceContextPropagator`, which this was
+/// (a test compares the two), so that builds with and without the `otel` feature read a
+/// header alike.
 pub fn parse_traceparent(header: &str) -> Option<TraceContext> {
-    let carrier = HashMap::from([("traceparent".to_owned(), header.trim().to_owned())]);
-    let cx = TraceContextPropagator::new().extract(&carrier);
-    let span = cx.span();
-    let sc = span.span_context();
-    sc.is_valid().then(|| TraceContext {
-        trace_id: sc.trace_id().to_bytes(),
-        span_id: sc.span_id().to_bytes(),
-        sampled: sc.is_sampled(),
+    /// The highest version a header may have (`ff` is invalid).
+    const MAX_VERSION: u8 = 254;
+    let parts: Vec<&str> = header.trim().split_terminator('-').collect();
+    let [version, trace_id, span_id, flags, ..] = parts[..] else {
+        return None;
+    };
+    let version = u8::from_str_radix(version, 16).ok()?;
+    // Version 00 has exactly four fields; a later version may add some, ignored here.
+    if version > MAX_VERSION || version == 0 && parts.len() != 4 {
+        return None;
+    }
+    let lowercase = |s: &str| !s.chars().any(|c| c.is_ascii_uppercase());
+    if !lowercase(trace_id) || !lowercase(span_id) {
+        return None;
+    }
+    let trace_id = u128::from_str_radix(trace_id, 16).ok()?;
+    let span_id = u64::from_str_radix(span_id, 16).ok()?;
+    let flags = u8::from_str_radix(flags, 16).ok()?;
+    if version == 0 && flags > 2 {
+        return None;
+    }
+    (trace_id != 0 && span_id != 0).then(|| TraceContext {
+        trace_id: trace_id.to_be_bytes(),
+        span_id: span_id.to_be_bytes(),
+        sampled: flags & 1 == 1,
     })
 }
 
+#[cfg(feature = "otel")]
 fn system_time(ms: Millis) -> SystemTime {
     SystemTime::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).unwrap_or(0))
 }
@@ -626,6 +737,58 @@ mod tests {
             Sampling::NONE,
             "exported, none sampled"
         );
+    }
+
+    /// The header as the OpenTelemetry SDK's propagator reads it.
+    #[cfg(feature = "otel")]
+    fn by_the_sdk(header: &str) -> Option<TraceContext> {
+        use opentelemetry::propagation::TextMapPropagator as _;
+        let carrier =
+            std::collections::HashMap::from([("traceparent".to_owned(), header.trim().to_owned())]);
+        let cx = opentelemetry_sdk::propagation::TraceContextPropagator::new().extract(&carrier);
+        let span = cx.span();
+        let sc = span.span_context();
+        sc.is_valid().then(|| TraceContext {
+            trace_id: sc.trace_id().to_bytes(),
+            span_id: sc.span_id().to_bytes(),
+            sampled: sc.is_sampled(),
+        })
+    }
+
+    #[cfg(feature = "otel")]
+    #[test]
+    fn a_traceparent_is_read_as_the_opentelemetry_sdk_reads_it() {
+        let cases = [
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-00",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-02",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-03",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-09-extra",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "fe-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "FE-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00F067AA0BA902B7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736f-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7f-01",
+            "00-abc-def-01",
+            "00-+abc-def-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-zz",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            "  00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01  ",
+            "00--4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "",
+            "-",
+            "garbage",
+        ];
+        for header in cases {
+            assert_eq!(parse_traceparent(header), by_the_sdk(header), "{header:?}");
+        }
     }
 
     #[cfg(feature = "otel")]

@@ -49,7 +49,7 @@ pub(super) struct Call {
     /// When it started, for the duration metric.
     pub(super) started: Instant,
     /// Its span's context, when spans are exported.
-    pub(super) span: Option<opentelemetry::Context>,
+    pub(super) span: Option<crate::telemetry::Context>,
     timeout: Duration,
 }
 
@@ -98,14 +98,14 @@ impl InFlight {
         phase: Phase,
         attempt: u32,
         timeout: Duration,
-        span: Option<opentelemetry::Context>,
-        run_in: Option<opentelemetry::Context>,
+        span: Option<crate::telemetry::Context>,
+        run_in: Option<crate::telemetry::Context>,
         run: CallFuture,
     ) {
         let handle = match run_in {
             // The call sees its attempt's span as the current OpenTelemetry context.
             Some(cx) => {
-                let run = opentelemetry::trace::FutureExt::with_context(run, cx);
+                let run = crate::telemetry::within(run, cx);
                 self.tasks
                     .spawn(async move { tokio::time::timeout(timeout, run).await })
             }

@@ -347,11 +347,7 @@ impl Driver {
         let telemetry = &self.inner.config.telemetry;
         let (span, run_in) = match &self.trace {
             Some(trace) if telemetry.is_enabled() => {
-                let span = telemetry.start_attempt(trace, self.attempt_span(index, phase, attempt));
-                // An attempt not sampled runs in its saga's unsampled context: the spans its
-                // step opens are not recorded either.
-                let run_in = span.clone().unwrap_or_else(|| trace.as_parent());
-                (span, Some(run_in))
+                telemetry.start_attempt(trace, self.attempt_span(index, phase, attempt))
             }
             _ => (None, None),
         };

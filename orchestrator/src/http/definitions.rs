@@ -128,7 +128,25 @@ pub(crate) fn with_start_routes(doc: &utoipa::openapi::OpenApi, registry: &Regis
         });
         doc["paths"][format!("/v1/sagas/{name}")] = json!({ "post": op });
     }
+    if !names.is_empty() {
+        generic_start_unlinked(&mut doc);
+    }
     doc
+}
+
+/// Removes the links of the generic start's answers on a server with definitions: there the
+/// route matches only names the server does not have, so it starts no saga, and its links
+/// would promise operations on one (tools that chain calls along links would start there and
+/// never reach a saga). The generic document, with no definitions, keeps them.
+fn generic_start_unlinked(doc: &mut Value) {
+    for status in ["200", "202"] {
+        if let Some(response) = doc
+            .pointer_mut(&format!("{GENERIC_START}/responses/{status}"))
+            .and_then(Value::as_object_mut)
+        {
+            response.remove("links");
+        }
+    }
 }
 
 /// The operations on one saga, each linked from a start's answers.
@@ -149,7 +167,7 @@ const SAGA_OPERATIONS: [&str; 13] = [
 ];
 
 /// Links from the generic start's answers (`200`, `202`; each saga's own start route copies
-/// them) to the operations on the saga started (OpenAPI links: the answer's `id` fills their
+/// them, and on a server with definitions only those keep them) to the operations on the saga started (OpenAPI links: the answer's `id` fills their
 /// `{saga}`), so that clients, and tools that chain calls, find where a new saga's id goes.
 /// Written here, on the JSON, because utoipa's typed link serialises its field names in snake
 /// case, which OpenAPI does not read.

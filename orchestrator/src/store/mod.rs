@@ -27,6 +27,8 @@ pub mod bulk;
 mod error;
 mod fence;
 pub mod idempotency;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod migrations;
 pub mod outbox;
 #[cfg(feature = "postgres")]
 mod postgres;

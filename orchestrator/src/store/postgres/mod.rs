@@ -386,7 +386,10 @@ impl SqlBackend for PgStore {
     }
 
     async fn migrate(&self) -> Result<()> {
-        sqlx::migrate!("../migrations/postgres")
+        crate::store::migrations::Embedded(crate::store::migrations::POSTGRES)
+            .migrator()
+            .await
+            .map_err(StoreError::from_migrate)?
             .run(&self.pool)
             .await
             .map_err(StoreError::from_migrate)?;

@@ -508,7 +508,10 @@ impl SqlBackend for SqliteStore {
     }
 
     async fn migrate(&self) -> Result<()> {
-        sqlx::migrate!("../migrations/sqlite")
+        crate::store::migrations::Embedded(crate::store::migrations::SQLITE)
+            .migrator()
+            .await
+            .map_err(StoreError::from_migrate)?
             .run(&self.writer)
             .await
             .map_err(StoreError::from_migrate)?;
