@@ -30,7 +30,8 @@ pub(crate) struct BulkFilter {
     /// Only sagas in this status (any case).
     #[schema(value_type = Option<SagaStatus>)]
     status: Option<String>,
-    /// Only sagas of this definition name.
+    /// Only sagas of this definition name (not empty: leave it out for any name).
+    #[schema(min_length = 1)]
     name: Option<String>,
     /// `true`: only sagas flagged as needing a person (`false` is no condition).
     needs_attention: Option<bool>,
@@ -330,7 +331,7 @@ pub(crate) struct BulkListQuery {
     summary = "List bulk jobs",
     description = "Bulk jobs, newest first, without their refusals (read a job for them).",
     params(
-        ("limit" = Option<u32>, Query, description = "Page size, 1 to 1000 (default 50)"),
+        ("limit" = Option<u32>, Query, minimum = 1, maximum = 1000, description = "Page size, 1 to 1000 (default 50)"),
         ("cursor" = Option<Uuid>, Query, description = "The `next_cursor` of the previous page"),
     ),
     security((), ("bearer" = [])),
@@ -346,7 +347,9 @@ pub(crate) async fn list_bulk(
     State(state): State<AppState>,
     Query(query): Query<BulkListQuery>,
 ) -> Result<Json<BulkJobPage>, ApiError> {
-    let limit = match query.limit.filter(|l| !l.is_empty()) {
+    // An empty value is refused like any other that is not one: the document declares an
+    // integer and a UUID, with no empty form.
+    let limit = match query.limit {
         None => 50,
         Some(text) => match text.parse::<u32>() {
             Ok(n) if (1..=1000).contains(&n) && n.to_string() == text => n,
@@ -360,7 +363,6 @@ pub(crate) async fn list_bulk(
     };
     let cursor = query
         .cursor
-        .filter(|c| !c.is_empty())
         .map(|c| {
             hyphenated_uuid(&c).ok_or_else(|| {
                 ApiError::bad_request(format!(
