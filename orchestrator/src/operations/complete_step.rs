@@ -3,8 +3,8 @@
 use serde_json::Value;
 use uuid::Uuid;
 
-use super::{quote, OperationError, Operations, Reason, Result};
-use crate::model::rules::{check_complete_step, Refusal};
+use super::{step_refused, OperationError, Operations, Reason, Result};
+use crate::model::rules::check_complete_step;
 use crate::model::Saga;
 
 /// The largest output an operator may supply, in bytes of compact JSON: the API's default
@@ -35,17 +35,7 @@ impl<'a> Operations<'a> {
         }
         let before = self.load(id).await?;
         if let Err(refusal) = check_complete_step(&before, step) {
-            return Err(match refusal {
-                Refusal::UnknownStep { .. } => {
-                    let names: Vec<&str> = before.steps.iter().map(|s| s.name.as_str()).collect();
-                    OperationError::NotFound(format!(
-                        "saga {id} has no step {} (its steps: {})",
-                        quote(step),
-                        names.join(", ")
-                    ))
-                }
-                refusal => OperationError::Conflict(refusal.to_string()),
-            });
+            return Err(step_refused(&before, step, refusal));
         }
         let audit = self.audit(Some(actor), Some(reason.as_str()));
         Ok(self.store.complete_step(id, step, &output, &audit).await?)

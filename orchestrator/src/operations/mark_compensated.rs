@@ -2,8 +2,8 @@
 
 use uuid::Uuid;
 
-use super::{quote, OperationError, Operations, Reason, Result};
-use crate::model::rules::{check_mark_compensated, Refusal};
+use super::{step_refused, Operations, Reason, Result};
+use crate::model::rules::check_mark_compensated;
 use crate::model::Saga;
 
 impl Operations<'_> {
@@ -19,17 +19,7 @@ impl Operations<'_> {
     ) -> Result<Saga> {
         let before = self.load(id).await?;
         if let Err(refusal) = check_mark_compensated(&before, step) {
-            return Err(match refusal {
-                Refusal::UnknownStep { .. } => {
-                    let names: Vec<&str> = before.steps.iter().map(|s| s.name.as_str()).collect();
-                    OperationError::NotFound(format!(
-                        "saga {id} has no step {} (its steps: {})",
-                        quote(step),
-                        names.join(", ")
-                    ))
-                }
-                refusal => OperationError::Conflict(refusal.to_string()),
-            });
+            return Err(step_refused(&before, step, refusal));
         }
         Ok(self
             .store

@@ -24,6 +24,7 @@ use saga_dsl::Registry;
 use uuid::Uuid;
 
 use crate::engine::{Engine, StartError};
+use crate::model::rules::Refusal;
 use crate::model::Saga;
 use crate::store::{Audit, BulkTicket, Store, StoreError};
 use crate::telemetry::Telemetry;
@@ -158,6 +159,23 @@ impl<'a> Operations<'a> {
             .get_saga(id)
             .await?
             .ok_or(OperationError::Store(StoreError::NotFound(id)))
+    }
+}
+
+/// A command on step `step` of `saga` refused by its rule: an unknown step is `NotFound`,
+/// naming the saga's steps; any other refusal a `Conflict`.
+fn step_refused(saga: &Saga, step: &str, refusal: Refusal) -> OperationError {
+    match refusal {
+        Refusal::UnknownStep { .. } => {
+            let names: Vec<&str> = saga.steps.iter().map(|s| s.name.as_str()).collect();
+            OperationError::NotFound(format!(
+                "saga {} has no step {} (its steps: {})",
+                saga.id,
+                quote(step),
+                names.join(", ")
+            ))
+        }
+        refusal => OperationError::Conflict(refusal.to_string()),
     }
 }
 
