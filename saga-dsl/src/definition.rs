@@ -10,6 +10,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::flow::{FlowLimits, MaxRunning, PerKey, Rate, RateLimiter};
 use crate::{DefinitionError, Group, SharedState, Step, StepKind};
 
 type InputCheck = Arc<dyn Fn(&Value) -> Result<(), String> + Send + Sync>;
@@ -62,6 +63,7 @@ pub struct SagaDefinition {
     input_check: InputCheck,
     input_schema: Arc<Schema>,
     state: Option<SharedState>,
+    flow: FlowLimits,
 }
 
 impl fmt::Debug for SagaDefinition {
@@ -87,6 +89,7 @@ impl SagaDefinition {
             // Without `.input::<T>()` any JSON is accepted, which is the schema `true`.
             input_schema: Arc::new(Schema::from(true)),
             state: None,
+            flow: FlowLimits::default(),
         }
     }
 
@@ -149,6 +152,12 @@ impl SagaDefinition {
     pub fn state(&self) -> Option<&SharedState> {
         self.state.as_ref()
     }
+
+    /// Its flow control: the concurrency limits its sagas wait for before they start and the
+    /// rate limiters its steps take from (SPEC §14).
+    pub fn flow(&self) -> &FlowLimits {
+        &self.flow
+    }
 }
 
 /// Builds a [`SagaDefinition`]; see there for an example.
@@ -159,6 +168,7 @@ pub struct SagaBuilder {
     input_check: InputCheck,
     input_schema: Arc<Schema>,
     state: Option<SharedState>,
+    flow: FlowLimits,
 }
 
 impl SagaBuilder {
@@ -249,6 +259,56 @@ impl SagaBuilder {
             .into_generator()
             .into_root_schema_for::<T>();
         self.input_schema = Arc::new(schema);
+        self
+    }
+
+    /// At most `limit` sagas of this definition running at once, the limit called `name`: the
+    /// others stay `QUEUED`, waiting for it, and start in priority, then start, order. A saga
+    /// holds its slot from its start until it ends (while it sleeps, waits or is paused too).
+    /// The orchestrator keeps the limit in its database, where an operator may change it.
+    ///
+    /// ```
+    /// use saga_dsl::{SagaDefinition, Step, StepContext, StepError};
+    /// async fn pay(_: StepContext) -> Result<(), StepError> { Ok(()) }
+    ///
+    /// let saga = SagaDefinition::builder("payout", 1)
+    ///     .max_running("payout_running", 50)
+    ///     .per_key("payout_per_merchant", "merchant", 1)
+    ///     .step(Step::pivot("pay", pay))
+    ///     .build()?;
+    /// assert!(saga.flow().limits_running());
+    /// # Ok::<(), saga_dsl::DefinitionError>(())
+    /// ```
+    pub fn max_running(mut self, name: impl Into<String>, limit: u32) -> Self {
+        self.flow.max_running = Some(MaxRunning {
+            name: name.into(),
+            limit,
+        });
+        self
+    }
+
+    /// At most `limit` sagas running per value of the input's field `key` (a name, or a
+    /// dotted path such as `customer.id`), the limit called `name`; a start whose input has no
+    /// such scalar field is refused. Fair across keys: among waiting sagas of one priority,
+    /// each key's first goes before any key's second.
+    pub fn per_key(mut self, name: impl Into<String>, key: impl Into<String>, limit: u32) -> Self {
+        self.flow.per_key = Some(PerKey {
+            name: name.into(),
+            key: key.into(),
+            limit,
+        });
+        self
+    }
+
+    /// Declares the token bucket `name` (`rate`, holding at most `burst` tokens) that steps
+    /// take from with [`Step::rate_limited`](crate::Step::rate_limited). A limiter shared by
+    /// several definitions is declared by each, with the same values.
+    pub fn rate_limiter(mut self, name: impl Into<String>, rate: Rate, burst: u32) -> Self {
+        self.flow.rate_limiters.push(RateLimiter {
+            name: name.into(),
+            rate,
+            burst,
+        });
         self
     }
 
@@ -353,6 +413,12 @@ impl SagaBuilder {
                 });
             }
         }
+        if let Some(problem) = flow_problem(&self.flow, &self.steps) {
+            return Err(DefinitionError::BadLimit {
+                saga: self.name,
+                problem,
+            });
+        }
         let hash = step_list_hash(&self.name, self.version, &self.steps);
         Ok(SagaDefinition {
             name: self.name,
@@ -362,8 +428,64 @@ impl SagaBuilder {
             input_check: self.input_check,
             input_schema: self.input_schema,
             state: self.state,
+            flow: self.flow,
         })
     }
+}
+
+/// What is wrong with a definition's flow control, if anything: names must be valid and
+/// distinct, limits at least 1, and every limiter a step takes from declared.
+fn flow_problem(flow: &FlowLimits, steps: &[Step]) -> Option<String> {
+    let mut names = HashSet::new();
+    let limits = flow
+        .max_running
+        .iter()
+        .map(|m| (m.name.as_str(), m.limit))
+        .chain(flow.per_key.iter().map(|p| (p.name.as_str(), p.limit)))
+        .chain(flow.rate_limiters.iter().map(|r| (r.name.as_str(), r.burst)));
+    for (name, limit) in limits {
+        if !valid_ident(name) {
+            return Some(format!("{name:?} is not a valid limit name"));
+        }
+        if !names.insert(name) {
+            return Some(format!("two limits are named {name:?}"));
+        }
+        if limit == 0 {
+            return Some(format!(
+                "limit {name:?} is 0: declare at least 1 (an operator may set 0 at run time)"
+            ));
+        }
+    }
+    if let Some(per_key) = &flow.per_key {
+        if per_key.key.is_empty() || per_key.key.split('.').any(str::is_empty) {
+            return Some(format!(
+                "limit {:?} has no key: name a field of the input",
+                per_key.name
+            ));
+        }
+    }
+    if let Some(r) = flow.rate_limiters.iter().find(|r| r.rate.count() == 0) {
+        return Some(format!("rate limiter {:?} has a rate of 0", r.name));
+    }
+    let calls = steps.iter().flat_map(|step| {
+        let own = step.call().map(|call| (step.name(), call));
+        let branches = step.group().into_iter().flat_map(|g| g.calls());
+        own.into_iter()
+            .chain(branches.map(|b| (b.name(), b.body())))
+            .collect::<Vec<_>>()
+    });
+    for (name, call) in calls {
+        let Some(limiter) = call.rate_limiter() else {
+            continue;
+        };
+        if !flow.rate_limiters.iter().any(|r| r.name == limiter) {
+            return Some(format!(
+                "step {name:?} takes from the rate limiter {limiter:?}, which the definition \
+                 does not declare (SagaBuilder::rate_limiter)"
+            ));
+        }
+    }
+    None
 }
 
 /// What is wrong with a parallel group's branches, if anything.

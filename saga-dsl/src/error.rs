@@ -167,6 +167,26 @@ pub enum DefinitionError {
         /// What is wrong with it.
         problem: String,
     },
+    /// A limit or rate limiter is misdeclared: a bad or repeated name, a limit of 0, a key
+    /// naming no field, or a step taking from a limiter the definition does not declare.
+    #[error("saga {saga}: {problem}")]
+    BadLimit {
+        /// The saga.
+        saga: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// Two definitions declare one limit name differently (of other kinds, values or
+    /// definitions).
+    #[error("limit {name:?} is declared differently by {first} and {second}")]
+    LimitConflict {
+        /// The limit.
+        name: String,
+        /// The first definition declaring it.
+        first: String,
+        /// The other.
+        second: String,
+    },
     /// The registry already has this name and version.
     #[error("saga {name} version {version} is already registered")]
     AlreadyRegistered {

@@ -70,6 +70,7 @@
 mod context;
 mod definition;
 mod error;
+pub mod flow;
 mod registry;
 mod retry;
 mod shared;
@@ -79,6 +80,7 @@ mod trace;
 pub use context::{branch_idempotency_key, child_saga_id, idempotency_key, Phase, StepContext};
 pub use definition::{SagaBuilder, SagaDefinition, INPUT_ROOT};
 pub use error::{DefinitionError, ResultExt, StepError};
+pub use flow::{DeclaredLimit, FlowLimits, Rate, RateLimiter};
 pub use registry::Registry;
 pub use retry::RetryPolicy;
 pub use shared::{InputCache, SharedState, Stage};

@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use crate::flow::DeclaredLimit;
 use crate::{DefinitionError, SagaDefinition};
 
 /// The definitions a process can run. New sagas start on the latest version of a name; sagas
@@ -96,6 +97,50 @@ impl Registry {
             }
         }
         Ok(())
+    }
+
+    /// Every limit and rate limiter the latest version of each definition declares, once
+    /// each, ordered by name; a name two definitions declare differently is refused (a rate
+    /// limiter may be shared when declared alike). The orchestrator checks this when it starts
+    /// and writes the limits to its database.
+    pub fn limits(&self) -> Result<Vec<DeclaredLimit>, DefinitionError> {
+        let mut found: BTreeMap<String, (String, DeclaredLimit)> = BTreeMap::new();
+        let latest = self
+            .defs
+            .values()
+            .filter(|d| self.latest(d.name()).is_some_and(|l| Arc::ptr_eq(l, d)));
+        for def in latest {
+            let flow = def.flow();
+            let saga = || def.name().to_owned();
+            let declared = flow
+                .max_running
+                .iter()
+                .map(|limit| DeclaredLimit::MaxRunning {
+                    saga: saga(),
+                    limit: limit.clone(),
+                })
+                .chain(flow.per_key.iter().map(|limit| DeclaredLimit::PerKey {
+                    saga: saga(),
+                    limit: limit.clone(),
+                }))
+                .chain(flow.rate_limiters.iter().cloned().map(DeclaredLimit::Rate));
+            for limit in declared {
+                match found.get(limit.name()) {
+                    Some((_, same)) if *same == limit => {}
+                    Some((first, _)) => {
+                        return Err(DefinitionError::LimitConflict {
+                            name: limit.name().to_owned(),
+                            first: first.clone(),
+                            second: def.name().to_owned(),
+                        })
+                    }
+                    None => {
+                        found.insert(limit.name().to_owned(), (def.name().to_owned(), limit));
+                    }
+                }
+            }
+        }
+        Ok(found.into_values().map(|(_, limit)| limit).collect())
     }
 
     /// Whether no definition is registered.

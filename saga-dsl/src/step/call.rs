@@ -84,6 +84,7 @@ pub struct Call {
     timeout: Duration,
     role: Role,
     pause_when_exhausted: bool,
+    rate_limiter: Option<String>,
 }
 
 impl Call {
@@ -94,6 +95,7 @@ impl Call {
             timeout: DEFAULT_ATTEMPT_TIMEOUT,
             role,
             pause_when_exhausted: false,
+            rate_limiter: None,
         }
     }
 
@@ -138,6 +140,12 @@ impl Call {
     /// failing). See [`Step::pause_when_exhausted`].
     pub fn pauses_when_exhausted(&self) -> bool {
         self.pause_when_exhausted
+    }
+
+    /// The rate limiter each attempt of the action takes a token from, if any
+    /// ([`Step::rate_limited`]).
+    pub fn rate_limiter(&self) -> Option<&str> {
+        self.rate_limiter.as_deref()
     }
 
     /// The action's per-attempt timeout.
@@ -193,6 +201,16 @@ impl Step<Call> {
     /// of a parallel group (the definition is refused): a group's branches fail together.
     pub fn pause_when_exhausted(self) -> Self {
         self.map_body(|call| call.pause_when_exhausted = true)
+    }
+
+    /// Takes a token from the rate limiter `name` (declared on the definition with
+    /// [`SagaBuilder::rate_limiter`](crate::SagaBuilder::rate_limiter)) before each attempt of
+    /// the action; while none is left the step waits (`waiting_for: "rate:<name>"`), holding
+    /// no worker. Compensations take none: undoing is never held back. Like
+    /// [`pause_when_exhausted`](Self::pause_when_exhausted), not part of the step-list hash.
+    pub fn rate_limited(self, name: impl Into<String>) -> Self {
+        let name = name.into();
+        self.map_body(|call| call.rate_limiter = Some(name))
     }
 
     /// How long one attempt of the action may take; past it, the outcome is unknown.
