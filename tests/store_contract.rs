@@ -54,6 +54,7 @@ fn new_saga(name: &str, steps: &[(&str, StepKind)]) -> NewSaga {
         first_attempt: false,
         start_at: None,
         traceparent: None,
+        flow: orchestrator::store::NewFlow::default(),
     }
 }
 

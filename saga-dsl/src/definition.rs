@@ -442,7 +442,11 @@ fn flow_problem(flow: &FlowLimits, steps: &[Step]) -> Option<String> {
         .iter()
         .map(|m| (m.name.as_str(), m.limit))
         .chain(flow.per_key.iter().map(|p| (p.name.as_str(), p.limit)))
-        .chain(flow.rate_limiters.iter().map(|r| (r.name.as_str(), r.burst)));
+        .chain(
+            flow.rate_limiters
+                .iter()
+                .map(|r| (r.name.as_str(), r.burst)),
+        );
     for (name, limit) in limits {
         if !valid_ident(name) {
             return Some(format!("{name:?} is not a valid limit name"));

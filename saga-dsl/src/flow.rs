@@ -121,10 +121,7 @@ impl PerKey {
     /// scalar in its JSON form; `None` if the input lacks the field or it is an object or a
     /// list.
     pub fn key_of(&self, input: &Value) -> Option<String> {
-        let value = self
-            .key
-            .split('.')
-            .try_fold(input, |v, part| v.get(part))?;
+        let value = self.key.split('.').try_fold(input, |v, part| v.get(part))?;
         match value {
             Value::String(s) => Some(s.clone()),
             Value::Number(_) | Value::Bool(_) => Some(value.to_string()),

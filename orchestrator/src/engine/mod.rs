@@ -141,6 +141,9 @@ pub enum StartError {
         /// The engine's clock when the start was refused.
         now: Millis,
     },
+    /// A priority above [`start::MAX_PRIORITY`].
+    #[error("priority {0} is out of range: 0 (last) to 9 (first)")]
+    InvalidPriority(u8),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),

@@ -25,7 +25,8 @@ use uuid::Uuid;
 use super::{Engine, SlotPermit, StartError, StartSlot};
 use crate::model::{Millis, Saga, SagaStatus};
 use crate::store::{
-    Callback, IdempotencyKey, IdempotentStart, NewSaga, SavedResponse, Store, StoreError,
+    Callback, IdempotencyKey, IdempotentStart, NewFlow, NewSaga, SavedResponse, Store, StoreError,
+    DEFAULT_PRIORITY,
 };
 
 /// A request to start a saga. Build it with [`StartRequest::new`] and the `with_*` methods, so
@@ -51,6 +52,9 @@ pub struct StartRequest {
     /// of this one. Not part of an idempotent start's fingerprint: a retry comes from
     /// another span.
     pub trace: Option<saga_dsl::TraceContext>,
+    /// Its priority, 0 to 9 (`Saga-Priority`; [`DEFAULT_PRIORITY`] when `None`): among sagas
+    /// waiting to start, higher ones start first.
+    pub priority: Option<u8>,
 }
 
 impl StartRequest {
@@ -64,7 +68,14 @@ impl StartRequest {
             answer_later: false,
             start_at: None,
             trace: None,
+            priority: None,
         }
+    }
+
+    /// With priority `priority` (0 to 9; [`Engine::start`] refuses more).
+    pub fn with_priority(mut self, priority: u8) -> Self {
+        self.priority = Some(priority);
+        self
     }
 
     /// Joining the trace of `parent`: the saga's spans are its children.
@@ -233,6 +244,43 @@ impl PendingAnswer {
     }
 }
 
+/// A new saga's place in flow control: a saga of a definition with concurrency limits waits
+/// to be admitted within them, counted under its definition's name and its key; one of
+/// another priority than the default waits for a claim's priority order whenever it cannot
+/// start at once (unleased). An input without the per-key limit's field is refused.
+fn flow_of(
+    def: &saga_dsl::SagaDefinition,
+    input: &Value,
+    priority: u8,
+) -> Result<NewFlow, StartError> {
+    let limits = def.flow();
+    let key = match &limits.per_key {
+        Some(per_key) => Some(
+            per_key
+                .key_of(input)
+                .ok_or_else(|| StartError::InvalidInput {
+                    name: def.name().to_owned(),
+                    message: format!(
+                        "{}: the limit {} counts sagas per value of this field, which must be a \
+                     string, number or boolean",
+                        per_key.key, per_key.name
+                    ),
+                })?,
+        ),
+        None => None,
+    };
+    let limited = limits.limits_running();
+    Ok(NewFlow {
+        priority,
+        gated: limited || priority != DEFAULT_PRIORITY,
+        flow: limited.then(|| def.name().to_owned()),
+        key,
+    })
+}
+
+/// The highest priority a start may ask for.
+pub const MAX_PRIORITY: u8 = 9;
+
 impl Engine {
     /// Starts a saga on the latest registered version of `request.name`: checks the input and
     /// records the saga, with its key and callback, in one transaction. With a free worker
@@ -252,8 +300,14 @@ impl Engine {
             answer_later,
             start_at,
             trace,
+            priority,
         } = request;
         let def = self.checked_definition(&name, &input)?;
+        let priority = priority.unwrap_or(DEFAULT_PRIORITY);
+        if priority > MAX_PRIORITY {
+            return Err(StartError::InvalidPriority(priority));
+        }
+        let flow = flow_of(def, &input, priority)?;
         let fingerprint = key
             .as_ref()
             .map(|_| fingerprint(def.name(), callback.as_ref(), start_at, &input));
@@ -266,11 +320,16 @@ impl Engine {
         let mut new = NewSaga::of(def, input);
         new.start_at = start_at;
         new.traceparent = trace.map(|t| t.traceparent());
+        // A saga of a definition with limits waits to be admitted by a claim, within them.
+        let admitted_by_claim = flow.flow.is_some();
+        new.flow = flow;
         // With a free worker here, the saga is created already leased to this process and
         // driven at once: no claim, no wait for the run loop, and no commit of its own for the
         // first write-ahead. Freed unused unless this start creates the saga.
         // A scheduled saga waits for its time unleased, like any saga not due yet.
-        let slot = start_at.is_none().then(|| self.reserve_slot()).flatten();
+        let slot = (start_at.is_none() && !admitted_by_claim)
+            .then(|| self.reserve_slot())
+            .flatten();
         // A first step that may not call (a sleep, a condition) is decided by the driver.
         let plain_first = def
             .steps()
@@ -363,7 +422,10 @@ impl Engine {
     /// change); once committed, [`Engine::created_elsewhere`] hands it to the engine.
     pub(crate) fn new_saga(&self, name: &str, input: Value) -> Result<NewSaga, StartError> {
         let def = self.checked_definition(name, &input)?;
-        Ok(NewSaga::of(def, input))
+        let flow = flow_of(def, &input, DEFAULT_PRIORITY)?;
+        let mut new = NewSaga::of(def, input);
+        new.flow = flow;
+        Ok(new)
     }
 
     /// A saga [`Engine::new_saga`] made and another transaction committed, unleased and due

@@ -322,6 +322,11 @@ impl From<StartError> for ApiError {
                 "start_in_past",
                 format!("{e}; give an instant to come, or no Saga-Start-At to start now"),
             ),
+            e @ StartError::InvalidPriority(_) => Self::new(
+                StatusCode::BAD_REQUEST,
+                "invalid_priority",
+                format!("{e}: send Saga-Priority as one digit"),
+            ),
             StartError::Store(e) => e.into(),
         }
     }

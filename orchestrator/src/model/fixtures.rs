@@ -59,6 +59,8 @@ pub(crate) fn saga(status: SagaStatus, steps: Vec<StepRecord>) -> Saga {
         pivot_started: false,
         pivot_reached: false,
         waiting_for: None,
+        priority: 5,
+        waiting_limit: None,
         wake_at: None,
         input: json!({}),
         output: None,

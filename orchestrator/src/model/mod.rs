@@ -13,6 +13,10 @@ use uuid::Uuid;
 /// Milliseconds since the Unix epoch, UTC.
 pub type Millis = i64;
 
+fn default_priority() -> u8 {
+    crate::store::DEFAULT_PRIORITY
+}
+
 /// Formats milliseconds as RFC 3339 UTC with millisecond precision.
 pub fn rfc3339(ms: Millis) -> String {
     chrono::DateTime::from_timestamp_millis(ms)
@@ -100,12 +104,15 @@ mod bulk;
 mod detail;
 #[cfg(test)]
 pub(crate) mod fixtures;
+mod limits;
 pub mod rules;
 mod shown;
 mod stages;
 pub use bulk::{BulkAction, BulkJob, BulkJobPage, BulkRefusal, BulkStatus};
 pub use detail::SagaDetail;
+pub use limits::{DeclaredValue, LimitChange, LimitInfo, LimitKind};
 pub(crate) use shown::wait_word;
+pub(crate) use shown::RATE_WAIT;
 
 /// What a `PAUSED` saga's `waiting_for` says: it waits for a person to resume it.
 pub const PAUSED_WAIT: &str = "resume";
@@ -334,10 +341,19 @@ pub struct Saga {
     #[serde(default)]
     pub pivot_reached: bool,
     /// What the saga is parked on, while it waits without a worker: `signal:<name>`, `sleep`,
-    /// `child:<id>` or `retry`; `null` otherwise. Computed when the saga is shown
-    /// ([`Saga::shown`]).
+    /// `child:<id>`, `retry`, `limit:<name>` (a concurrency limit it waits for to start) or
+    /// `rate:<name>` (a rate limiter's token its step waits for); `null` otherwise. Computed
+    /// when the saga is shown ([`Saga::shown`]).
     #[serde(default)]
     pub waiting_for: Option<String>,
+    /// Its priority, 0 (last) to 9 (first): among due sagas, higher ones are claimed first
+    /// (`Saga-Priority`; 5 by default).
+    #[serde(default = "default_priority")]
+    pub priority: u8,
+    /// The concurrency limit it waits for to start, as the log reads it (full now, or its
+    /// definition's), while it waits to be admitted; shown as `waiting_for: "limit:<name>"`.
+    #[serde(skip)]
+    pub waiting_limit: Option<String>,
     /// When the wait ends on its own (a sleep's end, a signal's timeout, the next retry);
     /// `null` for a wait without a deadline. Computed with [`Saga::waiting_for`].
     #[serde(with = "opt_time", default)]

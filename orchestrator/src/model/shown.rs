@@ -40,6 +40,15 @@ impl Saga {
         // The engine makes a waiting saga due when its wait ends (never, for a wait without a
         // deadline).
         self.wake_at = self.waiting_for.as_ref().and(self.next_run_at);
+        if let Some(limit) = self
+            .waiting_limit
+            .as_ref()
+            .filter(|_| self.status == SagaStatus::Queued)
+        {
+            // Waiting to start until its limit has room: nothing but that wakes it.
+            self.waiting_for = Some(format!("limit:{limit}"));
+            self.wake_at = None;
+        }
         if self.status == SagaStatus::Paused {
             // It waits for a person: nothing wakes it on its own. Its stages keep their own
             // deadlines, which fire (if passed) only after a resume.
@@ -128,6 +137,10 @@ fn shown_compensation(step: &StepRecord, may_go_back: bool) -> StepStatus {
     }
 }
 
+/// How a step's `waiting_for` begins while it waits for a rate limiter's token, the
+/// limiter's name following.
+pub(crate) const RATE_WAIT: &str = "rate:";
+
 /// The `waiting_for` word of saga `id` parked on a row of `kind` (stage `stage`, waiting for
 /// `signal` if a signal wait): `retry` when the row's phase in the saga's direction retries on a
 /// timer, else what the stage waits for. The list builds it from the same parts read in SQL.
@@ -139,7 +152,12 @@ pub(crate) fn wait_word(
     stage: &str,
 ) -> String {
     if retrying {
-        return "retry".to_owned();
+        // A step waiting for a rate limiter's token waits on a timer like a retry, with the
+        // limiter's name in its row.
+        return match signal {
+            Some(rate) if rate.starts_with(RATE_WAIT) => rate.to_owned(),
+            _ => "retry".to_owned(),
+        };
     }
     match kind {
         StepKind::Sleep => "sleep".to_owned(),

@@ -13,6 +13,7 @@ pub mod bulk;
 mod cancel;
 mod complete_step;
 mod fork;
+pub mod limits;
 mod mark_compensated;
 mod pause;
 mod reason;
@@ -81,6 +82,7 @@ impl OperationError {
             Self::Start(StartError::KeyInProgress { .. }) => "request_in_progress",
             Self::Start(StartError::KeyReused { .. }) => "idempotency_key_reused",
             Self::Start(StartError::StartInPast { .. }) => "start_in_past",
+            Self::Start(StartError::InvalidPriority(_)) => "invalid_priority",
             Self::NeedsServer(_) | Self::Start(_) | Self::Store(_) => "internal",
         }
     }

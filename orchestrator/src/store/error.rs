@@ -42,6 +42,9 @@ pub enum StoreError {
     /// the job, or the job is done.
     #[error("bulk job {0} is no longer held by this claim")]
     BulkJobLost(Uuid),
+    /// No limit of this name is declared (SPEC §14).
+    #[error("no limit named {0:?}")]
+    UnknownLimit(String),
     /// The operation does not apply to the saga in its current state.
     #[error("{0}")]
     Conflict(String),

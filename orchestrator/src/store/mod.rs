@@ -26,6 +26,7 @@
 pub mod bulk;
 mod error;
 mod fence;
+pub mod flow;
 pub mod idempotency;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod migrations;
@@ -52,6 +53,7 @@ use crate::model::{
 pub use bulk::{Audit, BulkClaim, BulkLog, BulkTicket, NewBulkJob};
 pub(crate) use error::SqlxResultExt;
 pub use error::{BackendError, BackendErrorKind, StoreError};
+pub use flow::{FlowLog, TokenGrant};
 pub use idempotency::{Callback, IdempotencyKey, IdempotencyStore, IdempotentStart, SavedResponse};
 pub use outbox::{Delivery, DeliveryState, OutboxStore};
 #[cfg(feature = "postgres")]
@@ -88,7 +90,37 @@ pub struct NewSaga {
     pub start_at: Option<Millis>,
     /// The W3C `traceparent` the saga's trace joins (a client's, a parent saga's), if any.
     pub traceparent: Option<String>,
+    /// Its priority and the flow control it waits for ([`NewFlow`]).
+    pub flow: NewFlow,
 }
+
+/// A new saga's place in flow control (SPEC §14).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewFlow {
+    /// 0 (last) to 9 (first); 5 by default.
+    pub priority: u8,
+    /// Whether it waits to be admitted by a claim in priority order (and, for a definition
+    /// with limits, within them) rather than being due as soon as its time comes.
+    pub gated: bool,
+    /// The definition whose concurrency limits count it (its name), if it has any.
+    pub flow: Option<String>,
+    /// Its key for the definition's per-key limit.
+    pub key: Option<String>,
+}
+
+impl Default for NewFlow {
+    fn default() -> Self {
+        Self {
+            priority: DEFAULT_PRIORITY,
+            gated: false,
+            flow: None,
+            key: None,
+        }
+    }
+}
+
+/// The priority of a saga started without one.
+pub const DEFAULT_PRIORITY: u8 = 5;
 
 /// A fork to record ([`OperatorLog::fork`]).
 #[derive(Debug, Clone)]
@@ -122,6 +154,7 @@ impl NewSaga {
             first_attempt: false,
             start_at: None,
             traceparent: None,
+            flow: NewFlow::default(),
         }
     }
 
@@ -403,12 +436,26 @@ pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 /// key in the saga's own transaction. Implemented once for every backend (`store::shared`);
 /// a caller imports the roles it uses.
 pub trait Store:
-    LogReads + EngineLog + OperatorLog + BulkLog + Maintenance + IdempotencyStore + OutboxStore
+    LogReads
+    + EngineLog
+    + OperatorLog
+    + BulkLog
+    + FlowLog
+    + Maintenance
+    + IdempotencyStore
+    + OutboxStore
 {
 }
 
 impl<T> Store for T where
-    T: LogReads + EngineLog + OperatorLog + BulkLog + Maintenance + IdempotencyStore + OutboxStore
+    T: LogReads
+        + EngineLog
+        + OperatorLog
+        + BulkLog
+        + FlowLog
+        + Maintenance
+        + IdempotencyStore
+        + OutboxStore
 {
 }
 

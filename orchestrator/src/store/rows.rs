@@ -111,6 +111,8 @@ pub(super) fn saga_from_row<R: LogRow>(row: &R, steps: Vec<StepRecord>) -> Resul
         // The vocabulary's fields are computed when the saga is shown (`Saga::shown`).
         pivot_reached: false,
         waiting_for: None,
+        priority: u8::try_from(row.get::<i64>("priority")?).map_err(|e| corrupt(&id_text, e))?,
+        waiting_limit: None,
         wake_at: None,
         input: parse_json(&id_text, Some(row.get("input")?))?.unwrap_or(Value::Null),
         output: parse_json(&id_text, row.get("output")?)?,
@@ -192,6 +194,10 @@ pub(super) fn step_from_row<R: LogRow>(row: &R) -> Result<StepRecord> {
     })
 }
 
+/// How the list's column `waiting` begins for a saga waiting for a concurrency limit to start,
+/// the limit's name following.
+pub(crate) const LIMIT_WAIT: &str = "limit||";
+
 /// A row of the list, with a column `waiting`: `kind|phase status|signal or stage name` of the
 /// row a running or compensating saga is parked on, or `NULL` (see `store::shared::reads`).
 pub(super) fn summary_from_row<R: LogRow>(row: &R) -> Result<SagaSummary> {
@@ -200,6 +206,9 @@ pub(super) fn summary_from_row<R: LogRow>(row: &R) -> Result<SagaSummary> {
     let status: String = row.get("status")?;
     let version: i64 = row.get("version")?;
     let waiting_for = match row.get::<Option<String>>("waiting")? {
+        Some(parts) if parts.starts_with(LIMIT_WAIT) => {
+            Some(format!("limit:{}", &parts[LIMIT_WAIT.len()..]))
+        }
         Some(parts) => {
             let mut parts = parts.splitn(3, '|');
             let (kind, phase, what) = (parts.next(), parts.next(), parts.next());
@@ -226,7 +235,11 @@ pub(super) fn summary_from_row<R: LogRow>(row: &R) -> Result<SagaSummary> {
         needs_attention: row.get("needs_attention")?,
         blocked: row.get("blocked")?,
         error: row.get("error")?,
-        wake_at: waiting_for.as_ref().and(next_run_at),
+        // A saga waiting for a limit is woken by room in it, not by a time.
+        wake_at: waiting_for
+            .as_ref()
+            .filter(|w| !w.starts_with("limit:"))
+            .and(next_run_at),
         waiting_for,
         created_at: row.get("created_at")?,
         updated_at: row.get("updated_at")?,
@@ -304,6 +317,8 @@ pub(super) fn new_saga_record(new: NewSaga, now: Millis, owner: Option<String>) 
         pivot_started,
         pivot_reached: false,
         waiting_for: None,
+        priority: new.flow.priority,
+        waiting_limit: None,
         wake_at: None,
         input: new.input,
         output: None,

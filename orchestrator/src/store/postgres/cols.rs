@@ -113,6 +113,10 @@ pub(crate) const NEW_SAGAS: Cols = &[
     ("pivot", "boolean"),
     ("start_at", "bigint"),
     ("traceparent", "text"),
+    ("priority", "bigint"),
+    ("gate", "bigint"),
+    ("flow", "text"),
+    ("flow_key", "text"),
 ];
 
 /// The steps of the new sagas.
@@ -526,6 +530,10 @@ pub(crate) struct CreateCols<'a> {
     pivot: Vec<bool>,
     start_at: Vec<Option<Millis>>,
     traceparent: Vec<Option<&'a str>>,
+    priority: Vec<i64>,
+    gate: Vec<i64>,
+    flow: Vec<Option<&'a str>>,
+    flow_key: Vec<Option<&'a str>>,
     step_saga: Vec<Uuid>,
     step_idx: Vec<i64>,
     step_name: Vec<&'a str>,
@@ -561,6 +569,11 @@ impl<'a> CreateCols<'a> {
             c.pivot.push(ahead && n.first_is_point_of_no_return());
             c.start_at.push(n.start_at);
             c.traceparent.push(n.traceparent.as_deref());
+            c.priority.push(i64::from(n.flow.priority));
+            // A saga created leased is driven at once: it waits for nothing.
+            c.gate.push(i64::from(n.flow.gated && lease.is_none()));
+            c.flow.push(n.flow.flow.as_deref());
+            c.flow_key.push(n.flow.key.as_deref());
             for (idx, (name, kind)) in n.steps.iter().enumerate() {
                 c.step_saga.push(n.id);
                 c.step_idx.push(i64::try_from(idx).unwrap_or(i64::MAX));
@@ -588,6 +601,10 @@ impl<'a> CreateCols<'a> {
             .bind(&self.pivot)
             .bind(&self.start_at)
             .bind(&self.traceparent)
+            .bind(&self.priority)
+            .bind(&self.gate)
+            .bind(&self.flow)
+            .bind(&self.flow_key)
             .bind(&self.step_saga)
             .bind(&self.step_idx)
             .bind(&self.step_name)

@@ -94,8 +94,8 @@ const SAGA_SELECT: &str = "SELECT id::text AS id, name, version, definition_hash
      blocked, cancel_requested, pause_requested, paused_from, pivot_reached, input::text AS input, output::text AS output, error, \
      next_run_at, lease_owner, lease_epoch, lease_expires_at, created_at, updated_at, \
      parent_id::text AS parent_id, parent_stage, scheduled_at, traceparent, \
-     forked_from::text AS forked_from, forked_from_stage, superseded_by::text AS superseded_by \
-     FROM sagas";
+     forked_from::text AS forked_from, forked_from_stage, superseded_by::text AS superseded_by, \
+     priority::bigint AS priority FROM sagas";
 
 const STEPS_SELECT: &str =
     "SELECT saga_id::text AS saga_id, idx, name, kind, status, attempts, last_error, \
@@ -363,7 +363,7 @@ impl SqlBackend for PgStore {
     // Blocked means no live worker has the definition, not only this one: workers of
     // different versions may share a database during a rolling deploy.
     const MARK_BLOCKED: &'static str = "UPDATE sagas SET blocked = TRUE, updated_at = $2 \
-         WHERE next_run_at IS NOT NULL AND next_run_at <= $2 AND NOT blocked \
+         WHERE next_run_at IS NOT NULL AND gate = 0 AND next_run_at <= $2 AND NOT blocked \
            AND (lease_owner IS NULL OR lease_expires_at < $2) \
            AND definition_key <> ALL($1) \
            AND definition_key NOT IN ( \
@@ -453,7 +453,7 @@ impl SqlBackend for PgStore {
         let rows = sqlx::query(
             "WITH candidates AS MATERIALIZED ( \
                  SELECT id FROM sagas \
-                 WHERE next_run_at IS NOT NULL AND next_run_at <= (SELECT saga_now_ms()) \
+                 WHERE next_run_at IS NOT NULL AND gate = 0 AND next_run_at <= (SELECT saga_now_ms()) \
                    AND (lease_owner IS NULL OR lease_expires_at < (SELECT saga_now_ms())) \
                    AND definition_key = ANY($3) \
                  ORDER BY next_run_at LIMIT $4 \
@@ -523,7 +523,7 @@ impl SqlBackend for PgStore {
             // (a filter `next_run_at <= saga_now_ms()` is no index condition: the function is
             // volatile).
             "SELECT COALESCE((SELECT next_run_at <= saga_now_ms() FROM sagas \
-             WHERE next_run_at IS NOT NULL AND lease_owner IS NULL AND definition_key = ANY($1) \
+             WHERE next_run_at IS NOT NULL AND gate = 0 AND lease_owner IS NULL AND definition_key = ANY($1) \
              ORDER BY next_run_at LIMIT 1), FALSE)",
         )
         .bind(definitions)

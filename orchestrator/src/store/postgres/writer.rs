@@ -145,10 +145,11 @@ fn create_ctes(p: &mut Params, now: &str) -> String {
         "n AS (SELECT * FROM {sagas}), \
          cs AS (INSERT INTO sagas (id, name, version, definition_hash, definition_key, status, \
          input, next_run_at, created_at, updated_at, lease_owner, lease_epoch, lease_expires_at, \
-         pivot_reached, scheduled_at, traceparent) \
+         pivot_reached, scheduled_at, traceparent, priority, gate, flow, flow_key) \
          SELECT id, name, version, hash, key, \
          CASE WHEN ahead THEN 'RUNNING' ELSE 'QUEUED' END, input::jsonb, \
-         COALESCE(start_at, {now}), {now}, {now}, owner, epoch, {now} + ttl, pivot, start_at, traceparent \
+         COALESCE(start_at, {now}), {now}, {now}, owner, epoch, {now} + ttl, pivot, start_at, traceparent, \
+         priority, gate, flow, flow_key \
          FROM n), \
          cst AS (INSERT INTO steps (saga_id, idx, name, kind, status, comp_status, attempts, \
          outcome_unknown, started_at) \

@@ -12,6 +12,7 @@
 pub(crate) mod bulk;
 pub(crate) mod children;
 pub(crate) mod events;
+pub(crate) mod flow;
 pub(crate) mod operator;
 pub(crate) mod outbox;
 pub(crate) mod reads;
@@ -259,7 +260,7 @@ impl<B: SqlBackend> EngineLog for B {
             .reader()
             .opt(
                 "SELECT MIN(next_run_at) AS due FROM sagas \
-                 WHERE next_run_at IS NOT NULL AND lease_owner IS NULL \
+                 WHERE next_run_at IS NOT NULL AND gate = 0 AND lease_owner IS NULL \
                    AND definition_key = ANY($1)",
                 &[Arg::Strs(definitions)],
             )
@@ -362,6 +363,31 @@ impl<B: SqlBackend> BulkLog for B {
 
     async fn finish_bulk_job(&self, ticket: BulkTicket) -> Result<bool> {
         bulk::finish(self, ticket).await
+    }
+}
+
+#[async_trait]
+impl<B: SqlBackend> crate::store::FlowLog for B {
+    async fn declare_limits(&self, limits: &[saga_dsl::DeclaredLimit]) -> Result<()> {
+        flow::declare(self, limits).await
+    }
+
+    async fn limits(&self) -> Result<Vec<crate::model::LimitInfo>> {
+        let now = SqlBackend::now(self).await?;
+        flow::list(self.reader(), now).await
+    }
+
+    async fn set_limit(
+        &self,
+        name: &str,
+        change: &crate::model::LimitChange,
+        audit: Audit<'_>,
+    ) -> Result<crate::model::LimitInfo> {
+        flow::set(self, name, change, audit).await
+    }
+
+    async fn take_token(&self, name: &str) -> Result<crate::store::TokenGrant> {
+        flow::take(self, name).await
     }
 }
 

@@ -17,12 +17,30 @@ use crate::store::Result;
 /// The largest page a list returns.
 const MAX_PAGE: u32 = 1000;
 
-const SELECT_SAGA: &str = "SELECT id::text AS id, name, version, definition_hash, status, \
+/// The concurrency limit a saga waiting to start (`sagas` the outer row) waits for: its
+/// definition's limit that is full now (its per-key one first), else its first one.
+macro_rules! waiting_limit {
+    () => {
+        "CASE WHEN sagas.gate = 1 AND sagas.flow IS NOT NULL AND sagas.next_run_at IS NOT NULL \
+         THEN (SELECT l.name FROM flow_limits l WHERE l.saga = sagas.flow \
+         AND l.kind IN ('max_running', 'per_key') ORDER BY (COALESCE(l.limit_value, 0) <= \
+         (SELECT COUNT(*) FROM sagas r WHERE r.flow = sagas.flow AND r.gate = 0 \
+         AND r.status IN ('QUEUED', 'RUNNING', 'COMPENSATING', 'PAUSED') \
+         AND (l.kind = 'max_running' OR r.flow_key = sagas.flow_key))) DESC, l.kind DESC \
+         LIMIT 1) END"
+    };
+}
+
+const SELECT_SAGA: &str = concat!(
+    "SELECT id::text AS id, name, version, definition_hash, status, \
      needs_attention, blocked, cancel_requested, pause_requested, paused_from, pivot_reached, input::text AS input, \
      output::text AS output, error, next_run_at, lease_owner, lease_epoch, lease_expires_at, \
      created_at, updated_at, parent_id::text AS parent_id, parent_stage, scheduled_at, \
      traceparent, forked_from::text AS forked_from, forked_from_stage, \
-     superseded_by::text AS superseded_by FROM sagas WHERE id = $1";
+     superseded_by::text AS superseded_by, priority::bigint AS priority, ",
+    waiting_limit!(),
+    " AS waiting_limit FROM sagas WHERE id = $1"
+);
 
 const SELECT_STEPS: &str = "SELECT saga_id::text AS saga_id, idx, name, kind, status, attempts, \
      last_error, outcome_unknown, output::text AS output, started_at, ended_at, comp_status, \
@@ -41,7 +59,9 @@ pub(crate) async fn load_saga(tx: &mut Tx, id: Uuid) -> Result<Option<Saga>> {
         .iter()
         .map(step_from_row)
         .collect::<Result<Vec<StepRecord>>>()?;
-    saga_from_row(&row, steps).map(Some)
+    let mut saga = saga_from_row(&row, steps)?;
+    saga.waiting_limit = row.get("waiting_limit")?;
+    Ok(Some(saga))
 }
 
 /// A saga and its steps from one snapshot: two separate reads could straddle a commit and pair
@@ -92,13 +112,18 @@ pub(crate) async fn saga_ids_with_prefix(
 /// direction waits or retries, as `kind|phase status|signal or stage name`
 /// (`rows::summary_from_row` makes the word). One lookup on the steps' primary key per listed
 /// saga, and none for a saga that has ended.
-const WAITING: &str = "CASE WHEN status IN ('RUNNING', 'COMPENSATING') THEN (\
+const WAITING: &str = concat!(
+    "CASE WHEN status IN ('RUNNING', 'COMPENSATING') THEN (\
      SELECT st.kind || '|' || (CASE WHEN sagas.status = 'RUNNING' THEN st.status \
      ELSE st.comp_status END) || '|' || (CASE WHEN st.kind = 'signal' \
-     THEN COALESCE(st.waiting_for, '') ELSE st.name END) \
+     OR st.waiting_for LIKE 'rate:%' THEN COALESCE(st.waiting_for, '') ELSE st.name END) \
      FROM steps st WHERE st.saga_id = sagas.id \
      AND (CASE WHEN sagas.status = 'RUNNING' THEN st.status ELSE st.comp_status END) \
-     IN ('WAITING', 'RETRYING') ORDER BY st.idx LIMIT 1) END AS waiting";
+     IN ('WAITING', 'RETRYING') ORDER BY st.idx LIMIT 1) \
+     WHEN gate = 1 AND flow IS NOT NULL AND next_run_at IS NOT NULL THEN 'limit||' || (",
+    waiting_limit!(),
+    ") END AS waiting"
+);
 
 /// Appends `AND <condition> $n`, `$n` being `arg`'s place.
 fn and<'a>(sql: &mut String, args: &mut Vec<Arg<'a>>, condition: &str, arg: Arg<'a>) {

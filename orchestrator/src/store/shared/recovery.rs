@@ -120,8 +120,9 @@ pub(crate) async fn fork<B: SqlBackend>(store: &B, fork: &NewFork<'_>) -> Result
     tx.exec(
         "INSERT INTO sagas (id, name, version, definition_hash, definition_key, status, \
          input, next_run_at, created_at, updated_at, pivot_reached, forked_from, \
-         forked_from_stage) \
-         VALUES ($1, $2, $3, $4, $5, 'QUEUED', $6::jsonb, $7, $7, $7, $8 = 1, $9, $10)",
+         forked_from_stage, priority, gate, flow, flow_key) \
+         VALUES ($1, $2, $3, $4, $5, 'QUEUED', $6::jsonb, $7, $7, $7, $8 = 1, $9, $10, $11, $12, \
+         $13, $14)",
         &[
             Arg::Id(new.id),
             Arg::Str(&new.name),
@@ -133,6 +134,11 @@ pub(crate) async fn fork<B: SqlBackend>(store: &B, fork: &NewFork<'_>) -> Result
             Arg::Int(i64::from(past_pivot)),
             Arg::Id(original_id),
             Arg::OptStr(*from_stage),
+            Arg::Int(i64::from(new.flow.priority)),
+            // The new saga waits for its definition's limits like any start.
+            Arg::Int(i64::from(new.flow.gated)),
+            Arg::OptStr(new.flow.flow.as_deref()),
+            Arg::OptStr(new.flow.key.as_deref()),
         ],
     )
     .await?;

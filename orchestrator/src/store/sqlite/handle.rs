@@ -199,6 +199,7 @@ mod tests {
             first_attempt: false,
             start_at: None,
             traceparent: None,
+            flow: crate::store::NewFlow::default(),
         }
     }
 

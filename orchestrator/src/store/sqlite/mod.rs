@@ -378,7 +378,7 @@ fn split_durability(url: &str) -> Result<(String, SqliteDurability)> {
 const SELECT_SAGA: &str = "SELECT id, name, version, definition_hash, status, needs_attention, blocked, \
      cancel_requested, pause_requested, paused_from, pivot_reached, input, output, error, next_run_at, lease_owner, lease_epoch, lease_expires_at, \
      created_at, updated_at, parent_id, parent_stage, scheduled_at, traceparent, forked_from, \
-     forked_from_stage, superseded_by FROM sagas WHERE id = ?1";
+     forked_from_stage, superseded_by, priority FROM sagas WHERE id = ?1";
 
 const SELECT_STEPS: &str =
     "SELECT saga_id, idx, name, kind, status, attempts, last_error, outcome_unknown, output, \
@@ -423,7 +423,7 @@ async fn claim_on(
         "UPDATE sagas SET lease_owner = ?1, lease_epoch = lease_epoch + 1, lease_expires_at = ?2, \
          blocked = 0 \
          WHERE id IN (SELECT id FROM sagas \
-             WHERE next_run_at IS NOT NULL AND next_run_at <= ?3 \
+             WHERE next_run_at IS NOT NULL AND gate = 0 AND next_run_at <= ?3 \
                AND (lease_owner IS NULL OR lease_expires_at < ?3) \
                AND definition_key IN (SELECT value FROM json_each(?4)) \
              ORDER BY next_run_at LIMIT ?5) \
@@ -480,7 +480,7 @@ async fn claim_on(
 impl SqlBackend for SqliteStore {
     // One engine runs on the file: blocked means this one lacks the definition.
     const MARK_BLOCKED: &'static str = "UPDATE sagas SET blocked = TRUE, updated_at = $2 \
-         WHERE next_run_at IS NOT NULL AND next_run_at <= $2 AND blocked = FALSE \
+         WHERE next_run_at IS NOT NULL AND gate = 0 AND next_run_at <= $2 AND blocked = FALSE \
            AND lease_owner IS NULL AND definition_key NOT IN (SELECT value FROM json_each($1)) \
          RETURNING id, definition_key";
 
@@ -626,7 +626,7 @@ impl SqlBackend for SqliteStore {
     async fn due_now(&self, definitions: &[String]) -> Result<bool> {
         let due: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM sagas \
-             WHERE next_run_at IS NOT NULL AND next_run_at <= ?1 AND lease_owner IS NULL \
+             WHERE next_run_at IS NOT NULL AND gate = 0 AND next_run_at <= ?1 AND lease_owner IS NULL \
                AND definition_key IN (SELECT value FROM json_each(?2)))",
         )
         .bind(self.now_ms())

@@ -113,6 +113,7 @@ async fn events_keep_their_ids_and_deliveries_through_the_rebuild_and_new_ones_f
         first_attempt: false,
         start_at: None,
         traceparent: None,
+        flow: crate::store::NewFlow::default(),
     };
     store.create_saga(new.clone()).await.expect("a new saga");
     let after = store

@@ -82,8 +82,9 @@ const EVENT: &str =
 
 const NEW_SAGA: &str = "INSERT INTO sagas (id, name, version, definition_hash, definition_key, \
      status, input, next_run_at, created_at, updated_at, lease_owner, lease_epoch, \
-     lease_expires_at, pivot_reached, scheduled_at, traceparent) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?11, ?6, COALESCE(?13, ?7), ?7, ?7, ?8, ?9, ?10, ?12, ?13, ?14)";
+     lease_expires_at, pivot_reached, scheduled_at, traceparent, priority, gate, flow, flow_key) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?11, ?6, COALESCE(?13, ?7), ?7, ?7, ?8, ?9, ?10, ?12, ?13, ?14, \
+     ?15, ?16, ?17, ?18)";
 
 const NEW_CALLBACK: &str = "INSERT INTO saga_callbacks (saga_id, url, secret) VALUES (?1, ?2, ?3)";
 
@@ -132,6 +133,11 @@ pub(crate) fn create_saga(
             ahead && n.first_is_point_of_no_return(),
             n.start_at,
             n.traceparent,
+            n.flow.priority,
+            // A saga created leased is driven at once: it waits for nothing.
+            n.flow.gated && lease.is_none(),
+            n.flow.flow,
+            n.flow.key,
         ],
     )?;
     let mut step = db.prepare_cached(NEW_STEP).map_err(from_rusqlite)?;

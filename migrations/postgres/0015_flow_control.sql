@@ -1,0 +1,52 @@
+-- Flow control (SPEC §14). A saga waiting to be admitted (`gate = 1`: its definition has
+-- concurrency limits, or it was started with a priority other than 5 and no worker was free)
+-- is left out of the due-time index every claim walks, and found through `sagas_gated`
+-- instead, in priority order. Admission clears `gate`; from then on a saga of a limited
+-- definition (`flow`, the definition's name, with `flow_key`, its per-key value) holds a
+-- running slot until it ends, counted on `sagas_flow_running`.
+ALTER TABLE sagas
+    ADD COLUMN priority SMALLINT NOT NULL DEFAULT 5,
+    ADD COLUMN gate SMALLINT NOT NULL DEFAULT 0,
+    ADD COLUMN flow TEXT,
+    ADD COLUMN flow_key TEXT;
+DROP INDEX sagas_due;
+CREATE INDEX sagas_due ON sagas (next_run_at) WHERE next_run_at IS NOT NULL AND gate = 0;
+CREATE INDEX sagas_gated ON sagas (flow, priority, next_run_at)
+    WHERE gate = 1 AND next_run_at IS NOT NULL;
+CREATE INDEX sagas_flow_running ON sagas (flow, status, flow_key)
+    WHERE flow IS NOT NULL AND gate = 0;
+-- A step waiting for a rate limiter's token names it in `waiting_for` (`rate:<name>`).
+CREATE INDEX steps_waiting_for ON steps (waiting_for) WHERE waiting_for IS NOT NULL;
+
+-- The limits, as declared by the definitions and changed by operators. A concurrency limit
+-- has `limit_value`; a rate limiter `rate_count` per `rate_period_ms`, `burst`, and its
+-- bucket as a theoretical arrival time (`tat_us`, microseconds since the epoch: the generic
+-- cell rate algorithm, which reserves each call its own moment).
+CREATE TABLE flow_limits (
+    name                 TEXT PRIMARY KEY,
+    kind                 TEXT NOT NULL,
+    saga                 TEXT,
+    key_field            TEXT,
+    limit_value          BIGINT,
+    rate_count           BIGINT,
+    rate_period_ms       BIGINT,
+    burst                BIGINT,
+    declared_limit       BIGINT,
+    declared_rate_count  BIGINT,
+    declared_rate_period_ms BIGINT,
+    declared_burst       BIGINT,
+    tat_us               BIGINT NOT NULL DEFAULT 0,
+    updated_at           BIGINT,
+    updated_by           TEXT
+);
+
+-- Every operator change of a limit: who, why, from what to what.
+CREATE TABLE limit_changes (
+    id     BIGSERIAL PRIMARY KEY,
+    name   TEXT NOT NULL,
+    at     BIGINT NOT NULL,
+    actor  TEXT,
+    reason TEXT,
+    old    JSONB NOT NULL,
+    new    JSONB NOT NULL
+);

@@ -1,0 +1,51 @@
+-- Flow control (SPEC §14). A saga waiting to be admitted (`gate = 1`: its definition has
+-- concurrency limits, or it was started with a priority other than 5 and no worker was free)
+-- is left out of the due-time index every claim walks, and found through `sagas_gated`
+-- instead, in priority order. Admission clears `gate`; from then on a saga of a limited
+-- definition (`flow`, the definition's name, with `flow_key`, its per-key value) holds a
+-- running slot until it ends, counted on `sagas_flow_running`.
+ALTER TABLE sagas ADD COLUMN priority INTEGER NOT NULL DEFAULT 5;
+ALTER TABLE sagas ADD COLUMN gate INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE sagas ADD COLUMN flow TEXT;
+ALTER TABLE sagas ADD COLUMN flow_key TEXT;
+DROP INDEX sagas_due;
+CREATE INDEX sagas_due ON sagas (next_run_at) WHERE next_run_at IS NOT NULL AND gate = 0;
+CREATE INDEX sagas_gated ON sagas (flow, priority, next_run_at)
+    WHERE gate = 1 AND next_run_at IS NOT NULL;
+CREATE INDEX sagas_flow_running ON sagas (flow, status, flow_key)
+    WHERE flow IS NOT NULL AND gate = 0;
+-- A step waiting for a rate limiter's token names it in `waiting_for` (`rate:<name>`).
+CREATE INDEX steps_waiting_for ON steps (waiting_for) WHERE waiting_for IS NOT NULL;
+
+-- The limits, as declared by the definitions and changed by operators. A concurrency limit
+-- has `limit_value`; a rate limiter `rate_count` per `rate_period_ms`, `burst`, and its
+-- bucket as a theoretical arrival time (`tat_us`, microseconds since the epoch: the generic
+-- cell rate algorithm, which reserves each call its own moment).
+CREATE TABLE flow_limits (
+    name                 TEXT PRIMARY KEY NOT NULL,
+    kind                 TEXT NOT NULL,
+    saga                 TEXT,
+    key_field            TEXT,
+    limit_value          INTEGER,
+    rate_count           INTEGER,
+    rate_period_ms       INTEGER,
+    burst                INTEGER,
+    declared_limit       INTEGER,
+    declared_rate_count  INTEGER,
+    declared_rate_period_ms INTEGER,
+    declared_burst       INTEGER,
+    tat_us               INTEGER NOT NULL DEFAULT 0,
+    updated_at           INTEGER,
+    updated_by           TEXT
+);
+
+-- Every operator change of a limit: who, why, from what to what.
+CREATE TABLE limit_changes (
+    id     INTEGER PRIMARY KEY AUTOINCREMENT,
+    name   TEXT NOT NULL,
+    at     INTEGER NOT NULL,
+    actor  TEXT,
+    reason TEXT,
+    old    TEXT NOT NULL,
+    new    TEXT NOT NULL
+);
