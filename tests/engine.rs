@@ -748,6 +748,7 @@ async fn an_interrupted_attempt_is_made_again_with_the_same_key() {
             limit: 1,
             lease_ttl_ms: 300,
             definitions: &[key],
+            flows: &[],
         })
         .await
         .unwrap()

@@ -176,6 +176,7 @@ async fn claim(
             limit,
             lease_ttl_ms: 60_000,
             definitions,
+            flows: &[],
         })
         .await
         .unwrap()

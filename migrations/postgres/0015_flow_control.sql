@@ -3,16 +3,19 @@
 -- is left out of the due-time index every claim walks, and found through `sagas_gated`
 -- instead, in priority order. Admission clears `gate`; from then on a saga of a limited
 -- definition (`flow`, the definition's name, with `flow_key`, its per-key value) holds a
--- running slot until it ends, counted on `sagas_flow_running`.
+-- running slot until it ends, counted on `sagas_flow_running`. `fair_seq` is a waiting saga's
+-- turn among its definition's: one past its key's last waiting saga, and never before the
+-- turn the definition's queue has reached, so that keys take turns (fairness across keys).
 ALTER TABLE sagas
     ADD COLUMN priority SMALLINT NOT NULL DEFAULT 5,
     ADD COLUMN gate SMALLINT NOT NULL DEFAULT 0,
     ADD COLUMN flow TEXT,
-    ADD COLUMN flow_key TEXT;
+    ADD COLUMN flow_key TEXT,
+    ADD COLUMN fair_seq BIGINT NOT NULL DEFAULT 0;
 DROP INDEX sagas_due;
 CREATE INDEX sagas_due ON sagas (next_run_at) WHERE next_run_at IS NOT NULL AND gate = 0;
-CREATE INDEX sagas_gated ON sagas (flow, priority, next_run_at)
-    WHERE gate = 1 AND next_run_at IS NOT NULL;
+CREATE INDEX sagas_gated ON sagas (flow, fair_seq) WHERE gate = 1 AND next_run_at IS NOT NULL;
+CREATE INDEX sagas_gated_key ON sagas (flow, flow_key, fair_seq) WHERE gate = 1;
 CREATE INDEX sagas_flow_running ON sagas (flow, status, flow_key)
     WHERE flow IS NOT NULL AND gate = 0;
 -- A step waiting for a rate limiter's token names it in `waiting_for` (`rate:<name>`).

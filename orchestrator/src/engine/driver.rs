@@ -95,6 +95,7 @@ pub(super) async fn drive(
             trace,
             span_attrs,
             interrupted: Vec::new(),
+            rate_parked: false,
         };
         match driver.run(ahead).await {
             Ok(()) => {}
@@ -132,6 +133,9 @@ pub(super) struct Driver {
     interrupted: Vec<(usize, Phase, u32)>,
     /// The attributes of its attempt spans, made once.
     span_attrs: SagaAttrs,
+    /// Whether a step waits for a rate limiter's token: the saga is then given back however
+    /// short the wait, holding no worker meanwhile.
+    pub(super) rate_parked: bool,
 }
 
 impl Driver {
@@ -151,7 +155,7 @@ impl Driver {
 
     /// The definition's call of row `index`: a stage's, or a branch's of a group (a row named
     /// `group/branch`).
-    fn call_site(&self, index: usize) -> Option<&Call> {
+    pub(super) fn call_site(&self, index: usize) -> Option<&Call> {
         let steps = self.def.steps();
         if let Some(step) = steps.get(index) {
             return step.call();
@@ -245,6 +249,10 @@ impl Driver {
                         self.inner.wake.notify_one();
                     }
                     if self.saga.status.is_terminal() {
+                        if self.def.flow().limits_running() {
+                            // Its slot is free: a saga waiting for it may start.
+                            self.inner.wake.notify_one();
+                        }
                         metrics::counter!("saga_ended_total",
                             "name" => self.saga.name.clone(), "status" => self.saga.status.as_str())
                         .increment(1);
@@ -261,7 +269,10 @@ impl Driver {
                 }
                 NextCall::Wait(at) => {
                     let wait = Duration::from_millis((at - now).max(0) as u64);
-                    if wait <= self.inner.config.hold_backoff_below && !self.stop.is_cancelled() {
+                    if wait <= self.inner.config.hold_backoff_below
+                        && !self.stop.is_cancelled()
+                        && !self.rate_parked
+                    {
                         self.write(false, false).await?;
                         tokio::select! {
                             _ = tokio::time::sleep(wait) => continue,
@@ -305,6 +316,11 @@ impl Driver {
                     return Ok(());
                 }
                 // Shutting down: start nothing more, finish what is in flight.
+                continue;
+            }
+            let starts = self.take_tokens(starts).await?;
+            if starts.is_empty() {
+                // Each waits for its token's moment: the plan now says how long.
                 continue;
             }
             let undo = Undo::of(self, &starts);

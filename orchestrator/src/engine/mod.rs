@@ -17,6 +17,7 @@ mod decision;
 mod driver;
 mod effects;
 pub mod plan;
+mod rates;
 mod stages;
 mod start;
 mod waiters;
@@ -217,12 +218,19 @@ fn written_ahead(created: &Saga) -> bool {
     created.status == SagaStatus::Running
 }
 
+/// How often an engine with limited definitions looks for room to admit their waiting sagas
+/// when nothing else wakes it.
+const ADMISSION_POLL: Duration = Duration::from_millis(200);
+
 pub(crate) struct Inner {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) registry: Arc<Registry>,
     pub(crate) config: EngineConfig,
     pub(crate) clock: Arc<dyn Clock>,
     definitions: Vec<String>,
+    /// The names of the definitions with concurrency limits: their sagas wait to be admitted
+    /// by a claim, which polls for room at least every [`ADMISSION_POLL`].
+    flows: Vec<String>,
     wake: Notify,
     /// One permit per worker slot: held by every driver, whether its saga was claimed or
     /// started here directly.
@@ -286,6 +294,12 @@ impl Engine {
             .iter()
             .map(|d| definition_key(d.name(), d.version(), d.hash()))
             .collect();
+        let mut flows: Vec<String> = registry
+            .iter()
+            .filter(|d| d.flow().limits_running())
+            .map(|d| d.name().to_owned())
+            .collect();
+        flows.dedup();
         Self {
             inner: Arc::new(Inner {
                 store,
@@ -293,6 +307,7 @@ impl Engine {
                 config,
                 clock,
                 definitions,
+                flows,
                 wake: Notify::new(),
                 slots: Arc::new(tokio::sync::Semaphore::new(workers)),
                 queued: Arc::new(tokio::sync::Semaphore::new(workers)),
@@ -531,6 +546,11 @@ impl Engine {
         let inner = &self.inner;
         let cfg = &inner.config;
         inner.registry.check_children()?;
+        // Every process writes the limits it knows; an operator's change is kept.
+        inner
+            .store
+            .declare_limits(&inner.registry.limits()?)
+            .await?;
         self.register().await?;
         tracing::info!(worker = %cfg.worker_id, workers = cfg.workers, "engine started");
         let heartbeat = tokio::spawn(heartbeat_loop(self.inner.clone(), shutdown.child_token()));
@@ -569,6 +589,7 @@ impl Engine {
                         limit: free as u32,
                         lease_ttl_ms: cfg.lease_ttl_ms(),
                         definitions: &inner.definitions,
+                        flows: &inner.flows,
                     })
                     .await
                 {
@@ -613,6 +634,13 @@ impl Engine {
                     self.time_to_next_due().await
                 } else {
                     cfg.poll_interval
+                };
+                // Room in a limit frees when a saga ends in any process, or an operator
+                // raises it: a claim looks for it this often.
+                let wait = if inner.flows.is_empty() {
+                    wait
+                } else {
+                    wait.min(ADMISSION_POLL)
                 };
                 look_at = tokio::time::Instant::now() + wait;
             }

@@ -330,11 +330,13 @@ impl Engine {
         let slot = (start_at.is_none() && !admitted_by_claim)
             .then(|| self.reserve_slot())
             .flatten();
-        // A first step that may not call (a sleep, a condition) is decided by the driver.
-        let plain_first = def
-            .steps()
-            .first()
-            .is_some_and(|s| s.kind().calls() && !s.is_conditional());
+        // A first step that may not call (a sleep, a condition, a rate limiter's token) is
+        // decided by the driver.
+        let plain_first = def.steps().first().is_some_and(|s| {
+            s.kind().calls()
+                && !s.is_conditional()
+                && s.call().is_some_and(|c| c.rate_limiter().is_none())
+        });
         new.first_attempt = plain_first && slot.as_ref().is_some_and(StartSlot::runs_at_once);
         let started = Started {
             id: new.id,

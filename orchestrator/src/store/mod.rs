@@ -235,6 +235,10 @@ pub struct ClaimRequest<'a> {
     pub lease_ttl_ms: i64,
     /// Only sagas whose `name@version#hash` is in this list.
     pub definitions: &'a [String],
+    /// The names of the definitions with concurrency limits among them: their waiting sagas
+    /// are admitted within their limits (SPEC §14). Empty for an engine without any, whose
+    /// claim then reads no limit.
+    pub flows: &'a [String],
 }
 
 /// Which half of a step a change is about.

@@ -12,7 +12,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, LazyLock, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -89,6 +89,54 @@ impl std::fmt::Debug for PgStore {
         f.debug_struct("PgStore").finish_non_exhaustive()
     }
 }
+
+/// The claim's statement: due sagas, and waiting ones it admits (by priority, and with
+/// `limited`, within the limits of the definitions `$5`), the first `$4` by priority. The
+/// candidates taken by the time they are due are materialised and locked first (SKIP LOCKED:
+/// other workers claiming at the same moment get other sagas), then updated; those admitted
+/// within limits are not locked (the advisory lock keeps other admissions out), so the update
+/// checks again that each still waits. The time is read once (`(SELECT saga_now_ms())`), so
+/// that it bounds the walk of the due-time index instead of filtering every saga waiting on a
+/// later timer.
+fn claim_text(limited: bool) -> String {
+    use crate::store::shared::admission;
+    let now = "(SELECT saga_now_ms())";
+    let defs = "= ANY($3)";
+    let lim = if limited {
+        format!(
+            ", lim AS MATERIALIZED ({})",
+            admission::limited(now, defs, "= ANY($5)")
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "WITH due AS MATERIALIZED ( \
+             SELECT id, priority, 0 AS rnk, next_run_at FROM sagas \
+             WHERE next_run_at IS NOT NULL AND gate = 0 AND next_run_at <= {now} \
+               AND (lease_owner IS NULL OR lease_expires_at < {now}) \
+               AND definition_key {defs} \
+             ORDER BY next_run_at LIMIT $4 \
+             FOR UPDATE SKIP LOCKED), \
+         prio AS MATERIALIZED ({prio}){lim}, \
+         picked AS (SELECT id FROM (SELECT * FROM due UNION ALL SELECT * FROM prio{more}) u \
+             ORDER BY priority DESC, rnk, next_run_at LIMIT $4) \
+         UPDATE sagas s SET lease_owner = $1, lease_epoch = s.lease_epoch + 1, \
+             lease_expires_at = saga_now_ms() + $2, blocked = FALSE, gate = 0 \
+         FROM picked c WHERE s.id = c.id \
+           AND (s.gate = 0 OR (s.next_run_at IS NOT NULL AND s.lease_owner IS NULL)) \
+         RETURNING s.id::text AS id, s.lease_epoch",
+        prio = admission::by_priority(now, defs, "$4", " FOR UPDATE SKIP LOCKED"),
+        more = if limited {
+            " UNION ALL SELECT * FROM lim"
+        } else {
+            ""
+        },
+    )
+}
+
+static CLAIM: LazyLock<String> = LazyLock::new(|| claim_text(false));
+static CLAIM_LIMITED: LazyLock<String> = LazyLock::new(|| claim_text(true));
 
 const SAGA_SELECT: &str = "SELECT id::text AS id, name, version, definition_hash, status, needs_attention, \
      blocked, cancel_requested, pause_requested, paused_from, pivot_reached, input::text AS input, output::text AS output, error, \
@@ -446,30 +494,25 @@ impl SqlBackend for PgStore {
             return Ok(Vec::new());
         }
         let mut tx = self.pool.begin().await.db()?;
-        // The candidate set is materialised and locked first (SKIP LOCKED: other workers
-        // claiming at the same moment get other sagas), then updated. The time is read once
-        // (`(SELECT saga_now_ms())`), so that it bounds the walk of the due-time index instead
-        // of filtering every saga waiting on a later timer.
-        let rows = sqlx::query(
-            "WITH candidates AS MATERIALIZED ( \
-                 SELECT id FROM sagas \
-                 WHERE next_run_at IS NOT NULL AND gate = 0 AND next_run_at <= (SELECT saga_now_ms()) \
-                   AND (lease_owner IS NULL OR lease_expires_at < (SELECT saga_now_ms())) \
-                   AND definition_key = ANY($3) \
-                 ORDER BY next_run_at LIMIT $4 \
-                 FOR UPDATE SKIP LOCKED) \
-             UPDATE sagas s SET lease_owner = $1, lease_epoch = s.lease_epoch + 1, \
-                 lease_expires_at = saga_now_ms() + $2, blocked = FALSE \
-             FROM candidates c WHERE s.id = c.id \
-             RETURNING s.id::text AS id, s.lease_epoch",
-        )
-        .bind(req.owner)
-        .bind(req.lease_ttl_ms)
-        .bind(req.definitions)
-        .bind(i64::from(req.limit))
-        .fetch_all(&mut *tx)
-        .await
-        .db()?;
+        let limited = !req.flows.is_empty();
+        if limited {
+            // Admissions count the sagas holding slots: no other claim may admit meanwhile.
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(crate::store::shared::admission::ADMISSION_LOCK)
+                .execute(&mut *tx)
+                .await
+                .db()?;
+        }
+        let text = if limited { &CLAIM_LIMITED } else { &CLAIM };
+        let mut query = sqlx::query(text.as_str())
+            .bind(req.owner)
+            .bind(req.lease_ttl_ms)
+            .bind(req.definitions)
+            .bind(i64::from(req.limit));
+        if limited {
+            query = query.bind(req.flows);
+        }
+        let rows = query.fetch_all(&mut *tx).await.db()?;
         let mut epochs = Vec::with_capacity(rows.len());
         for row in &rows {
             let id_text: String = row.try_get("id").db()?;
@@ -524,7 +567,10 @@ impl SqlBackend for PgStore {
             // volatile).
             "SELECT COALESCE((SELECT next_run_at <= saga_now_ms() FROM sagas \
              WHERE next_run_at IS NOT NULL AND gate = 0 AND lease_owner IS NULL AND definition_key = ANY($1) \
-             ORDER BY next_run_at LIMIT 1), FALSE)",
+             ORDER BY next_run_at LIMIT 1), FALSE) \
+             OR EXISTS (SELECT 1 FROM sagas WHERE gate = 1 AND flow IS NULL \
+               AND next_run_at IS NOT NULL AND next_run_at <= saga_now_ms() \
+               AND definition_key = ANY($1))",
         )
         .bind(definitions)
         .fetch_one(&self.pool)

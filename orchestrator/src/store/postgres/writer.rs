@@ -140,16 +140,18 @@ const FENCED_ROWS: &str = "SELECT f.id::text AS id, f.epoch, \
 /// a saga created `ahead` has its first action written ahead (running, attempt 1 started).
 fn create_ctes(p: &mut Params, now: &str) -> String {
     let (sagas, _) = p.unnest(NEW_SAGAS, "x", true);
+    let fair =
+        crate::store::shared::admission::fair_seq("GREATEST", "n.gate = 1", "n.flow", "n.flow_key");
     let (steps, _) = p.unnest(NEW_STEPS, "x", false);
     format!(
         "n AS (SELECT * FROM {sagas}), \
          cs AS (INSERT INTO sagas (id, name, version, definition_hash, definition_key, status, \
          input, next_run_at, created_at, updated_at, lease_owner, lease_epoch, lease_expires_at, \
-         pivot_reached, scheduled_at, traceparent, priority, gate, flow, flow_key) \
+         pivot_reached, scheduled_at, traceparent, priority, gate, flow, flow_key, fair_seq) \
          SELECT id, name, version, hash, key, \
          CASE WHEN ahead THEN 'RUNNING' ELSE 'QUEUED' END, input::jsonb, \
          COALESCE(start_at, {now}), {now}, {now}, owner, epoch, {now} + ttl, pivot, start_at, traceparent, \
-         priority, gate, flow, flow_key \
+         priority, gate, flow, flow_key, {fair} \
          FROM n), \
          cst AS (INSERT INTO steps (saga_id, idx, name, kind, status, comp_status, attempts, \
          outcome_unknown, started_at) \

@@ -9,6 +9,7 @@
 //! write queue (the engine's hot path: creates, transitions and, on SQLite, keyed starts), how
 //! workers claim sagas and find due ones, and how the outbox is read in commit order.
 
+pub(crate) mod admission;
 pub(crate) mod bulk;
 pub(crate) mod children;
 pub(crate) mod events;
@@ -259,9 +260,14 @@ impl<B: SqlBackend> EngineLog for B {
         let row = self
             .reader()
             .opt(
-                "SELECT MIN(next_run_at) AS due FROM sagas \
+                // Sagas waiting to be admitted by priority alone are due at their time too;
+                // those waiting for a limit wait for room, which the engine polls for.
+                "SELECT MIN(due) AS due FROM (SELECT MIN(next_run_at) AS due FROM sagas \
                  WHERE next_run_at IS NOT NULL AND gate = 0 AND lease_owner IS NULL \
-                   AND definition_key = ANY($1)",
+                   AND definition_key = ANY($1) \
+                 UNION ALL SELECT MIN(next_run_at) AS due FROM sagas \
+                 WHERE gate = 1 AND flow IS NULL AND next_run_at IS NOT NULL \
+                   AND definition_key = ANY($1)) d",
                 &[Arg::Strs(definitions)],
             )
             .await?;

@@ -17,17 +17,17 @@ use crate::store::Result;
 /// The largest page a list returns.
 const MAX_PAGE: u32 = 1000;
 
-/// The concurrency limit a saga waiting to start (`sagas` the outer row) waits for: its
-/// definition's limit that is full now (its per-key one first), else its first one.
+/// The concurrency limit a saga waiting to start (`o` the outer row) waits for: its key's, if
+/// full, else its definition's running limit, else its key's.
 macro_rules! waiting_limit {
     () => {
-        "CASE WHEN sagas.gate = 1 AND sagas.flow IS NOT NULL AND sagas.next_run_at IS NOT NULL \
-         THEN (SELECT l.name FROM flow_limits l WHERE l.saga = sagas.flow \
-         AND l.kind IN ('max_running', 'per_key') ORDER BY (COALESCE(l.limit_value, 0) <= \
-         (SELECT COUNT(*) FROM sagas r WHERE r.flow = sagas.flow AND r.gate = 0 \
-         AND r.status IN ('QUEUED', 'RUNNING', 'COMPENSATING', 'PAUSED') \
-         AND (l.kind = 'max_running' OR r.flow_key = sagas.flow_key))) DESC, l.kind DESC \
-         LIMIT 1) END"
+        "CASE WHEN o.gate = 1 AND o.flow IS NOT NULL AND o.next_run_at IS NOT NULL \
+         THEN COALESCE((SELECT l.name FROM flow_limits l WHERE l.saga = o.flow \
+         AND l.kind = 'per_key' AND COALESCE(l.limit_value, 0) <= (SELECT COUNT(*) FROM sagas r \
+         WHERE r.flow = o.flow AND r.flow_key = o.flow_key AND r.gate = 0 \
+         AND r.status IN ('QUEUED', 'RUNNING', 'COMPENSATING', 'PAUSED'))), \
+         (SELECT l.name FROM flow_limits l WHERE l.saga = o.flow AND l.kind = 'max_running'), \
+         (SELECT l.name FROM flow_limits l WHERE l.saga = o.flow AND l.kind = 'per_key')) END"
     };
 }
 
@@ -39,7 +39,7 @@ const SELECT_SAGA: &str = concat!(
      traceparent, forked_from::text AS forked_from, forked_from_stage, \
      superseded_by::text AS superseded_by, priority::bigint AS priority, ",
     waiting_limit!(),
-    " AS waiting_limit FROM sagas WHERE id = $1"
+    " AS waiting_limit FROM sagas o WHERE id = $1"
 );
 
 const SELECT_STEPS: &str = "SELECT saga_id::text AS saga_id, idx, name, kind, status, attempts, \
@@ -114,11 +114,11 @@ pub(crate) async fn saga_ids_with_prefix(
 /// saga, and none for a saga that has ended.
 const WAITING: &str = concat!(
     "CASE WHEN status IN ('RUNNING', 'COMPENSATING') THEN (\
-     SELECT st.kind || '|' || (CASE WHEN sagas.status = 'RUNNING' THEN st.status \
+     SELECT st.kind || '|' || (CASE WHEN o.status = 'RUNNING' THEN st.status \
      ELSE st.comp_status END) || '|' || (CASE WHEN st.kind = 'signal' \
      OR st.waiting_for LIKE 'rate:%' THEN COALESCE(st.waiting_for, '') ELSE st.name END) \
-     FROM steps st WHERE st.saga_id = sagas.id \
-     AND (CASE WHEN sagas.status = 'RUNNING' THEN st.status ELSE st.comp_status END) \
+     FROM steps st WHERE st.saga_id = o.id \
+     AND (CASE WHEN o.status = 'RUNNING' THEN st.status ELSE st.comp_status END) \
      IN ('WAITING', 'RETRYING') ORDER BY st.idx LIMIT 1) \
      WHEN gate = 1 AND flow IS NOT NULL AND next_run_at IS NOT NULL THEN 'limit||' || (",
     waiting_limit!(),
@@ -179,7 +179,7 @@ pub(crate) async fn list_sagas(reader: Reader<'_>, filter: &ListFilter) -> Resul
     let limit = filter.limit.clamp(1, MAX_PAGE);
     let mut sql = format!(
         "SELECT id::text AS id, name, version, status, needs_attention, blocked, error, \
-         next_run_at, created_at, updated_at, {WAITING} FROM sagas WHERE TRUE"
+         next_run_at, created_at, updated_at, {WAITING} FROM sagas o WHERE TRUE"
     );
     let mut args = Vec::new();
     filter_conditions(reader.dialect(), filter, &mut sql, &mut args);

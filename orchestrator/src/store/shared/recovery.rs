@@ -117,12 +117,19 @@ pub(crate) async fn fork<B: SqlBackend>(store: &B, fork: &NewFork<'_>) -> Result
     let past_pivot = original.pivot_started
         && matches!((plan.from_index, point), (Some(from), Some(point)) if from > point);
     let key = definition_key(&new.name, new.version, &new.definition_hash);
+    let greatest = match tx.dialect() {
+        super::sql::Dialect::Sqlite => "MAX",
+        super::sql::Dialect::Postgres => "GREATEST",
+    };
+    let fair = super::admission::fair_seq(greatest, "$12 = 1", "$13", "$14");
     tx.exec(
-        "INSERT INTO sagas (id, name, version, definition_hash, definition_key, status, \
-         input, next_run_at, created_at, updated_at, pivot_reached, forked_from, \
-         forked_from_stage, priority, gate, flow, flow_key) \
-         VALUES ($1, $2, $3, $4, $5, 'QUEUED', $6::jsonb, $7, $7, $7, $8 = 1, $9, $10, $11, $12, \
-         $13, $14)",
+        &format!(
+            "INSERT INTO sagas (id, name, version, definition_hash, definition_key, status, \
+             input, next_run_at, created_at, updated_at, pivot_reached, forked_from, \
+             forked_from_stage, priority, gate, flow, flow_key, fair_seq) \
+             VALUES ($1, $2, $3, $4, $5, 'QUEUED', $6::jsonb, $7, $7, $7, $8 = 1, $9, $10, $11, \
+             $12, $13, $14, {fair})"
+        ),
         &[
             Arg::Id(new.id),
             Arg::Str(&new.name),

@@ -410,7 +410,41 @@ async fn insert_event(
     Ok(())
 }
 
-/// Claims due sagas for `owner` on the writer's connection.
+/// The claim's statement: due sagas, and waiting ones it admits (by priority, and with
+/// `limited`, within the limits of the definitions `?6`), the first `?5` of them by priority.
+fn claim_text(limited: bool) -> String {
+    use crate::store::shared::admission;
+    let defs = "IN (SELECT value FROM json_each(?4))";
+    let lim = if limited {
+        let flows = "IN (SELECT value FROM json_each(?6))";
+        format!(
+            " UNION ALL SELECT * FROM ({})",
+            admission::limited("?3", defs, flows)
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "UPDATE sagas SET lease_owner = ?1, lease_epoch = lease_epoch + 1, lease_expires_at = ?2, \
+         blocked = 0, gate = 0 \
+         WHERE id IN (SELECT id FROM ( \
+             SELECT * FROM (SELECT id, priority, 0 AS rnk, next_run_at FROM sagas \
+             WHERE next_run_at IS NOT NULL AND gate = 0 AND next_run_at <= ?3 \
+               AND (lease_owner IS NULL OR lease_expires_at < ?3) \
+               AND definition_key {defs} \
+             ORDER BY next_run_at LIMIT ?5) \
+             UNION ALL SELECT * FROM ({prio}){lim}) \
+           ORDER BY priority DESC, rnk, next_run_at LIMIT ?5) \
+         RETURNING id, lease_epoch",
+        prio = admission::by_priority("?3", defs, "?5", ""),
+    )
+}
+
+static CLAIM: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| claim_text(false));
+static CLAIM_LIMITED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| claim_text(true));
+
+/// Claims due sagas for `owner` on the writer's connection, admitting waiting ones of the
+/// definitions `flows` (a JSON list, `None` for none) within their limits.
 async fn claim_on(
     conn: &mut sqlx::SqliteConnection,
     now: Millis,
@@ -418,25 +452,23 @@ async fn claim_on(
     limit: u32,
     lease_ttl_ms: i64,
     definitions: &str,
+    flows: Option<&str>,
 ) -> Result<Vec<Claimed>> {
-    let rows = sqlx::query(
-        "UPDATE sagas SET lease_owner = ?1, lease_epoch = lease_epoch + 1, lease_expires_at = ?2, \
-         blocked = 0 \
-         WHERE id IN (SELECT id FROM sagas \
-             WHERE next_run_at IS NOT NULL AND gate = 0 AND next_run_at <= ?3 \
-               AND (lease_owner IS NULL OR lease_expires_at < ?3) \
-               AND definition_key IN (SELECT value FROM json_each(?4)) \
-             ORDER BY next_run_at LIMIT ?5) \
-         RETURNING id, lease_epoch",
-    )
-    .bind(owner)
-    .bind(now + lease_ttl_ms)
-    .bind(now)
-    .bind(definitions)
-    .bind(i64::from(limit))
-    .fetch_all(&mut *conn)
-    .await
-    .db()?;
+    let text = if flows.is_some() {
+        &CLAIM_LIMITED
+    } else {
+        &CLAIM
+    };
+    let mut query = sqlx::query(text.as_str())
+        .bind(owner)
+        .bind(now + lease_ttl_ms)
+        .bind(now)
+        .bind(definitions)
+        .bind(i64::from(limit));
+    if let Some(flows) = flows {
+        query = query.bind(flows);
+    }
+    let rows = query.fetch_all(&mut *conn).await.db()?;
     let mut claimed = Vec::with_capacity(rows.len());
     for row in &rows {
         let id_text: String = row.try_get("id").db()?;
@@ -612,9 +644,21 @@ impl SqlBackend for SqliteStore {
         let owner = req.owner.to_owned();
         let (limit, ttl) = (req.limit, req.lease_ttl_ms);
         let definitions = json_list(req.definitions);
+        let flows = (!req.flows.is_empty()).then(|| json_list(req.flows));
         self.queue
             .run(move |conn, now| {
-                Box::pin(async move { claim_on(conn, now, &owner, limit, ttl, &definitions).await })
+                Box::pin(async move {
+                    claim_on(
+                        conn,
+                        now,
+                        &owner,
+                        limit,
+                        ttl,
+                        &definitions,
+                        flows.as_deref(),
+                    )
+                    .await
+                })
             })
             .await
     }
@@ -627,6 +671,9 @@ impl SqlBackend for SqliteStore {
         let due: bool = sqlx::query_scalar(
             "SELECT EXISTS (SELECT 1 FROM sagas \
              WHERE next_run_at IS NOT NULL AND gate = 0 AND next_run_at <= ?1 AND lease_owner IS NULL \
+               AND definition_key IN (SELECT value FROM json_each(?2))) \
+             OR EXISTS (SELECT 1 FROM sagas WHERE gate = 1 AND flow IS NULL \
+               AND next_run_at IS NOT NULL AND next_run_at <= ?1 \
                AND definition_key IN (SELECT value FROM json_each(?2)))",
         )
         .bind(self.now_ms())

@@ -80,11 +80,17 @@ const ATTEMPT_STARTED: &str = "INSERT INTO attempts \
 const EVENT: &str =
     "INSERT INTO events (saga_id, at, type, step, data) VALUES (?1, ?2, ?3, ?4, ?5)";
 
-const NEW_SAGA: &str = "INSERT INTO sagas (id, name, version, definition_hash, definition_key, \
-     status, input, next_run_at, created_at, updated_at, lease_owner, lease_epoch, \
-     lease_expires_at, pivot_reached, scheduled_at, traceparent, priority, gate, flow, flow_key) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?11, ?6, COALESCE(?13, ?7), ?7, ?7, ?8, ?9, ?10, ?12, ?13, ?14, \
-     ?15, ?16, ?17, ?18)";
+static NEW_SAGA: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "INSERT INTO sagas (id, name, version, definition_hash, definition_key, \
+         status, input, next_run_at, created_at, updated_at, lease_owner, lease_epoch, \
+         lease_expires_at, pivot_reached, scheduled_at, traceparent, priority, gate, flow, \
+         flow_key, fair_seq) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?11, ?6, COALESCE(?13, ?7), ?7, ?7, ?8, ?9, ?10, ?12, ?13, \
+         ?14, ?15, ?16, ?17, ?18, {})",
+        crate::store::shared::admission::fair_seq("MAX", "?16", "?17", "?18")
+    )
+});
 
 const NEW_CALLBACK: &str = "INSERT INTO saga_callbacks (saga_id, url, secret) VALUES (?1, ?2, ?3)";
 
@@ -117,7 +123,7 @@ pub(crate) fn create_saga(
     let status = n.initial_status(lease.is_some());
     exec(
         db,
-        NEW_SAGA,
+        &NEW_SAGA,
         params![
             id,
             n.name,
