@@ -24,7 +24,8 @@ use serde_json::{json, Value};
 
 const TOKEN: &str = "discovery-token-0123456789";
 
-/// The example registry (`place_order`, `book_trip`) over the shop database in `dir`.
+/// The example registry (`place_order`, `book_trip`, `fulfil_order`, `payout`) over the shop
+/// database in `dir`.
 async fn example_registry(dir: &std::path::Path) -> Registry {
     let shop = Shop::open(&format!("sqlite://{}", dir.join("shop.db").display()))
         .await
@@ -98,7 +99,10 @@ async fn definitions_list_every_example_saga_with_its_stages_and_input_schema() 
     let defs = body["definitions"].as_array().unwrap();
     // By name, then version.
     let names: Vec<&str> = defs.iter().map(|d| d["name"].as_str().unwrap()).collect();
-    assert_eq!(names, ["book_trip", "fulfil_order", "place_order"]);
+    assert_eq!(
+        names,
+        ["book_trip", "fulfil_order", "payout", "place_order"]
+    );
     let registry = example_registry(h.db.dir.path()).await;
     for d in defs {
         assert_eq!(
@@ -140,7 +144,19 @@ async fn definitions_list_every_example_saga_with_its_stages_and_input_schema() 
             {"name": "notify_customer", "kind": "retriable"},
         ])
     );
-    let place_order = &defs[2];
+    assert_eq!(
+        defs[2]["stages"],
+        json!([
+            {"name": "debit_balance", "kind": "compensatable"},
+            {"name": "send_transfer", "kind": "pivot"},
+            {"name": "notify_merchant", "kind": "retriable"},
+        ])
+    );
+    assert_eq!(
+        defs[2]["input_schema"]["required"],
+        json!(["payout_id", "merchant", "amount"])
+    );
+    let place_order = &defs[3];
     assert_eq!(place_order["version"], 1);
     assert_eq!(
         place_order["stages"],
@@ -181,7 +197,7 @@ async fn definitions_list_every_example_saga_with_its_stages_and_input_schema() 
         serde_json::from_value::<DefinitionList>(body.clone()).unwrap()
     );
     assert_eq!(
-        typed.definitions[2].required_fields(),
+        typed.definitions[3].required_fields(),
         ["order_id", "user", "amount"]
     );
     api.stop().await;
@@ -212,10 +228,10 @@ async fn definitions_need_the_token_when_the_server_has_one() {
 
     let (status, body) = api.get("/v1/definitions").await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["definitions"].as_array().unwrap().len(), 3);
+    assert_eq!(body["definitions"].as_array().unwrap().len(), 4);
 
     let with = SagaClient::new(&api.base, Some(TOKEN.to_owned())).unwrap();
-    assert_eq!(with.definitions().await.unwrap().definitions.len(), 3);
+    assert_eq!(with.definitions().await.unwrap().definitions.len(), 4);
     let without = SagaClient::new(&api.base, None).unwrap();
     match without.definitions().await {
         Err(e @ ClientError::Api { .. }) => {
@@ -258,6 +274,7 @@ async fn the_served_openapi_document_has_a_start_route_per_saga_with_its_input_s
     for (name, required) in [
         ("place_order", json!(["order_id", "user", "amount"])),
         ("book_trip", json!(["trip_id", "traveller"])),
+        ("payout", json!(["payout_id", "merchant", "amount"])),
     ] {
         let path = format!("/v1/sagas/{name}");
         let item = &doc["paths"][&path];

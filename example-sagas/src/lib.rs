@@ -1,6 +1,6 @@
 //! # example-sagas: runnable examples for the saga orchestrator
 //!
-//! Three realistic sagas, written with [`saga_dsl`]:
+//! Four realistic sagas, written with [`saga_dsl`]:
 //!
 //! - [`place_order`](place_order::place_order) (SPEC §6): reserve stock, charge the payment,
 //!   assign a rider — three compensatable steps, undone in reverse order when a later one fails;
@@ -8,7 +8,10 @@
 //!   the trip (the pivot) and send the itinerary (retriable until it succeeds);
 //! - [`fulfil_order`](fulfil_order::fulfil_order) (SPEC §7): reserve every item at once (a
 //!   mapped parallel group), charge, wait for a person's approval when the order needs one (a
-//!   signal), wait out a cooling-off period (a durable sleep), ship (the pivot) and notify.
+//!   signal), wait out a cooling-off period (a durable sleep), ship (the pivot) and notify;
+//! - [`payout`](payout::payout) (SPEC §14): debit a merchant's balance, send the transfer (the
+//!   pivot, rate-limited by the limiter `bank`) and tell the merchant — one payout per merchant
+//!   at a time, at most 50 at once, the example of flow control.
 //!
 //! Their inputs accept a `"simulate"` object ([`place_order::Simulate`]) that injects permanent
 //! failures, K transient failures, failing compensations and delays, for demos and tests.
@@ -34,6 +37,7 @@ pub mod book_trip;
 pub mod fulfil_order;
 #[cfg(feature = "nats")]
 pub mod notify;
+pub mod payout;
 pub mod place_order;
 pub mod shop;
 mod simulate;
@@ -45,6 +49,7 @@ pub fn registry(shop: Arc<Shop>) -> Result<Registry, DefinitionError> {
     let mut registry = Registry::new();
     registry.register(place_order::place_order(shop.clone())?)?;
     registry.register(book_trip::book_trip(shop.clone())?)?;
-    registry.register(fulfil_order::fulfil_order(shop)?)?;
+    registry.register(fulfil_order::fulfil_order(shop.clone())?)?;
+    registry.register(payout::payout(shop)?)?;
     Ok(registry)
 }

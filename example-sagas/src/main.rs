@@ -6,6 +6,7 @@
 //! example-sagas serve                       # HTTP API on 127.0.0.1:8080, SQLite saga.db
 //! example-sagas show 0193a4f2-…             # the same operator commands as `saga`
 //! example-sagas ledger --json               # what the participants really did
+//! example-sagas ledger --timings --json     # when the bank was called, when payouts ran
 //! example-sagas bench --sagas 2000 --concurrency 16
 //! ```
 
@@ -24,7 +25,7 @@ use orchestrator::telemetry::Telemetry;
 use orchestrator::{Orchestrator, ServeArgs};
 use tokio_util::sync::CancellationToken;
 
-/// Run and inspect the example sagas (place_order, book_trip, fulfil_order).
+/// Run and inspect the example sagas (place_order, book_trip, fulfil_order, payout).
 #[derive(Debug, Parser)]
 #[command(name = "example-sagas", version)]
 struct Cli {
@@ -49,11 +50,23 @@ struct Cli {
 enum Command {
     /// Serve the HTTP API and run the engine's workers.
     Serve(ServeCommand),
-    /// Print, per order, how many times each participant effect really happened.
+    /// Print, per order, trip or payout, how many times each participant effect really happened.
+    ///
+    /// With --json: one object keyed by order or payout id; a `place_order` order has its six
+    /// counters, a `fulfil_order` order its ledger keys, a `payout` its four counters
+    /// `{"debited", "credited", "transferred", "notified"}`.
     Ledger {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+        /// Print instead what the payout participants noted on their own clock (milliseconds
+        /// since the Unix epoch): every call the bank received, duplicates and failures
+        /// included, and when each payout began (its first `debit_balance`) and ended (its last
+        /// `notify_merchant`, or `credit_balance` when compensated). With --json:
+        /// `{"bank_calls": [{"payout_id", "merchant", "at", "attempt"}…], "payouts": {"<id>":
+        /// {"merchant", "debit_started_at", "notify_ended_at", "credit_ended_at"}}}`.
+        #[arg(long)]
+        timings: bool,
     },
     /// Consume the orchestrator's events from NATS JetStream as an idempotent consumer (one
     /// notification per event, in its own database); `--ledger` prints what it recorded.
@@ -220,7 +233,7 @@ async fn main() -> ExitCode {
     );
     let result = match &cli.cmd {
         Command::Serve(args) => serve(&cli, args, telemetry).await,
-        Command::Ledger { json } => ledger(&cli, *json).await,
+        Command::Ledger { json, timings } => ledger(&cli, *json, *timings).await,
         #[cfg(feature = "nats")]
         Command::NotifyConsumer(args) => notify_consumer(args).await,
         Command::Bench(args) => run_bench(&cli, args, db_explicit).await,
@@ -390,21 +403,31 @@ async fn notify_consumer(args: &NotifyArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn ledger(cli: &Cli, json: bool) -> anyhow::Result<()> {
+async fn ledger(cli: &Cli, json: bool, timings: bool) -> anyhow::Result<()> {
     let shop = Shop::open(&cli.shop_database_url)
         .await
         .with_context(|| format!("cannot open {}", redact_url(&cli.shop_database_url)))?;
+    if timings {
+        let timings = shop.payout_timings().await;
+        shop.close().await;
+        return payout_timings(&timings?, json);
+    }
     let ledger = shop.ledger().await?;
     let fulfilments = shop.fulfilment_ledger().await?;
+    let payouts = shop.payout_ledger().await?;
     shop.close().await;
     let mut out = std::io::stdout().lock();
     if json {
-        // One object per order id: `place_order`'s six counters, or `fulfil_order`'s keys.
+        // One object per order or payout id: `place_order`'s six counters, `fulfil_order`'s
+        // keys, or `payout`'s four counters.
         let mut all = serde_json::to_value(&ledger)?;
-        if let (Some(all), serde_json::Value::Object(more)) =
-            (all.as_object_mut(), serde_json::to_value(&fulfilments)?)
-        {
-            all.extend(more);
+        for more in [
+            serde_json::to_value(&fulfilments)?,
+            serde_json::to_value(&payouts)?,
+        ] {
+            if let (Some(all), serde_json::Value::Object(more)) = (all.as_object_mut(), more) {
+                all.extend(more);
+            }
         }
         serde_json::to_writer_pretty(&mut out, &all)?;
         writeln!(out)?;
@@ -431,6 +454,52 @@ async fn ledger(cli: &Cli, json: bool) -> anyhow::Result<()> {
     for (order, effects) in &fulfilments {
         let effects: Vec<String> = effects.iter().map(|(k, n)| format!("{k}={n}")).collect();
         writeln!(out, "{order:<24} {}", effects.join(" "))?;
+    }
+    for (payout, e) in &payouts {
+        writeln!(
+            out,
+            "{payout:<24} debited={} credited={} transferred={} notified={}",
+            e.debited, e.credited, e.transferred, e.notified
+        )?;
+    }
+    Ok(())
+}
+
+/// Prints what `ledger --timings` shows: the bank's calls, then each payout's window.
+fn payout_timings(timings: &example_sagas::shop::PayoutTimings, json: bool) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    if json {
+        serde_json::to_writer_pretty(&mut out, timings)?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    let at = |ms: Option<i64>| ms.map_or_else(|| "-".to_owned(), |ms| ms.to_string());
+    writeln!(
+        out,
+        "{:<24} {:<16} {:>8} {:>15}",
+        "bank call: payout", "merchant", "attempt", "at (ms)"
+    )?;
+    for call in &timings.bank_calls {
+        writeln!(
+            out,
+            "{:<24} {:<16} {:>8} {:>15}",
+            call.payout_id, call.merchant, call.attempt, call.at
+        )?;
+    }
+    writeln!(
+        out,
+        "{:<24} {:<16} {:>15} {:>15} {:>15}",
+        "payout", "merchant", "debit started", "notify ended", "credit ended"
+    )?;
+    for (payout, times) in &timings.payouts {
+        writeln!(
+            out,
+            "{payout:<24} {:<16} {:>15} {:>15} {:>15}",
+            times.merchant,
+            at(times.debit_started_at),
+            at(times.notify_ended_at),
+            at(times.credit_ended_at)
+        )?;
     }
     Ok(())
 }

@@ -1,5 +1,5 @@
-//! The participants of the example sagas — inventory, payments, riders, airlines, hotels — as
-//! *idempotent consumers* in a store of their own.
+//! The participants of the example sagas — inventory, payments, riders, airlines, hotels,
+//! merchants' balances, a bank — as *idempotent consumers* in a store of their own.
 //!
 //! Every effect a participant performs is recorded in the same transaction as the idempotency key
 //! that asked for it, through the library's idempotent consumer
@@ -122,11 +122,20 @@ pub enum Effect {
     Shipped,
     /// Mail: the customer told.
     Notified,
+    /// Balances: a merchant's balance debited for a payout.
+    Debited,
+    /// Balances: a payout's debit credited back.
+    Credited,
+    /// Bank: a payout's money transferred (`payout`'s pivot; never undone).
+    Transferred,
+    /// Mail: the merchant told of a payout; kept apart from [`Effect::Notified`] so that a
+    /// payout is never read as a fulfilment.
+    MerchantNotified,
 }
 
 impl Effect {
     /// Every effect, in declaration order.
-    pub const ALL: [Self; 16] = [
+    pub const ALL: [Self; 20] = [
         Self::Reserved,
         Self::Released,
         Self::Charged,
@@ -143,6 +152,10 @@ impl Effect {
         Self::ItinerarySent,
         Self::Shipped,
         Self::Notified,
+        Self::Debited,
+        Self::Credited,
+        Self::Transferred,
+        Self::MerchantNotified,
     ];
 
     /// The snake_case name stored in the database.
@@ -164,6 +177,10 @@ impl Effect {
             Self::ItinerarySent => "itinerary_sent",
             Self::Shipped => "shipped",
             Self::Notified => "notified",
+            Self::Debited => "debited",
+            Self::Credited => "credited",
+            Self::Transferred => "transferred",
+            Self::MerchantNotified => "merchant_notified",
         }
     }
 }
@@ -316,6 +333,37 @@ impl TripLedgerEntry {
     }
 }
 
+/// How many times each `payout` effect really happened for one payout: `{"debited": n,
+/// "credited": n, "transferred": n, "notified": n}`, all four always present. A compensated
+/// payout nets to zero (`debited == credited`, nothing transferred); a completed one shows
+/// each of `debited`, `transferred` and `notified` once.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PayoutLedgerEntry {
+    /// Balances debited.
+    pub debited: u64,
+    /// Debits credited back.
+    pub credited: u64,
+    /// Transfers sent (the pivot).
+    pub transferred: u64,
+    /// Merchants told.
+    pub notified: u64,
+}
+
+impl PayoutLedgerEntry {
+    /// Adds `n` to the counter of `effect`; `false` if it is not a `payout` effect.
+    fn add(&mut self, effect: Effect, n: u64) -> bool {
+        let counter = match effect {
+            Effect::Debited => &mut self.debited,
+            Effect::Credited => &mut self.credited,
+            Effect::Transferred => &mut self.transferred,
+            Effect::MerchantNotified => &mut self.notified,
+            _ => return false,
+        };
+        *counter += n;
+        true
+    }
+}
+
 /// The result stored under an action's key when its compensation ran first (the action's
 /// outcome was unknown and it had not happened): a late or retried action then finds the key
 /// taken and does nothing. See [`is_voided`].
@@ -338,6 +386,8 @@ struct Dialect {
     select_amount: &'static str,
     counts_all: &'static str,
     counts_for: &'static str,
+    /// The payout participants' own notes.
+    timings: &'static timings::TimingSql,
 }
 
 const SQLITE: Dialect = Dialect {
@@ -353,6 +403,7 @@ const SQLITE: Dialect = Dialect {
     counts_all: "SELECT order_id, effect, COUNT(*) AS n FROM ledger GROUP BY order_id, effect",
     counts_for: "SELECT order_id, effect, COUNT(*) AS n FROM ledger WHERE order_id = ?1 \
                  GROUP BY order_id, effect",
+    timings: &timings::SQLITE_TIMINGS,
 };
 
 #[cfg(feature = "postgres")]
@@ -372,6 +423,7 @@ const POSTGRES: Dialect = Dialect {
     counts_all: "SELECT order_id, effect, COUNT(*) AS n FROM ledger GROUP BY order_id, effect",
     counts_for: "SELECT order_id, effect, COUNT(*) AS n FROM ledger WHERE order_id = $1 \
                  GROUP BY order_id, effect",
+    timings: &timings::POSTGRES_TIMINGS,
 };
 
 /// The participants' keys, on one backend: the library's consumer over the shop's pool.
@@ -439,6 +491,9 @@ macro_rules! on_backend {
     };
 }
 
+mod timings;
+pub use timings::{now_ms, BankCall, PayoutMark, PayoutTimes, PayoutTimings};
+
 /// The participants' store: a SQLite file or a Postgres database, never the orchestrator's.
 ///
 /// Cheap to clone (the pool is shared).
@@ -489,7 +544,7 @@ impl Shop {
     async fn create_tables(&self) -> Result<(), ShopError> {
         on_backend!(self, |consumer, pool, sql| {
             let mut tx = pool.begin_with(sql.begin).await?;
-            for statement in sql.create {
+            for statement in sql.create.iter().chain(sql.timings.create) {
                 sqlx::query(statement).execute(&mut *tx).await?;
             }
             tx.commit().await?;
@@ -722,6 +777,29 @@ impl Shop {
         Ok(entry)
     }
 
+    /// Per payout id, how many times each `payout` effect really happened.
+    pub async fn payout_ledger(&self) -> Result<BTreeMap<String, PayoutLedgerEntry>, ShopError> {
+        let mut out: BTreeMap<String, PayoutLedgerEntry> = BTreeMap::new();
+        for (payout, label, n) in self.counts(None).await? {
+            let mut entry = out.get(&payout).copied().unwrap_or_default();
+            if label.item.is_none() && entry.add(label.effect, n) {
+                out.insert(payout, entry);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The `payout` counters of one payout; all zero if it never did anything.
+    pub async fn payout_ledger_for(&self, payout_id: &str) -> Result<PayoutLedgerEntry, ShopError> {
+        let mut entry = PayoutLedgerEntry::default();
+        for (_, label, n) in self.counts(Some(payout_id)).await? {
+            if label.item.is_none() {
+                entry.add(label.effect, n);
+            }
+        }
+        Ok(entry)
+    }
+
     /// Closes the pool, waiting for connections to finish (a clean WAL checkpoint on SQLite).
     pub async fn close(&self) {
         match &self.pool {
@@ -795,6 +873,82 @@ mod tests {
         assert_eq!(
             shop.ledger_for("nobody").await.unwrap(),
             LedgerEntry::default()
+        );
+    }
+
+    #[tokio::test]
+    async fn payouts_have_a_ledger_of_their_own() {
+        let (_dir, shop) = temp_shop().await;
+        shop.apply_once("d", Effect::Debited, "p1", 900, json!(1))
+            .await
+            .unwrap();
+        shop.apply_once("t", Effect::Transferred, "p1", 900, json!(2))
+            .await
+            .unwrap();
+        shop.apply_once("n", Effect::MerchantNotified, "p1", 0, json!(3))
+            .await
+            .unwrap();
+        shop.apply_once("s", Effect::Shipped, "f1", 0, json!(4))
+            .await
+            .unwrap();
+        let payouts = serde_json::to_value(shop.payout_ledger().await.unwrap()).unwrap();
+        assert_eq!(
+            payouts,
+            json!({"p1": {"debited": 1, "credited": 0, "transferred": 1, "notified": 1}})
+        );
+        // Nor is a payout an order or a fulfilment.
+        assert!(shop.ledger().await.unwrap().is_empty());
+        let fulfilments = shop.fulfilment_ledger().await.unwrap();
+        assert_eq!(fulfilments.keys().collect::<Vec<_>>(), ["f1"]);
+        assert!(shop.trip_ledger().await.unwrap().is_empty());
+        assert_eq!(
+            shop.payout_ledger_for("nobody").await.unwrap(),
+            PayoutLedgerEntry::default()
+        );
+    }
+
+    #[tokio::test]
+    async fn timings_keep_every_call_and_each_payouts_window() {
+        let (_dir, shop) = temp_shop().await;
+        let first = shop.record_bank_call("p1", "m1", 1).await.unwrap();
+        let again = shop.record_bank_call("p1", "m1", 1).await.unwrap();
+        shop.record_bank_call("p2", "m2", 1).await.unwrap();
+        let started = shop
+            .record_payout_mark("p1", "m1", PayoutMark::DebitStarted)
+            .await
+            .unwrap();
+        shop.record_payout_mark("p1", "m1", PayoutMark::DebitStarted)
+            .await
+            .unwrap();
+        shop.record_payout_mark("p1", "m1", PayoutMark::NotifyEnded)
+            .await
+            .unwrap();
+        let ended = shop
+            .record_payout_mark("p1", "m1", PayoutMark::NotifyEnded)
+            .await
+            .unwrap();
+        let timings = shop.payout_timings().await.unwrap();
+        assert_eq!(timings.bank_calls.len(), 3, "duplicates are calls too");
+        assert_eq!(
+            (timings.bank_calls[0].at, timings.bank_calls[1].at),
+            (first, again)
+        );
+        assert_eq!(
+            timings.payouts["p1"],
+            PayoutTimes {
+                merchant: "m1".into(),
+                debit_started_at: Some(started),
+                notify_ended_at: Some(ended),
+                credit_ended_at: None,
+            },
+            "the first start and the last end"
+        );
+        assert!(!timings.payouts.contains_key("p2"), "p2 never started");
+        let value = serde_json::to_value(&timings).unwrap();
+        assert_eq!(
+            value["bank_calls"][2],
+            json!({"payout_id": "p2", "merchant": "m2", "at": timings.bank_calls[2].at,
+                   "attempt": 1})
         );
     }
 
