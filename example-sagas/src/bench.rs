@@ -28,6 +28,23 @@ pub enum Scenario {
     Starts,
     /// One parallel group of ten no-op branches.
     Parallel,
+    /// Three no-op steps under a max running of 64 and a per-key limit of 8, over 16 keys.
+    Limited,
+    /// One call taking a token from a rate limiter (`--rate`, burst 1).
+    Rated,
+}
+
+impl Scenario {
+    fn name(self) -> &'static str {
+        match self {
+            Scenario::Happy => "happy",
+            Scenario::Compensate => "compensate",
+            Scenario::Starts => "starts",
+            Scenario::Parallel => "parallel",
+            Scenario::Limited => "limited",
+            Scenario::Rated => "rated",
+        }
+    }
 }
 
 /// One benchmark run's figures.
@@ -59,6 +76,16 @@ pub struct BenchReport {
     pub peak_rss_mb: f64,
     /// Sagas that did not end as expected (must be 0).
     pub errors: usize,
+    /// For `limited`: the 99th percentile of how long a saga waited to start (creation to
+    /// first attempt, from the attempt log).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_p99_ms: Option<f64>,
+    /// For `rated`: the calls per second the participant saw.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub calls_per_s: Option<f64>,
+    /// For `rated`: the most calls the participant saw in any one second.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_calls_in_a_second: Option<u64>,
 }
 
 impl BenchReport {
@@ -66,14 +93,9 @@ impl BenchReport {
     pub fn line(&self) -> String {
         format!(
             "bench backend={} scenario={} sagas={} concurrency={} processes={} sagas_per_s={:.1} \
-             steps_per_s={:.1} p50_ms={:.2} p99_ms={:.2} max_ms={:.2} commits_per_saga={:.2} peak_rss_mb={:.1} errors={}",
+             steps_per_s={:.1} p50_ms={:.2} p99_ms={:.2} max_ms={:.2} commits_per_saga={:.2} peak_rss_mb={:.1} errors={}{}",
             self.backend,
-            match self.scenario {
-                Scenario::Happy => "happy",
-                Scenario::Compensate => "compensate",
-                Scenario::Starts => "starts",
-                Scenario::Parallel => "parallel",
-            },
+            self.scenario.name(),
             self.sagas,
             self.concurrency,
             self.processes,
@@ -84,7 +106,15 @@ impl BenchReport {
             self.max_ms,
             self.commits_per_saga,
             self.peak_rss_mb,
-            self.errors
+            self.errors,
+            [
+                self.start_p99_ms.map(|v| format!(" start_p99_ms={v:.1}")),
+                self.calls_per_s.map(|v| format!(" calls_per_s={v:.1}")),
+                self.max_calls_in_a_second.map(|v| format!(" max_calls_in_a_second={v}")),
+            ]
+            .into_iter()
+            .flatten()
+            .collect::<String>()
         )
     }
 }
@@ -139,6 +169,8 @@ pub struct BenchPlan {
     pub processes: usize,
     /// Where this process's engine exports its spans (`--otlp-endpoint`); disabled by default.
     pub telemetry: orchestrator::telemetry::Telemetry,
+    /// The rate limiter's rate of the `rated` workload.
+    pub rate: saga_dsl::Rate,
 }
 
 /// An engine over `store` that runs the benchmark saga (and the parallel one, if asked),
@@ -148,20 +180,24 @@ pub fn bench_engine(
     workers: usize,
     parallel: bool,
 ) -> anyhow::Result<Engine> {
-    traced_bench_engine(store, workers, parallel, Default::default())
+    traced_bench_engine(store, workers, parallel, Default::default(), Vec::new())
 }
 
-/// [`bench_engine`], its spans exported through `telemetry`.
+/// [`bench_engine`], its spans exported through `telemetry`, running `extra` definitions too.
 pub fn traced_bench_engine(
     store: Arc<dyn Store>,
     workers: usize,
     parallel: bool,
     telemetry: orchestrator::telemetry::Telemetry,
+    extra: Vec<SagaDefinition>,
 ) -> anyhow::Result<Engine> {
     let mut registry = Registry::new();
     registry.register(bench_saga()?)?;
     if parallel {
         registry.register(bench_parallel_saga()?)?;
+    }
+    for def in extra {
+        registry.register(def)?;
     }
     Ok(Engine::new(
         store,
@@ -236,11 +272,25 @@ pub async fn run(store: Arc<dyn Store>, plan: &BenchPlan) -> anyhow::Result<Benc
         plan.processes <= 1 || plan.backend == "postgres",
         "several processes share a database only on PostgreSQL"
     );
+    anyhow::ensure!(
+        plan.processes <= 1 || !matches!(scenario, Scenario::Limited | Scenario::Rated),
+        "the flow-control workloads run in one process"
+    );
+    let calls = crate::bench_flow::Calls::default();
+    let extra = match scenario {
+        Scenario::Limited => vec![crate::bench_flow::bench_limited_saga()?],
+        Scenario::Rated => vec![crate::bench_flow::bench_rated_saga(
+            plan.rate,
+            calls.clone(),
+        )?],
+        _ => Vec::new(),
+    };
     let engine = traced_bench_engine(
         store.clone(),
         plan.workers,
         scenario == Scenario::Parallel,
         plan.telemetry.clone(),
+        extra,
     )?;
     let shutdown = CancellationToken::new();
     let runner = {
@@ -256,11 +306,26 @@ pub async fn run(store: Arc<dyn Store>, plan: &BenchPlan) -> anyhow::Result<Benc
 
     let commits_before = store.commits();
     let started = Instant::now();
-    let (mut latencies, errors) = lanes(&engine, scenario, sagas, concurrency).await?;
+    // The warm-up's calls are not the measured run's.
+    if let Ok(mut c) = calls.lock() {
+        c.clear();
+    }
+    let (mut latencies, errors, ids) = lanes(&engine, scenario, sagas, concurrency).await?;
     let wall = started.elapsed().as_secs_f64();
     let commits = store.commits() - commits_before + helpers.stop().await?;
     shutdown.cancel();
     runner.await??;
+    let start_p99_ms = match scenario {
+        Scenario::Limited => Some(crate::bench_flow::start_p99_ms(&store, &ids).await?),
+        _ => None,
+    };
+    let (calls_per_s, max_calls_in_a_second) = match scenario {
+        Scenario::Rated => {
+            let (rate, most) = crate::bench_flow::observed_rate(&calls);
+            (Some(rate), Some(most))
+        }
+        _ => (None, None),
+    };
 
     latencies.sort_unstable();
     let pct = |p: f64| -> f64 {
@@ -275,6 +340,8 @@ pub async fn run(store: Arc<dyn Store>, plan: &BenchPlan) -> anyhow::Result<Benc
         Scenario::Compensate => 5.0,
         Scenario::Starts => 0.0,
         Scenario::Parallel => 10.0,
+        Scenario::Limited => 3.0,
+        Scenario::Rated => 1.0,
     };
     Ok(BenchReport {
         backend: plan.backend.clone(),
@@ -290,37 +357,52 @@ pub async fn run(store: Arc<dyn Store>, plan: &BenchPlan) -> anyhow::Result<Benc
         commits_per_saga: commits as f64 / sagas.max(1) as f64,
         peak_rss_mb: peak_rss_mb(),
         errors,
+        start_p99_ms,
+        calls_per_s,
+        max_calls_in_a_second,
     })
 }
 
-/// Runs `total` sagas in `concurrency` lanes; returns each saga's latency and the error count.
+/// Runs `total` sagas in `concurrency` lanes; returns each saga's latency, the error count and
+/// the sagas' ids.
 pub(crate) async fn lanes(
     engine: &Engine,
     scenario: Scenario,
     total: usize,
     concurrency: usize,
-) -> anyhow::Result<(Vec<Duration>, usize)> {
+) -> anyhow::Result<(Vec<Duration>, usize, Vec<uuid::Uuid>)> {
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..concurrency {
         let (engine, next) = (engine.clone(), next.clone());
         set.spawn(async move {
             let mut lat = Vec::new();
+            let mut ids = Vec::new();
             let mut errors = 0;
             let want = match scenario {
-                Scenario::Happy => SagaStatus::Completed,
                 Scenario::Compensate => SagaStatus::Compensated,
                 Scenario::Starts => SagaStatus::Queued,
-                Scenario::Parallel => SagaStatus::Completed,
+                _ => SagaStatus::Completed,
             };
             let name = match scenario {
                 Scenario::Parallel => "bench_parallel",
+                Scenario::Limited => "bench_limited",
+                Scenario::Rated => "bench_rated",
                 _ => "bench_order",
             };
-            let input = json!({"order": "bench", "fail_last": scenario == Scenario::Compensate});
-            while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < total {
+            let mut input =
+                json!({"order": "bench", "fail_last": scenario == Scenario::Compensate});
+            loop {
+                let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if n >= total {
+                    break;
+                }
+                if scenario == Scenario::Limited {
+                    input["key"] = json!(format!("k{}", n % crate::bench_flow::KEYS));
+                }
                 let t = Instant::now();
                 let saga = engine.start_saga(name, input.clone()).await?;
+                ids.push(saga.id);
                 if scenario == Scenario::Starts {
                     lat.push(t.elapsed());
                     continue;
@@ -333,17 +415,19 @@ pub(crate) async fn lanes(
                     errors += 1;
                 }
             }
-            anyhow::Ok((lat, errors))
+            anyhow::Ok((lat, errors, ids))
         });
     }
     let mut all = Vec::with_capacity(total);
+    let mut all_ids = Vec::with_capacity(total);
     let mut errors = 0;
     while let Some(res) = set.join_next().await {
-        let (lat, e) = res??;
+        let (lat, e, ids) = res??;
         all.extend(lat);
+        all_ids.extend(ids);
         errors += e;
     }
-    Ok((all, errors))
+    Ok((all, errors, all_ids))
 }
 
 /// Peak resident set size of this process (VmHWM), in MiB.

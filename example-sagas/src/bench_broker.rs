@@ -151,7 +151,7 @@ pub async fn run(
             lags.push((now_ms() - at).max(0) as f64);
         }
     }
-    let (_, errors) = ran.await??;
+    let (_, errors, _) = ran.await??;
     anyhow::ensure!(errors == 0, "{errors} sagas did not complete");
     let wall = wall.unwrap_or_else(|| started.elapsed().as_secs_f64());
     let events = lags.len();

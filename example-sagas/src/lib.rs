@@ -33,6 +33,7 @@ use saga_dsl::{DefinitionError, Registry};
 pub mod bench;
 #[cfg(feature = "nats")]
 pub mod bench_broker;
+pub mod bench_flow;
 pub mod book_trip;
 pub mod fulfil_order;
 #[cfg(feature = "nats")]

@@ -191,6 +191,9 @@ struct BenchArgs {
     /// Orchestrator processes sharing the database (PostgreSQL only): this one plus helpers.
     #[arg(long, default_value_t = 1)]
     processes: usize,
+    /// The rate limiter's rate of `--scenario rated` (`N/s`, `N/m` or `N/h`).
+    #[arg(long, default_value = "2000/s")]
+    rate: saga_dsl::Rate,
     /// Print the figures as JSON.
     #[arg(long)]
     json: bool,
@@ -546,6 +549,7 @@ async fn run_bench(cli: &Cli, args: &BenchArgs, db_explicit: bool) -> anyhow::Re
             Some(endpoint) => Telemetry::otlp(endpoint)?.with_sample_ratio(args.otlp_sample_ratio),
             None => Telemetry::disabled(),
         },
+        rate: args.rate,
     };
     let report = bench::run(store, &plan).await?;
     if args.json {
