@@ -22,6 +22,7 @@ macro_rules! holding {
 }
 
 /// The lock PostgreSQL claims with limits take, so that their counts are never stale.
+#[cfg(feature = "postgres")]
 pub(crate) const ADMISSION_LOCK: i64 = 0x5A6A_F10C;
 
 /// The sagas a claim admits from the definitions with limits, as `(id, priority, rnk,
