@@ -393,6 +393,8 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> Result<Response, A
                 ("signal", w.signal),
                 ("child", w.child),
                 ("scheduled", w.scheduled),
+                ("limit", w.limit),
+                ("rate", w.rate),
             ] {
                 metrics::gauge!("saga_waiting", "kind" => kind).set(n as f64);
             }

@@ -38,8 +38,8 @@ pub struct LimitInfo {
     pub rate: Option<String>,
     /// The tokens the bucket holds when full (`rate`).
     pub burst: Option<u32>,
-    /// Sagas holding a slot (`max_running`; `per_key`: in all keys), or for `rate` the calls
-    /// let through in the last second.
+    /// Sagas holding a slot (`max_running`; `per_key`: in all keys), or for `rate` the tokens
+    /// taken and not yet refilled (at most the burst).
     pub in_use: u64,
     /// Sagas waiting for it: to start (`max_running`, `per_key`) or with a step waiting for
     /// a token (`rate`).

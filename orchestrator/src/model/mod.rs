@@ -13,8 +13,11 @@ use uuid::Uuid;
 /// Milliseconds since the Unix epoch, UTC.
 pub type Millis = i64;
 
+/// The priority of a saga started without one.
+pub const DEFAULT_PRIORITY: u8 = 5;
+
 fn default_priority() -> u8 {
-    crate::store::DEFAULT_PRIORITY
+    DEFAULT_PRIORITY
 }
 
 /// Formats milliseconds as RFC 3339 UTC with millisecond precision.

@@ -63,6 +63,10 @@ pub struct WaitingCounts {
     pub child: u64,
     /// Sagas started with a start time still ahead.
     pub scheduled: u64,
+    /// Sagas waiting for room in a concurrency limit to start.
+    pub limit: u64,
+    /// Steps waiting for a rate limiter's token.
+    pub rate: u64,
 }
 
 impl Saga {

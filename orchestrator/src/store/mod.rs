@@ -119,8 +119,7 @@ impl Default for NewFlow {
     }
 }
 
-/// The priority of a saga started without one.
-pub const DEFAULT_PRIORITY: u8 = 5;
+pub use crate::model::DEFAULT_PRIORITY;
 
 /// A fork to record ([`OperatorLog::fork`]).
 #[derive(Debug, Clone)]

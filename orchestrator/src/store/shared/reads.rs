@@ -294,6 +294,19 @@ pub(crate) async fn waiting(reader: Reader<'_>, now: i64) -> Result<WaitingCount
     if let Some(row) = scheduled {
         counts.scheduled = u64::try_from(row.get::<i64>("n")?).unwrap_or(0);
     }
+    // On the partial indexes of waiting sagas and of steps that wait.
+    let flow = reader
+        .opt(
+            "SELECT (SELECT COUNT(*) FROM sagas WHERE gate = 1 AND next_run_at IS NOT NULL \
+             AND flow IS NOT NULL) AS limit_n, (SELECT COUNT(*) FROM steps \
+             WHERE waiting_for IS NOT NULL AND waiting_for LIKE 'rate:%') AS rate_n",
+            &[],
+        )
+        .await?;
+    if let Some(row) = flow {
+        counts.limit = u64::try_from(row.get::<i64>("limit_n")?).unwrap_or(0);
+        counts.rate = u64::try_from(row.get::<i64>("rate_n")?).unwrap_or(0);
+    }
     Ok(counts)
 }
 
