@@ -136,6 +136,8 @@ fn claim_text(limited: bool) -> String {
 }
 
 static CLAIM: LazyLock<String> = LazyLock::new(|| claim_text(false));
+static SWEEP: LazyLock<String> =
+    LazyLock::new(|| crate::store::shared::admission::sweep("= ANY($1)"));
 static CLAIM_LIMITED: LazyLock<String> = LazyLock::new(|| claim_text(true));
 
 const SAGA_SELECT: &str = "SELECT id::text AS id, name, version, definition_hash, status, needs_attention, \
@@ -499,6 +501,11 @@ impl SqlBackend for PgStore {
             // Admissions count the sagas holding slots: no other claim may admit meanwhile.
             sqlx::query("SELECT pg_advisory_xact_lock($1)")
                 .bind(crate::store::shared::admission::ADMISSION_LOCK)
+                .execute(&mut *tx)
+                .await
+                .db()?;
+            sqlx::query(&SWEEP)
+                .bind(req.flows)
                 .execute(&mut *tx)
                 .await
                 .db()?;

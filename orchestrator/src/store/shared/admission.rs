@@ -25,6 +25,17 @@ macro_rules! holding {
 #[cfg(feature = "postgres")]
 pub(crate) const ADMISSION_LOCK: i64 = 0x5A6A_F10C;
 
+/// Before a claim with limits: the sagas of those definitions that ended give their place in
+/// `sagas_flow_running` up (`flow` cleared), so that the running counts walk only what
+/// runs; `{flows}` the limited definitions' condition. Each ended saga is cleared once.
+pub(crate) fn sweep(flows: &str) -> String {
+    format!(
+        "UPDATE sagas SET flow = NULL WHERE flow IS NOT NULL AND flow {flows} AND gate = 0 \
+         AND status NOT IN {holding}",
+        holding = holding!(),
+    )
+}
+
 /// The sagas a claim admits from the definitions with limits, as `(id, priority, rnk,
 /// next_run_at)`; `{now}` the claim's time, `{defs}` its definitions' condition, `{flows}`
 /// its limited definitions' condition (each a complete SQL expression).
@@ -44,14 +55,14 @@ pub(crate) fn limited(now: &str, defs: &str, flows: &str) -> String {
            ) k \
            LEFT JOIN flow_limits pk ON pk.kind = 'per_key' AND pk.saga = k.flow \
            LEFT JOIN (SELECT flow, flow_key, COUNT(*) AS n FROM sagas \
-               WHERE flow {flows} AND gate = 0 AND status IN {holding} \
+               WHERE flow IS NOT NULL AND flow {flows} AND gate = 0 AND status IN {holding} \
                GROUP BY flow, flow_key) rk ON rk.flow = k.flow AND rk.flow_key = k.flow_key \
            WHERE k.cancel_requested OR pk.name IS NULL \
              OR k.krank + COALESCE(rk.n, 0) <= pk.limit_value \
          ) w \
          LEFT JOIN flow_limits mr ON mr.kind = 'max_running' AND mr.saga = w.flow \
          LEFT JOIN (SELECT flow, COUNT(*) AS n FROM sagas \
-             WHERE flow {flows} AND gate = 0 AND status IN {holding} \
+             WHERE flow IS NOT NULL AND flow {flows} AND gate = 0 AND status IN {holding} \
              GROUP BY flow) rf ON rf.flow = w.flow \
          WHERE w.cancel_requested OR mr.name IS NULL \
            OR w.frank + COALESCE(rf.n, 0) <= mr.limit_value",

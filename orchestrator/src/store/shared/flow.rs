@@ -163,8 +163,9 @@ const SELECT_LIMITS: &str = concat!(
          AND s.gate = 0 AND s.status IN ",
     "('QUEUED', 'RUNNING', 'COMPENSATING', 'PAUSED')",
     " AND (l.kind = 'max_running' OR s.flow_key IS NOT NULL)) END AS in_use, \
-     CASE WHEN l.kind = 'rate' THEN (SELECT COUNT(*) FROM steps st \
-         WHERE st.waiting_for = 'rate:' || l.name) \
+     CASE WHEN l.kind = 'rate' THEN (SELECT COUNT(*) FROM sagas s JOIN steps st \
+         ON st.saga_id = s.id WHERE s.next_run_at IS NOT NULL AND s.gate = 0 \
+         AND s.lease_owner IS NULL AND st.waiting_for = 'rate:' || l.name) \
      ELSE (SELECT COUNT(*) FROM sagas s WHERE s.flow = l.saga AND s.gate = 1 \
          AND s.next_run_at IS NOT NULL) END AS waiting \
      FROM flow_limits l"
@@ -331,28 +332,32 @@ async fn rescale_waits(
         ],
     )
     .await?;
+    // The calls parked for a token are among the sagas parked on a timer (the due-time
+    // index's future).
     let wait = format!("{}{name}", crate::model::RATE_WAIT);
+    let parked = "SELECT st.saga_id FROM sagas s JOIN steps st ON st.saga_id = s.id \
+         WHERE s.next_run_at IS NOT NULL AND s.gate = 0 AND s.next_run_at > $2 \
+         AND s.lease_owner IS NULL AND st.waiting_for = $1";
+    let args = [
+        Arg::Str(&wait),
+        Arg::Int(now),
+        Arg::Int(new_us),
+        Arg::Int(old_us),
+    ];
     tx.exec(
-        "UPDATE steps SET retry_at = $2 + (retry_at - $2) * $3 / $4 \
-         WHERE waiting_for = $1 AND retry_at > $2",
-        &[
-            Arg::Str(&wait),
-            Arg::Int(now),
-            Arg::Int(new_us),
-            Arg::Int(old_us),
-        ],
+        &format!(
+            "UPDATE steps SET retry_at = $2 + (retry_at - $2) * $3 / $4 \
+             WHERE saga_id IN ({parked}) AND waiting_for = $1 AND retry_at > $2"
+        ),
+        &args,
     )
     .await?;
     tx.exec(
-        "UPDATE sagas SET next_run_at = $2 + (next_run_at - $2) * $3 / $4 \
-         WHERE id IN (SELECT saga_id FROM steps WHERE waiting_for = $1) \
-         AND lease_owner IS NULL AND next_run_at > $2",
-        &[
-            Arg::Str(&wait),
-            Arg::Int(now),
-            Arg::Int(new_us),
-            Arg::Int(old_us),
-        ],
+        &format!(
+            "UPDATE sagas SET next_run_at = $2 + (next_run_at - $2) * $3 / $4 \
+             WHERE id IN ({parked})"
+        ),
+        &args,
     )
     .await?;
     Ok(())

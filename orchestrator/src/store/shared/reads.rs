@@ -294,12 +294,14 @@ pub(crate) async fn waiting(reader: Reader<'_>, now: i64) -> Result<WaitingCount
     if let Some(row) = scheduled {
         counts.scheduled = u64::try_from(row.get::<i64>("n")?).unwrap_or(0);
     }
-    // On the partial indexes of waiting sagas and of steps that wait.
+    // Sagas waiting to start, on their index; steps waiting for a token, among the sagas
+    // parked on a timer.
     let flow = reader
         .opt(
             "SELECT (SELECT COUNT(*) FROM sagas WHERE gate = 1 AND next_run_at IS NOT NULL \
-             AND flow IS NOT NULL) AS limit_n, (SELECT COUNT(*) FROM steps \
-             WHERE waiting_for IS NOT NULL AND waiting_for LIKE 'rate:%') AS rate_n",
+             AND flow IS NOT NULL) AS limit_n, (SELECT COUNT(*) FROM sagas s \
+             JOIN steps st ON st.saga_id = s.id WHERE s.next_run_at IS NOT NULL AND s.gate = 0 \
+             AND s.lease_owner IS NULL AND st.waiting_for LIKE 'rate:%') AS rate_n",
             &[],
         )
         .await?;

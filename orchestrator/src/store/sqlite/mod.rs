@@ -441,6 +441,9 @@ fn claim_text(limited: bool) -> String {
 }
 
 static CLAIM: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| claim_text(false));
+static SWEEP: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    crate::store::shared::admission::sweep("IN (SELECT value FROM json_each(?1))")
+});
 static CLAIM_LIMITED: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| claim_text(true));
 
 /// Claims due sagas for `owner` on the writer's connection, admitting waiting ones of the
@@ -466,6 +469,11 @@ async fn claim_on(
         .bind(definitions)
         .bind(i64::from(limit));
     if let Some(flows) = flows {
+        sqlx::query(&SWEEP)
+            .bind(flows)
+            .execute(&mut *conn)
+            .await
+            .db()?;
         query = query.bind(flows);
     }
     let rows = query.fetch_all(&mut *conn).await.db()?;
