@@ -1,5 +1,5 @@
 //! A typed client for the HTTP API: start a saga, read it, wait for it to end, cancel it, list
-//! the definitions the server can start.
+//! the definitions the server can start, the operator commands, and flow control's limits.
 //!
 //! # One key per logical start
 //!
@@ -57,7 +57,7 @@ use serde::{Deserialize, Serialize};
 use tokio_retry::strategy::{jitter, ExponentialBackoff};
 use uuid::Uuid;
 
-use crate::model::{BulkAction, BulkJob, DefinitionList, Saga, SagaStatus};
+use crate::model::{BulkAction, BulkJob, DefinitionList, LimitChange, LimitInfo, Saga, SagaStatus};
 
 /// The `Idempotency-Key` request header (IETF httpapi draft).
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -228,6 +228,51 @@ pub struct BulkCreated {
     pub sample: Vec<Uuid>,
 }
 
+/// How a saga is started, beyond its definition and input ([`SagaClient::start_with`]): each
+/// setting left out is the server's default.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StartOptions {
+    /// The idempotency key of this logical start; a UUIDv4 when `None`.
+    pub idempotency_key: Option<String>,
+    /// When it starts (`Saga-Start-At`), milliseconds since the epoch; now when `None`.
+    pub at: Option<crate::model::Millis>,
+    /// Its priority (`Saga-Priority`), 0 (last) to 9 (first); the server's default, 5, when
+    /// `None`.
+    pub priority: Option<u8>,
+}
+
+impl StartOptions {
+    /// No setting: a new key, now, the default priority.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// With the idempotency key `key`.
+    pub fn key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+
+    /// Starting at `at`, milliseconds since the epoch.
+    pub fn at(mut self, at: crate::model::Millis) -> Self {
+        self.at = Some(at);
+        self
+    }
+
+    /// With priority `priority`, 0 to 9 (a higher one is refused before anything is sent).
+    pub fn priority(mut self, priority: u8) -> Self {
+        self.priority = Some(priority);
+        self
+    }
+}
+
+/// The body of `GET /v1/limits`.
+#[derive(Deserialize)]
+struct LimitList {
+    limits: Vec<LimitInfo>,
+}
+
 /// A client of one orchestrator's HTTP API. Cheap to clone (it shares its connection pool).
 #[derive(Clone)]
 pub struct SagaClient {
@@ -329,8 +374,33 @@ impl SagaClient {
         idempotency_key: Option<String>,
         at: Option<crate::model::Millis>,
     ) -> Result<StartedSaga, ClientError> {
-        let key = idempotency_key.unwrap_or_else(|| Uuid::new_v4().to_string());
-        let start_at = at.map(crate::model::rfc3339);
+        let options = StartOptions {
+            idempotency_key,
+            at,
+            priority: None,
+        };
+        self.start_with(name, input, &options).await
+    }
+
+    /// [`SagaClient::start`] with every setting of a start: its idempotency key, when it starts
+    /// and its priority (`Saga-Priority`: among sagas due to start, higher ones first).
+    pub async fn start_with(
+        &self,
+        name: &str,
+        input: &impl Serialize,
+        options: &StartOptions,
+    ) -> Result<StartedSaga, ClientError> {
+        if let Some(p) = options.priority.filter(|p| *p > 9) {
+            return Err(ClientError::InvalidArgument(format!(
+                "priority {p} is out of range: 0 (last) to 9 (first)"
+            )));
+        }
+        let key = options
+            .idempotency_key
+            .clone()
+            .unwrap_or_else(|| Uuid::new_v4().to_string());
+        let start_at = options.at.map(crate::model::rfc3339);
+        let priority = options.priority.map(|p| p.to_string());
         let key_header = check_key(&key)?;
         let body = serde_json::to_vec(input)
             .map_err(|e| ClientError::InvalidArgument(format!("the input is not JSON: {e}")))?;
@@ -341,8 +411,12 @@ impl SagaClient {
                     .header(reqwest::header::CONTENT_TYPE, "application/json")
                     .header(HeaderName::from_static(IDEMPOTENCY_KEY), key_header.clone())
                     .body(body.clone());
-                match &start_at {
+                let req = match &start_at {
                     Some(at) => req.header("saga-start-at", at.as_str()),
+                    None => req,
+                };
+                match &priority {
+                    Some(p) => req.header("saga-priority", p.as_str()),
                     None => req,
                 }
             })
@@ -626,6 +700,47 @@ impl SagaClient {
             })
             .await?;
         decode(url, response).await
+    }
+
+    /// Every limit (`GET /v1/limits`), by name: concurrency limits and rate limiters, each with
+    /// its value, the declared one, who changed it last, and how many sagas hold and wait for it.
+    pub async fn limits(&self) -> Result<Vec<LimitInfo>, ClientError> {
+        let url = self.url(&["v1", "limits"])?;
+        let response = self.send(Method::GET, &url, |req| req).await?;
+        let list: LimitList = decode(&url, response).await?;
+        Ok(list.limits)
+    }
+
+    /// Changes the limit `name` (`PUT /v1/limits/{name}`): a concurrency limit's value, or a
+    /// rate limiter's rate and burst, audited with `reason` (if any) and this client's token
+    /// name. Needs the `operate` scope. An unknown name is a `404` [`ClientError::Api`] with
+    /// code `unknown_limit`; a change of the other kind a `422` (`unprocessable`). Returns the
+    /// limit as it now stands. A retry after a lost answer sets the same value again (and is
+    /// audited again).
+    pub async fn set_limit(
+        &self,
+        name: &str,
+        change: &LimitChange,
+        reason: Option<&str>,
+    ) -> Result<LimitInfo, ClientError> {
+        let url = self.url(&["v1", "limits", name])?;
+        let mut body = match change {
+            LimitChange::Limit(limit) => serde_json::json!({ "limit": limit }),
+            LimitChange::Rate { rate, burst } => {
+                serde_json::json!({ "rate": rate.to_string(), "burst": burst })
+            }
+        };
+        if let Some(reason) = reason {
+            body["reason"] = serde_json::json!(reason);
+        }
+        let body = body.to_string();
+        let response = self
+            .send_attempts(Method::PUT, &url, self.request_timeout, false, |req| {
+                req.header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(body.clone())
+            })
+            .await?;
+        decode(&url, response).await
     }
 
     /// The saga definitions the server can start (`GET /v1/definitions`): every registered

@@ -2,9 +2,10 @@
 
 `positive_data_acceptance` is told to take `422` from a valid request (schemathesis.toml),
 because four refusals depend on what no schema can state (state, the network, a pair
-of headers), and a fork's two on the original's definition. This check takes back the
-rest: a valid request answered `422` fails unless the error's code is one of those, or a
-bulk action's refusal of an empty filter outside a dry run (a rule over the body as a whole).
+of headers), a fork's two on the original's definition, and a limit's change on the limit's
+kind. This check takes back the rest: a valid request answered `422` fails unless the error's
+code is one of those, or a bulk action's refusal of an empty filter outside a dry run (a rule
+over the body as a whole).
 """
 
 import json
@@ -32,6 +33,10 @@ STATE_REFUSALS = {
 # its input is checked against that definition's schema (`invalid_input`), and `from_stage`
 # must be one of its stages (`unprocessable`).
 FORK_REFUSALS = {"invalid_input", "unprocessable"}
+
+# A limit is a concurrency limit or a rate limiter, which its name, not the route's document,
+# says: a `limit` for a rate limiter, or a `rate` for a concurrency limit, is `unprocessable`.
+LIMIT_REFUSALS = {"unprocessable"}
 
 
 def empty_bulk_filter(case):
@@ -64,6 +69,8 @@ def refused_only_for_state(ctx, response, case):
     if code in STATE_REFUSALS:
         return None
     if case.operation.path == "/v1/sagas/{saga}/fork" and code in FORK_REFUSALS:
+        return None
+    if case.operation.path == "/v1/limits/{name}" and code in LIMIT_REFUSALS:
         return None
     if code == "invalid_filter" and empty_bulk_filter(case):
         return None

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use orchestrator::http::{openapi_json, openapi_json_for, ApiToken, HttpConfig, Scope};
 use reqwest::{Method, StatusCode};
-use saga_suite::api::Api;
-use saga_suite::registry_of;
+use saga_suite::api::{Api, Harness};
+use saga_suite::{fixtures, registry_of};
 use serde_json::{json, Value};
 
 use crate::{definitions, own, TOKEN};
@@ -44,16 +44,25 @@ fn operations(doc: &Value) -> BTreeMap<String, BTreeMap<String, BTreeSet<u16>>> 
 async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
     // A server of its own: a token and a small body limit, for their statuses.
     // Two named tokens with one scope each, for the 403 of every route.
-    let api = own(HttpConfig {
-        api_token: Some(TOKEN.to_owned()),
-        api_tokens: vec![
-            ApiToken::new("reader", &[Scope::Read], READ_ONLY),
-            ApiToken::new("starter", &[Scope::Start], START_ONLY),
-        ],
-        body_limit: 4096,
-        ..HttpConfig::default()
-    })
-    .await;
+    let harness = Harness::new(registry_of(definitions())).await;
+    // The routes of flow control answer about declared limits: one of each kind.
+    harness
+        .stores
+        .log
+        .declare_limits(&fixtures::payout_limits())
+        .await
+        .unwrap();
+    let api = harness
+        .into_api(HttpConfig {
+            api_token: Some(TOKEN.to_owned()),
+            api_tokens: vec![
+                ApiToken::new("reader", &[Scope::Read], READ_ONLY),
+                ApiToken::new("starter", &[Scope::Start], START_ONLY),
+            ],
+            body_limit: 4096,
+            ..HttpConfig::default()
+        })
+        .await;
     let resp = api.http.get(api.url("/openapi.json")).send().await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     let content_type = resp.headers()["content-type"].to_str().unwrap().to_owned();
@@ -108,6 +117,8 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
         ("POST", "/v1/sagas/{saga}/pause"),
         ("POST", "/v1/sagas/{saga}/resume"),
         ("GET", "/v1/definitions"),
+        ("GET", "/v1/limits"),
+        ("PUT", "/v1/limits/{name}"),
         ("GET", "/v1/counts"),
         ("GET", "/v1/whoami"),
         ("GET", "/healthz"),
@@ -602,6 +613,13 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
         ),
         ("POST", "/v1/sagas/{saga}/pause", pause(&done), READ_ONLY),
         ("POST", "/v1/sagas/{saga}/resume", resume(&done), READ_ONLY),
+        ("GET", "/v1/limits", "/v1/limits".to_owned(), START_ONLY),
+        (
+            "PUT",
+            "/v1/limits/{name}",
+            "/v1/limits/payout_running".to_owned(),
+            READ_ONLY,
+        ),
     ] {
         let m = Method::from_bytes(method.as_bytes()).unwrap();
         probes.push((
@@ -931,6 +949,57 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
         ),
     ];
     probes.extend(operator);
+    // Flow control: the limits, and an operator's change of one.
+    let limit = |name: &str| format!("/v1/limits/{name}");
+    probes.extend::<Vec<Probe>>(vec![
+        (
+            "GET",
+            "/v1/limits",
+            api.req(Method::GET, "/v1/limits"),
+            "200",
+        ),
+        (
+            "GET",
+            "/v1/limits",
+            api.anonymous(Method::GET, "/v1/limits"),
+            "401",
+        ),
+        (
+            "PUT",
+            "/v1/limits/{name}",
+            api.req(Method::PUT, &limit("payout_running"))
+                .json(&json!({"limit": 40, "reason": "probe"})),
+            "200",
+        ),
+        (
+            "PUT",
+            "/v1/limits/{name}",
+            api.req(Method::PUT, &limit("payout_running"))
+                .json(&json!({})),
+            "400",
+        ),
+        (
+            "PUT",
+            "/v1/limits/{name}",
+            api.anonymous(Method::PUT, &limit("payout_running"))
+                .json(&json!({"limit": 40})),
+            "401",
+        ),
+        (
+            "PUT",
+            "/v1/limits/{name}",
+            api.req(Method::PUT, &limit("no_such_limit"))
+                .json(&json!({"limit": 40})),
+            "404",
+        ),
+        (
+            "PUT",
+            "/v1/limits/{name}",
+            api.req(Method::PUT, &limit("bank"))
+                .json(&json!({"limit": 40})),
+            "422",
+        ),
+    ]);
     let mut seen: BTreeMap<(String, String), BTreeSet<u16>> = BTreeMap::new();
     for (method, template, req, want) in probes {
         let a = Api::send(req).await;

@@ -162,3 +162,34 @@ pub fn stuck() -> SagaDefinition {
         .build()
         .unwrap()
 }
+
+/// The limits `payout` declares (SPEC §14): `payout_per_merchant` (one running per
+/// `merchant`), `payout_running` (50 at once) and the rate limiter `bank` (20/s, burst 5), as
+/// a server declares them in its database. Written by the tests of the operator surfaces of
+/// flow control, which read and change them whatever definitions their server runs.
+pub fn payout_limits() -> Vec<saga_dsl::DeclaredLimit> {
+    use saga_dsl::flow::{MaxRunning, PerKey};
+    use saga_dsl::{DeclaredLimit, Rate, RateLimiter};
+    vec![
+        DeclaredLimit::PerKey {
+            saga: "payout".to_owned(),
+            limit: PerKey {
+                name: "payout_per_merchant".to_owned(),
+                key: "merchant".to_owned(),
+                limit: 1,
+            },
+        },
+        DeclaredLimit::MaxRunning {
+            saga: "payout".to_owned(),
+            limit: MaxRunning {
+                name: "payout_running".to_owned(),
+                limit: 50,
+            },
+        },
+        DeclaredLimit::Rate(RateLimiter {
+            name: "bank".to_owned(),
+            rate: Rate::per_second(20),
+            burst: 5,
+        }),
+    ]
+}

@@ -4,7 +4,10 @@
 //! not by clap: a malformed id then gets the same one-line `invalid saga id …` error whether the
 //! command came from the `saga` binary, an application binary or a test.
 
+use saga_dsl::Rate;
+
 use crate::model::{BulkAction, SagaStatus};
+use crate::operations::limits::MAX_LIMIT;
 
 /// The page size of `list` when `--limit` is not given.
 pub const DEFAULT_LIST_LIMIT: u32 = 50;
@@ -102,6 +105,9 @@ pub enum AdminCommand {
     Bulk(BulkArgs),
     /// Show a bulk job: its progress and the sagas that refused its command.
     BulkJob(BulkJobArgs),
+    /// List the concurrency limits and rate limiters: value, what holds and what waits for
+    /// each; `limits set` changes one (audited).
+    Limits(LimitsArgs),
 }
 
 impl AdminCommand {
@@ -144,7 +150,8 @@ impl AdminCommand {
         ) && self.server().is_none()
     }
 
-    /// The server a command that changes a saga is sent to, if `--server` named one.
+    /// The server a command that may go through one (one that changes a saga, `limits`) is
+    /// sent to, if `--server` named one.
     pub fn server(&self) -> Option<&ViaServer> {
         let via = match self {
             Self::Cancel(a) => &a.via,
@@ -154,6 +161,7 @@ impl AdminCommand {
             Self::Pause(a) | Self::Resume(a) => &a.via,
             Self::CompleteStep(a) => &a.via,
             Self::Fork(a) => &a.via,
+            Self::Limits(a) => a.via(),
             _ => return None,
         };
         via.server.is_some().then_some(via)
@@ -468,6 +476,10 @@ pub struct StartArgs {
     /// 2026-12-24T18:00:00Z: the saga waits `QUEUED` until then.
     #[arg(long, value_name = "TIME")]
     pub at: Option<String>,
+    /// Its priority, 0 (last) to 9 (first; 5 by default): among sagas due to start, higher
+    /// ones start first (`Saga-Priority`).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(0..=9))]
+    pub priority: Option<u8>,
     /// The token the server's API is asked with.
     #[command(flatten)]
     pub auth: Auth,
@@ -562,6 +574,81 @@ pub struct BulkJobArgs {
     /// A table, or JSON.
     #[command(flatten)]
     pub output: Output,
+}
+
+/// `limits [--json] [--server URL]`, or `limits set …` ([`SetLimitArgs`]).
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
+#[command(mut_arg(Output::JSON, |a| {
+    a.help("Print `{\"limits\": […]}`, the same as `GET /v1/limits`")
+}))]
+pub struct LimitsArgs {
+    /// `set`, to change a limit; without it the limits are listed.
+    #[command(subcommand)]
+    pub command: Option<LimitsCommand>,
+    /// Through a server, or the database.
+    #[command(flatten)]
+    pub via: ViaServer,
+    /// A table, or JSON.
+    #[command(flatten)]
+    pub output: Output,
+}
+
+impl LimitsArgs {
+    /// Where the command goes: `set`'s own `--server`, or the listing's.
+    pub fn via(&self) -> &ViaServer {
+        match &self.command {
+            Some(LimitsCommand::Set(a)) => &a.via,
+            None => &self.via,
+        }
+    }
+}
+
+/// What `limits` does besides listing.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Subcommand)]
+pub enum LimitsCommand {
+    /// Change a concurrency limit (--limit) or a rate limiter's rate and burst (--rate,
+    /// --burst), audited; every process applies it within a second.
+    Set(SetLimitArgs),
+}
+
+/// `limits set NAME (--limit N | --rate R [--burst B]) [--reason TEXT] [--server URL]`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+#[command(mut_arg(Output::JSON, |a| {
+    a.help("Print the limit as it now stands, the same as the answer of `PUT /v1/limits/{name}`")
+}))]
+pub struct SetLimitArgs {
+    /// The limit's name, as `limits` lists it.
+    pub name: String,
+    /// A concurrency limit's new value: how many sagas may run at once (per key, for a per-key
+    /// limit); 0 holds every saga still to start.
+    #[arg(long, value_name = "N", conflicts_with_all = ["rate", "burst"],
+          required_unless_present = "rate",
+          value_parser = clap::value_parser!(u32).range(0..=i64::from(MAX_LIMIT)))]
+    pub limit: Option<u32>,
+    /// A rate limiter's new rate: N/s, N/m or N/h (e.g. 20/s).
+    #[arg(long, value_name = "RATE", value_parser = parse_rate)]
+    pub rate: Option<Rate>,
+    /// With --rate: the calls let through at once after a pause [default: the limiter's
+    /// current burst].
+    #[arg(long, value_name = "N", requires = "rate",
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_LIMIT)))]
+    pub burst: Option<u32>,
+    /// Why (recorded with the change, and who made it).
+    #[arg(long, value_name = "TEXT")]
+    pub reason: Option<String>,
+    /// Through a server, or the database.
+    #[command(flatten)]
+    pub via: ViaServer,
+    /// A sentence, or JSON.
+    #[command(flatten)]
+    pub output: Output,
+}
+
+/// Reads a rate, `N/s`, `N/m` or `N/h`.
+fn parse_rate(text: &str) -> Result<Rate, String> {
+    text.parse()
+        .map_err(|e: saga_dsl::flow::BadRate| e.to_string())
 }
 
 /// Reads a bulk action in any case.
@@ -663,6 +750,8 @@ mod tests {
             "k-1",
             "--wait",
             "5",
+            "--priority",
+            "7",
             "--token",
             "t",
             "--json",
@@ -679,6 +768,7 @@ mod tests {
                 idempotency_key: Some("k-1".into()),
                 wait: Some(5),
                 at: None,
+                priority: Some(7),
                 auth: Auth {
                     token: Some("t".into()),
                 },
@@ -691,6 +781,60 @@ mod tests {
             AdminCommand::parse_words(["start", "place_order"]).is_err(),
             "--input is required"
         );
+        assert!(
+            AdminCommand::parse_words(["start", "p", "--input", "{}", "--priority", "10"]).is_err(),
+            "a priority is 0 to 9"
+        );
+    }
+
+    #[test]
+    fn parses_limits() {
+        let list = AdminCommand::parse_words(["limits", "--json"]).unwrap();
+        assert_eq!(
+            list,
+            AdminCommand::Limits(LimitsArgs {
+                command: None,
+                via: ViaServer::default(),
+                output: Output { json: true },
+            })
+        );
+        assert!(list.needs_database());
+        let set = AdminCommand::parse_words([
+            "limits",
+            "set",
+            "bank",
+            "--rate",
+            "10/s",
+            "--burst",
+            "3",
+            "--reason",
+            "bank asks",
+            "--server",
+            "http://127.0.0.1:9",
+        ])
+        .unwrap();
+        let AdminCommand::Limits(LimitsArgs {
+            command: Some(LimitsCommand::Set(args)),
+            ..
+        }) = &set
+        else {
+            panic!("{set:?}");
+        };
+        assert_eq!(args.rate, Some(Rate::per_second(10)));
+        assert_eq!((args.burst, args.limit), (Some(3), None));
+        assert_eq!(args.reason.as_deref(), Some("bank asks"));
+        assert!(!set.needs_database(), "through the server");
+        for wrong in [
+            &["limits", "set", "x"][..],
+            &["limits", "set", "x", "--limit", "1", "--rate", "1/s"],
+            &["limits", "set", "x", "--limit", "1", "--burst", "2"],
+            &["limits", "set", "x", "--rate", "fast"],
+            &["limits", "set", "x", "--limit", "-1"],
+            &["limits", "set", "x", "--rate", "1/s", "--burst", "0"],
+            &["limits", "--json", "set", "x", "--limit", "1"],
+        ] {
+            assert!(AdminCommand::parse_words(wrong).is_err(), "{wrong:?}");
+        }
     }
 }
 

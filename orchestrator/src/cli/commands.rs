@@ -101,6 +101,9 @@ pub async fn run_admin_with(
         AdminCommand::Signal(a) => run_signal(a, None, out).await,
         AdminCommand::Bulk(a) => super::bulk::run_bulk(a, None, out).await,
         AdminCommand::BulkJob(a) => super::bulk::run_bulk_job(a, None, out).await,
+        AdminCommand::Limits(a) => {
+            super::limits::run_limits(a, Some(store), &actor(), out, layout).await
+        }
     }
 }
 
@@ -165,8 +168,13 @@ pub async fn run_start(
             .transpose()?;
     let server = Target::find(a.server.url.as_deref(), database_url);
     let client = server.client(a.auth.token.clone())?;
+    let options = crate::client::StartOptions {
+        idempotency_key: a.idempotency_key.clone(),
+        at,
+        priority: a.priority,
+    };
     let started = client
-        .start_at(&a.name, &input, a.idempotency_key.clone(), at)
+        .start_with(&a.name, &input, &options)
         .await
         .map_err(|e| server.error(e))?;
     let Some(secs) = a.wait else {

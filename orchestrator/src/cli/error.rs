@@ -56,6 +56,9 @@ impl From<StoreError> for CliError {
             StoreError::UnknownStep { saga, step } => {
                 Self::BadArgument(format!("saga {saga} has no step {step:?}"))
             }
+            StoreError::UnknownLimit(name) => {
+                Self::BadArgument(format!("no limit named {name:?}; `limits` lists them"))
+            }
             other => Self::Store(other),
         }
     }

@@ -1,5 +1,6 @@
 //! The operator commands of SPEC §5 (`list`, `show`, `events`, `cancel`, `abort`, `retry`,
-//! `mark-compensated`, `migrate`, `start`, `definitions`), shared by the `saga` binary and
+//! `mark-compensated`, `migrate`, `start`, `definitions`) and those of later sections (`pause`,
+//! `resume`, `complete-step`, `fork`, `bulk`, `limits`), shared by the `saga` binary and
 //! application binaries. `start` and `definitions` go through a server's HTTP API
 //! ([`run_start`], [`run_definitions`]) and open no database.
 //!
@@ -62,6 +63,7 @@ mod bulk;
 mod commands;
 mod definitions;
 mod error;
+mod limits;
 mod remote;
 mod render;
 mod table;
@@ -71,9 +73,9 @@ use std::sync::Arc;
 pub use args::DefinitionsArgs;
 pub use args::{
     AbortArgs, AdminCommand, Auth, BulkArgs, BulkJobArgs, CancelArgs, CompleteStepArgs,
-    DatabaseArgs, EventsArgs, ForkArgs, ListArgs, MarkCompensatedArgs, OutboxArgs, Output,
-    PauseArgs, PurgeArgs, RetryArgs, Server, ShowArgs, SignalArgs, StartArgs, ViaServer,
-    WorkersArgs, DEFAULT_LIST_LIMIT, DEFAULT_SERVER,
+    DatabaseArgs, EventsArgs, ForkArgs, LimitsArgs, LimitsCommand, ListArgs, MarkCompensatedArgs,
+    OutboxArgs, Output, PauseArgs, PurgeArgs, RetryArgs, Server, SetLimitArgs, ShowArgs,
+    SignalArgs, StartArgs, ViaServer, WorkersArgs, DEFAULT_LIST_LIMIT, DEFAULT_SERVER,
 };
 pub use commands::{actor, run_admin, run_admin_with, run_signal, run_start, show_with_deliveries};
 pub use definitions::run_definitions;
@@ -143,6 +145,20 @@ pub async fn open_and_run(
         bulk::run_bulk_job(args, Some(url), out).await?;
         out.flush()?;
         return Ok(());
+    }
+    if let AdminCommand::Limits(args) = cmd {
+        if args.via().server.is_some() {
+            limits::run_limits(args, None, &actor(), out, &Layout::for_stdout()).await?;
+            out.flush()?;
+            return Ok(());
+        }
+        if matches!(args.command, Some(args::LimitsCommand::Set(_))) {
+            eprintln!(
+                "note: no --server given, so this writes the database directly; audited as {}, \
+                 it reaches every process within a second",
+                actor()
+            );
+        }
     }
     if let Some(via) = cmd.server() {
         run_via_server(cmd, via, out).await?;

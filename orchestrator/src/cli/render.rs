@@ -21,6 +21,7 @@ use crate::model::{
     needs_compensation, rfc3339, Attempt, Event, Millis, PhaseRecord, Saga, SagaPage, SagaStatus,
     StepKind, StepRecord, StepStatus,
 };
+use crate::store::DEFAULT_PRIORITY;
 
 /// The columns a whole saga id takes in a table, with its borders and padding.
 const ID_COLUMNS: usize = 36 + 3;
@@ -400,6 +401,15 @@ fn header(out: &mut impl Write, s: &Saga, now: Millis, layout: &Layout) -> std::
             true,
         ),
         ("Status", status, false),
+        (
+            "Priority",
+            if s.priority == DEFAULT_PRIORITY {
+                format!("{} (the default)", s.priority)
+            } else {
+                format!("{} (0 last, 9 first; 5 by default)", s.priority)
+            },
+            true,
+        ),
     ];
     if s.blocked {
         lines.push((

@@ -129,8 +129,8 @@ fn digest(bytes: &[u8]) -> [u8; 32] {
 }
 
 /// The scope a request needs, from its method and route: reads need `read`; starting,
-/// signalling and cancelling need `start`; the operator commands (bulk actions too) need
-/// `operate`. An unknown
+/// signalling and cancelling need `start`; the operator commands (bulk actions and changes of
+/// a limit too) need `operate`. An unknown
 /// route, and `GET /v1/whoami` (any token may ask what it may do), need only a valid token.
 fn required_scope(method: &Method, route: Option<&str>) -> Option<Scope> {
     if route == Some("/v1/whoami") {
@@ -148,6 +148,7 @@ fn required_scope(method: &Method, route: Option<&str>) -> Option<Scope> {
         || route.ends_with("/resume")
         || route.ends_with("/complete")
         || route.ends_with("/fork")
+        || route.starts_with("/v1/limits")
     {
         Some(Scope::Operate)
     } else if route.starts_with("/v1/sagas") {
@@ -410,6 +411,14 @@ mod tests {
         ] {
             assert_eq!(required_scope(&post, Some(operate)), Some(Scope::Operate));
         }
+        assert_eq!(
+            required_scope(&Method::PUT, Some("/v1/limits/{name}")),
+            Some(Scope::Operate)
+        );
+        assert_eq!(
+            required_scope(&Method::GET, Some("/v1/limits")),
+            Some(Scope::Read)
+        );
         assert_eq!(required_scope(&post, None), None);
     }
 

@@ -75,6 +75,11 @@ const FILES: &[(&str, &str, &str)] = &[
         include_str!("console/bulk.js"),
     ),
     (
+        "limits.js",
+        "text/javascript; charset=utf-8",
+        include_str!("console/limits.js"),
+    ),
+    (
         "console.css",
         "text/css; charset=utf-8",
         include_str!("console/console.css"),

@@ -27,6 +27,7 @@ type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// | 400 | `bad_request`: malformed JSON, id, path or query parameter |
 /// | 400 | `ambiguous_id`: a saga id prefix that several sagas' ids start with |
 /// | 404 | `not_found`: unknown saga, saga definition or route |
+/// | 404 | `unknown_limit`: no limit of this name (`PUT /v1/limits/{name}`) |
 /// | 405 | `method_not_allowed`, with `Allow` (`POST` alone on a saga's start route) |
 /// | 400 | `idempotency_key_missing`: the server requires an `Idempotency-Key` |
 /// | 409 | `conflict`: the saga's state forbids the operation (e.g. cancel after the pivot) |
@@ -35,8 +36,10 @@ type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// | 413 | `payload_too_large` |
 /// | 415 | `unsupported_media_type` |
 /// | 422 | `invalid_input`: well-formed JSON that does not fit the saga's input type |
-/// | 422 | `unprocessable`: a command that does not fit what it names (a fork from a stage the definition does not have, an operator's output over the limit) |
+/// | 422 | `unprocessable`: a command that does not fit what it names (a fork from a stage the definition does not have, an operator's output over the limit, a limit changed with a value of the other kind) |
 /// | 422 | `callback_secret_without_url`: a `Saga-Callback-Secret` without a `Saga-Callback-Url` |
+/// | 400 | `invalid_priority`: a `Saga-Priority` that is not one digit, 0 to 9 |
+/// | 422 | `invalid_rate`: a rate limiter's rate that is not `N/s`, `N/m` or `N/h` |
 /// | 500 | `internal` (generic message; the cause is logged) |
 /// | 503 | `unavailable` (with `Retry-After`): the database is away, or the request timed out |
 #[derive(Debug)]
@@ -258,6 +261,15 @@ impl From<StoreError> for ApiError {
             StoreError::UnknownStep { saga, step } => {
                 Self::not_found(format!("saga {saga} has no step {}", quote(&step)))
             }
+            StoreError::UnknownLimit(name) => Self::new(
+                StatusCode::NOT_FOUND,
+                "unknown_limit",
+                format!(
+                    "no limit named {}: GET /v1/limits lists the limits this server's \
+                     definitions declare",
+                    quote(&name)
+                ),
+            ),
             // The store writes these messages for people (e.g. "saga is not FAILED").
             StoreError::Conflict(message) => Self::conflict(message),
             StoreError::InvalidValue(message) => Self::bad_request(format!(

@@ -216,6 +216,11 @@ async fn wait_for_end(state: &AppState, id: Uuid, wait: Duration) -> Option<Saga
          description = "An RFC 3339 instant: the saga is created `QUEUED` with `scheduled_at` \
                         and starts then (a cancel before that ends it `COMPENSATED` with \
                         nothing run). An instant in the past is `422 start_in_past`"),
+        ("Saga-Priority" = Option<String>, Header, pattern = r"^[ \t]*[0-9][ \t]*$",
+         description = "One digit, 0 (last) to 9 (first); 5 when left out. Among sagas due \
+                        to start, higher priorities are claimed first, and within one \
+                        priority the keys of a `per_key` limit take turns. Anything else is \
+                        `400 invalid_priority`"),
         ("traceparent" = Option<String>, Header,
          description = "W3C Trace Context: the saga's trace joins this one, its saga span a \
                         child of this span (an invalid value is ignored)"),
@@ -246,8 +251,9 @@ async fn wait_for_end(state: &AppState, id: Uuid, wait: Duration) -> Option<Saga
                              the same Idempotency-Key"),
          )),
         (status = 400, description = "Malformed JSON body, Idempotency-Key, \
-                                      Saga-Callback-Url or Saga-Start-At, or a required key \
-                                      missing",
+                                      Saga-Callback-Url or Saga-Start-At, a required key \
+                                      missing, or a Saga-Priority that is not one digit \
+                                      (`invalid_priority`)",
          body = ErrorBody),
         Unauthorized,
         Forbidden,
@@ -302,6 +308,9 @@ pub(crate) async fn start_saga(
     }
     if let Some(trace) = headers.trace {
         request = request.in_trace(trace);
+    }
+    if let Some(priority) = headers.priority {
+        request = request.with_priority(priority);
     }
     let (started, pending) = match state.engine.start(request).await? {
         StartOutcome::Created {

@@ -1,5 +1,6 @@
 //! Reading the headers of an idempotent start: `Idempotency-Key` (IETF httpapi draft "The
-//! Idempotency-Key HTTP Header Field"), `Saga-Callback-Url` and `Saga-Callback-Secret`.
+//! Idempotency-Key HTTP Header Field"), `Saga-Callback-Url` and `Saga-Callback-Secret`, and
+//! the start's own settings, `Saga-Start-At` and `Saga-Priority`.
 //!
 //! The rules themselves (new key, replay, in progress, mismatch) are the engine's
 //! ([`Engine::start`](crate::Engine::start)), and the store records the key in the same
@@ -31,6 +32,9 @@ pub(crate) static CALLBACK_SECRET: HeaderName = HeaderName::from_static("saga-ca
 
 /// The request header of a scheduled start: an RFC 3339 instant.
 pub(crate) static START_AT: HeaderName = HeaderName::from_static("saga-start-at");
+
+/// The request header of a start's priority: one digit, 0 (last) to 9 (first).
+pub(crate) static PRIORITY: HeaderName = HeaderName::from_static("saga-priority");
 
 /// The longest key accepted (SPEC §4).
 pub(crate) const MAX_KEY_LEN: usize = 255;
@@ -206,6 +210,8 @@ pub(crate) struct StartHeaders {
     pub(crate) start_at: Option<Millis>,
     /// `traceparent`: the trace the saga joins.
     pub(crate) trace: Option<saga_dsl::TraceContext>,
+    /// `Saga-Priority`, 0 to 9.
+    pub(crate) priority: Option<u8>,
 }
 
 /// Reads `traceparent` (W3C Trace Context). As the recommendation says, a missing, repeated or
@@ -241,6 +247,33 @@ pub(crate) fn parse_start_at(headers: &HeaderMap) -> Result<Option<Millis>, ApiE
         })
 }
 
+/// Reads `Saga-Priority`: one digit, 0 (last) to 9 (first), with optional white space around
+/// it; anything else, or the header twice, is `400 invalid_priority`.
+pub(crate) fn parse_priority(headers: &HeaderMap) -> Result<Option<u8>, ApiError> {
+    let refused = |why: String| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_priority",
+            format!("{why}: send Saga-Priority as one digit, 0 (last) to 9 (first; 5 by default)"),
+        )
+    };
+    let mut values = headers.get_all(&PRIORITY).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    if values.next().is_some() {
+        return Err(refused("Saga-Priority is given more than once".to_owned()));
+    }
+    let text = value.to_str().unwrap_or_default().trim_matches([' ', '\t']);
+    match text.as_bytes() {
+        [digit @ b'0'..=b'9'] => Ok(Some(digit - b'0')),
+        _ => Err(refused(format!(
+            "Saga-Priority {} is not a priority",
+            quote(&String::from_utf8_lossy(value.as_bytes()))
+        ))),
+    }
+}
+
 impl FromRequestParts<AppState> for StartHeaders {
     type Rejection = ApiError;
 
@@ -260,6 +293,7 @@ impl FromRequestParts<AppState> for StartHeaders {
             check_callback(&state.config.callbacks, &callback.url).await?;
         }
         let start_at = parse_start_at(&parts.headers)?;
+        let priority = parse_priority(&parts.headers)?;
         let scope = parts
             .extensions
             .get::<ClientId>()
@@ -271,6 +305,7 @@ impl FromRequestParts<AppState> for StartHeaders {
             scope,
             start_at,
             trace: parse_trace(&parts.headers),
+            priority,
         })
     }
 }
@@ -317,6 +352,24 @@ mod tests {
             HeaderValue::from_bytes(b"caf\xc3\xa9").expect("opaque bytes"),
         );
         assert_eq!(parse_key(&h), Err(KeyError::Malformed));
+    }
+
+    #[test]
+    fn reads_one_digit_priorities() {
+        let priority = |values: &[&[u8]]| {
+            let mut h = HeaderMap::new();
+            for v in values {
+                h.append(&PRIORITY, HeaderValue::from_bytes(v).expect("header value"));
+            }
+            parse_priority(&h).map_err(|e| e.code())
+        };
+        assert_eq!(priority(&[]), Ok(None));
+        assert_eq!(priority(&[b"0"]), Ok(Some(0)));
+        assert_eq!(priority(&[b" 9\t"]), Ok(Some(9)));
+        for bad in [&b""[..], b"10", b"-1", b"+5", b"5.0", b"five", b"\xc3\xa9"] {
+            assert_eq!(priority(&[bad]), Err("invalid_priority"), "{bad:?}");
+        }
+        assert_eq!(priority(&[b"1", b"2"]), Err("invalid_priority"));
     }
 
     #[test]

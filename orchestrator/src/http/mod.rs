@@ -90,6 +90,7 @@ mod error;
 mod extract;
 mod handlers;
 mod idempotency;
+mod limits;
 mod metrics;
 mod middleware;
 mod openapi;
@@ -230,6 +231,8 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(operators::resume_saga))
         .routes(routes!(recovery::complete_step))
         .routes(routes!(recovery::fork_saga))
+        .routes(routes!(limits::list_limits))
+        .routes(routes!(limits::set_limit))
         .routes(routes!(definitions::list_definitions))
         .routes(routes!(overview::counts))
         .routes(routes!(overview::whoami))
@@ -271,6 +274,8 @@ pub fn openapi_json() -> String {
 /// | `POST /v1/sagas/{id}/steps/{step}/mark-compensated` | an operator vouches for a compensation done by hand (audited) |
 /// | `POST /v1/bulk` | an operator applies a command to every saga a filter matches, as a durable job (audited) |
 /// | `GET /v1/bulk`, `GET /v1/bulk/{id}` | recent bulk jobs; one job's progress and refusals |
+/// | `GET /v1/limits` | every concurrency limit and rate limiter: its value, what holds it and what waits for it |
+/// | `PUT /v1/limits/{name}` | an operator changes a limit or a rate limiter's rate and burst (audited) |
 /// | `GET /v1/definitions` | the registered definitions: stages, hash, input schema |
 /// | `GET /v1/counts` | sagas by status, needing attention, blocked |
 /// | `GET /v1/whoami` | the caller's token name and scopes |

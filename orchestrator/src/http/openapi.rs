@@ -162,7 +162,8 @@ impl Modify for BearerAuth {
             scope, and the named tokens of `--api-tokens-file`), `/v1` and `/metrics` need \
             `Authorization: Bearer <token>`: none or an unknown one is `401`, a token without \
             the route's scope `403 forbidden`. `read`: every `GET`; `start`: start, signal, \
-            cancel; `operate`: abort, retry, mark-compensated; `admin`: all. The token's name \
+            cancel; `operate`: the operator commands (abort, retry, mark-compensated, pause, \
+            resume, complete a step, fork, bulk actions, changing a limit); `admin`: all. The token's name \
             is the actor of audit events and the scope of its idempotency keys.",
         license(name = "MIT OR Apache-2.0"),
     ),
@@ -172,6 +173,7 @@ impl Modify for BearerAuth {
         (name = "sagas", description = "Starting and following sagas"),
         (name = "definitions", description = "The sagas this server can start, and their inputs"),
         (name = "operators", description = "Operator commands, audited: abort, retry, mark-compensated, bulk actions (scope `operate`)"),
+        (name = "limits", description = "Flow control: concurrency limits and rate limiters, read, and changed by operators (scope `operate`, audited)"),
         (name = "operations", description = "Health, metrics and this document"),
     )
 )]

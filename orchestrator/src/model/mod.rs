@@ -352,6 +352,7 @@ pub struct Saga {
     /// Its priority, 0 (last) to 9 (first): among due sagas, higher ones are claimed first
     /// (`Saga-Priority`; 5 by default).
     #[serde(default = "default_priority")]
+    #[cfg_attr(feature = "server", schema(maximum = 9))]
     pub priority: u8,
     /// The concurrency limit it waits for to start, as the log reads it (full now, or its
     /// definition's), while it waits to be admitted; shown as `waiting_for: "limit:<name>"`.

@@ -74,6 +74,7 @@ impl OperationError {
             Self::BadRequest(_) => "bad_request",
             Self::NotFound(_) | Self::Store(StoreError::NotFound(_)) => "not_found",
             Self::Store(StoreError::UnknownStep { .. }) => "not_found",
+            Self::Store(StoreError::UnknownLimit(_)) => "unknown_limit",
             Self::Conflict(_) | Self::Store(StoreError::Conflict(_)) => "conflict",
             Self::Store(StoreError::InvalidValue(_)) => "bad_request",
             Self::Invalid(_) => "unprocessable",

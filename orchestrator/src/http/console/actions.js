@@ -7,7 +7,7 @@ import { el, toast, field } from './ui.js';
 // ---- operator actions ---------------------------------------------------------------------
 
 /** A confirmation dialog; `run` gets the form's values and returns a message, or throws. */
-function confirmDialog({ title, text, fields = [], submit, danger = false, run }) {
+export function confirmDialog({ title, text, fields = [], submit, danger = false, run }) {
   const error = el('p', { class: 'error-text', role: 'alert', hidden: true });
   const submitButton = el('button', { type: 'submit', class: danger ? 'danger' : 'primary' }, submit);
   const dialog = el('dialog', { 'aria-labelledby': 'dlg-title' });

@@ -160,6 +160,8 @@ function sagaHeader(saga, now) {
     el('div', {}, el('dt', {}, 'Id'), el('dd', { class: 'mono' }, saga.id)),
     el('div', {}, el('dt', {}, 'Definition'), el('dd', {}, `${saga.name} v${saga.version}`,
       el('span', { class: 'muted mono' }, ` #${saga.definition_hash}`))),
+    el('div', { dataset: { key: 'priority' } }, el('dt', {}, 'Priority'),
+      el('dd', {}, saga.priority === 5 ? '5 (the default)' : `${saga.priority} (0 last, 9 first)`)),
     el('div', {}, el('dt', {}, 'Created'), el('dd', {}, timeEl(saga.created_at))),
     el('div', { dataset: { key: 'since' } }, el('dt', {}, since[0]), el('dd', {}, since[1])),
     el('div', { dataset: { key: 'took' } }, el('dt', {}, took[0]), el('dd', {}, took[1])),

@@ -82,10 +82,15 @@ export function badge(status, prefix = '') {
  * A short form of an id. Ids are UUIDv7: their first digits are their creation time, the
  * same for sagas started together, so the last ones (random) are kept too.
  */
-// What a parked saga waits for, in the server's words (`waiting_for`, `wake_at`), or null.
+// What a parked saga waits for, in the server's words (`waiting_for`, `wake_at`), or null. A
+// limit or a rate limiter's name leads to the limits page, which says what holds it.
 export function waitEl(s) {
   if (!s.waiting_for) return null;
-  return el('span', { class: 'wait', dataset: { wait: s.waiting_for } }, s.waiting_for,
+  const flow = s.waiting_for.match(/^(limit|rate):(.+)$/);
+  const words = flow
+    ? [`${flow[1]}:`, el('a', { href: '#/limits', title: `The limits: ${flow[2]}'s value and what holds it` }, flow[2])]
+    : s.waiting_for;
+  return el('span', { class: 'wait', dataset: { wait: s.waiting_for } }, words,
     s.wake_at ? [' until ', timeEl(s.wake_at)] : null);
 }
 
