@@ -142,7 +142,7 @@ pub enum StartError {
         /// The engine's clock when the start was refused.
         now: Millis,
     },
-    /// A priority above [`start::MAX_PRIORITY`].
+    /// A priority above 9 (`Saga-Priority` is one digit, 0 to 9).
     #[error("priority {0} is out of range: 0 (last) to 9 (first)")]
     InvalidPriority(u8),
     /// The store failed.
