@@ -5,7 +5,8 @@
 # rate the participant saw, and its busiest second).
 #
 # Usage: scripts/bench-flow.sh BINARY [PG_URL]
-# PG_URL (default postgres://postgres@127.0.0.1:5432) names a server where a database
+# BACKENDS (default `sqlite postgres`) picks the stores; the binary needs the `postgres` feature
+# for PostgreSQL. PG_URL (default postgres://postgres@127.0.0.1:5432) names a server where a database
 # `flow_bench` is made afresh for each run.
 set -euo pipefail
 bin="$1"; pg="${2:-postgres://postgres@127.0.0.1:5432}"
@@ -15,7 +16,7 @@ fresh_pg() {
     psql "$pg/postgres" -qc "CREATE DATABASE flow_bench" >/dev/null
     echo "$pg/flow_bench"
 }
-for backend in sqlite postgres; do
+for backend in ${BACKENDS:-sqlite postgres}; do
     for args in "--scenario limited --sagas 5000 --concurrency 128" \
                 "--scenario rated --rate 20/s --sagas 300 --concurrency 64" \
                 "--scenario rated --rate 2000/s --sagas 20000 --concurrency 128"; do
