@@ -360,3 +360,63 @@ async fn lowering_a_limit_holds_back_new_starts_without_stopping_running_ones() 
     );
     eng.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reservations_of_sagas_paused_past_their_moment_lapse_and_never_crowd_a_second() {
+    let db = TempDb::new();
+    let store = db.store().await;
+    let calls = Arc::new(Mutex::new(Vec::new()));
+    let recorded = calls.clone();
+    let call = move |_: StepContext| {
+        let recorded = recorded.clone();
+        async move {
+            recorded.lock().unwrap().push(now_ms());
+            Ok::<_, StepError>(())
+        }
+    };
+    let def = SagaDefinition::builder("slow_bank", 1)
+        .rate_limiter("trickle", Rate::per_second(2), 1)
+        .step(Step::pivot("call", call).rate_limited("trickle"))
+        .build()
+        .unwrap();
+    let eng = RunningEngine::start(store.clone(), registry_of([def]), test_config());
+    eng.ready().await;
+    let ids = start_many(
+        &eng.engine,
+        "slow_bank",
+        (0..8).map(|i| json!({"i": i})).collect(),
+    )
+    .await;
+    // Every one but the first waits for its moment, up to 3.5 s ahead; pause them all there.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let ops = orchestrator::operations::Operations::new(store.as_ref());
+    let reason = orchestrator::operations::Reason::parse("the bank is down").unwrap();
+    let mut paused = Vec::new();
+    for &id in &ids {
+        if ops.pause(id, &reason, "ops").await.is_ok() {
+            paused.push(id);
+        }
+    }
+    assert!(paused.len() >= 6, "only {} paused", paused.len());
+    // Past every reserved moment, resumed at once: the lapsed reservations must not all go.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    for &id in &paused {
+        wait_for(&store, id, Duration::from_secs(10), |s| {
+            s.status == SagaStatus::Paused
+        })
+        .await;
+        ops.resume(id, &reason, "ops").await.unwrap();
+    }
+    wait_all(&store, &ids, Duration::from_secs(60)).await;
+    let mut times = calls.lock().unwrap().clone();
+    times.sort_unstable();
+    assert_eq!(times.len(), 8);
+    for (i, &t) in times.iter().enumerate() {
+        let in_window = times[i..].iter().take_while(|&&u| u < t + 1000).count();
+        assert!(
+            in_window <= 3,
+            "{in_window} calls in the second from {t}: {times:?}"
+        );
+    }
+    eng.stop().await;
+}

@@ -49,7 +49,7 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
     harness
         .stores
         .log
-        .declare_limits(&fixtures::payout_limits())
+        .declare_limits(&fixtures::payout_limits(), &["payout".to_owned()])
         .await
         .unwrap();
     let api = harness

@@ -547,9 +547,11 @@ impl Engine {
         let cfg = &inner.config;
         inner.registry.check_children()?;
         // Every process writes the limits it knows; an operator's change is kept.
+        let mut sagas: Vec<String> = inner.registry.iter().map(|d| d.name().to_owned()).collect();
+        sagas.dedup();
         inner
             .store
-            .declare_limits(&inner.registry.limits()?)
+            .declare_limits(&inner.registry.limits()?, &sagas)
             .await?;
         self.register().await?;
         tracing::info!(worker = %cfg.worker_id, workers = cfg.workers, "engine started");

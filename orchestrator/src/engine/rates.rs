@@ -7,7 +7,10 @@
 //! meanwhile, holding no worker and no lease, and due again [`HOLD`] before the moment, so that
 //! the claim's own delay does not make the call late (a late call would crowd the next
 //! second's calls). Claimed again, the step holds its token: the driver waits for the moment
-//! and calls without taking another. A compensation takes none: undoing is never held back.
+//! and calls without taking another — unless the moment is still more than [`HOLD`] away (a
+//! resume or a retry woke it early: it parks again) or more than [`HOLD`] past (its saga was
+//! not claimed in time: the reservation lapsed and it takes a new token, so that calls made
+//! late never crowd one second). A compensation takes none: undoing is never held back.
 
 use std::time::Duration;
 
@@ -39,58 +42,92 @@ impl Driver {
                 }
             };
             let waited = format!("{RATE_WAIT}{limiter}");
+            let hold = i64::try_from(HOLD.as_millis()).unwrap_or(i64::MAX);
             let step = &mut self.saga.steps[index];
             if step.waiting_for.as_deref() == Some(waited.as_str()) {
-                // Claimed for its reserved moment: the token is this call's.
-                step.waiting_for = None;
                 let moment = step.retry_at;
+                step.waiting_for = None;
                 if step.branch_of().is_none() {
                     step.retry_at = None;
                 }
-                if let Some(moment) = moment {
-                    self.wait_until(moment).await;
+                let now = self.inner.clock.now_ms();
+                match moment {
+                    // Claimed for its reserved moment: the token is this call's.
+                    Some(moment) if moment >= now - hold && moment - now <= hold => {
+                        if self.wait_ms(moment - now).await {
+                            go.push((index, phase));
+                        } else {
+                            self.park_for_token(index, &limiter, moment, now);
+                        }
+                        continue;
+                    }
+                    // Woken long before it (a resume, a retry asked now, a rate lowered
+                    // meanwhile): wait for it again without a worker.
+                    Some(moment) if moment - now > hold => {
+                        self.park_for_token(index, &limiter, moment, now);
+                        continue;
+                    }
+                    // Long past (its saga was paused, or no worker was free): the reservation
+                    // lapsed, and a new token is taken, so that calls made late never crowd
+                    // one second.
+                    _ => {}
                 }
-                go.push((index, phase));
-                continue;
             }
             let grant = self.inner.store.take_token(&limiter).await?;
-            let hold = i64::try_from(HOLD.as_millis()).unwrap_or(i64::MAX);
-            if grant.at - grant.now <= hold {
-                self.wait_until(grant.at).await;
+            // By the database's clock, which reserved the moment.
+            let wait = grant.at - grant.now;
+            if wait <= hold && self.wait_ms(wait).await {
                 go.push((index, phase));
                 continue;
             }
-            // Admitted and at work: a saga waiting for its first call's token runs.
-            if self.saga.status == SagaStatus::Queued {
-                self.saga.status = SagaStatus::Running;
-            }
-            let step = &mut self.saga.steps[index];
-            step.action.status = StepStatus::Retrying;
-            step.waiting_for = Some(waited);
-            step.retry_at = Some(grant.at);
-            if step.branch_of().is_none() {
-                self.saga.next_run_at = Some(grant.at - hold);
-            }
-            let name = step.name.clone();
-            self.rate_parked = true;
-            self.push_update(index, phase, None);
-            self.pending.events.push(NewEvent::step(
-                "step.rate_limited",
-                &name,
-                json!({"limiter": limiter, "until": crate::model::rfc3339(grant.at),
-                       "wait_ms": grant.at - grant.now}),
-            ));
-            metrics::counter!("saga_rate_limited_total", "limiter" => limiter).increment(1);
+            self.park_for_token(index, &limiter, grant.at, grant.now);
         }
         Ok(go)
     }
 
-    /// Waits, holding the worker, until `moment` (milliseconds since the epoch) by this
-    /// engine's clock; at most [`HOLD`] and a little, as callers ask.
-    async fn wait_until(&self, moment: crate::model::Millis) {
-        let wait = moment - self.inner.clock.now_ms();
-        if wait > 0 {
-            tokio::time::sleep(Duration::from_millis(wait as u64)).await;
+    /// Waits `ms` milliseconds holding the worker (at most [`HOLD`], as callers ask); `false`
+    /// if the engine began to stop meanwhile, and the call must not go.
+    async fn wait_ms(&self, ms: crate::model::Millis) -> bool {
+        if ms <= 0 {
+            return true;
         }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(ms as u64)) => true,
+            _ = self.stop.cancelled() => false,
+        }
+    }
+
+    /// Parks row `index`'s action until `moment`, its reserved token's (`now` the clock that
+    /// reserved it): `RETRYING` with `rate:<limiter>` and the moment in its row, the saga due
+    /// [`HOLD`] before it (a branch at it, by its own timer) and given back.
+    fn park_for_token(
+        &mut self,
+        index: usize,
+        limiter: &str,
+        moment: crate::model::Millis,
+        now: crate::model::Millis,
+    ) {
+        let hold = i64::try_from(HOLD.as_millis()).unwrap_or(i64::MAX);
+        // Admitted and at work: a saga waiting for its first call's token runs.
+        if self.saga.status == SagaStatus::Queued {
+            self.saga.status = SagaStatus::Running;
+        }
+        let step = &mut self.saga.steps[index];
+        step.action.status = StepStatus::Retrying;
+        step.waiting_for = Some(format!("{RATE_WAIT}{limiter}"));
+        step.retry_at = Some(moment);
+        if step.branch_of().is_none() {
+            self.saga.next_run_at = Some(moment - hold);
+        }
+        let name = step.name.clone();
+        self.rate_parked = true;
+        self.push_update(index, Phase::Action, None);
+        self.pending.events.push(NewEvent::step(
+            "step.rate_limited",
+            &name,
+            json!({"limiter": limiter, "until": crate::model::rfc3339(moment),
+                   "wait_ms": moment - now}),
+        ));
+        metrics::counter!("saga_rate_limited_total", "limiter" => limiter.to_owned()).increment(1);
     }
 }

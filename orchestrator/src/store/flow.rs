@@ -32,10 +32,11 @@ impl TokenGrant {
 /// Limits and rate limiters, kept in the database.
 #[async_trait]
 pub trait FlowLog: Send + Sync {
-    /// Writes the limits the definitions declare: a new one is inserted; one no operator has
-    /// changed takes the declared value; an operator's value is kept (the declared one is
-    /// shown beside it).
-    async fn declare_limits(&self, limits: &[DeclaredLimit]) -> Result<()>;
+    /// Writes the limits the definitions `sagas` (by name) declare: a new one is inserted;
+    /// one no operator has changed takes the declared value; an operator's value is kept (the
+    /// declared one is shown beside it); a concurrency limit of one of `sagas` that it no
+    /// longer declares is removed.
+    async fn declare_limits(&self, limits: &[DeclaredLimit], sagas: &[String]) -> Result<()>;
 
     /// Every limit, ordered by name, with what holds and what waits for it.
     async fn limits(&self) -> Result<Vec<LimitInfo>>;

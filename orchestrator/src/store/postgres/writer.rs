@@ -140,8 +140,14 @@ const FENCED_ROWS: &str = "SELECT f.id::text AS id, f.epoch, \
 /// a saga created `ahead` has its first action written ahead (running, attempt 1 started).
 fn create_ctes(p: &mut Params, now: &str) -> String {
     let (sagas, _) = p.unnest(NEW_SAGAS, "x", true);
-    let fair =
-        crate::store::shared::admission::fair_seq("GREATEST", "n.gate = 1", "n.flow", "n.flow_key");
+    // One batch may create several sagas of a key: they take consecutive turns.
+    let fair = crate::store::shared::admission::fair_seq(
+        "GREATEST",
+        "n.gate = 1",
+        "n.flow",
+        "n.flow_key",
+        "(row_number() OVER (PARTITION BY n.flow, n.flow_key ORDER BY n.ord) - 1)",
+    );
     let (steps, _) = p.unnest(NEW_STEPS, "x", false);
     format!(
         "n AS (SELECT * FROM {sagas}), \

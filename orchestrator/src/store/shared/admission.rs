@@ -72,14 +72,16 @@ pub(crate) fn limited(now: &str, defs: &str, flows: &str) -> String {
 
 /// A new saga's turn among its definition's waiting sagas (see the module), from its `flow`
 /// and `flow_key` expressions; 0 for a saga that does not wait for limits.
-/// `greatest` is the dialect's function of the larger of two values.
-pub(crate) fn fair_seq(greatest: &str, gated: &str, flow: &str, key: &str) -> String {
+/// `greatest` is the dialect's function of the larger of two values; `then` what to add for
+/// the sagas of one key created before this one by the same statement (which do not see each
+/// other: `0` for a statement that creates one saga).
+pub(crate) fn fair_seq(greatest: &str, gated: &str, flow: &str, key: &str, then: &str) -> String {
     format!(
         "CASE WHEN {gated} AND {flow} IS NOT NULL THEN {greatest}( \
            COALESCE((SELECT MAX(q.fair_seq) FROM sagas q WHERE q.flow = {flow} \
-             AND q.flow_key = {key} AND q.gate = 1), 0) + 1, \
+             AND q.flow_key = {key} AND q.gate = 1 AND q.next_run_at IS NOT NULL), 0) + 1, \
            COALESCE((SELECT MIN(q.fair_seq) FROM sagas q WHERE q.flow = {flow} AND q.gate = 1 \
-             AND q.next_run_at IS NOT NULL), 1)) ELSE 0 END"
+             AND q.next_run_at IS NOT NULL), 1)) + {then} ELSE 0 END"
     )
 }
 

@@ -95,11 +95,21 @@ fn kind_of(limit: &DeclaredLimit) -> LimitKind {
 
 /// Writes the declared limits in one transaction (see
 /// [`FlowLog::declare_limits`](crate::store::flow::FlowLog::declare_limits)).
-pub(crate) async fn declare<B: SqlBackend>(store: &B, limits: &[DeclaredLimit]) -> Result<()> {
-    if limits.is_empty() {
-        return Ok(());
-    }
+pub(crate) async fn declare<B: SqlBackend>(
+    store: &B,
+    limits: &[DeclaredLimit],
+    sagas: &[String],
+) -> Result<()> {
     let mut tx = store.begin().await?;
+    // A concurrency limit a definition here no longer declares is gone (a rate limiter may be
+    // another definition's too, and stays).
+    let names: Vec<String> = limits.iter().map(|l| l.name().to_owned()).collect();
+    tx.exec(
+        "DELETE FROM flow_limits WHERE kind <> 'rate' AND saga = ANY($1) \
+         AND NOT (name = ANY($2))",
+        &[Arg::Strs(sagas), Arg::Strs(&names)],
+    )
+    .await?;
     for limit in limits {
         let v = Values::of(limit);
         let (saga, key) = match limit {
@@ -322,7 +332,7 @@ async fn rescale_waits(
     }
     let now_us = now * 1000;
     tx.exec(
-        "UPDATE flow_limits SET tat_us = $2 + (tat_us - $2) * $3 / $4 \
+        "UPDATE flow_limits SET tat_us = $2 + (tat_us - $2) / $4 * $3 \
          WHERE name = $1 AND tat_us > $2",
         &[
             Arg::Str(name),

@@ -374,8 +374,12 @@ impl<B: SqlBackend> BulkLog for B {
 
 #[async_trait]
 impl<B: SqlBackend> crate::store::FlowLog for B {
-    async fn declare_limits(&self, limits: &[saga_dsl::DeclaredLimit]) -> Result<()> {
-        flow::declare(self, limits).await
+    async fn declare_limits(
+        &self,
+        limits: &[saga_dsl::DeclaredLimit],
+        sagas: &[String],
+    ) -> Result<()> {
+        flow::declare(self, limits, sagas).await
     }
 
     async fn limits(&self) -> Result<Vec<crate::model::LimitInfo>> {

@@ -98,7 +98,7 @@ pub(crate) async fn abort<B: SqlBackend>(store: &B, id: Uuid, audit: &Audit<'_>)
     let error = format!("aborted: {}", audit.reason.unwrap_or_default());
     tx.exec(
         &format!(
-            "UPDATE sagas SET status = 'ABORTED', next_run_at = NULL, {TAKE_OVER}, \
+            "UPDATE sagas SET status = 'ABORTED', next_run_at = NULL, gate = 0, {TAKE_OVER}, \
              pause_requested = NULL, paused_from = NULL, \
              updated_at = $2, error = COALESCE(error, $3) WHERE id = $1"
         ),

@@ -121,7 +121,7 @@ pub(crate) async fn fork<B: SqlBackend>(store: &B, fork: &NewFork<'_>) -> Result
         super::sql::Dialect::Sqlite => "MAX",
         super::sql::Dialect::Postgres => "GREATEST",
     };
-    let fair = super::admission::fair_seq(greatest, "$12 = 1", "$13", "$14");
+    let fair = super::admission::fair_seq(greatest, "$12 = 1", "$13", "$14", "0");
     tx.exec(
         &format!(
             "INSERT INTO sagas (id, name, version, definition_hash, definition_key, status, \
@@ -220,7 +220,7 @@ pub(crate) async fn fork<B: SqlBackend>(store: &B, fork: &NewFork<'_>) -> Result
         let error = format!("superseded by saga {}: {reason}", new.id);
         tx.exec(
             &format!(
-                "UPDATE sagas SET status = 'ABORTED', superseded_by = $3, next_run_at = NULL, \
+                "UPDATE sagas SET status = 'ABORTED', superseded_by = $3, next_run_at = NULL, gate = 0, \
                  needs_attention = FALSE, paused_from = NULL, pause_requested = NULL, \
                  {TAKE_OVER}, updated_at = $2, \
                  error = COALESCE(error, $4) WHERE id = $1"

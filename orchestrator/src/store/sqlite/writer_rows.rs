@@ -88,7 +88,7 @@ static NEW_SAGA: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
          flow_key, fair_seq) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?11, ?6, COALESCE(?13, ?7), ?7, ?7, ?8, ?9, ?10, ?12, ?13, \
          ?14, ?15, ?16, ?17, ?18, {})",
-        crate::store::shared::admission::fair_seq("MAX", "?16", "?17", "?18")
+        crate::store::shared::admission::fair_seq("MAX", "?16", "?17", "?18", "0")
     )
 });
 
