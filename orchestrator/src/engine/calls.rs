@@ -32,7 +32,7 @@ impl CallResult {
 }
 
 /// A call to make: an action or a compensation with its context.
-pub(super) type CallFuture =
+pub type CallFuture =
     std::pin::Pin<Box<dyn std::future::Future<Output = Result<Value, StepError>> + Send>>;
 
 /// What a task returns: the call's own result, or the timeout that cut it short.

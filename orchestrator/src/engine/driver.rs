@@ -24,6 +24,7 @@ use tracing::Instrument;
 
 use super::calls::{CallFuture, CallResult, InFlight};
 use super::decision::Turned;
+use super::hook::CallSite;
 use super::plan::{self, NextCall};
 use super::stages::{self, AfterFailure};
 use super::Inner;
@@ -397,6 +398,20 @@ impl Driver {
                     Box::pin(async { Err(StepError::permanent("step has no compensation")) }),
                 ),
             },
+        };
+        let run = match &self.inner.config.call_hook {
+            Some(hook) => hook.wrap(
+                &CallSite {
+                    saga: self.saga.id,
+                    saga_name: &self.saga.name,
+                    step: &self.saga.steps[index].name,
+                    phase,
+                    attempt,
+                    timeout,
+                },
+                run,
+            ),
+            None => run,
         };
         calls.start(index, phase, attempt, timeout, span, run_in, run);
     }

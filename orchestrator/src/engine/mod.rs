@@ -16,6 +16,7 @@ mod calls;
 mod decision;
 mod driver;
 mod effects;
+mod hook;
 pub mod plan;
 mod rates;
 mod stages;
@@ -34,6 +35,7 @@ use uuid::Uuid;
 // Read by the HTTP API's `/metrics`.
 #[cfg(feature = "server")]
 pub(crate) use calls::CALL_OUTCOMES;
+pub use hook::{CallFuture, CallHook, CallSite};
 pub use start::{
     canonical_json, fingerprint, PendingAnswer, StartKey, StartOutcome, StartRequest, Started,
 };
@@ -65,6 +67,9 @@ pub struct EngineConfig {
     /// Where the spans of sagas and their attempts go (see [`crate::telemetry`]); disabled by
     /// default.
     pub telemetry: crate::telemetry::Telemetry,
+    /// Wraps every call of an action or compensation (a test kit's scripted outcomes); `None`
+    /// runs them as they are.
+    pub call_hook: Option<Arc<dyn CallHook>>,
 }
 
 impl EngineConfig {
@@ -84,6 +89,7 @@ impl Default for EngineConfig {
             hold_backoff_below: Duration::from_millis(250),
             worker_id: default_worker_id(),
             telemetry: crate::telemetry::Telemetry::disabled(),
+            call_hook: None,
         }
     }
 }

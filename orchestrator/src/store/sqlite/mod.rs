@@ -156,6 +156,23 @@ impl SqliteStore {
         create: bool,
         clock: std::sync::Arc<dyn Clock>,
     ) -> Result<Self> {
+        Self::open_inner(url, create, clock, true).await
+    }
+
+    /// Opens (creating it if missing) a store whose times come from `clock`, which may be
+    /// virtual (a test kit's): the store then runs no timer of its own, since a virtual clock
+    /// would fire it at every step of virtual time. The writer still checkpoints the WAL
+    /// between its batches.
+    pub async fn open_on_clock(url: &str, clock: std::sync::Arc<dyn Clock>) -> Result<Self> {
+        Self::open_inner(url, true, clock, false).await
+    }
+
+    async fn open_inner(
+        url: &str,
+        create: bool,
+        clock: std::sync::Arc<dyn Clock>,
+        background_checkpoints: bool,
+    ) -> Result<Self> {
         let (base, durability) = split_durability(url)?;
         let opts = SqliteConnectOptions::from_str(&base)
             .map_err(|_| StoreError::UnsupportedUrl(crate::store::redact_url(url)))?
@@ -221,7 +238,7 @@ impl SqliteStore {
                 .await
                 .db()?
         };
-        let checkpointer = if in_memory {
+        let checkpointer = if in_memory || !background_checkpoints {
             None
         } else {
             let pool = SqlitePoolOptions::new()
@@ -268,6 +285,16 @@ impl SqliteStore {
 
     fn now_ms(&self) -> Millis {
         self.clock.now_ms()
+    }
+
+    /// Waits until the writer's connection is back in its pool (no batch in flight, nor on
+    /// its way back after one): a runtime dropped after this closes it cleanly, whereas one
+    /// dropped meanwhile makes sqlx's thread panic at the close (see `handle`'s invariant 3).
+    /// For a caller that drops runtimes while the process lives on (a test kit).
+    pub async fn settled(&self) {
+        while self.writer.num_idle() < self.writer.size() as usize {
+            tokio::task::yield_now().await;
+        }
     }
 
     async fn begin_write(&self) -> Result<Transaction<'static, Sqlite>> {

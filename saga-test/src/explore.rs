@@ -1,0 +1,244 @@
+//! Crash-point exploration: a saga run once without a crash, to number the writes it makes to
+//! its step log, then once per write and side of it, stopped there as a kill -9 would stop it
+//! and resumed on the same log until it ends; the test's invariants are checked after every
+//! run. With several seeds, parallel branches' results arrive in a different order for each.
+
+use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use saga_dsl::{Phase, Registry};
+use serde_json::Value;
+
+use crate::ended::Ended;
+use crate::script::Attempt;
+use crate::tap::CrashPoint;
+use crate::world::SagaTest;
+
+/// The environment variable that runs one crash point alone (`before:N` or `after:N`).
+pub const CRASH_ENV: &str = "SAGA_TEST_CRASH";
+/// The environment variable that runs one seed alone.
+pub const SEED_ENV: &str = "SAGA_TEST_SEED";
+
+type Check<W> = Box<dyn Fn(&Ended, &W)>;
+
+/// An exploration of every crash point of one saga: see [`explore`].
+pub struct Explorer<W> {
+    world: Box<dyn Fn() -> (Registry, W)>,
+    start: Option<(String, Value)>,
+    scripts: Vec<(String, Phase, Vec<Attempt>)>,
+    signals: Vec<(String, Value)>,
+    seeds: Vec<u64>,
+    checks: Vec<Check<W>>,
+}
+
+impl<W> std::fmt::Debug for Explorer<W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Explorer")
+            .field("start", &self.start)
+            .field("seeds", &self.seeds)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What an exploration ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Report {
+    /// The seeds explored.
+    pub seeds: usize,
+    /// The writes of the runs without a crash, summed over the seeds: each is two crash
+    /// points.
+    pub writes: usize,
+    /// The runs made: per seed, one without a crash and two per write.
+    pub runs: usize,
+    /// How long it took.
+    pub elapsed: Duration,
+}
+
+/// Explores every crash point of a saga. `world` makes a fresh registry and the participants
+/// its steps call (fakes holding the effects, which survive a crash of the engine as other
+/// services would) for each run; [`Explorer::start`] names the saga, [`Explorer::check`] the
+/// invariants, and [`Explorer::run`] runs it all, failing the test at the first broken
+/// invariant with the crash point and seed that reproduce it.
+pub fn explore<W: 'static>(world: impl Fn() -> (Registry, W) + 'static) -> Explorer<W> {
+    Explorer {
+        world: Box::new(world),
+        start: None,
+        scripts: Vec::new(),
+        signals: Vec::new(),
+        seeds: vec![0],
+        checks: Vec::new(),
+    }
+}
+
+impl<W: 'static> Explorer<W> {
+    /// The saga to run: its definition's name and input.
+    pub fn start(mut self, name: &str, input: Value) -> Self {
+        self.start = Some((name.to_owned(), input));
+        self
+    }
+
+    /// Scripts `step`'s action attempts in every run (see [`SagaTest::script`]).
+    pub fn script(mut self, step: &str, attempts: impl IntoIterator<Item = Attempt>) -> Self {
+        self.scripts.push((
+            step.to_owned(),
+            Phase::Action,
+            attempts.into_iter().collect(),
+        ));
+        self
+    }
+
+    /// Scripts `step`'s compensation attempts in every run.
+    pub fn script_compensation(
+        mut self,
+        step: &str,
+        attempts: impl IntoIterator<Item = Attempt>,
+    ) -> Self {
+        self.scripts.push((
+            step.to_owned(),
+            Phase::Compensation,
+            attempts.into_iter().collect(),
+        ));
+        self
+    }
+
+    /// Sends signal `name` with `payload` right after the start (the log keeps it until the
+    /// saga's signal step takes it).
+    pub fn signal(mut self, name: &str, payload: Value) -> Self {
+        self.signals.push((name.to_owned(), payload));
+        self
+    }
+
+    /// Explores with each of `seeds` (one, `0`, unless set): a seed delays every call by a few
+    /// virtual milliseconds of its own, so that parallel branches' results arrive in another
+    /// order.
+    pub fn seeds(mut self, seeds: impl IntoIterator<Item = u64>) -> Self {
+        self.seeds = seeds.into_iter().collect();
+        self
+    }
+
+    /// An invariant, checked (by panicking, as `assert!` does) once the saga has ended in every
+    /// run, with the participants of that run.
+    pub fn check(mut self, check: impl Fn(&Ended, &W) + 'static) -> Self {
+        self.checks.push(Box::new(check));
+        self
+    }
+
+    /// Runs the exploration; fails the test at the first broken invariant or saga that does not
+    /// end, naming the crash point and the seed. [`CRASH_ENV`] and [`SEED_ENV`] narrow it to
+    /// one case.
+    pub fn run(self) -> Report {
+        let began = Instant::now();
+        let only_seed = env_parse::<u64>(SEED_ENV);
+        let only_crash = env_parse::<CrashPoint>(CRASH_ENV);
+        let seeds: Vec<u64> = match only_seed {
+            Some(seed) => vec![seed],
+            None => self.seeds.clone(),
+        };
+        let mut report = Report {
+            seeds: seeds.len(),
+            writes: 0,
+            runs: 0,
+            elapsed: Duration::ZERO,
+        };
+        for seed in seeds {
+            let writes = self.case(seed, None, &[]);
+            report.runs += 1;
+            report.writes += writes.len();
+            let points: Vec<CrashPoint> = match only_crash {
+                Some(point) => vec![point],
+                None => (1..=writes.len())
+                    .flat_map(|n| [CrashPoint::Before(n), CrashPoint::After(n)])
+                    .collect(),
+            };
+            for point in points {
+                self.case(seed, Some(point), &writes);
+                report.runs += 1;
+            }
+        }
+        report.elapsed = began.elapsed();
+        report
+    }
+
+    /// One run: crashed at `point` (if any) and resumed until the saga ends, then checked.
+    /// Returns the writes it made.
+    fn case(&self, seed: u64, point: Option<CrashPoint>, baseline: &[String]) -> Vec<String> {
+        let (name, input) = self
+            .start
+            .clone()
+            .expect("saga-test: name the saga to explore with .start(name, input)");
+        let (registry, world) = (self.world)();
+        let mut test = SagaTest::build(Arc::new(registry), Some(seed), point);
+        for (step, phase, attempts) in &self.scripts {
+            match phase {
+                Phase::Action => test.script(step, attempts.clone()),
+                Phase::Compensation => test.script_compensation(step, attempts.clone()),
+            };
+        }
+        let run = catch_unwind(AssertUnwindSafe(|| {
+            let id = test.start(&name, input);
+            for (signal, payload) in &self.signals {
+                if let Err(e) = test.signal(id, signal, payload.clone()) {
+                    panic!("saga-test: signal {signal} refused: {e}");
+                }
+            }
+            let ended = test.run(id);
+            for check in &self.checks {
+                check(&ended, &world);
+            }
+        }));
+        if let Err(panic) = run {
+            eprintln!("{}", self.failure(seed, point, baseline, &test.writes()));
+            resume_unwind(panic);
+        }
+        test.writes()
+    }
+
+    fn failure(
+        &self,
+        seed: u64,
+        point: Option<CrashPoint>,
+        baseline: &[String],
+        writes: &[String],
+    ) -> String {
+        let mut text = String::from("saga-test: the saga broke an invariant ");
+        match point {
+            None => text.push_str(&format!("in its run without a crash (seed {seed})")),
+            Some(point) => {
+                let what = baseline
+                    .get(point.write() - 1)
+                    .map(String::as_str)
+                    .unwrap_or("beyond the run without a crash");
+                text.push_str(&format!(
+                    "after a crash {} write {} of {} ({what}), seed {seed}",
+                    match point {
+                        CrashPoint::Before(_) => "just before",
+                        CrashPoint::After(_) => "just after",
+                    },
+                    point.write(),
+                    baseline.len(),
+                ));
+                text.push_str(&format!(
+                    "\n  to run this case alone: {SEED_ENV}={seed} {CRASH_ENV}={point}"
+                ));
+            }
+        }
+        text.push_str("\n  the writes of this run:");
+        for (i, w) in writes.iter().enumerate() {
+            text.push_str(&format!("\n    {:>3} {w}", i + 1));
+        }
+        text
+    }
+}
+
+/// A variable of the environment, parsed; a value that does not parse fails the test.
+fn env_parse<T: std::str::FromStr>(name: &str) -> Option<T>
+where
+    T::Err: std::fmt::Display,
+{
+    let raw = std::env::var(name).ok()?;
+    match raw.trim().parse() {
+        Ok(v) => Some(v),
+        Err(e) => panic!("saga-test: {name}={raw:?}: {e}"),
+    }
+}

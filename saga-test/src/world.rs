@@ -1,0 +1,482 @@
+//! [`SagaTest`]: a registry run in-process on a temporary SQLite log, on the virtual clock,
+//! one process lifetime after another.
+//!
+//! Each lifetime is a tokio runtime of its own (current-thread, time paused) with a store and an
+//! engine opened in it. A crash drops the runtime as it stands, as a kill -9 would stop a
+//! process; the next call opens a new lifetime on the same file, whose engine takes the sagas
+//! over as a restarted server would. The saga's participants (whatever the registry's steps
+//! call) live outside the lifetimes, as other services do.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use orchestrator::engine::{Engine, EngineConfig, StartKey, StartOutcome, StartRequest};
+use orchestrator::model::{Millis, Saga};
+use orchestrator::operations::{Cancelled, OperationError, Operations, Reason};
+use orchestrator::store::{SignalOutcome, SignalRequest, SqliteStore, Store};
+use saga_dsl::{Phase, Registry};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::clock::{real_io, VirtualClock, DEFAULT_START_MS};
+use crate::ended::Ended;
+use crate::script::{Attempt, Script};
+use crate::tap::{CrashPoint, Lifeline, Tap, TappedStore};
+
+/// The actor the kit's operator commands are recorded under.
+const ACTOR: &str = "saga-test";
+
+/// A test world: the sagas of one registry on a temporary SQLite log and a virtual clock.
+///
+/// Sleeps, retry delays, timeouts, signal timeouts and scheduled starts pass at once, in
+/// order. Steps' attempts can be scripted ([`SagaTest::script`]); signals, cancels and the
+/// other operator commands are sent from the test; [`SagaTest::crash`] stops the engine as a
+/// kill -9 would, and the next call restarts it on the same log.
+pub struct SagaTest {
+    registry: Arc<Registry>,
+    // Held for its lifetime: the log's folder.
+    _dir: tempfile::TempDir,
+    url: String,
+    clock: Arc<VirtualClock>,
+    tap: Arc<Tap>,
+    script: Arc<Script>,
+    config: EngineConfig,
+    max_wait: Duration,
+    life: Option<Life>,
+    lifetimes: usize,
+}
+
+/// One process lifetime.
+struct Life {
+    rt: tokio::runtime::Runtime,
+    engine: Engine,
+    store: Arc<SqliteStore>,
+    line: Arc<Lifeline>,
+    _shutdown: CancellationToken,
+}
+
+impl std::fmt::Debug for SagaTest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SagaTest")
+            .field("url", &self.url)
+            .field("lifetimes", &self.lifetimes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SagaTest {
+    /// A world running `registry`'s sagas on a new temporary log, its clock at
+    /// 2026-01-01T00:00:00Z.
+    pub fn new(registry: Registry) -> Self {
+        Self::build(Arc::new(registry), None, None)
+    }
+
+    pub(crate) fn build(
+        registry: Arc<Registry>,
+        seed: Option<u64>,
+        crash: Option<CrashPoint>,
+    ) -> Self {
+        let dir = tempfile::tempdir().expect("saga-test: cannot create a temporary folder");
+        let url = format!("sqlite://{}", dir.path().join("saga.db").display());
+        let script = Arc::new(Script::seeded(seed));
+        let config = EngineConfig {
+            workers: 16,
+            // Long: a lease outlives any wait of virtual time between heartbeats, and a
+            // restart on SQLite frees a dead process's leases at once anyway.
+            lease_ttl: Duration::from_secs(600),
+            // A look for due sagas now and then; every change the kit makes wakes the
+            // engine, so this only bounds how often an idle engine reads the log.
+            poll_interval: Duration::from_secs(60),
+            worker_id: "saga-test:1".to_owned(),
+            call_hook: Some(script.clone()),
+            ..EngineConfig::default()
+        };
+        Self {
+            registry,
+            _dir: dir,
+            url,
+            clock: Arc::new(VirtualClock::starting_at(DEFAULT_START_MS)),
+            tap: Arc::new(Tap::crashing_at(crash)),
+            script,
+            config,
+            max_wait: Duration::from_secs(24 * 3600),
+            life: None,
+            lifetimes: 0,
+        }
+    }
+
+    /// Starts the clock at `start_ms` (milliseconds since the Unix epoch) rather than
+    /// 2026-01-01T00:00:00Z. Only before the first call that runs the engine.
+    pub fn starting_at(mut self, start_ms: Millis) -> Self {
+        assert!(
+            self.life.is_none(),
+            "saga-test: set the start time before running"
+        );
+        self.clock = Arc::new(VirtualClock::starting_at(start_ms));
+        self
+    }
+
+    /// How much virtual time [`SagaTest::run`] waits for a saga to end before failing the
+    /// test (a day unless set).
+    pub fn waiting_at_most(mut self, virtual_time: Duration) -> Self {
+        self.max_wait = virtual_time;
+        self
+    }
+
+    /// Scripts the calls of `step`'s action: its `n`th call (counted across crashes) does
+    /// `attempts[n - 1]`; later ones run the step's code. A call the engine wrote ahead but a
+    /// crash stopped before it began is not counted.
+    pub fn script(&mut self, step: &str, attempts: impl IntoIterator<Item = Attempt>) -> &mut Self {
+        self.script
+            .set(step, Phase::Action, attempts.into_iter().collect());
+        self
+    }
+
+    /// Scripts the attempts of `step`'s compensation, as [`SagaTest::script`] does its action.
+    pub fn script_compensation(
+        &mut self,
+        step: &str,
+        attempts: impl IntoIterator<Item = Attempt>,
+    ) -> &mut Self {
+        self.script
+            .set(step, Phase::Compensation, attempts.into_iter().collect());
+        self
+    }
+
+    /// Now, on the virtual clock, in milliseconds since the Unix epoch.
+    pub fn now_ms(&self) -> Millis {
+        use orchestrator::clock::Clock;
+        self.clock.now_ms()
+    }
+
+    /// The writes the engine has made to the step log so far, each described, in order: what
+    /// crash points are numbered by.
+    pub fn writes(&self) -> Vec<String> {
+        self.tap.writes()
+    }
+
+    /// How many process lifetimes have run (1 until the first crash).
+    pub fn lifetimes(&self) -> usize {
+        self.lifetimes
+    }
+
+    /// Starts saga `name` with `input`, now; returns its id. The start carries an idempotency
+    /// key, so a start cut short by a crash is made again after it and finds the same saga.
+    pub fn start(&mut self, name: &str, input: Value) -> Uuid {
+        self.start_request(name, input, None)
+    }
+
+    /// Starts saga `name` with `input` after `delay` of virtual time (`Saga-Start-At`).
+    pub fn start_after(&mut self, name: &str, input: Value, delay: Duration) -> Uuid {
+        let at = self.now_ms() + i64::try_from(delay.as_millis()).unwrap_or(i64::MAX / 4);
+        self.start_request(name, input, Some(at))
+    }
+
+    fn start_request(&mut self, name: &str, input: Value, at: Option<Millis>) -> Uuid {
+        let key = Uuid::new_v4().to_string();
+        loop {
+            let mut request = StartRequest::new(name, input.clone())
+                .with_key(StartKey::new("saga-test", key.clone()));
+            if let Some(at) = at {
+                request = request.at(at);
+            }
+            match self.drive(|engine| async move { engine.start(request).await }) {
+                Some(Ok(outcome)) => return started_id(&outcome),
+                Some(Err(e)) => panic!("saga-test: starting {name} failed: {e}"),
+                // Crashed before the answer: the client tries again with the same key.
+                None => continue,
+            }
+        }
+    }
+
+    /// Runs until saga `id` ends (`COMPLETED`, `COMPENSATED`, `FAILED` or `ABORTED`), through
+    /// any crash, and reads it. Fails the test if it has not ended after the virtual time
+    /// allowed ([`SagaTest::waiting_at_most`]).
+    pub fn run(&mut self, id: Uuid) -> Ended {
+        self.run_until(id, |saga| saga.status.is_terminal());
+        self.read(id)
+    }
+
+    /// Runs until saga `id`'s record satisfies `done` (checked after each write to the log),
+    /// through any crash; returns the record. Fails the test if that does not happen within the
+    /// virtual time allowed.
+    pub fn run_until(&mut self, id: Uuid, done: impl Fn(&Saga) -> bool + Clone) -> Saga {
+        let deadline =
+            self.now_ms() + i64::try_from(self.max_wait.as_millis()).unwrap_or(i64::MAX / 4);
+        loop {
+            let clock = self.clock.clone();
+            let tap = self.tap.clone();
+            let done = done.clone();
+            let outcome = self.drive(|engine| async move {
+                use orchestrator::clock::Clock;
+                loop {
+                    let written = tap.written();
+                    tokio::pin!(written);
+                    written.as_mut().enable();
+                    let saga = match engine.store().get_saga(id).await {
+                        Ok(Some(saga)) => saga,
+                        Ok(None) => return Err(format!("no saga {id} in the log")),
+                        Err(e) => return Err(format!("reading saga {id}: {e}")),
+                    };
+                    if done(&saga) {
+                        return Ok(saga);
+                    }
+                    let left = deadline - clock.now_ms();
+                    if left <= 0 {
+                        return Err(format!(
+                            "saga {id} ({}) is {} after the virtual time allowed{}",
+                            saga.name,
+                            saga.status,
+                            saga.waiting_for
+                                .as_deref()
+                                .map(|w| format!(", waiting for {w}"))
+                                .unwrap_or_default()
+                        ));
+                    }
+                    tokio::select! {
+                        () = &mut written => {}
+                        () = tokio::time::sleep(Duration::from_millis(left as u64)) => {}
+                    }
+                }
+            });
+            match outcome {
+                Some(Ok(saga)) => return saga,
+                Some(Err(message)) => panic!("saga-test: {message}"),
+                None => continue,
+            }
+        }
+    }
+
+    /// Reads saga `id` with its attempt log and events.
+    pub fn read(&mut self, id: Uuid) -> Ended {
+        let read = self.drive(|engine| async move {
+            let store = engine.store();
+            let saga = store.get_saga(id).await?;
+            let attempts = store.attempts(id).await?;
+            let events = store.events(id).await?;
+            Ok::<_, orchestrator::StoreError>((saga, attempts, events))
+        });
+        match read {
+            Some(Ok((Some(saga), attempts, events))) => Ended {
+                saga,
+                attempts,
+                events,
+                calls: self.script.calls_of(id),
+            },
+            Some(Ok((None, _, _))) => panic!("saga-test: no saga {id} in the log"),
+            Some(Err(e)) => panic!("saga-test: reading saga {id}: {e}"),
+            None => self.read(id),
+        }
+    }
+
+    /// Sends signal `name` with `payload` to saga `id`.
+    pub fn signal(
+        &mut self,
+        id: Uuid,
+        name: &str,
+        payload: Value,
+    ) -> Result<SignalOutcome, OperationError> {
+        let payload = &payload;
+        self.operate(move |engine| async move {
+            Operations::of(&engine)
+                .signal(SignalRequest {
+                    saga: id,
+                    name,
+                    payload,
+                    key: None,
+                })
+                .await
+        })
+    }
+
+    /// Asks saga `id` to cancel (it compensates once the call in flight ends).
+    pub fn cancel(&mut self, id: Uuid) -> Result<Cancelled, OperationError> {
+        self.operate(move |engine| async move { Operations::of(&engine).cancel(id).await })
+    }
+
+    /// Pauses saga `id` (its call in flight ends first).
+    pub fn pause(&mut self, id: Uuid, reason: &str) -> Result<Saga, OperationError> {
+        let reason = &Reason::parse(reason)?;
+        self.operate(
+            move |engine| async move { Operations::of(&engine).pause(id, reason, ACTOR).await },
+        )
+    }
+
+    /// Resumes paused saga `id`.
+    pub fn resume(&mut self, id: Uuid, reason: &str) -> Result<Saga, OperationError> {
+        let reason = &Reason::parse(reason)?;
+        self.operate(move |engine| async move {
+            Operations::of(&engine).resume(id, reason, ACTOR).await
+        })
+    }
+
+    /// Makes saga `id`'s waiting retry happen now, or gives a `FAILED` saga's failed step
+    /// another attempt.
+    pub fn retry(&mut self, id: Uuid) -> Result<Saga, OperationError> {
+        self.operate(move |engine| async move { Operations::of(&engine).retry(id, ACTOR).await })
+    }
+
+    /// Aborts saga `id` without compensation.
+    pub fn abort(&mut self, id: Uuid, reason: &str) -> Result<Saga, OperationError> {
+        let reason = &Reason::parse(reason)?;
+        self.operate(
+            move |engine| async move { Operations::of(&engine).abort(id, reason, ACTOR).await },
+        )
+    }
+
+    /// Completes `step` of saga `id` by hand with `output` (as an operator would for a step
+    /// done outside the saga).
+    pub fn complete_step(
+        &mut self,
+        id: Uuid,
+        step: &str,
+        output: Value,
+        reason: &str,
+    ) -> Result<Saga, OperationError> {
+        let reason = &Reason::parse(reason)?;
+        let output = &output;
+        self.operate(move |engine| async move {
+            Operations::of(&engine)
+                .complete_step(id, step, output.clone(), reason, ACTOR)
+                .await
+        })
+    }
+
+    /// Moves the clock forward by `by` at once (a clock jump): every timer due meanwhile fires.
+    pub fn advance(&mut self, by: Duration) {
+        self.drive(|_| async move { tokio::time::advance(by).await });
+    }
+
+    /// Stops the engine now, as a kill -9 would: nothing more reaches the log, the calls in
+    /// flight are cut off. The next call starts a new process lifetime on the same log.
+    pub fn crash(&mut self) {
+        if let Some(life) = self.life.take() {
+            self.end(life);
+        }
+    }
+
+    /// A command from outside, made again after a crash cut it short (as an operator retries).
+    fn operate<T, F: Future<Output = Result<T, OperationError>>>(
+        &mut self,
+        command: impl Fn(Engine) -> F,
+    ) -> Result<T, OperationError> {
+        loop {
+            if let Some(result) = self.drive(&command) {
+                if let Some(life) = &self.life {
+                    life.engine.wake();
+                }
+                return result;
+            }
+        }
+    }
+
+    /// Runs `op` in the current lifetime (starting one if none runs); `None` if the lifetime
+    /// crashed before `op` finished (it has then been ended).
+    fn drive<T, F: Future<Output = T>>(&mut self, op: impl FnOnce(Engine) -> F) -> Option<T> {
+        let life = self.life();
+        let engine = life.engine.clone();
+        let line = life.line.clone();
+        let out = life.rt.block_on(async {
+            tokio::select! {
+                biased;
+                () = line.stopped() => None,
+                out = op(engine) => Some(out),
+            }
+        });
+        if line.is_dead() {
+            let life = self.life.take().expect("the lifetime runs");
+            self.end(life);
+        }
+        out
+    }
+
+    /// The current lifetime, started if none runs.
+    fn life(&mut self) -> &Life {
+        if self.life.is_none() {
+            let life = self.begin();
+            self.life = Some(life);
+        }
+        self.life.as_ref().expect("just started")
+    }
+
+    fn begin(&mut self) -> Life {
+        self.lifetimes += 1;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .expect("saga-test: cannot build a runtime");
+        let line = Arc::new(Lifeline::default());
+        let shutdown = CancellationToken::new();
+        let mut config = self.config.clone();
+        config.worker_id = format!("saga-test:{}", self.lifetimes);
+        let (engine, store) = rt.block_on(async {
+            self.clock.attach();
+            // Held still: the pool's timeouts run on the virtual clock too.
+            let store = real_io(SqliteStore::open_on_clock(&self.url, self.clock.clone()))
+                .await
+                .expect("saga-test: cannot open the step log");
+            let store = Arc::new(store);
+            let tapped: Arc<dyn Store> = Arc::new(TappedStore::new(
+                store.clone(),
+                self.tap.clone(),
+                line.clone(),
+            ));
+            let engine =
+                Engine::with_clock(tapped, self.registry.clone(), config, self.clock.clone());
+            engine
+                .register()
+                .await
+                .expect("saga-test: the engine cannot start");
+            let runner = engine.clone();
+            let stop = shutdown.clone();
+            tokio::spawn(async move {
+                if let Err(e) = runner.run(stop).await {
+                    eprintln!("saga-test: the engine stopped: {e}");
+                }
+            });
+            (engine, store)
+        });
+        Life {
+            rt,
+            engine,
+            store,
+            line,
+            _shutdown: shutdown,
+        }
+    }
+
+    /// Ends a lifetime as a kill -9 would: nothing more reaches the log, the store calls in
+    /// flight settle, and the runtime is dropped with every task where it waits.
+    fn end(&mut self, life: Life) {
+        life.line.die();
+        life.rt.block_on(async {
+            life.line.stopped().await;
+            life.store.settled().await;
+        });
+        {
+            let _in = life.rt.enter();
+            self.clock.detach();
+        }
+        let Life {
+            rt, engine, store, ..
+        } = life;
+        drop(engine);
+        drop(store);
+        rt.shutdown_timeout(Duration::from_secs(10));
+    }
+}
+
+impl Drop for SagaTest {
+    fn drop(&mut self) {
+        if let Some(life) = self.life.take() {
+            self.end(life);
+        }
+    }
+}
+
+fn started_id(outcome: &StartOutcome) -> Uuid {
+    outcome.saga_id()
+}

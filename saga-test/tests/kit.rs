@@ -1,0 +1,141 @@
+//! The kit against small sagas of its own: the virtual clock, scripted attempts, crashes and
+//! the exploration of crash points.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use orchestrator::SagaStatus;
+use saga_dsl::{Registry, RetryPolicy, SagaDefinition, Step, StepContext, StepError};
+use saga_test::{explore, Attempt, SagaTest};
+use serde_json::{json, Value};
+
+/// A bank whose transfers are idempotent on the key they carry, as a real one's would be.
+#[derive(Debug, Clone, Default)]
+struct Bank {
+    /// Every effect applied, by idempotency key: +amount for a hold, -amount for its release.
+    applied: Arc<Mutex<BTreeMap<String, i64>>>,
+    /// Every call received, duplicates included.
+    calls: Arc<Mutex<Vec<String>>>,
+}
+
+impl Bank {
+    fn apply(&self, key: String, amount: i64, what: &str) {
+        self.calls.lock().unwrap().push(what.to_owned());
+        self.applied.lock().unwrap().entry(key).or_insert(amount);
+    }
+
+    fn balance(&self) -> i64 {
+        self.applied.lock().unwrap().values().sum()
+    }
+}
+
+fn registry(bank: &Bank) -> Registry {
+    let hold = {
+        let bank = bank.clone();
+        move |ctx: StepContext| {
+            let bank = bank.clone();
+            async move {
+                bank.apply(ctx.idempotency_key().to_string(), 10, "hold");
+                Ok::<_, StepError>(json!({"held": 10}))
+            }
+        }
+    };
+    let release = {
+        let bank = bank.clone();
+        move |ctx: StepContext| {
+            let bank = bank.clone();
+            async move {
+                let held: Option<Value> = ctx.action_output()?;
+                let amount = held.map_or(10, |h| h["held"].as_i64().unwrap_or(10));
+                bank.apply(ctx.idempotency_key().to_string(), -amount, "release");
+                Ok::<_, StepError>(())
+            }
+        }
+    };
+    let ship = |_ctx: StepContext| async move { Ok::<_, StepError>(json!("shipped")) };
+    let def = SagaDefinition::builder("transfer", 1)
+        .step(Step::compensatable("hold", hold, release))
+        .step(
+            Step::pivot("ship", ship).retry(
+                RetryPolicy::new()
+                    .with_max_attempts(3)
+                    .with_initial_delay(Duration::from_secs(3600))
+                    .with_max_delay(Duration::from_secs(3600))
+                    .with_jitter(false),
+            ),
+        )
+        .build()
+        .unwrap();
+    Registry::new().with(def).unwrap()
+}
+
+#[test]
+fn an_hour_of_retry_delays_passes_at_once_on_the_virtual_clock() {
+    let bank = Bank::default();
+    let mut t = SagaTest::new(registry(&bank));
+    t.script("ship", [Attempt::Retryable, Attempt::Retryable]);
+    let began = Instant::now();
+    let start = t.now_ms();
+    let id = t.start("transfer", json!({}));
+    let ended = t.run(id);
+    assert_eq!(ended.status(), SagaStatus::Completed);
+    assert_eq!(ended.attempts_of("ship", "action").count(), 3);
+    // Two waits of an hour each passed on the clock...
+    assert!(t.now_ms() - start >= 7_200_000, "{} ms", t.now_ms() - start);
+    // ...and not on the wall.
+    assert!(began.elapsed() < Duration::from_secs(20));
+    assert_eq!(bank.balance(), 10);
+}
+
+#[test]
+fn a_permanent_failure_compensates_and_an_unknown_outcome_is_compensated_too() {
+    let bank = Bank::default();
+    let mut t = SagaTest::new(registry(&bank));
+    t.script("ship", [Attempt::Permanent]);
+    let id = t.start("transfer", json!({}));
+    let ended = t.run(id);
+    assert_eq!(ended.status(), SagaStatus::Compensated);
+    assert_eq!(
+        ended.calls,
+        ["hold:action", "ship:action", "hold:compensation"]
+    );
+    assert_eq!(bank.balance(), 0);
+    assert!(ended.event_kinds().contains(&"saga.compensated"));
+}
+
+#[test]
+fn a_crash_between_the_calls_resumes_on_the_same_log() {
+    let bank = Bank::default();
+    let mut t = SagaTest::new(registry(&bank));
+    t.script("ship", [Attempt::RetryAfter(Duration::from_secs(60))]);
+    let id = t.start("transfer", json!({}));
+    t.run_until(id, |s| {
+        s.steps[1].action.attempts == 1 && s.next_run_at.is_some()
+    });
+    t.crash();
+    let ended = t.run(id);
+    assert_eq!(ended.status(), SagaStatus::Completed);
+    assert_eq!(t.lifetimes(), 2);
+    assert_eq!(bank.calls.lock().unwrap().as_slice(), ["hold"]);
+}
+
+#[test]
+fn every_crash_point_keeps_the_bank_straight() {
+    let report = explore(|| {
+        let bank = Bank::default();
+        (registry(&bank), bank)
+    })
+    .start("transfer", json!({}))
+    .script("ship", [Attempt::Permanent; 3])
+    .check(|ended, bank| {
+        assert_eq!(ended.status(), SagaStatus::Compensated);
+        assert_eq!(bank.balance(), 0, "net zero once compensated");
+    })
+    .run();
+    assert!(report.writes >= 3, "{report:?}");
+    assert_eq!(report.runs, 1 + 2 * report.writes);
+    eprintln!("{report:?}");
+}
