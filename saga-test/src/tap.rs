@@ -111,6 +111,11 @@ impl Tap {
         self.written.notified()
     }
 
+    /// Plans a crash at `point` (replacing any planned).
+    pub(crate) fn plan(&self, point: CrashPoint) {
+        *self.plan.lock().unwrap_or_else(|p| p.into_inner()) = Some(point);
+    }
+
     /// The writes counted so far, each described.
     pub(crate) fn writes(&self) -> Vec<String> {
         self.writes

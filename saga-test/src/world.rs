@@ -107,6 +107,24 @@ impl SagaTest {
         }
     }
 
+    /// Delays every call by a few virtual milliseconds drawn from `seed` and the call, so that
+    /// parallel branches' results arrive in an order the seed fixes. Only before the first call
+    /// that runs the engine.
+    pub fn seeded(mut self, seed: u64) -> Self {
+        assert!(self.life.is_none(), "saga-test: seed the world before running");
+        let script = Arc::new(Script::seeded(Some(seed)));
+        self.config.call_hook = Some(script.clone());
+        self.script = script;
+        self
+    }
+
+    /// Stops the engine at `point` (counted over every write of this world, across sagas), as
+    /// a kill -9 there would; the next call resumes on the same log. Once.
+    pub fn crash_at(self, point: CrashPoint) -> Self {
+        self.tap.plan(point);
+        self
+    }
+
     /// Starts the clock at `start_ms` (milliseconds since the Unix epoch) rather than
     /// 2026-01-01T00:00:00Z. Only before the first call that runs the engine.
     pub fn starting_at(mut self, start_ms: Millis) -> Self {
