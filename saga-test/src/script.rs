@@ -4,6 +4,11 @@
 //! Scripts count calls that began, not attempt numbers: after a crash, the attempt the engine
 //! wrote ahead but never ran is recorded as interrupted and the next attempt is the step's
 //! first call, which is what a script of "the first call fails" means.
+//!
+//! Virtual time stands still while a step's own code runs: it may wait on real I/O (its
+//! participant's database, a socket), during which the engine's timers must not fire as though
+//! the wait were long. Code that itself sleeps on tokio's clock would therefore wait for ever
+//! in the kit; a script's [`Attempt::Delayed`] is how a call takes virtual time.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -12,6 +17,8 @@ use std::time::Duration;
 use orchestrator::engine::{CallFuture, CallHook, CallSite};
 use saga_dsl::{Phase, StepError};
 use uuid::Uuid;
+
+use crate::clock::real_io;
 
 /// What one attempt of a call does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -142,10 +149,10 @@ impl CallHook for Script {
             // Counted once the call begins: a call the engine wrote ahead but a crash stopped
             // before it ran is not one.
             match next_call(&state, saga, &step) {
-                Attempt::Run => run.await,
+                Attempt::Run => real_io(run).await,
                 Attempt::Delayed(delay) => {
                     tokio::time::sleep(delay).await;
-                    run.await
+                    real_io(run).await
                 }
                 Attempt::Retryable => Err(StepError::retryable("scripted: a retryable failure")),
                 Attempt::RetryAfter(delay) => Err(StepError::retry_after(
@@ -154,7 +161,7 @@ impl CallHook for Script {
                 )),
                 Attempt::Permanent => Err(StepError::permanent("scripted: a permanent failure")),
                 Attempt::Unknown => {
-                    let _ = run.await;
+                    let _ = real_io(run).await;
                     tokio::time::sleep(outlast).await;
                     Err(StepError::retryable(
                         "unreachable: the timeout ends the call",
