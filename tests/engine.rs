@@ -785,6 +785,7 @@ async fn an_interrupted_attempt_is_made_again_with_the_same_key() {
                     step_index: 0,
                     phase: saga_dsl::Phase::Action,
                     attempt: 1,
+                    seq: 1,
                 }],
                 events: vec![],
                 unless_cancelled: true,

@@ -117,6 +117,7 @@ fn write_ahead(index: u32, attempt: u32) -> Transition {
             step_index: index,
             phase: Phase::Action,
             attempt,
+            seq: index + attempt,
         }],
         events: vec![NewEvent::saga("test.started", json!({"step": index}))],
         unless_cancelled: true,
@@ -540,6 +541,7 @@ async fn a_stale_write_sharing_a_batch_with_the_new_owners_write_fails_alone() {
                         step_index: 0,
                         phase: Phase::Action,
                         attempt: 1,
+                        seq: 1,
                     }]
                 } else {
                     vec![]
@@ -695,6 +697,7 @@ async fn a_cancel_refuses_the_next_action_start_and_nothing_of_it_is_written() {
             step_index: 0,
             phase: Phase::Compensation,
             attempt: 1,
+            seq: 2,
         }],
         events: vec![NewEvent::saga("saga.compensating", json!({}))],
         unless_cancelled: false,

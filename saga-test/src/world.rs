@@ -111,7 +111,10 @@ impl SagaTest {
     /// parallel branches' results arrive in an order the seed fixes. Only before the first call
     /// that runs the engine.
     pub fn seeded(mut self, seed: u64) -> Self {
-        assert!(self.life.is_none(), "saga-test: seed the world before running");
+        assert!(
+            self.life.is_none(),
+            "saga-test: seed the world before running"
+        );
         let script = Arc::new(Script::seeded(Some(seed)));
         self.config.call_hook = Some(script.clone());
         self.script = script;

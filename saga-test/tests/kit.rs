@@ -139,3 +139,34 @@ fn every_crash_point_keeps_the_bank_straight() {
     assert_eq!(report.runs, 1 + 2 * report.writes);
     eprintln!("{report:?}");
 }
+
+/// Found by the kit: on the virtual clock every call of a fast saga starts in the same
+/// millisecond, and the attempt log, sorted by start time, put a compensation before the
+/// action that failed after it (ties went by step and phase). It now keeps the order attempts
+/// started in.
+#[test]
+fn attempts_started_in_the_same_millisecond_keep_their_order_in_the_log() {
+    let bank = Bank::default();
+    let mut t = SagaTest::new(registry(&bank));
+    t.script("ship", [Attempt::Retryable, Attempt::Permanent]);
+    let id = t.start("transfer", json!({}));
+    let ended = t.run(id);
+    let logged: Vec<String> = ended
+        .attempts
+        .iter()
+        .map(|a| format!("{}:{}", a.step, a.phase))
+        .collect();
+    assert_eq!(
+        logged,
+        [
+            "hold:action",
+            "ship:action",
+            "ship:action",
+            "hold:compensation"
+        ]
+    );
+    assert_eq!(logged, ended.calls);
+    // The tie that used to misorder them: the failed action and the compensation after it
+    // started in the same millisecond of the virtual clock.
+    assert_eq!(ended.attempts[2].started_at, ended.attempts[3].started_at);
+}

@@ -524,6 +524,13 @@ impl Driver {
             // A branch's retry timer is over once its next attempt starts.
             self.saga.steps[index].retry_at = None;
         }
+        // Every attempt started so far is counted on its phase's record, across crashes.
+        let seq = 1 + self
+            .saga
+            .steps
+            .iter()
+            .map(|s| s.action.attempts + s.compensation.attempts)
+            .sum::<u32>();
         let rec = phase_record_mut(&mut self.saga, index, phase);
         rec.status = StepStatus::Running;
         rec.attempts += 1;
@@ -537,6 +544,7 @@ impl Driver {
             step_index: index as u32,
             phase,
             attempt,
+            seq,
         });
         attempt
     }

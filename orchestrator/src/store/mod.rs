@@ -291,6 +291,9 @@ pub enum AttemptChange {
         phase: Phase,
         /// Attempt number.
         attempt: u32,
+        /// Its place among the saga's attempts, from 1: the order they started in, which
+        /// their start times (milliseconds, often equal) cannot always tell.
+        seq: u32,
     },
     /// An attempt ended.
     Finish {

@@ -87,6 +87,7 @@ pub(crate) const STARTS: Cols = &[
     ("idx", "bigint"),
     ("phase", "text"),
     ("attempt", "bigint"),
+    ("seq", "bigint"),
 ];
 
 /// Events, in batch order.
@@ -308,6 +309,7 @@ struct AttemptCols<'a> {
     idx: Vec<i64>,
     phase: Vec<&'static str>,
     attempt: Vec<i64>,
+    seq: Vec<i64>,
     outcome: Vec<&'static str>,
     error: Vec<Option<&'a str>>,
 }
@@ -358,8 +360,10 @@ impl<'a> ApplyCols<'a> {
                         step_index,
                         phase,
                         attempt,
+                        seq,
                     } => {
                         c.starts.owner.push(&lease.owner);
+                        c.starts.seq.push(i64::from(*seq));
                         (&mut c.starts, step_index, phase, attempt)
                     }
                     AttemptChange::Finish {
@@ -504,7 +508,8 @@ impl<'a> ApplyCols<'a> {
             .bind(&a.epoch)
             .bind(&a.idx)
             .bind(&a.phase)
-            .bind(&a.attempt);
+            .bind(&a.attempt)
+            .bind(&a.seq);
         let e = &self.events;
         q.bind(&e.saga_id)
             .bind(&e.epoch)

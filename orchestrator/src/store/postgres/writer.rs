@@ -114,7 +114,7 @@ fn apply_ctes(src: &ApplySources, now: &str) -> String {
          FROM {finishes} WHERE attempts.saga_id = x.saga_id AND attempts.step_idx = x.idx \
          AND attempts.phase = x.phase AND attempts.attempt = x.attempt AND {fenced}), \
          ast AS (INSERT INTO attempts (saga_id, step_idx, phase, attempt, worker, lease_epoch, \
-         started_at) SELECT x.saga_id, x.idx, x.phase, x.attempt, x.owner, x.epoch, {now} \
+         started_at, seq) SELECT x.saga_id, x.idx, x.phase, x.attempt, x.owner, x.epoch, {now}, x.seq \
          FROM {starts} WHERE {fenced}), \
          ev AS (INSERT INTO events (saga_id, at, type, step, data) \
          SELECT x.saga_id, {now}, x.kind, x.step, x.data::jsonb \
@@ -165,7 +165,7 @@ fn create_ctes(p: &mut Params, now: &str) -> String {
          comp_status, CASE WHEN ahead THEN 1 ELSE 0 END, ahead, \
          CASE WHEN ahead THEN {now} END FROM {steps}), \
          cat AS (INSERT INTO attempts (saga_id, step_idx, phase, attempt, worker, lease_epoch, \
-         started_at) SELECT id, 0, 'action', 1, owner, epoch, {now} FROM n WHERE ahead), \
+         started_at, seq) SELECT id, 0, 'action', 1, owner, epoch, {now}, 1 FROM n WHERE ahead), \
          cev AS (INSERT INTO events (saga_id, at, type, step, data) \
          SELECT id, {now}, 'saga.started', NULL, \
          jsonb_build_object('name', name, 'version', version) FROM n ORDER BY ord)"

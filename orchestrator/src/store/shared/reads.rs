@@ -332,7 +332,8 @@ pub(crate) async fn attempts(reader: Reader<'_>, id: Uuid) -> Result<Vec<Attempt
             "SELECT a.step_idx, s.name, a.phase, a.attempt, a.worker, a.lease_epoch, \
              a.started_at, a.ended_at, a.outcome, a.error FROM attempts a \
              JOIN steps s ON s.saga_id = a.saga_id AND s.idx = a.step_idx \
-             WHERE a.saga_id = $1 ORDER BY a.started_at, a.step_idx, a.phase, a.attempt",
+             WHERE a.saga_id = $1 \
+             ORDER BY a.seq IS NOT NULL, a.seq, a.started_at, a.step_idx, a.phase, a.attempt",
             &[Arg::Id(id)],
         )
         .await?;

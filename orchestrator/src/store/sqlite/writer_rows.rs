@@ -74,8 +74,8 @@ const ATTEMPT_ENDED: &str = "UPDATE attempts SET ended_at = ?1, outcome = ?2, er
      WHERE saga_id = ?4 AND step_idx = ?5 AND phase = ?6 AND attempt = ?7";
 
 const ATTEMPT_STARTED: &str = "INSERT INTO attempts \
-     (saga_id, step_idx, phase, attempt, worker, lease_epoch, started_at) \
-     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)";
+     (saga_id, step_idx, phase, attempt, worker, lease_epoch, started_at, seq) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)";
 
 const EVENT: &str =
     "INSERT INTO events (saga_id, at, type, step, data) VALUES (?1, ?2, ?3, ?4, ?5)";
@@ -167,7 +167,7 @@ pub(crate) fn create_saga(
         exec(
             db,
             ATTEMPT_STARTED,
-            params![id, 0, Phase::Action.as_str(), 1, owner, 1, now],
+            params![id, 0, Phase::Action.as_str(), 1, owner, 1, now, 1],
         )?;
     }
     let data = serde_json::json!({ "name": n.name, "version": n.version });
@@ -328,6 +328,7 @@ fn apply_one(db: &Connection, now: Millis, (lease, t): &Item) -> Result<Result<A
             step_index,
             phase,
             attempt,
+            seq,
         } = change
         {
             exec(
@@ -340,7 +341,8 @@ fn apply_one(db: &Connection, now: Millis, (lease, t): &Item) -> Result<Result<A
                     attempt,
                     lease.owner,
                     lease.epoch,
-                    now
+                    now,
+                    seq
                 ],
             )?;
         }
