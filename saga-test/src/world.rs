@@ -83,12 +83,14 @@ impl SagaTest {
         let script = Arc::new(Script::seeded(seed));
         let config = EngineConfig {
             workers: 16,
-            // Long: a lease outlives any wait of virtual time between heartbeats, and a
-            // restart on SQLite frees a dead process's leases at once anyway.
-            lease_ttl: Duration::from_secs(600),
-            // A look for due sagas now and then; every change the kit makes wakes the
-            // engine, so this only bounds how often an idle engine reads the log.
-            poll_interval: Duration::from_secs(60),
+            // Long, so that heartbeats are rare in a long wait of virtual time (each is a
+            // write the kit must make in real time); a restart on SQLite frees a dead
+            // process's leases at once anyway.
+            lease_ttl: Duration::from_secs(3 * 3600),
+            // The engine wakes itself for every timer of its sagas, and every command the kit
+            // sends wakes it: the poll only bounds how often an idle engine reads the log, each
+            // read costing real time during a week of virtual sleep.
+            poll_interval: Duration::from_secs(600),
             worker_id: "saga-test:1".to_owned(),
             call_hook: Some(script.clone()),
             ..EngineConfig::default()
@@ -220,7 +222,8 @@ impl SagaTest {
         self.read(id)
     }
 
-    /// Runs until saga `id`'s record satisfies `done` (checked after each write to the log),
+    /// Runs until saga `id`'s record, as operators see it (with `waiting_for` and the shown
+    /// statuses), satisfies `done` (checked after each write to the log),
     /// through any crash; returns the record. Fails the test if that does not happen within the
     /// virtual time allowed.
     pub fn run_until(&mut self, id: Uuid, done: impl Fn(&Saga) -> bool + Clone) -> Saga {
@@ -237,7 +240,8 @@ impl SagaTest {
                     tokio::pin!(written);
                     written.as_mut().enable();
                     let saga = match engine.store().get_saga(id).await {
-                        Ok(Some(saga)) => saga,
+                        // As operators see it: with what it waits for.
+                        Ok(Some(saga)) => saga.shown(),
                         Ok(None) => return Err(format!("no saga {id} in the log")),
                         Err(e) => return Err(format!("reading saga {id}: {e}")),
                     };
@@ -281,7 +285,7 @@ impl SagaTest {
         });
         match read {
             Some(Ok((Some(saga), attempts, events))) => Ended {
-                saga,
+                saga: saga.shown(),
                 attempts,
                 events,
                 calls: self.script.calls_of(id),

@@ -49,8 +49,13 @@ fn registry(bank: &Bank) -> Registry {
             let bank = bank.clone();
             async move {
                 let held: Option<Value> = ctx.action_output()?;
-                let amount = held.map_or(10, |h| h["held"].as_i64().unwrap_or(10));
-                bank.apply(ctx.idempotency_key().to_string(), -amount, "release");
+                // Without the hold's output (its outcome unknown), the bank's own record of
+                // the hold says what to release.
+                let (amount, what) = match held {
+                    Some(h) => (h["held"].as_i64().unwrap_or(0), "release"),
+                    None => (10, "release without the hold's output"),
+                };
+                bank.apply(ctx.idempotency_key().to_string(), -amount, what);
                 Ok::<_, StepError>(())
             }
         }
@@ -91,7 +96,29 @@ fn an_hour_of_retry_delays_passes_at_once_on_the_virtual_clock() {
 }
 
 #[test]
-fn a_permanent_failure_compensates_and_an_unknown_outcome_is_compensated_too() {
+fn an_action_whose_every_outcome_is_unknown_is_compensated_without_its_output() {
+    let bank = Bank::default();
+    let mut t = SagaTest::new(registry(&bank));
+    // The default policy's five attempts, each applied by the bank and then timed out.
+    t.script("hold", [Attempt::Unknown; 5]);
+    let id = t.start("transfer", json!({}));
+    let ended = t.run(id);
+    assert_eq!(ended.status(), SagaStatus::Compensated);
+    let mut calls = vec!["hold:action"; 5];
+    calls.push("hold:compensation");
+    assert_eq!(ended.calls, calls);
+    assert!(ended
+        .attempts_of("hold", "action")
+        .all(|a| a.outcome.as_deref() == Some("timed_out")));
+    // Five calls with one key: one hold, released by the compensation, which had no output.
+    let bank_calls = bank.calls.lock().unwrap().clone();
+    assert_eq!(bank_calls.len(), 6);
+    assert_eq!(bank_calls[5], "release without the hold's output");
+    assert_eq!(bank.balance(), 0);
+}
+
+#[test]
+fn a_permanent_failure_compensates_the_steps_before_it() {
     let bank = Bank::default();
     let mut t = SagaTest::new(registry(&bank));
     t.script("ship", [Attempt::Permanent]);

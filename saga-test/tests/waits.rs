@@ -1,0 +1,102 @@
+//! The virtual clock against the waits of a saga: durable sleeps, signals and their timeouts,
+//! scheduled starts; and the seeds that order parallel branches' results.
+
+#![allow(clippy::unwrap_used)]
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use orchestrator::SagaStatus;
+use saga_dsl::{Registry, SagaDefinition, Step, StepContext, StepError};
+use saga_test::{explore, SagaTest};
+use serde_json::json;
+
+async fn ok(_: StepContext) -> Result<(), StepError> {
+    Ok(())
+}
+
+fn waits() -> Registry {
+    let def = SagaDefinition::builder("waits", 1)
+        .step(Step::compensatable("reserve", ok, ok))
+        .step(Step::sleep("cool_off", Duration::from_secs(7 * 24 * 3600)))
+        .step(Step::signal("approval", "approved").signal_timeout(Duration::from_secs(3600)))
+        .step(Step::pivot("ship", ok))
+        .build()
+        .unwrap();
+    Registry::new().with(def).unwrap()
+}
+
+#[test]
+fn a_week_of_sleep_and_an_hour_of_waiting_for_a_signal_pass_at_once() {
+    let mut t = SagaTest::new(waits()).waiting_at_most(Duration::from_secs(30 * 24 * 3600));
+    let began = Instant::now();
+    let start = t.now_ms();
+    let id = t.start("waits", json!({}));
+    let ended = t.run(id);
+    // Nobody approved: the wait timed out and the saga went back.
+    assert_eq!(ended.status(), SagaStatus::Compensated);
+    assert_eq!(ended.calls, ["reserve:action", "reserve:compensation"]);
+    let waited = t.now_ms() - start;
+    assert!(waited >= (7 * 24 + 1) * 3_600_000, "{waited} ms");
+    assert!(began.elapsed() < Duration::from_secs(30));
+}
+
+#[test]
+fn a_signal_sent_while_the_saga_waits_lets_it_go_on() {
+    let mut t = SagaTest::new(waits()).waiting_at_most(Duration::from_secs(8 * 24 * 3600));
+    let id = t.start("waits", json!({}));
+    let waiting = t.run_until(id, |s| s.waiting_for.as_deref() == Some("signal:approved"));
+    assert_eq!(waiting.status, SagaStatus::Running);
+    t.signal(id, "approved", json!({"by": "ada"})).unwrap();
+    let ended = t.run(id);
+    assert_eq!(ended.status(), SagaStatus::Completed);
+    assert_eq!(ended.step_output("approval"), Some(&json!({"by": "ada"})));
+}
+
+#[test]
+fn a_scheduled_start_runs_at_its_time_on_the_virtual_clock() {
+    let mut t = SagaTest::new(waits()).waiting_at_most(Duration::from_secs(9 * 24 * 3600));
+    let start = t.now_ms();
+    let id = t.start_after("waits", json!({}), Duration::from_secs(24 * 3600));
+    let ended = t.run(id);
+    let first = ended.attempts.first().unwrap().started_at;
+    assert!(
+        first >= start + 24 * 3_600_000,
+        "started {} ms in",
+        first - start
+    );
+}
+
+fn fan_out() -> Registry {
+    let def = SagaDefinition::builder("fan_out", 1)
+        .step(Step::parallel(
+            "book",
+            ["hotel", "flight", "car", "train"].map(|b| Step::compensatable(b, ok, ok)),
+        ))
+        .build()
+        .unwrap();
+    Registry::new().with(def).unwrap()
+}
+
+#[test]
+fn seeds_change_the_order_of_parallel_branches_and_a_seed_repeats_its_own() {
+    let order = |seed: u64| {
+        let mut t = SagaTest::new(fan_out()).seeded(seed);
+        let id = t.start("fan_out", json!({}));
+        t.run(id).calls
+    };
+    let orders: BTreeSet<Vec<String>> = (0..8).map(order).collect();
+    assert!(orders.len() > 1, "eight seeds gave one order: {orders:?}");
+    assert_eq!(order(3), order(3));
+}
+
+#[test]
+fn every_crash_point_of_a_parallel_group_under_several_seeds() {
+    let report = explore(|| (fan_out(), ()))
+        .start("fan_out", json!({}))
+        .seeds(0..3)
+        .check(|ended, ()| assert_eq!(ended.status(), SagaStatus::Completed))
+        .run();
+    assert_eq!(report.seeds, 3);
+    assert_eq!(report.runs, 3 + 2 * report.writes);
+}
