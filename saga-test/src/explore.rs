@@ -30,6 +30,7 @@ pub struct Explorer<W> {
     signals: Vec<(String, Value)>,
     seeds: Vec<u64>,
     checks: Vec<Check<W>>,
+    only: Option<(u64, CrashPoint)>,
 }
 
 impl<W> std::fmt::Debug for Explorer<W> {
@@ -68,6 +69,7 @@ pub fn explore<W: 'static>(world: impl Fn() -> (Registry, W) + 'static) -> Explo
         signals: Vec::new(),
         seeds: vec![0],
         checks: Vec::new(),
+        only: None,
     }
 }
 
@@ -117,6 +119,13 @@ impl<W: 'static> Explorer<W> {
         self
     }
 
+    /// Runs only the case of `seed` crashed at `point` (what a failure names), as
+    /// [`SEED_ENV`] and [`CRASH_ENV`] do from the environment.
+    pub fn only(mut self, seed: u64, point: CrashPoint) -> Self {
+        self.only = Some((seed, point));
+        self
+    }
+
     /// An invariant, checked (by panicking, as `assert!` does) once the saga has ended in every
     /// run, with the participants of that run.
     pub fn check(mut self, check: impl Fn(&Ended, &W) + 'static) -> Self {
@@ -129,8 +138,14 @@ impl<W: 'static> Explorer<W> {
     /// one case.
     pub fn run(self) -> Report {
         let began = Instant::now();
-        let only_seed = env_parse::<u64>(SEED_ENV);
-        let only_crash = env_parse::<CrashPoint>(CRASH_ENV);
+        let only_seed = self
+            .only
+            .map(|(seed, _)| seed)
+            .or_else(|| env_parse::<u64>(SEED_ENV));
+        let only_crash = self
+            .only
+            .map(|(_, point)| point)
+            .or_else(|| env_parse::<CrashPoint>(CRASH_ENV));
         let seeds: Vec<u64> = match only_seed {
             Some(seed) => vec![seed],
             None => self.seeds.clone(),
@@ -188,8 +203,18 @@ impl<W: 'static> Explorer<W> {
             }
         }));
         if let Err(panic) = run {
-            eprintln!("{}", self.failure(seed, point, baseline, &test.writes()));
-            resume_unwind(panic);
+            let context = self.failure(seed, point, baseline, &test.writes());
+            let cause = panic
+                .downcast_ref::<String>()
+                .map(String::as_str)
+                .or_else(|| panic.downcast_ref::<&str>().copied());
+            match cause {
+                Some(cause) => panic!("{context}\n  {cause}"),
+                None => {
+                    eprintln!("{context}");
+                    resume_unwind(panic)
+                }
+            }
         }
         test.writes()
     }

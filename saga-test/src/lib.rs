@@ -39,7 +39,7 @@ mod world;
 
 pub use clock::{real_io, VirtualClock, DEFAULT_START_MS};
 pub use ended::Ended;
-pub use explore::{explore, Explorer, Report};
+pub use explore::{explore, Explorer, Report, CRASH_ENV, SEED_ENV};
 pub use script::Attempt;
 pub use tap::CrashPoint;
 pub use world::SagaTest;

@@ -197,3 +197,51 @@ fn attempts_started_in_the_same_millisecond_keep_their_order_in_the_log() {
     // started in the same millisecond of the virtual clock.
     assert_eq!(ended.attempts[2].started_at, ended.attempts[3].started_at);
 }
+
+/// A bank that applies every call, duplicates included: what the exploration must catch.
+fn forgetful_registry(calls: &Arc<Mutex<i64>>) -> Registry {
+    let hold = {
+        let calls = calls.clone();
+        move |_ctx: StepContext| {
+            let calls = calls.clone();
+            async move {
+                *calls.lock().unwrap() += 10;
+                Ok::<_, StepError>(())
+            }
+        }
+    };
+    let def = SagaDefinition::builder("transfer", 1)
+        .step(Step::pivot("hold", hold))
+        .build()
+        .unwrap();
+    Registry::new().with(def).unwrap()
+}
+
+#[test]
+fn a_participant_that_does_not_dedupe_is_caught_and_its_crash_point_replays() {
+    let explore_it = || {
+        explore(|| {
+            let held = Arc::new(Mutex::new(0));
+            (forgetful_registry(&held), held)
+        })
+        .start("transfer", json!({}))
+        .check(|_ended, held| assert_eq!(*held.lock().unwrap(), 10, "held twice"))
+    };
+    let failure = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| explore_it().run()))
+        .expect_err("a crash between the hold and its result holds twice");
+    let message = failure.downcast_ref::<String>().unwrap().clone();
+    assert!(message.contains("just before write"), "{message}");
+    assert!(message.contains("held twice"), "{message}");
+    // The case it names fails again, alone.
+    let point: saga_test::CrashPoint = message
+        .split("SAGA_TEST_CRASH=")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap()
+        .parse()
+        .unwrap();
+    let again = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        explore_it().only(0, point).run()
+    }));
+    assert!(again.is_err(), "the case at {point} passed when replayed");
+}
