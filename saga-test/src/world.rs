@@ -86,11 +86,11 @@ impl SagaTest {
             // Long, so that heartbeats are rare in a long wait of virtual time (each is a
             // write the kit must make in real time); a restart on SQLite frees a dead
             // process's leases at once anyway.
-            lease_ttl: Duration::from_secs(3 * 3600),
+            lease_ttl: Duration::from_secs(3 * 24 * 3600),
             // The engine wakes itself for every timer of its sagas, and every command the kit
             // sends wakes it: the poll only bounds how often an idle engine reads the log, each
             // read costing real time during a week of virtual sleep.
-            poll_interval: Duration::from_secs(600),
+            poll_interval: Duration::from_secs(24 * 3600),
             worker_id: "saga-test:1".to_owned(),
             call_hook: Some(script.clone()),
             ..EngineConfig::default()
