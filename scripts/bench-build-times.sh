@@ -7,7 +7,7 @@
 # e.g. scripts/bench-build-times.sh out.txt /tmp/lb orig=9f4ba6f lean=HEAD -- c-lean c-orig
 # Targets: a (the engine alone on SQLite, a crate outside the workspace whose program is
 # orchestrator/examples/embedded.rs), b (the README's own-saga program with default features, a
-# crate outside the workspace with examples/your-own-saga's manifest and main.rs), c (`cargo
+# crate outside the workspace with examples/your-own-saga's manifest and sources), c (`cargo
 # build --release -p example-sagas`), d (`cargo install --locked --path orchestrator`). (a) and
 # (b) have path dependencies on the snapshot and its Cargo.lock. A build waits (up to ten
 # minutes) for the load average to fall under 3 before it starts. The example-sagas binary of a
@@ -50,9 +50,11 @@ tokio = { version = "1", features = ["macros", "rt-multi-thread"] }
 tokio-util = "0.7"
 TOML
     else
-        cp "$src/examples/your-own-saga/src/main.rs" "$dir/src/main.rs"
+        # main.rs, and lib.rs where the snapshot has one (the saga, reached by its tests).
+        cp "$src"/examples/your-own-saga/src/*.rs "$dir/src/"
         sed -e "s#path = \"../../orchestrator\"#path = \"$src/orchestrator\"#" \
             -e "s#path = \"../../saga-dsl\"#path = \"$src/saga-dsl\"#" \
+            -e "s#path = \"../../saga-test\"#path = \"$src/saga-test\"#" \
             "$src/examples/your-own-saga/Cargo.toml" >"$dir/Cargo.toml"
     fi
     cp "$src/Cargo.lock" "$dir/Cargo.lock"

@@ -31,7 +31,7 @@ fn readme_block(file: &str) -> String {
 
 #[test]
 fn the_readme_shows_the_program_exactly() {
-    for file in ["Cargo.toml", "src/main.rs"] {
+    for file in ["Cargo.toml", "src/lib.rs", "src/main.rs"] {
         let on_disk =
             std::fs::read_to_string(workspace().join("examples/your-own-saga").join(file)).unwrap();
         assert_eq!(
@@ -40,6 +40,18 @@ fn the_readme_shows_the_program_exactly() {
             "README.md's copy of examples/your-own-saga/{file} differs from the file"
         );
     }
+}
+
+#[test]
+fn the_readme_shows_a_test_of_the_crate_as_it_is() {
+    let file = "tests/crash_points.rs";
+    let on_disk =
+        std::fs::read_to_string(workspace().join("examples/your-own-saga").join(file)).unwrap();
+    let shown = readme_block(&format!("your-own-saga/{file} (excerpt)"));
+    assert!(
+        on_disk.contains(&shown),
+        "README.md's excerpt of examples/your-own-saga/{file} is not in the file:\n{shown}"
+    );
 }
 
 fn saga_cli(dir: &Path, args: &[&str]) -> String {
