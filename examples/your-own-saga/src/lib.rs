@@ -47,13 +47,13 @@ async fn reserve_seat(ctx: StepContext) -> Result<String, StepError> {
 }
 
 async fn release_seat(ctx: StepContext) -> Result<(), StepError> {
-    let booking = ctx.input::<Booking>()?;
-    // None if the reserve's outcome is unknown; a hold is named after its seat, so the seat
-    // service can release it even then.
-    let hold: Option<String> = ctx.action_output()?;
-    let hold = hold.unwrap_or_else(|| format!("hold-{}", booking.seat));
-    let services = ctx.state::<Services>()?;
-    services.once(ctx.idempotency_key(), format!("release {hold}"));
+    let hold: Option<String> = ctx.action_output()?; // None if the reserve's outcome is unknown
+    let what = match hold {
+        Some(hold) => format!("release {hold}"),
+        // The seat service finds the hold, if it made one, by the reserve's key.
+        None => format!("release the hold of key {}", ctx.action_key()),
+    };
+    ctx.state::<Services>()?.once(ctx.idempotency_key(), what);
     Ok(())
 }
 

@@ -21,6 +21,7 @@ fn a_declined_card_releases_the_seat_once_whatever_the_crash() {
         .start("book_seat", json!({"seat": "12B", "amount": 900}))
         .check(|ended, services| {
             assert_eq!(ended.status(), SagaStatus::Compensated);
+            // Reserved and released once each, the release handed the reserve's hold.
             assert_eq!(services.done(), ["release hold-12B", "reserve 12B"]);
         })
         .run();
