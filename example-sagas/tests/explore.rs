@@ -119,7 +119,7 @@ fn fulfil_order_completes_with_each_effect_once_after_a_crash_at_any_write() {
 }
 
 #[test]
-fn fulfil_order_retried_completes_with_each_effect_once_in_any_order_of_the_branches() {
+fn fulfil_order_retried_completes_with_each_effect_once_in_two_orders_of_the_branches() {
     // A branch and the charge fail retryably first, so the crash points fall among retries
     // too; each seed has the branches' results arrive in another order.
     let trouble = json!({"reserve_items/sku-2": 2, "charge_payment": 1});
@@ -128,7 +128,7 @@ fn fulfil_order_retried_completes_with_each_effect_once_in_any_order_of_the_bran
             "fulfil_order",
             order("f-3", json!({"simulate": {"transient_failures": trouble}})),
         )
-        .seeds(0..4)
+        .seeds(0..2)
         .check(|ended, world| {
             assert_eq!(ended.status(), SagaStatus::Completed, "{:?}", ended.saga);
             assert_eq!(
@@ -147,10 +147,10 @@ fn fulfil_order_retried_completes_with_each_effect_once_in_any_order_of_the_bran
         })
         .run();
     eprintln!("fulfil_order retried: {report:?}");
-    assert_eq!(report.seeds, 4);
+    assert_eq!(report.seeds, 2);
     // Not a fixed count of writes: the example's retry policy draws its jitter outside the
     // seed, so two runs of one seed may group their writes differently.
-    assert_eq!(report.runs, 4 + 2 * report.writes, "{report:?}");
+    assert_eq!(report.runs, 2 + 2 * report.writes, "{report:?}");
 }
 
 #[test]
