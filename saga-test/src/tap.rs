@@ -163,6 +163,19 @@ impl Lifeline {
         self.changed.notify_waiters();
     }
 
+    /// Waits until no store call of this lifetime is running (the tasks that can run having
+    /// run first, so that a call they are about to make is counted).
+    pub(crate) async fn quiet(&self) {
+        loop {
+            tokio::task::yield_now().await;
+            let changed = self.changed.notified();
+            if self.in_flight.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            changed.await;
+        }
+    }
+
     /// Waits until the lifetime has crashed and no store call it made is still running.
     pub(crate) async fn stopped(&self) {
         loop {
