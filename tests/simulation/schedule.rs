@@ -13,7 +13,7 @@ use saga_dsl::Phase;
 use saga_test::{CrashPoint, SagaTest};
 use serde_json::json;
 
-use crate::invariants::{check, check_failed, Facts};
+use crate::invariants::{check, check_failed, takeovers, Facts};
 use crate::ledger::Ledger;
 use crate::shape::{registry, Shape};
 
@@ -26,6 +26,10 @@ pub struct Tally {
     pub faults: BTreeMap<&'static str, u64>,
     /// Process lifetimes beyond the first of each run: crashes that happened.
     pub crashes: u64,
+    /// Calls whose saga's lease lapsed in flight and was taken over in-process.
+    pub takeovers: u64,
+    /// Times a saga was seen `FAILED` (and then retried or aborted).
+    pub failed_seen: u64,
     /// How the sagas ended.
     pub ended: BTreeMap<String, u64>,
 }
@@ -40,6 +44,8 @@ impl Tally {
         self.runs += other.runs;
         self.sagas += other.sagas;
         self.crashes += other.crashes;
+        self.failed_seen += other.failed_seen;
+        self.takeovers += other.takeovers;
         for (k, n) in &other.faults {
             *self.faults.entry(k).or_default() += n;
         }
@@ -104,7 +110,16 @@ pub fn simulate(seed: u64) -> (Tally, Trace) {
     for _ in 0..rng.gen_range(4..=14) {
         let j = rng.gen_range(0..shapes.len());
         let id = ids[j];
-        match rng.gen_range(0..100) {
+        let roll = rng.gen_range(0..100);
+        if std::env::var_os("SAGA_SIM_TRACE").is_some() {
+            eprintln!(
+                "simulation: at {} ({} writes), command {roll} on {}",
+                t.now_ms(),
+                t.writes().len(),
+                shapes[j].name
+            );
+        }
+        match roll {
             0..=29 => {
                 // Runs saga j a few calls further (or until it rests).
                 let target = attempts(&t.read(id).saga) + rng.gen_range(1..=4);
@@ -114,6 +129,7 @@ pub fn simulate(seed: u64) -> (Tally, Trace) {
                         || attempts(s) >= target
                 });
                 if seen.status == SagaStatus::Failed {
+                    tally.failed_seen += 1;
                     if let Err(e) = check_failed(&shapes[j], &seen) {
                         failures.push(format!("{} ({id}): {e}", shapes[j].name));
                     }
@@ -156,7 +172,25 @@ pub fn simulate(seed: u64) -> (Tally, Trace) {
                 }
             }
             82..=89 => {
-                let _ = t.pause(id, "simulated pause");
+                if t.pause(id, "simulated pause").is_ok() && rng.gen_bool(0.5) {
+                    // A paused saga starts nothing, whatever time passes.
+                    let seen = t.run_until(id, |s| {
+                        s.status.is_terminal() || s.status == SagaStatus::Paused
+                    });
+                    if seen.status == SagaStatus::Paused {
+                        let before = t.read(id).calls.len();
+                        t.advance(Duration::from_secs(rng.gen_range(1..=7_200)));
+                        let after = t.read(id);
+                        if after.calls.len() != before || after.status() != SagaStatus::Paused {
+                            failures.push(format!(
+                                "{} ({id}): paused, it went on to {} with {} more calls",
+                                shapes[j].name,
+                                after.status(),
+                                after.calls.len() - before
+                            ));
+                        }
+                    }
+                }
                 tally.count("pause");
             }
             90..=93 => {
@@ -198,6 +232,7 @@ pub fn simulate(seed: u64) -> (Tally, Trace) {
                     tally.count("resume");
                 }
                 SagaStatus::Failed => {
+                    tally.failed_seen += 1;
                     if let Err(e) = check_failed(shape, &seen) {
                         failures.push(format!("{} ({id}): {e}", shape.name));
                     }
@@ -219,6 +254,7 @@ pub fn simulate(seed: u64) -> (Tally, Trace) {
         }
         let ended = t.read(id);
         *tally.ended.entry(ended.status().to_string()).or_default() += 1;
+        tally.takeovers += takeovers(&ended);
         for broken in check(shape, &ended, &ledger, &facts[j]) {
             failures.push(format!("{} ({id}): {broken}", shape.name));
         }
@@ -245,7 +281,17 @@ pub fn simulate(seed: u64) -> (Tally, Trace) {
                 ended
                     .attempts
                     .iter()
-                    .map(|a| format!("{}:{}#{}={:?}", a.step, a.phase, a.attempt, a.outcome))
+                    .map(|a| format!(
+                        "{}:{}#{}={:?} {:?} by {} at {}..{:?}",
+                        a.step,
+                        a.phase,
+                        a.attempt,
+                        a.outcome,
+                        a.error,
+                        a.worker,
+                        a.started_at,
+                        a.ended_at
+                    ))
                     .collect::<Vec<_>>()
             ));
             break;
