@@ -14,10 +14,15 @@ use crate::shape::{Shape, Unit};
 /// What the schedule did to a saga, which its end must be consistent with.
 #[derive(Debug, Default, Clone)]
 pub struct Facts {
-    /// An abort was accepted.
-    pub aborted: bool,
-    /// A cancel was accepted.
-    pub cancelled: bool,
+    /// An abort was sent.
+    pub abort_sent: bool,
+    /// An abort was answered as accepted (a crash may cut an accepted one's answer off: the
+    /// kit then sends it again, and the saga having ended, it is refused).
+    pub abort_accepted: bool,
+    /// A cancel was sent.
+    pub cancel_sent: bool,
+    /// A cancel was answered as accepted.
+    pub cancel_accepted: bool,
 }
 
 /// Whether the lease of the saga lapsed while `step`'s `phase` was in flight and the same
@@ -101,7 +106,7 @@ pub fn check(shape: &Shape, ended: &Ended, ledger: &Ledger, facts: &Facts) -> Ve
     let units = shape.units();
     let record = |name: &str| saga.steps.iter().find(|s| s.name == name);
 
-    // Terminal, and ABORTED exactly when an abort was accepted.
+    // Terminal; ABORTED only when an abort was sent, and whenever one was accepted.
     if !matches!(
         status,
         SagaStatus::Completed | SagaStatus::Compensated | SagaStatus::Aborted
@@ -110,11 +115,11 @@ pub fn check(shape: &Shape, ended: &Ended, ledger: &Ledger, facts: &Facts) -> Ve
             "ended {status}, not COMPLETED, COMPENSATED or ABORTED"
         ));
     }
-    if (status == SagaStatus::Aborted) != facts.aborted {
-        broken.push(format!(
-            "ended {status} though an abort was {}accepted",
-            if facts.aborted { "" } else { "never " }
-        ));
+    if status == SagaStatus::Aborted && !facts.abort_sent {
+        broken.push("ABORTED though no abort was sent".to_owned());
+    }
+    if status != SagaStatus::Aborted && facts.abort_accepted {
+        broken.push(format!("ended {status} though an abort was accepted"));
     }
 
     // Stable keys: one per (saga, step, phase), the one SPEC §2.2 derives, and distinct.
@@ -231,7 +236,7 @@ pub fn check(shape: &Shape, ended: &Ended, ledger: &Ledger, facts: &Facts) -> Ve
 
     match status {
         SagaStatus::Completed => {
-            if facts.cancelled {
+            if facts.cancel_accepted {
                 broken.push("COMPLETED though a cancel was accepted".to_owned());
             }
             for unit in &units {
@@ -275,7 +280,7 @@ fn check_compensated(
 ) {
     let saga = &ended.saga;
     let record = |name: &str| saga.steps.iter().find(|s| s.name == name);
-    let caused = facts.cancelled
+    let caused = facts.cancel_sent
         || saga
             .steps
             .iter()
