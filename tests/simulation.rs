@@ -8,11 +8,16 @@
 //! The faults: crashes at a write to the log (planned some writes ahead, just before or just
 //! after it) and at once between commands; clock jumps; cancels; signals; pauses and resumes;
 //! retries of waiting and `FAILED` sagas; aborts. Lease expiries and takeovers are covered
-//! through the crashes: on SQLite a restart frees the dead process's leases, and each new
-//! process lifetime is a new worker that takes the sagas over.
+//! through the crashes (on SQLite a restart frees the dead process's leases, and each new
+//! process lifetime is a new worker that takes the sagas over) and through clock jumps longer
+//! than the kit's lease, which lapse the leases of sagas in flight as a stalled process would
+//! lose them: the process then takes them over while the first call still runs (see
+//! `invariants::lapsed`).
 //!
 //! A seed reproduces its run: the kit's seed fixes the order of parallel branches' results,
-//! the retry policies have no jitter, and virtual time moves only when everything waits.
+//! the retry policies have no jitter, virtual time moves only when everything waits, and the
+//! kit runs store calls one at a time in the order they were made. The saga ids are random,
+//! so a run is compared with another by its calls and writes, which name steps, not ids.
 //! `SAGA_SIM_SEED=N` runs one seed, `SAGA_SIM_SEEDS=A..B` a range; CI runs [`DEFAULT_SEEDS`].
 
 #![allow(clippy::unwrap_used)]
