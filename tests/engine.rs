@@ -471,6 +471,55 @@ async fn cancel_finishes_the_step_in_flight_then_compensates() {
 }
 
 #[tokio::test]
+async fn a_cancel_while_the_last_step_is_in_flight_compensates_rather_than_completes() {
+    use orchestrator::store::CancelOutcome;
+    use saga_dsl::{SagaDefinition, Step, StepContext, StepError};
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let (act, undo) = (j.clone(), j.clone());
+    // One compensatable step, and it is the last: nothing starts after it.
+    let def = SagaDefinition::builder("last", 1)
+        .step(Step::compensatable(
+            "only",
+            move |ctx: StepContext| {
+                let j = act.clone();
+                async move {
+                    tokio::time::sleep(Duration::from_millis(400)).await;
+                    j.push(ctx.step_name(), ctx.phase().as_str(), ctx.idempotency_key());
+                    Ok::<_, StepError>(json!(null))
+                }
+            },
+            move |ctx: StepContext| {
+                let j = undo.clone();
+                async move {
+                    j.push(ctx.step_name(), ctx.phase().as_str(), ctx.idempotency_key());
+                    Ok::<_, StepError>(())
+                }
+            },
+        ))
+        .build()
+        .unwrap();
+    let eng = RunningEngine::start(store.clone(), registry_of([def]), test_config());
+    let saga = eng.engine.start_saga("last", json!({})).await.unwrap();
+    wait_for(&store, saga.id, Duration::from_secs(5), |s| {
+        s.steps[0].action.status == StepStatus::Running
+    })
+    .await;
+    assert_eq!(
+        store
+            .request_cancel(saga.id, &Audit::default())
+            .await
+            .unwrap(),
+        CancelOutcome::Accepted
+    );
+    let done = wait_terminal(&store, saga.id).await;
+    assert_eq!(done.status, SagaStatus::Compensated, "{:?}", done.error);
+    assert_eq!(j.names(), ["only:action", "only:compensation"]);
+    eng.stop().await;
+}
+
+#[tokio::test]
 async fn a_cancel_during_a_call_that_then_backs_off_long_compensates_at_once() {
     use orchestrator::store::CancelOutcome;
     use saga_dsl::{SagaDefinition, Step, StepContext, StepError};

@@ -149,6 +149,10 @@ pub(crate) struct Lifeline {
     dead: AtomicBool,
     in_flight: AtomicUsize,
     changed: Notify,
+    /// Store calls run one at a time, in the order they were made: concurrent ones would
+    /// finish in whatever order the database's threads do, and a seed would not fix the order
+    /// of the writes (nor so where a crash planned at a write falls).
+    one_at_a_time: tokio::sync::Mutex<()>,
 }
 
 impl Lifeline {
@@ -161,6 +165,19 @@ impl Lifeline {
     pub(crate) fn die(&self) {
         self.dead.store(true, Ordering::Release);
         self.changed.notify_waiters();
+    }
+
+    /// Waits until no store call of this lifetime is running (the tasks that can run having
+    /// run first, so that a call they are about to make is counted).
+    pub(crate) async fn quiet(&self) {
+        loop {
+            tokio::task::yield_now().await;
+            let changed = self.changed.notified();
+            if self.in_flight.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            changed.await;
+        }
     }
 
     /// Waits until the lifetime has crashed and no store call it made is still running.
@@ -202,7 +219,10 @@ impl TappedStore {
 
     async fn forward<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
         self.life.in_flight.fetch_add(1, Ordering::AcqRel);
-        let result = real_io(call).await;
+        let result = {
+            let _turn = self.life.one_at_a_time.lock().await;
+            real_io(call).await
+        };
         self.life.in_flight.fetch_sub(1, Ordering::AcqRel);
         self.life.changed.notify_waiters();
         result

@@ -370,8 +370,16 @@ impl SagaTest {
     }
 
     /// Moves the clock forward by `by` at once (a clock jump): every timer due meanwhile fires.
+    /// The jump waits for the store calls in flight to end, as virtual time stands still while
+    /// the database works: a call's own timeouts (a pool's wait for a connection) never see it.
+    /// A jump longer than the engine's lease lapses the leases of the sagas in flight, as a
+    /// process stalled that long would lose them.
     pub fn advance(&mut self, by: Duration) {
-        self.drive(|_| async move { tokio::time::advance(by).await });
+        let line = self.life().line.clone();
+        self.drive(|_| async move {
+            line.quiet().await;
+            tokio::time::advance(by).await;
+        });
     }
 
     /// Stops the engine now, as a kill -9 would: nothing more reaches the log, the calls in

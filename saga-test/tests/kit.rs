@@ -245,3 +245,20 @@ fn a_participant_that_does_not_dedupe_is_caught_and_its_crash_point_replays() {
     }));
     assert!(again.is_err(), "the case at {point} passed when replayed");
 }
+
+#[test]
+fn a_hung_call_stays_unknown_when_a_clock_jump_passes_its_timeout() {
+    let bank = Bank::default();
+    let mut t = SagaTest::new(registry(&bank));
+    t.script("ship", [Attempt::Hang]);
+    let id = t.start("transfer", json!({}));
+    t.run_until(id, |s| s.steps[1].action.attempts == 1);
+    // The call begins (its timers are set), then the clock jumps past its timeout at once
+    // (and not past the lease, which would hand the saga over).
+    t.advance(Duration::from_millis(1));
+    t.advance(saga_dsl::DEFAULT_ATTEMPT_TIMEOUT * 2);
+    let ended = t.run(id);
+    let first = ended.attempts_of("ship", "action").next().unwrap();
+    assert_eq!(first.outcome.as_deref(), Some("timed_out"), "{first:?}");
+    assert_eq!(ended.status(), SagaStatus::Completed);
+}

@@ -241,7 +241,17 @@ impl Driver {
             }
             let starts = match next {
                 NextCall::Done => {
-                    self.write(false, true).await?;
+                    // A cancel recorded while the last call ran is found only by a guarded
+                    // write: the completion is then refused, and the saga goes back instead.
+                    let completing =
+                        self.saga.status == SagaStatus::Completed && !self.saga.pivot_started;
+                    if self.write(completing, true).await? == Applied::CancelRequested {
+                        self.saga.status = SagaStatus::Running;
+                        self.saga.output = None;
+                        self.saga.cancel_requested = true;
+                        self.pending.events.retain(|e| e.kind != "saga.completed");
+                        continue;
+                    }
                     // Free the slot before telling waiters: a caller that starts its next saga
                     // on hearing of this one finds a slot and drives it at once.
                     self.slot.take();

@@ -1,0 +1,346 @@
+//! One run of the simulation: the sagas its seed draws, started at times the seed draws, then a
+//! schedule of faults and operator commands interleaved with running, then every saga driven
+//! to its end (resumed if paused, retried or now and then aborted if `FAILED`) and checked.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use orchestrator::model::{Saga, SagaStatus};
+use orchestrator::operations::Cancelled;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use saga_dsl::Phase;
+use saga_test::{CrashPoint, SagaTest};
+use serde_json::json;
+
+use crate::invariants::{check, check_failed, takeovers, Facts};
+use crate::ledger::Ledger;
+use crate::shape::{registry, Shape};
+
+/// What a run did, summed over runs.
+#[derive(Debug, Default, Clone)]
+pub struct Tally {
+    pub runs: u64,
+    pub sagas: u64,
+    /// Faults and commands injected, by kind.
+    pub faults: BTreeMap<&'static str, u64>,
+    /// Process lifetimes beyond the first of each run: crashes that happened.
+    pub crashes: u64,
+    /// Calls whose saga's lease lapsed in flight and was taken over in-process.
+    pub takeovers: u64,
+    /// Times a saga was seen `FAILED` (and then retried or aborted).
+    pub failed_seen: u64,
+    /// How the sagas ended.
+    pub ended: BTreeMap<String, u64>,
+}
+
+impl Tally {
+    fn count(&mut self, kind: &'static str) {
+        *self.faults.entry(kind).or_default() += 1;
+    }
+
+    /// Adds another tally's counts.
+    pub fn add(&mut self, other: &Tally) {
+        self.runs += other.runs;
+        self.sagas += other.sagas;
+        self.crashes += other.crashes;
+        self.failed_seen += other.failed_seen;
+        self.takeovers += other.takeovers;
+        for (k, n) in &other.faults {
+            *self.faults.entry(k).or_default() += n;
+        }
+        for (k, n) in &other.ended {
+            *self.ended.entry(k.clone()).or_default() += n;
+        }
+    }
+
+    /// Faults injected in all.
+    pub fn fault_total(&self) -> u64 {
+        self.faults.values().sum()
+    }
+}
+
+/// What a run leaves to compare with another run of its seed: each saga's status and the
+/// calls that began, in order, and the writes made to the log.
+pub type Trace = (Vec<(SagaStatus, Vec<String>)>, Vec<String>);
+
+/// The longest a run may wait, in virtual time, for a saga to reach what it waits for.
+const PATIENCE: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// How many times a `FAILED` saga is retried before the run gives up on it: its scripts are
+/// finite, so it completes long before.
+const MAX_ROUNDS: usize = 20;
+
+/// Runs seed `seed`; panics with every broken invariant.
+pub fn simulate(seed: u64) -> (Tally, Trace) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut tally = Tally {
+        runs: 1,
+        ..Tally::default()
+    };
+    let shapes: Vec<Shape> = (0..rng.gen_range(3..=8))
+        .map(|i| Shape::draw(&mut rng, i))
+        .collect();
+    tally.sagas = shapes.len() as u64;
+    let ledger = Ledger::default();
+    let mut t = SagaTest::new(registry(&shapes, &ledger))
+        .seeded(seed)
+        .waiting_at_most(PATIENCE);
+    for shape in &shapes {
+        for unit in shape.units() {
+            t.script(&unit.name, unit.action.clone());
+            t.script_compensation(&unit.name, unit.compensation.clone());
+        }
+    }
+    let mut ids = Vec::new();
+    for shape in &shapes {
+        let input = json!({"seed": seed});
+        let id = match shape.start_delay {
+            Some(delay) => t.start_after(&shape.name, input, delay),
+            None => t.start(&shape.name, input),
+        };
+        ids.push(id);
+        if rng.gen_bool(0.3) {
+            t.advance(Duration::from_millis(rng.gen_range(1..=5_000)));
+        }
+    }
+    let mut facts = vec![Facts::default(); shapes.len()];
+    let mut failures = Vec::new();
+
+    for _ in 0..rng.gen_range(4..=14) {
+        let j = rng.gen_range(0..shapes.len());
+        let id = ids[j];
+        let roll = rng.gen_range(0..100);
+        if std::env::var_os("SAGA_SIM_TRACE").is_some() {
+            eprintln!(
+                "simulation: at {} ({} writes), command {roll} on {}",
+                t.now_ms(),
+                t.writes().len(),
+                shapes[j].name
+            );
+        }
+        match roll {
+            0..=29 => {
+                // Runs saga j a few calls further (or until it rests).
+                let target = attempts(&t.read(id).saga) + rng.gen_range(1..=4);
+                let seen = t.run_until(id, move |s| {
+                    s.status.is_terminal()
+                        || s.status == SagaStatus::Paused
+                        || attempts(s) >= target
+                });
+                if seen.status == SagaStatus::Failed {
+                    tally.failed_seen += 1;
+                    if let Err(e) = check_failed(&shapes[j], &seen) {
+                        failures.push(format!("{} ({id}): {e}", shapes[j].name));
+                    }
+                }
+            }
+            30..=44 => {
+                let ahead = rng.gen_range(1..=25);
+                let at = t.writes().len() + ahead;
+                let point = if rng.gen_bool(0.5) {
+                    CrashPoint::Before(at)
+                } else {
+                    CrashPoint::After(at)
+                };
+                t = t.crash_at(point);
+                tally.count("crash planned at a write");
+            }
+            45..=52 => {
+                t.crash();
+                tally.count("crash now");
+            }
+            53..=66 => {
+                let by = match rng.gen_range(0..10) {
+                    0..=2 => Duration::from_millis(rng.gen_range(1..=1_000)),
+                    3..=5 => Duration::from_secs(rng.gen_range(1..=120)),
+                    6..=8 => Duration::from_secs(rng.gen_range(120..=7_200)),
+                    // Past the kit's lease: the leases of sagas in flight lapse.
+                    _ => Duration::from_secs(rng.gen_range(4 * 86_400..=5 * 86_400)),
+                };
+                t.advance(by);
+                tally.count("clock jump");
+            }
+            67..=75 => {
+                facts[j].cancel_sent = true;
+                if let Ok(outcome) = t.cancel(id) {
+                    facts[j].cancel_accepted |= outcome == Cancelled::Accepted;
+                }
+                tally.count("cancel");
+            }
+            76..=81 => {
+                if shapes[j].waits_for_signal() {
+                    let _ = t.signal(id, "go", json!({"by": "simulation"}));
+                    tally.count("signal");
+                }
+            }
+            82..=89 => {
+                if t.pause(id, "simulated pause").is_ok() && rng.gen_bool(0.5) {
+                    // A paused saga starts nothing, whatever time passes.
+                    let seen = t.run_until(id, |s| {
+                        s.status.is_terminal() || s.status == SagaStatus::Paused
+                    });
+                    if seen.status == SagaStatus::Paused {
+                        let before = t.read(id).calls.len();
+                        t.advance(Duration::from_secs(rng.gen_range(1..=7_200)));
+                        let after = t.read(id);
+                        if after.calls.len() != before || after.status() != SagaStatus::Paused {
+                            failures.push(format!(
+                                "{} ({id}): paused, it went on to {} with {} more calls",
+                                shapes[j].name,
+                                after.status(),
+                                after.calls.len() - before
+                            ));
+                        }
+                    }
+                }
+                tally.count("pause");
+            }
+            90..=93 => {
+                let _ = t.resume(id, "simulated resume");
+                tally.count("resume");
+            }
+            94..=97 => {
+                let _ = t.retry(id);
+                tally.count("retry");
+            }
+            _ => {
+                facts[j].abort_sent = true;
+                if t.abort(id, "simulated abort").is_ok() {
+                    facts[j].abort_accepted = true;
+                }
+                tally.count("abort");
+            }
+        }
+    }
+
+    // Every saga to its end.
+    let mut trace = Vec::new();
+    for (j, &id) in ids.iter().enumerate() {
+        let shape = &shapes[j];
+        let mut rounds = 0;
+        loop {
+            rounds += 1;
+            assert!(
+                rounds <= MAX_ROUNDS,
+                "{} ({id}) did not end after {MAX_ROUNDS} rounds of resume and retry",
+                shape.name
+            );
+            let seen = t.run_until(id, |s| {
+                s.status.is_terminal() || s.status == SagaStatus::Paused
+            });
+            match seen.status {
+                SagaStatus::Paused => {
+                    if let Err(e) = t.resume(id, "the run ends") {
+                        refused_unless_done(&mut t, id, SagaStatus::Paused, &e, shape);
+                    }
+                    tally.count("resume");
+                }
+                SagaStatus::Failed => {
+                    tally.failed_seen += 1;
+                    if let Err(e) = check_failed(shape, &seen) {
+                        failures.push(format!("{} ({id}): {e}", shape.name));
+                    }
+                    if rng.gen_bool(0.2) {
+                        facts[j].abort_sent = true;
+                        match t.abort(id, "the run ends") {
+                            Ok(_) => facts[j].abort_accepted = true,
+                            Err(e) => {
+                                refused_unless_done(&mut t, id, SagaStatus::Failed, &e, shape)
+                            }
+                        }
+                        tally.count("abort");
+                    } else {
+                        if let Err(e) = t.retry(id) {
+                            refused_unless_done(&mut t, id, SagaStatus::Failed, &e, shape);
+                        }
+                        tally.count("retry");
+                    }
+                }
+                _ => break,
+            }
+        }
+        let ended = t.read(id);
+        *tally.ended.entry(ended.status().to_string()).or_default() += 1;
+        tally.takeovers += takeovers(&ended);
+        for broken in check(shape, &ended, &ledger, &facts[j]) {
+            failures.push(format!("{} ({id}): {broken}", shape.name));
+        }
+        trace.push((ended.status(), ended.calls.clone()));
+        if !failures.is_empty() {
+            failures.push(format!(
+                "{} ({id}) calls: {:?}\nledger: {:?}\nattempts: {:?}\nevents: {:?}",
+                shape.name,
+                ended.calls,
+                ledger
+                    .calls_of(id)
+                    .iter()
+                    .map(|c| format!(
+                        "{}:{}#{}",
+                        c.step,
+                        if c.phase == Phase::Action {
+                            "action"
+                        } else {
+                            "compensation"
+                        },
+                        c.attempt
+                    ))
+                    .collect::<Vec<_>>(),
+                ended
+                    .attempts
+                    .iter()
+                    .map(|a| format!(
+                        "{}:{}#{}={:?} {:?} by {} at {}..{:?}",
+                        a.step,
+                        a.phase,
+                        a.attempt,
+                        a.outcome,
+                        a.error,
+                        a.worker,
+                        a.started_at,
+                        a.ended_at
+                    ))
+                    .collect::<Vec<_>>(),
+                ended
+                    .events
+                    .iter()
+                    .map(|e| format!("{} {:?} at {}", e.kind, e.step, e.at))
+                    .collect::<Vec<_>>()
+            ));
+            break;
+        }
+    }
+    tally.crashes = (t.lifetimes() as u64).saturating_sub(1);
+    assert!(
+        failures.is_empty(),
+        "broken invariants:\n{}\nshapes: {shapes:?}",
+        failures.join("\n")
+    );
+    let writes = t.writes();
+    (tally, (trace, writes))
+}
+
+/// Every attempt a saga's record counts, of actions and compensations.
+fn attempts(saga: &Saga) -> u32 {
+    saga.steps
+        .iter()
+        .map(|s| s.action.attempts + s.compensation.attempts)
+        .sum()
+}
+
+/// A command the run needs refused: fine only if the saga has left `from` (the kit makes a
+/// command again when a crash cut off its answer, and the first may have taken effect).
+fn refused_unless_done(
+    t: &mut SagaTest,
+    id: uuid::Uuid,
+    from: SagaStatus,
+    error: &dyn std::fmt::Display,
+    shape: &Shape,
+) {
+    let now = t.read(id).status();
+    assert!(
+        now != from,
+        "{} ({id}) is still {from}, the command refused: {error}",
+        shape.name
+    );
+}
