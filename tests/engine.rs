@@ -519,6 +519,67 @@ async fn a_cancel_while_the_last_step_is_in_flight_compensates_rather_than_compl
     eng.stop().await;
 }
 
+/// Found by the simulation (seed 2047): a pause requested after a cancel, both while the last
+/// step ran, made the store answer the guarded completion with the pause, and the saga completed
+/// paused with its cancel lost. A completion is guarded by the cancel alone, so it is the cancel
+/// that refuses it.
+#[tokio::test]
+async fn a_cancel_then_a_pause_while_the_last_step_is_in_flight_still_compensates() {
+    use orchestrator::store::CancelOutcome;
+    use saga_dsl::{SagaDefinition, Step, StepContext, StepError};
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let (act, undo) = (j.clone(), j.clone());
+    let def = SagaDefinition::builder("last", 1)
+        .step(Step::compensatable(
+            "only",
+            move |ctx: StepContext| {
+                let j = act.clone();
+                async move {
+                    tokio::time::sleep(Duration::from_millis(400)).await;
+                    j.push(ctx.step_name(), ctx.phase().as_str(), ctx.idempotency_key());
+                    Ok::<_, StepError>(json!(null))
+                }
+            },
+            move |ctx: StepContext| {
+                let j = undo.clone();
+                async move {
+                    j.push(ctx.step_name(), ctx.phase().as_str(), ctx.idempotency_key());
+                    Ok::<_, StepError>(())
+                }
+            },
+        ))
+        .build()
+        .unwrap();
+    let eng = RunningEngine::start(store.clone(), registry_of([def]), test_config());
+    let saga = eng.engine.start_saga("last", json!({})).await.unwrap();
+    wait_for(&store, saga.id, Duration::from_secs(5), |s| {
+        s.steps[0].action.status == StepStatus::Running
+    })
+    .await;
+    assert_eq!(
+        store
+            .request_cancel(saga.id, &Audit::default())
+            .await
+            .unwrap(),
+        CancelOutcome::Accepted
+    );
+    store.pause(saga.id, &Audit::by("ops")).await.unwrap();
+    let parked = wait_for(&store, saga.id, Duration::from_secs(10), |s| {
+        s.status == SagaStatus::Paused || s.status.is_terminal()
+    })
+    .await;
+    assert_ne!(parked.status, SagaStatus::Completed, "the cancel was lost");
+    if parked.status == SagaStatus::Paused {
+        store.resume(saga.id, &Audit::by("ops")).await.unwrap();
+    }
+    let done = wait_terminal(&store, saga.id).await;
+    assert_eq!(done.status, SagaStatus::Compensated, "{:?}", done.error);
+    assert_eq!(j.names(), ["only:action", "only:compensation"]);
+    eng.stop().await;
+}
+
 #[tokio::test]
 async fn a_cancel_during_a_call_that_then_backs_off_long_compensates_at_once() {
     use orchestrator::store::CancelOutcome;

@@ -246,7 +246,7 @@ fn apply_one(db: &Connection, now: Millis, (lease, t): &Item) -> Result<Result<A
         )?
     };
     if fenced == 0 {
-        return refused(db, id, lease);
+        return refused(db, id, lease, t);
     }
     if let Some(parent) = t.wake {
         exec(db, WAKE, params![parent.to_string(), now])?;
@@ -358,7 +358,12 @@ fn apply_one(db: &Connection, now: Millis, (lease, t): &Item) -> Result<Result<A
 }
 
 /// Why the fence refused a write, read from the saga's row now ([`refusal`]).
-fn refused(db: &Connection, id: &str, lease: &Lease) -> Result<Result<Applied>> {
+fn refused(
+    db: &Connection,
+    id: &str,
+    lease: &Lease,
+    t: &crate::store::Transition,
+) -> Result<Result<Applied>> {
     let row: Option<Refused> = db
         .prepare_cached(REFUSED)
         .and_then(|mut st| {
@@ -368,5 +373,5 @@ fn refused(db: &Connection, id: &str, lease: &Lease) -> Result<Result<Applied>> 
             .optional()
         })
         .map_err(from_rusqlite)?;
-    Ok(refusal(lease, row.as_ref()))
+    Ok(refusal(lease, t, row.as_ref()))
 }

@@ -94,19 +94,33 @@ fn outcomes(
 ) -> Vec<Result<Applied>> {
     items
         .iter()
-        .map(|(lease, _)| {
+        .map(|(lease, transition)| {
             if written.contains(&(lease.saga_id, lease.epoch)) {
                 return Ok(Applied::Written);
             }
-            refusal(lease, refused.get(&lease.saga_id))
+            refusal(lease, transition, refused.get(&lease.saga_id))
         })
         .collect()
 }
 
 /// Why the fence refused a write under `lease`, from what its saga's row says now: a cancel
 /// met by an action start under a lease still held, or else the lease is gone.
-pub(crate) fn refusal(lease: &Lease, row: Option<&Refused>) -> Result<Applied> {
+pub(crate) fn refusal(
+    lease: &Lease,
+    transition: &Transition,
+    row: Option<&Refused>,
+) -> Result<Applied> {
     match row {
+        // A write guarded against a cancel and not a pause (a completion) was refused by the
+        // cancel: saying "pause" would let the saga complete paused, the cancel lost.
+        Some((Some(owner), epoch, true, Some(_)))
+            if *owner == lease.owner
+                && *epoch == lease.epoch
+                && transition.unless_cancelled
+                && !transition.unless_paused =>
+        {
+            Ok(Applied::CancelRequested)
+        }
         // A pause comes first: a cancel recorded with it cleared it, so both are never set
         // unless the pause came after.
         Some((Some(owner), epoch, _, Some(request)))
