@@ -411,6 +411,7 @@ impl SagaTest {
         let life = self.life();
         let engine = life.engine.clone();
         let line = life.line.clone();
+        let _watch = Watchdog::start();
         let out = life.rt.block_on(async {
             tokio::select! {
                 biased;
@@ -512,4 +513,34 @@ impl Drop for SagaTest {
 
 fn started_id(outcome: &StartOutcome) -> Uuid {
     outcome.saga_id()
+}
+
+/// How long a call of the kit may go without returning, in real time, before it says why it
+/// might be stuck.
+const STUCK_AFTER: Duration = Duration::from_secs(60);
+
+/// Warns, once, if a call of the kit outlasts [`STUCK_AFTER`] of real time: virtual time
+/// stands still while a step's own code runs, so a step that sleeps on tokio's clock waits for
+/// ever, and without a word the test would just hang.
+struct Watchdog {
+    // Dropped when the call returns, which ends the watching thread.
+    _done: std::sync::mpsc::Sender<()>,
+}
+
+impl Watchdog {
+    fn start() -> Self {
+        let (done, wait) = std::sync::mpsc::channel::<()>();
+        std::thread::spawn(move || {
+            if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = wait.recv_timeout(STUCK_AFTER)
+            {
+                eprintln!(
+                    "saga-test: no progress for {} s of real time. Virtual time stands still \
+                     while a step's own code runs: a step that sleeps on tokio's clock waits for \
+                     ever (script Attempt::Delayed to let a call take virtual time).",
+                    STUCK_AFTER.as_secs()
+                );
+            }
+        });
+        Self { _done: done }
+    }
 }
