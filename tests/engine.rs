@@ -470,16 +470,12 @@ async fn cancel_finishes_the_step_in_flight_then_compensates() {
     eng.stop().await;
 }
 
-#[tokio::test]
-async fn a_cancel_while_the_last_step_is_in_flight_compensates_rather_than_completes() {
-    use orchestrator::store::CancelOutcome;
+/// A saga of one compensatable step, the last, whose action takes 400 ms: a command sent
+/// while it runs meets the saga's completion. Its calls go to `j`.
+fn slow_last_step(j: &Journal) -> saga_dsl::SagaDefinition {
     use saga_dsl::{SagaDefinition, Step, StepContext, StepError};
-    let db = TempDb::new();
-    let store = db.store().await;
-    let j = Journal::default();
     let (act, undo) = (j.clone(), j.clone());
-    // One compensatable step, and it is the last: nothing starts after it.
-    let def = SagaDefinition::builder("last", 1)
+    SagaDefinition::builder("last", 1)
         .step(Step::compensatable(
             "only",
             move |ctx: StepContext| {
@@ -499,7 +495,16 @@ async fn a_cancel_while_the_last_step_is_in_flight_compensates_rather_than_compl
             },
         ))
         .build()
-        .unwrap();
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_cancel_while_the_last_step_is_in_flight_compensates_rather_than_completes() {
+    use orchestrator::store::CancelOutcome;
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let def = slow_last_step(&j);
     let eng = RunningEngine::start(store.clone(), registry_of([def]), test_config());
     let saga = eng.engine.start_saga("last", json!({})).await.unwrap();
     wait_for(&store, saga.id, Duration::from_secs(5), |s| {
@@ -526,32 +531,10 @@ async fn a_cancel_while_the_last_step_is_in_flight_compensates_rather_than_compl
 #[tokio::test]
 async fn a_cancel_then_a_pause_while_the_last_step_is_in_flight_still_compensates() {
     use orchestrator::store::CancelOutcome;
-    use saga_dsl::{SagaDefinition, Step, StepContext, StepError};
     let db = TempDb::new();
     let store = db.store().await;
     let j = Journal::default();
-    let (act, undo) = (j.clone(), j.clone());
-    let def = SagaDefinition::builder("last", 1)
-        .step(Step::compensatable(
-            "only",
-            move |ctx: StepContext| {
-                let j = act.clone();
-                async move {
-                    tokio::time::sleep(Duration::from_millis(400)).await;
-                    j.push(ctx.step_name(), ctx.phase().as_str(), ctx.idempotency_key());
-                    Ok::<_, StepError>(json!(null))
-                }
-            },
-            move |ctx: StepContext| {
-                let j = undo.clone();
-                async move {
-                    j.push(ctx.step_name(), ctx.phase().as_str(), ctx.idempotency_key());
-                    Ok::<_, StepError>(())
-                }
-            },
-        ))
-        .build()
-        .unwrap();
+    let def = slow_last_step(&j);
     let eng = RunningEngine::start(store.clone(), registry_of([def]), test_config());
     let saga = eng.engine.start_saga("last", json!({})).await.unwrap();
     wait_for(&store, saga.id, Duration::from_secs(5), |s| {

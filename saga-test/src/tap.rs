@@ -36,8 +36,6 @@ use serde_json::Value;
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-use crate::clock::real_io;
-
 type Result<T, E = StoreError> = std::result::Result<T, E>;
 
 /// Where a run is stopped: just before or just after the `n`th write (from 1) the engine makes
@@ -149,10 +147,6 @@ pub(crate) struct Lifeline {
     dead: AtomicBool,
     in_flight: AtomicUsize,
     changed: Notify,
-    /// Store calls run one at a time, in the order they were made: concurrent ones would
-    /// finish in whatever order the database's threads do, and a seed would not fix the order
-    /// of the writes (nor so where a crash planned at a write falls).
-    one_at_a_time: tokio::sync::Mutex<()>,
 }
 
 impl Lifeline {
@@ -197,11 +191,23 @@ pub(crate) struct TappedStore {
     inner: Arc<dyn Store>,
     tap: Arc<Tap>,
     life: Arc<Lifeline>,
+    /// The runtime the store was opened in, which runs its writer.
+    db: tokio::runtime::Handle,
 }
 
 impl TappedStore {
-    pub(crate) fn new(inner: Arc<dyn Store>, tap: Arc<Tap>, life: Arc<Lifeline>) -> Self {
-        Self { inner, tap, life }
+    pub(crate) fn new(
+        inner: Arc<dyn Store>,
+        tap: Arc<Tap>,
+        life: Arc<Lifeline>,
+        db: tokio::runtime::Handle,
+    ) -> Self {
+        Self {
+            inner,
+            tap,
+            life,
+            db,
+        }
     }
 
     /// Runs a store call, unless the lifetime has crashed: then, like a dead process, it never
@@ -219,10 +225,11 @@ impl TappedStore {
 
     async fn forward<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
         self.life.in_flight.fetch_add(1, Ordering::AcqRel);
-        let result = {
-            let _turn = self.life.one_at_a_time.lock().await;
-            real_io(call).await
-        };
+        // The lifetime's thread waits for the call, running nothing else meanwhile: the call's
+        // answer, from the database's threads, then never races the lifetime's other tasks, so
+        // a seed fixes the order of every write (and so where a crash planned at one falls),
+        // and virtual time cannot move while the database works.
+        let result = block_on_in(&self.db, call);
         self.life.in_flight.fetch_sub(1, Ordering::AcqRel);
         self.life.changed.notify_waiters();
         result
@@ -647,5 +654,26 @@ impl OutboxStore for TappedStore {
     }
     async fn log_id(&self) -> Result<Uuid> {
         self.pass(self.inner.log_id()).await
+    }
+}
+
+/// Runs `future` to its end on this thread, in the context of the runtime `db` (whose tasks,
+/// timers and I/O it uses), blocking the thread meanwhile.
+fn block_on_in<F: Future>(db: &tokio::runtime::Handle, future: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let _context = db.enter();
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut future = std::pin::pin!(future);
+    loop {
+        if let std::task::Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+            return out;
+        }
+        std::thread::park();
     }
 }

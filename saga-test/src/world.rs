@@ -20,7 +20,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::clock::{real_io, VirtualClock, DEFAULT_START_MS};
+use crate::clock::{VirtualClock, DEFAULT_START_MS};
 use crate::ended::Ended;
 use crate::script::{Attempt, Script};
 use crate::tap::{CrashPoint, Lifeline, Tap, TappedStore};
@@ -51,6 +51,8 @@ pub struct SagaTest {
 /// One process lifetime.
 struct Life {
     rt: tokio::runtime::Runtime,
+    /// The store's runtime (real time, its own threads), dropped after the lifetime's.
+    db: tokio::runtime::Runtime,
     engine: Engine,
     store: Arc<SqliteStore>,
     line: Arc<Lifeline>,
@@ -446,17 +448,25 @@ impl SagaTest {
         let shutdown = CancellationToken::new();
         let mut config = self.config.clone();
         config.worker_id = format!("saga-test:{}", self.lifetimes);
+        // The store runs in a runtime of its own, on real time: its pool's timeouts and its
+        // writer are the database's business, and the lifetime waits for each call.
+        let db = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("saga-test: cannot build a runtime");
+        rt.block_on(async { self.clock.attach() });
+        let store = db
+            .block_on(SqliteStore::open_on_clock(&self.url, self.clock.clone()))
+            .expect("saga-test: cannot open the step log");
+        let store = Arc::new(store);
+        let db_handle = db.handle().clone();
         let (engine, store) = rt.block_on(async {
-            self.clock.attach();
-            // Held still: the pool's timeouts run on the virtual clock too.
-            let store = real_io(SqliteStore::open_on_clock(&self.url, self.clock.clone()))
-                .await
-                .expect("saga-test: cannot open the step log");
-            let store = Arc::new(store);
             let tapped: Arc<dyn Store> = Arc::new(TappedStore::new(
                 store.clone(),
                 self.tap.clone(),
                 line.clone(),
+                db_handle,
             ));
             let engine =
                 Engine::with_clock(tapped, self.registry.clone(), config, self.clock.clone());
@@ -475,6 +485,7 @@ impl SagaTest {
         });
         Life {
             rt,
+            db,
             engine,
             store,
             line,
@@ -486,20 +497,23 @@ impl SagaTest {
     /// flight settle, and the runtime is dropped with every task where it waits.
     fn end(&mut self, life: Life) {
         life.line.die();
-        life.rt.block_on(async {
-            life.line.stopped().await;
-            life.store.settled().await;
-        });
+        life.rt.block_on(life.line.stopped());
+        life.db.block_on(life.store.settled());
         {
             let _in = life.rt.enter();
             self.clock.detach();
         }
         let Life {
-            rt, engine, store, ..
+            rt,
+            db,
+            engine,
+            store,
+            ..
         } = life;
         drop(engine);
-        drop(store);
         rt.shutdown_timeout(Duration::from_secs(10));
+        drop(store);
+        db.shutdown_timeout(Duration::from_secs(10));
     }
 }
 
