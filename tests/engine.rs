@@ -498,16 +498,20 @@ fn slow_last_step(j: &Journal) -> saga_dsl::SagaDefinition {
         .unwrap()
 }
 
-#[tokio::test]
-async fn a_cancel_while_the_last_step_is_in_flight_compensates_rather_than_completes() {
+/// Starts [`slow_last_step`] and has a cancel accepted while its step runs; returns the
+/// running engine and the saga.
+async fn cancelled_during_slow_last_step(
+    store: &std::sync::Arc<dyn orchestrator::Store>,
+    j: &Journal,
+) -> (RunningEngine, orchestrator::model::Saga) {
     use orchestrator::store::CancelOutcome;
-    let db = TempDb::new();
-    let store = db.store().await;
-    let j = Journal::default();
-    let def = slow_last_step(&j);
-    let eng = RunningEngine::start(store.clone(), registry_of([def]), test_config());
+    let eng = RunningEngine::start(
+        store.clone(),
+        registry_of([slow_last_step(j)]),
+        test_config(),
+    );
     let saga = eng.engine.start_saga("last", json!({})).await.unwrap();
-    wait_for(&store, saga.id, Duration::from_secs(5), |s| {
+    wait_for(store, saga.id, Duration::from_secs(5), |s| {
         s.steps[0].action.status == StepStatus::Running
     })
     .await;
@@ -518,6 +522,15 @@ async fn a_cancel_while_the_last_step_is_in_flight_compensates_rather_than_compl
             .unwrap(),
         CancelOutcome::Accepted
     );
+    (eng, saga)
+}
+
+#[tokio::test]
+async fn a_cancel_while_the_last_step_is_in_flight_compensates_rather_than_completes() {
+    let db = TempDb::new();
+    let store = db.store().await;
+    let j = Journal::default();
+    let (eng, saga) = cancelled_during_slow_last_step(&store, &j).await;
     let done = wait_terminal(&store, saga.id).await;
     assert_eq!(done.status, SagaStatus::Compensated, "{:?}", done.error);
     assert_eq!(j.names(), ["only:action", "only:compensation"]);
@@ -530,24 +543,10 @@ async fn a_cancel_while_the_last_step_is_in_flight_compensates_rather_than_compl
 /// that refuses it.
 #[tokio::test]
 async fn a_cancel_then_a_pause_while_the_last_step_is_in_flight_still_compensates() {
-    use orchestrator::store::CancelOutcome;
     let db = TempDb::new();
     let store = db.store().await;
     let j = Journal::default();
-    let def = slow_last_step(&j);
-    let eng = RunningEngine::start(store.clone(), registry_of([def]), test_config());
-    let saga = eng.engine.start_saga("last", json!({})).await.unwrap();
-    wait_for(&store, saga.id, Duration::from_secs(5), |s| {
-        s.steps[0].action.status == StepStatus::Running
-    })
-    .await;
-    assert_eq!(
-        store
-            .request_cancel(saga.id, &Audit::default())
-            .await
-            .unwrap(),
-        CancelOutcome::Accepted
-    );
+    let (eng, saga) = cancelled_during_slow_last_step(&store, &j).await;
     store.pause(saga.id, &Audit::by("ops")).await.unwrap();
     let parked = wait_for(&store, saga.id, Duration::from_secs(10), |s| {
         s.status == SagaStatus::Paused || s.status.is_terminal()

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -140,12 +140,11 @@ impl Tap {
     }
 }
 
-/// One process lifetime's view of the tap: whether it has crashed, and the store calls still
-/// in flight (the lifetime ends once none is).
+/// One process lifetime's view of the tap: whether it has crashed. Its store calls block its
+/// thread, so none is ever in flight while its tasks run.
 #[derive(Debug, Default)]
 pub(crate) struct Lifeline {
     dead: AtomicBool,
-    in_flight: AtomicUsize,
     changed: Notify,
 }
 
@@ -161,24 +160,11 @@ impl Lifeline {
         self.changed.notify_waiters();
     }
 
-    /// Waits until no store call of this lifetime is running (the tasks that can run having
-    /// run first, so that a call they are about to make is counted).
-    pub(crate) async fn quiet(&self) {
-        loop {
-            tokio::task::yield_now().await;
-            let changed = self.changed.notified();
-            if self.in_flight.load(Ordering::Acquire) == 0 {
-                return;
-            }
-            changed.await;
-        }
-    }
-
-    /// Waits until the lifetime has crashed and no store call it made is still running.
+    /// Waits until the lifetime has crashed.
     pub(crate) async fn stopped(&self) {
         loop {
             let changed = self.changed.notified();
-            if self.is_dead() && self.in_flight.load(Ordering::Acquire) == 0 {
+            if self.is_dead() {
                 return;
             }
             changed.await;
@@ -224,15 +210,11 @@ impl TappedStore {
     }
 
     async fn forward<T>(&self, call: impl Future<Output = Result<T>>) -> Result<T> {
-        self.life.in_flight.fetch_add(1, Ordering::AcqRel);
         // The lifetime's thread waits for the call, running nothing else meanwhile: the call's
         // answer, from the database's threads, then never races the lifetime's other tasks, so
         // a seed fixes the order of every write (and so where a crash planned at one falls),
         // and virtual time cannot move while the database works.
-        let result = block_on_in(&self.db, call);
-        self.life.in_flight.fetch_sub(1, Ordering::AcqRel);
-        self.life.changed.notify_waiters();
-        result
+        block_on_in(&self.db, call)
     }
 
     /// A counted write: the crash point may stop the lifetime just before or just after it.
