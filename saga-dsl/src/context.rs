@@ -109,6 +109,48 @@ pub struct StepContext {
     trace: Option<TraceContext>,
     /// The saga whose keys this call uses, when it is not `saga_id` (a row a fork took over).
     keys_saga: Option<Uuid>,
+    /// The task token of a call completed by callback.
+    task: Option<Arc<TaskHandle>>,
+}
+
+/// What a call completed by callback
+/// ([`Step::completed_by_callback`](crate::Step::completed_by_callback)) hands its participant:
+/// the attempt's task token and the URL under which the participant completes, fails or keeps
+/// alive the step (`POST {url}/complete`, `{url}/fail`, `{url}/heartbeat`).
+///
+/// The token is a secret: it names one attempt of one step, and anyone who holds it can end
+/// that attempt. Send it to the participant only, and never log it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct TaskHandle {
+    token: String,
+    url: String,
+}
+
+impl TaskHandle {
+    /// A handle for `token`, completed under `url`. The orchestrator does this.
+    pub fn new(token: impl Into<String>, url: impl Into<String>) -> Self {
+        Self {
+            token: token.into(),
+            url: url.into(),
+        }
+    }
+
+    /// The opaque token.
+    pub fn token(&self) -> &str {
+        &self.token
+    }
+
+    /// `<the orchestrator's public URL>/v1/tasks/<token>`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+}
+
+impl std::fmt::Debug for TaskHandle {
+    /// Never prints the token, so that a context in a log line does not leak it.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaskHandle").finish_non_exhaustive()
+    }
 }
 
 impl StepContext {
@@ -138,7 +180,20 @@ impl StepContext {
             state: None,
             trace: None,
             keys_saga: None,
+            task: None,
         }
+    }
+
+    /// This context, with the task token of its attempt. The orchestrator does this for a
+    /// call completed by callback.
+    pub fn with_task(mut self, task: TaskHandle) -> Self {
+        self.task = Some(Arc::new(task));
+        self
+    }
+
+    /// The task token of this attempt, for a call completed by callback; `None` otherwise.
+    pub fn task(&self) -> Option<&TaskHandle> {
+        self.task.as_deref()
     }
 
     /// This context, with the idempotency keys of saga `saga` instead of its own: for a step a

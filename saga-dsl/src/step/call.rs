@@ -85,6 +85,7 @@ pub struct Call {
     role: Role,
     pause_when_exhausted: bool,
     rate_limiter: Option<String>,
+    by_callback: bool,
 }
 
 impl Call {
@@ -96,6 +97,7 @@ impl Call {
             role,
             pause_when_exhausted: false,
             rate_limiter: None,
+            by_callback: false,
         }
     }
 
@@ -151,6 +153,12 @@ impl Call {
     /// The action's per-attempt timeout.
     pub fn attempt_timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// Whether the action's answer only acknowledges the request, its outcome coming later by
+    /// callback with the attempt's task token.
+    pub fn completed_by_callback(&self) -> bool {
+        self.by_callback
     }
 
     fn undo(&self) -> Option<&Undo> {
@@ -211,6 +219,17 @@ impl Step<Call> {
     pub fn rate_limited(self, name: impl Into<String>) -> Self {
         let name = name.into();
         self.map_body(|call| call.rate_limiter = Some(name))
+    }
+
+    /// The action is completed by its participant calling back: each attempt is given a task
+    /// token ([`StepContext::task`]), the action's own answer (typically a participant's
+    /// `202 Accepted`) only acknowledges the request, and the step then waits, holding no
+    /// worker, until the participant calls `POST /v1/tasks/{token}/complete` (its output is
+    /// the step's), `…/fail` or `…/heartbeat`. The step's [`timeout`](Self::timeout) bounds
+    /// the wait from the acknowledgement, each heartbeat extends it, and a wait that runs out
+    /// is an unknown outcome, retried with the same idempotency key as any call's.
+    pub fn completed_by_callback(self) -> Self {
+        self.map_body(|call| call.by_callback = true)
     }
 
     /// How long one attempt of the action may take; past it, the outcome is unknown.
