@@ -182,6 +182,7 @@ impl Orchestrator {
             not_built: None,
             otlp_endpoint: env("OTEL_EXPORTER_OTLP_ENDPOINT"),
             otlp_sample_ratio: 1.0,
+            public_url: None,
             retention: None,
             shutdown: CancellationToken::new(),
             signals: true,
@@ -211,6 +212,7 @@ pub struct OrchestratorBuilder {
     shutdown: CancellationToken,
     signals: bool,
     announce: bool,
+    public_url: Option<String>,
 }
 
 impl OrchestratorBuilder {
@@ -231,6 +233,14 @@ impl OrchestratorBuilder {
     /// How many sagas this process drives at once (see [`EngineConfig::workers`]).
     pub fn workers(mut self, workers: usize) -> Self {
         self.engine.workers = workers.max(1);
+        self
+    }
+
+    /// The address participants reach this server's API at, for the task URLs of calls
+    /// completed by callback (`{url}/v1/tasks/{token}`). Default `http://` and the address it
+    /// listens on.
+    pub fn public_url(mut self, url: impl Into<String>) -> Self {
+        self.public_url = Some(url.into());
         self
     }
 
@@ -278,6 +288,7 @@ impl OrchestratorBuilder {
     /// The settings of a `serve` command line ([`ServeArgs`]).
     pub fn args(mut self, args: &ServeArgs) -> Self {
         self.listen = args.listen.clone();
+        self.public_url = args.public_url.clone().filter(|u| !u.is_empty());
         self.engine.workers = args.workers.max(1);
         self.engine.lease_ttl = Duration::from_secs(args.lease_ttl_secs.max(1));
         self.engine.needs_attention_after = args.needs_attention_after.max(1);
@@ -405,6 +416,10 @@ impl OrchestratorBuilder {
             .await
             .map_err(listen_error)?;
         let addr = listener.local_addr().map_err(listen_error)?;
+        self.engine.task_url = self
+            .public_url
+            .clone()
+            .unwrap_or_else(|| format!("http://{addr}"));
         let new_files = NewFiles::before_open(&self.database_url);
         let parts = match self.prepare(&shown_url).await {
             Ok(parts) => parts,
@@ -976,6 +991,10 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 1.0, env = "SAGA_OTLP_SAMPLE_RATIO", value_name = "RATIO",
           value_parser = parse_ratio)]
     pub otlp_sample_ratio: f64,
+    /// The address participants reach this server's API at: the base of the task URLs handed
+    /// to calls completed by callback. Default `http://` and the listen address.
+    #[arg(long, env = "SAGA_PUBLIC_URL", value_name = "URL")]
+    pub public_url: Option<String>,
 }
 
 impl ServeArgs {

@@ -28,7 +28,8 @@ use orchestrator::store::{
     Applied, Audit, BulkClaim, BulkLog, BulkTicket, CancelOutcome, ClaimRequest, Claimed,
     EngineLog, FlowLog, IdempotencyStore, Lease, LeaseRequest, LogReads, Maintenance, NewBulkJob,
     NewFork, NewSaga, OperatorLog, OutboxStore, PurgeCursor, PurgePage, ReceivedSignal,
-    SignalOutcome, SignalRequest, Store, TokenGrant, Transition, UnfinishedOf, WorkerInfo,
+    SignalOutcome, SignalRequest, Store, TaskAnswer, TaskOutcome, TaskRef, TaskReport, TokenGrant,
+    Transition, UnfinishedOf, WorkerInfo,
 };
 use orchestrator::StoreError;
 use saga_dsl::DeclaredLimit;
@@ -298,6 +299,9 @@ impl LogReads for TappedStore {
     async fn received_signal(&self, id: Uuid, name: &str) -> Result<Option<ReceivedSignal>> {
         self.pass(self.inner.received_signal(id, name)).await
     }
+    async fn reported_task(&self, task: &TaskRef) -> Result<Option<TaskOutcome>> {
+        self.pass(self.inner.reported_task(task)).await
+    }
     async fn workers(&self) -> Result<Vec<Worker>> {
         self.pass(self.inner.workers()).await
     }
@@ -382,6 +386,28 @@ impl EngineLog for TappedStore {
         )
         .await
     }
+    async fn park_task_wait(
+        &self,
+        task: &TaskRef,
+        written: Millis,
+        deadline: Millis,
+    ) -> Result<bool> {
+        self.write(
+            || format!("park waiting for the callback of row {}", task.step_index),
+            self.inner.park_task_wait(task, written, deadline),
+        )
+        .await
+    }
+    async fn close_task(&self, task: &TaskRef, closing: &TaskOutcome) -> Result<TaskOutcome> {
+        self.write(
+            || format!("close the wait for the callback of row {}", task.step_index),
+            self.inner.close_task(task, closing),
+        )
+        .await
+    }
+    async fn task_key(&self) -> Result<Vec<u8>> {
+        self.pass(self.inner.task_key()).await
+    }
     fn due_signal(&self) -> Option<Arc<Notify>> {
         self.inner.due_signal()
     }
@@ -451,6 +477,9 @@ impl OperatorLog for TappedStore {
     }
     async fn send_signal(&self, request: SignalRequest<'_>) -> Result<SignalOutcome> {
         self.pass(self.inner.send_signal(request)).await
+    }
+    async fn report_task(&self, task: &TaskRef, report: &TaskReport) -> Result<TaskAnswer> {
+        self.pass(self.inner.report_task(task, report)).await
     }
 }
 

@@ -8,8 +8,9 @@ use saga_dsl::StepKind;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
+use crate::model::task::TaskRef;
 use crate::model::{Millis, Saga, SagaStatus};
-use crate::store::{NewEvent, NewSaga};
+use crate::store::{NewEvent, NewSaga, TaskOutcome};
 
 /// A fact a stage's rules need from the store before they can decide: named by the rules,
 /// read by the runner. A plain call needs none, so the hot path reads nothing.
@@ -23,6 +24,8 @@ pub(super) enum Need {
     Child(Uuid),
     /// Only the status of this child saga, if it exists.
     ChildStatus(Uuid),
+    /// What the participant of a call waiting for its callback reported, if it has.
+    Task(TaskRef),
 }
 
 /// The store's answer to a [`Need`], in the same variant.
@@ -36,6 +39,8 @@ pub(super) enum Facts {
     Child(Option<Box<Saga>>),
     /// The child's status, or `None` if it was never created.
     ChildStatus(Option<SagaStatus>),
+    /// The participant's report, if it came.
+    Task(Option<TaskOutcome>),
 }
 
 /// What a stage's turn comes to: the one value its kind's rules return.
@@ -84,6 +89,22 @@ pub(super) enum Decision {
         /// How.
         undo: ChildUndo,
     },
+    /// The call waiting for its callback ended, as reported or by its deadline: its attempt
+    /// is recorded as a call's result would be.
+    TaskEnded {
+        /// The attempt.
+        attempt: u32,
+        /// How.
+        end: TaskEnd,
+    },
+    /// The call waits on for its callback: the saga is given back until the report or the
+    /// deadline.
+    AwaitTask {
+        /// The attempt waited for.
+        task: TaskRef,
+        /// The wait's deadline.
+        deadline: Millis,
+    },
 }
 
 impl Decision {
@@ -118,6 +139,15 @@ impl Decision {
 }
 
 /// A stage's action ended without a call.
+/// How a wait for a callback ended.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) enum TaskEnd {
+    /// The participant reported.
+    Reported(TaskOutcome),
+    /// The deadline passed first: the outcome is unknown.
+    TimedOut,
+}
+
 #[derive(Debug)]
 pub(super) struct Settle {
     /// How it ended.

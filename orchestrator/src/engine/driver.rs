@@ -15,7 +15,9 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use saga_dsl::{Call, Group, InputCache, Phase, SagaDefinition, Step, StepContext, StepError};
+use saga_dsl::{
+    Call, Group, InputCache, Phase, SagaDefinition, Step, StepContext, StepError, TaskHandle,
+};
 use serde_json::{json, Value};
 use tokio_retry::strategy::{jitter, ExponentialBackoff};
 use tokio_retry::RetryIf;
@@ -29,10 +31,11 @@ use super::plan::{self, NextCall};
 use super::stages::{self, AfterFailure};
 use super::Inner;
 use crate::failpoint::crash_if_armed;
+use crate::model::task::{TaskRef, TaskToken, TASK_WAIT};
 use crate::model::{Millis, PhaseRecord, Saga, SagaStatus, StepStatus};
 use crate::store::{
     Applied, AttemptChange, Claimed, Lease, NewEvent, NewStep, SagaUpdate, StepUpdate, StoreError,
-    Transition,
+    TaskOutcome, Transition,
 };
 use crate::telemetry::{self, AttemptSpan, SagaAttrs, SagaTrace};
 
@@ -97,6 +100,7 @@ pub(super) async fn drive(
             span_attrs,
             interrupted: Vec::new(),
             rate_parked: false,
+            task_key: None,
         };
         match driver.run(ahead).await {
             Ok(()) => {}
@@ -137,6 +141,8 @@ pub(super) struct Driver {
     /// Whether a step waits for a rate limiter's token: the saga is then given back however
     /// short the wait, holding no worker meanwhile.
     pub(super) rate_parked: bool,
+    /// The log's task key, for a definition with calls completed by callback.
+    task_key: Option<Arc<[u8]>>,
 }
 
 impl Driver {
@@ -207,6 +213,10 @@ impl Driver {
 
     async fn run(&mut self, ahead: bool) -> Result<(), StoreError> {
         let mut calls = InFlight::default();
+        let by_callback = |step: &Step| step.call().is_some_and(Call::completed_by_callback);
+        if self.def.steps().iter().any(by_callback) {
+            self.task_key = Some(self.inner.task_key().await?);
+        }
         if ahead {
             // The create recorded this call's write-ahead: its step is running, not interrupted.
             let attempt = self.saga.steps[0].action.attempts;
@@ -233,6 +243,9 @@ impl Driver {
             let now = self.now();
             let events = plan::settle(&mut self.saga, now);
             self.pending.events.extend(events);
+            if self.saga.status == SagaStatus::Compensating {
+                self.abandon_callback_waits(now).await?;
+            }
             let limit = |group: usize| self.limit(group);
             let next = plan::next_call_limited(&self.saga, now, &limit);
             if !calls.is_empty() && matches!(next, NextCall::Done | NextCall::Wait(_)) {
@@ -382,6 +395,9 @@ impl Driver {
         if let Some(span) = &span {
             ctx = ctx.with_trace(telemetry::context_of(span));
         }
+        if let Some(task) = self.task_handle(index, phase, attempt) {
+            ctx = ctx.with_task(task);
+        }
         let (timeout, run): (Duration, CallFuture) = match (self.call_site(index), phase) {
             // A row the definition does not know (a branch of a renamed group): fail it.
             (None, _) => {
@@ -451,7 +467,137 @@ impl Driver {
             "phase" => call.phase.as_str(), "outcome" => done.result.outcome())
         .record(call.started.elapsed().as_secs_f64());
         crash_if_armed(after_point(call.phase), &self.saga.steps[call.index].name);
-        self.record(call.index, call.phase, call.attempt, done.result);
+        match done.result {
+            // The participant acknowledged the request: the outcome comes by callback.
+            CallResult::Ok(answer) if self.completed_by_callback(call.index, call.phase) => {
+                self.await_callback(call.index, call.attempt, answer);
+            }
+            result => self.record(call.index, call.phase, call.attempt, result),
+        }
+    }
+
+    /// Whether row `index`'s call in `phase` is completed by its participant's callback.
+    fn completed_by_callback(&self, index: usize, phase: Phase) -> bool {
+        phase == Phase::Action
+            && self.saga.steps[index].branch_of().is_none()
+            && self
+                .call_site(index)
+                .is_some_and(Call::completed_by_callback)
+    }
+
+    /// The task token and URL of attempt `attempt` of row `index`'s call in `phase`, if it is
+    /// completed by callback.
+    fn task_handle(&self, index: usize, phase: Phase, attempt: u32) -> Option<TaskHandle> {
+        if !self.completed_by_callback(index, phase) {
+            return None;
+        }
+        let key = self.task_key.as_ref()?;
+        let timeout = self.call_site(index)?.attempt_timeout();
+        let token = TaskToken {
+            task: TaskRef {
+                saga: self.saga.id,
+                step_index: index as u32,
+                phase,
+                attempt,
+            },
+            extend_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        }
+        .encode(key);
+        let base = self.inner.config.task_url.trim_end_matches('/');
+        Some(TaskHandle::new(
+            token.clone(),
+            format!("{base}/v1/tasks/{token}"),
+        ))
+    }
+
+    /// The participant of row `index` acknowledged attempt `attempt`: the action waits, holding
+    /// no worker, for its report until a step's timeout from now. The attempt stays open and
+    /// its outcome unknown until then.
+    fn await_callback(&mut self, index: usize, attempt: u32, answer: Value) {
+        let now = self.now();
+        let timeout = self
+            .call_site(index)
+            .map_or(saga_dsl::DEFAULT_ATTEMPT_TIMEOUT, Call::attempt_timeout);
+        let deadline =
+            now.saturating_add(Millis::try_from(timeout.as_millis()).unwrap_or(Millis::MAX / 4));
+        let row = &mut self.saga.steps[index];
+        row.action.status = StepStatus::Waiting;
+        row.waiting_for = Some(TASK_WAIT.to_owned());
+        row.timeout_at = Some(deadline);
+        let data = json!({"attempt": attempt, "waiting_for": TASK_WAIT,
+                          "timeout_at": crate::model::rfc3339(deadline), "answer": answer});
+        let name = row.name.clone();
+        self.pending
+            .events
+            .push(NewEvent::step("step.waiting", &name, data));
+        self.push_update(index, Phase::Action, None);
+    }
+
+    /// Going back, a call still waiting for its callback will not be waited for: unless its
+    /// participant reported first (then that stands), its attempt is closed as abandoned and
+    /// its outcome is unknown, so that its compensation runs (with the action's key, undoing
+    /// the effect if it happened). A later report is refused.
+    async fn abandon_callback_waits(&mut self, now: Millis) -> Result<(), StoreError> {
+        for index in 0..self.saga.steps.len() {
+            let row = &self.saga.steps[index];
+            if row.action.status != StepStatus::Waiting
+                || row.waiting_for.as_deref() != Some(TASK_WAIT)
+            {
+                continue;
+            }
+            let attempt = row.action.attempts;
+            let task = TaskRef {
+                saga: self.saga.id,
+                step_index: index as u32,
+                phase: Phase::Action,
+                attempt,
+            };
+            let outcome = self
+                .inner
+                .store
+                .close_task(&task, &TaskOutcome::Abandoned)
+                .await?;
+            let row = &mut self.saga.steps[index];
+            row.waiting_for = None;
+            row.timeout_at = None;
+            match outcome {
+                TaskOutcome::Completed(output) => {
+                    self.record(index, Phase::Action, attempt, CallResult::Ok(output));
+                    continue;
+                }
+                // Going back, a failure is final: the action is not tried again.
+                TaskOutcome::Failed { error, .. } => {
+                    let result = CallResult::Err {
+                        error: StepError::permanent(error),
+                        unknown: false,
+                    };
+                    self.record(index, Phase::Action, attempt, result);
+                    continue;
+                }
+                TaskOutcome::Expired | TaskOutcome::Abandoned => {}
+            }
+            let error = "abandoned: the saga went back while the step waited for its callback; \
+                         its outcome is unknown";
+            row.action.status = StepStatus::Unknown;
+            row.action.outcome_unknown = true;
+            row.action.ended_at = Some(now);
+            row.action.last_error = Some(error.to_owned());
+            let name = row.name.clone();
+            self.pending.events.push(NewEvent::step(
+                "step.failed",
+                &name,
+                json!({"attempt": attempt, "error": error, "outcome": "abandoned"}),
+            ));
+            self.push_update(index, Phase::Action, None);
+            self.pending.attempts.push(AttemptChange::Finish {
+                step_index: index as u32,
+                phase: Phase::Action,
+                attempt,
+                outcome: "abandoned",
+                error: Some(error.to_owned()),
+            });
+        }
+        Ok(())
     }
 
     /// A phase left `RUNNING` by a previous owner was interrupted: its outcome is unknown. Close
@@ -628,7 +774,7 @@ impl Driver {
             .and_then(|(_, element)| element.map(Arc::new))
     }
 
-    fn record(&mut self, index: usize, phase: Phase, attempt: u32, result: CallResult) {
+    pub(super) fn record(&mut self, index: usize, phase: Phase, attempt: u32, result: CallResult) {
         let now = self.now();
         match result {
             CallResult::Ok(value) => {

@@ -7,20 +7,22 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use saga_dsl::Phase;
+use saga_dsl::{Phase, StepError};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
+use super::calls::CallResult;
 use super::decision::{
-    BranchStart, ChildUndo, Decision, End, Facts, Need, Settle, Turned, Until, Wait,
+    BranchStart, ChildUndo, Decision, End, Facts, Need, Settle, TaskEnd, Turned, Until, Wait,
 };
 use super::driver::Driver;
 use super::plan;
 use super::stages::{self, Ahead, Turn};
 use crate::failpoint::crash_if_armed;
+use crate::model::task::TaskRef;
 use crate::model::{Millis, SagaStatus, StepRecord, StepStatus};
 use crate::store::rows::pending_row;
-use crate::store::{NewEvent, NewSaga, NewStep, StoreError};
+use crate::store::{NewEvent, NewSaga, NewStep, StoreError, TaskOutcome};
 
 impl Driver {
     /// The turn of row `index` in `phase`: what its stage's rules decide, applied. Going
@@ -88,6 +90,7 @@ impl Driver {
             ),
             Need::Child(child) => Facts::Child(store.get_saga(child).await?.map(Box::new)),
             Need::ChildStatus(child) => Facts::ChildStatus(store.saga_status(child).await?),
+            Need::Task(task) => Facts::Task(store.reported_task(&task).await?),
         })
     }
 
@@ -111,6 +114,16 @@ impl Driver {
                 return Ok(Turned::Parked);
             }
             Decision::StartGroup(branches) => self.start_group(index, branches, now),
+            Decision::TaskEnded { attempt, end } => self.task_ended(index, attempt, end).await?,
+            Decision::AwaitTask { task, deadline } => {
+                let recheck = now
+                    .saturating_add(self.inner.config.lease_ttl_ms())
+                    .min(deadline);
+                let store = self.inner.store.clone();
+                self.give_back_and_park(recheck, || store.park_task_wait(&task, recheck, deadline))
+                    .await?;
+                return Ok(Turned::Parked);
+            }
             Decision::StartChild { mut child, starts } => {
                 // The child's trace is its parent's: its saga span a child of the parent's.
                 child.traceparent = self.trace.map(|t| t.context.traceparent());
@@ -151,6 +164,39 @@ impl Driver {
             }
         }
         Ok(Turned::Continue)
+    }
+
+    /// Records the end of a call that waited for its participant's callback as the call's own
+    /// result would be: its output, its failure (retried or not by the step's policy), or,
+    /// past its deadline, an unknown outcome, retried with the same idempotency key. A
+    /// deadline is first written as the attempt's outcome, which a report that came meanwhile
+    /// wins: either way the attempt has one outcome.
+    async fn task_ended(
+        &mut self,
+        index: usize,
+        attempt: u32,
+        end: TaskEnd,
+    ) -> Result<(), StoreError> {
+        let outcome = match end {
+            TaskEnd::Reported(outcome) => outcome,
+            TaskEnd::TimedOut => {
+                let task = TaskRef {
+                    saga: self.saga.id,
+                    step_index: index as u32,
+                    phase: Phase::Action,
+                    attempt,
+                };
+                self.inner
+                    .store
+                    .close_task(&task, &TaskOutcome::Expired)
+                    .await?
+            }
+        };
+        let row = &mut self.saga.steps[index];
+        row.waiting_for = None;
+        row.timeout_at = None;
+        self.record(index, Phase::Action, attempt, task_result(outcome));
+        Ok(())
     }
 
     /// Ends a step's action without a call, as `settle` says, and queues its event.
@@ -396,5 +442,26 @@ impl Driver {
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(Duration::from_secs(5));
         }
+    }
+}
+
+/// What a call that waited for its callback returned, as the log holds its end.
+pub(super) fn task_result(outcome: TaskOutcome) -> CallResult {
+    match outcome {
+        TaskOutcome::Completed(output) => CallResult::Ok(output),
+        TaskOutcome::Failed { error, retryable } => CallResult::Err {
+            error: if retryable {
+                StepError::retryable(error)
+            } else {
+                StepError::permanent(error)
+            },
+            unknown: false,
+        },
+        TaskOutcome::Expired | TaskOutcome::Abandoned => CallResult::Err {
+            error: StepError::retryable(
+                "the participant did not call back before the step's timeout; outcome unknown",
+            ),
+            unknown: true,
+        },
     }
 }

@@ -70,6 +70,9 @@ pub struct EngineConfig {
     /// Wraps every call of an action or compensation (a test kit's scripted outcomes); `None`
     /// runs them as they are.
     pub call_hook: Option<Arc<dyn CallHook>>,
+    /// Where participants reach this log's API, for the task URLs of calls completed by
+    /// callback (`{task_url}/v1/tasks/{token}`): the server's public address.
+    pub task_url: String,
 }
 
 impl EngineConfig {
@@ -90,6 +93,7 @@ impl Default for EngineConfig {
             worker_id: default_worker_id(),
             telemetry: crate::telemetry::Telemetry::disabled(),
             call_hook: None,
+            task_url: "http://127.0.0.1:8080".to_owned(),
         }
     }
 }
@@ -257,9 +261,19 @@ pub(crate) struct Inner {
     registered: std::sync::atomic::AtomicBool,
     /// Serialises registering and deregistering.
     registering: tokio::sync::Mutex<()>,
+    /// The log's task key, read once when a saga with a call completed by callback first runs.
+    task_key: tokio::sync::OnceCell<Arc<[u8]>>,
 }
 
 impl Inner {
+    /// The log's task key, read (or made) once.
+    pub(crate) async fn task_key(&self) -> Result<Arc<[u8]>, StoreError> {
+        self.task_key
+            .get_or_try_init(|| async { self.store.task_key().await.map(Arc::from) })
+            .await
+            .cloned()
+    }
+
     /// Tells in-process waiters that a saga reached a terminal status.
     pub(crate) fn notify_terminal(&self, id: Uuid, status: SagaStatus) {
         self.waiters.ended(id, status);
@@ -323,6 +337,7 @@ impl Engine {
                 waiters: waiters::Waiters::default(),
                 finished_dispatch: std::sync::OnceLock::new(),
                 registered: std::sync::atomic::AtomicBool::new(false),
+                task_key: tokio::sync::OnceCell::new(),
                 registering: tokio::sync::Mutex::new(()),
             }),
         }
@@ -336,6 +351,11 @@ impl Engine {
     /// The definitions this engine can run.
     pub fn registry(&self) -> &Arc<Registry> {
         &self.inner.registry
+    }
+
+    /// The log's task key, which signs the tokens of calls completed by callback.
+    pub(crate) async fn task_key(&self) -> Result<Arc<[u8]>, StoreError> {
+        self.inner.task_key().await
     }
 
     /// The settings.

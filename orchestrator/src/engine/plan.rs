@@ -302,8 +302,11 @@ pub fn next_call_limited(saga: &Saga, now: Millis, limit: &dyn Fn(usize) -> usiz
             Some(at) if at > now => NextCall::Wait(at),
             _ => NextCall::Call(index, phase),
         },
-        // A signal wait is decided by the driver, which asks the log whether its signal came.
-        StepStatus::Waiting if saga.steps[index].kind == StepKind::Signal => {
+        // A signal wait, and a call waiting for its participant's callback, are decided by
+        // the driver, which asks the log whether the signal or the report came.
+        StepStatus::Waiting
+            if saga.steps[index].kind == StepKind::Signal || saga.steps[index].kind.calls() =>
+        {
             NextCall::Call(index, phase)
         }
         StepStatus::Waiting => match saga.steps[index].wake_at {

@@ -140,6 +140,10 @@ fn required_scope(method: &Method, route: Option<&str>) -> Option<Scope> {
         return Some(Scope::Read);
     }
     let route = route?;
+    if route.starts_with("/v1/tasks/") {
+        // A participant's report for its own call, like a signal.
+        return Some(Scope::Start);
+    }
     if route.ends_with("/abort")
         || route.ends_with("/retry")
         || route.ends_with("/mark-compensated")

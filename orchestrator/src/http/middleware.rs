@@ -52,7 +52,7 @@ pub(crate) async fn request_context(
         "http_request",
         request_id = %id,
         method = %req.method(),
-        path = %req.uri().path(),
+        path = %logged_path(req.uri().path()),
     );
     let timeout =
         config.request_timeout + granted_wait(req.headers(), config.max_wait).unwrap_or_default();
@@ -207,5 +207,32 @@ mod tests {
                 "{bad}"
             );
         }
+    }
+}
+
+/// The path as a log line shows it: a task token (SPEC §16) is a secret, so the routes under
+/// `/v1/tasks/` show its place, not the token.
+fn logged_path(path: &str) -> std::borrow::Cow<'_, str> {
+    match path.strip_prefix("/v1/tasks/") {
+        Some(rest) => {
+            let action = rest.split_once('/').map_or("", |(_, action)| action);
+            std::borrow::Cow::Owned(format!("/v1/tasks/{{token}}/{action}"))
+        }
+        None => std::borrow::Cow::Borrowed(path),
+    }
+}
+
+#[cfg(test)]
+mod logged_path_tests {
+    use super::logged_path;
+
+    #[test]
+    fn a_task_token_never_reaches_the_log_line() {
+        assert_eq!(
+            logged_path("/v1/tasks/0123abcd/complete"),
+            "/v1/tasks/{token}/complete"
+        );
+        assert_eq!(logged_path("/v1/tasks/0123abcd"), "/v1/tasks/{token}/");
+        assert_eq!(logged_path("/v1/sagas/abc"), "/v1/sagas/abc");
     }
 }

@@ -99,6 +99,7 @@ mod overview;
 mod prefer;
 mod recovery;
 mod state;
+mod tasks;
 pub mod tokens;
 
 use std::sync::Arc;
@@ -231,6 +232,9 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(operators::resume_saga))
         .routes(routes!(recovery::complete_step))
         .routes(routes!(recovery::fork_saga))
+        .routes(routes!(tasks::complete_task))
+        .routes(routes!(tasks::fail_task))
+        .routes(routes!(tasks::heartbeat_task))
         .routes(routes!(limits::list_limits))
         .routes(routes!(limits::set_limit))
         .routes(routes!(definitions::list_definitions))

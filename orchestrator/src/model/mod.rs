@@ -111,6 +111,7 @@ mod limits;
 pub mod rules;
 mod shown;
 mod stages;
+pub mod task;
 pub use bulk::{BulkAction, BulkJob, BulkJobPage, BulkRefusal, BulkStatus};
 pub use detail::SagaDetail;
 pub use limits::{DeclaredValue, LimitChange, LimitInfo, LimitKind};

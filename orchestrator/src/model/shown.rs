@@ -160,6 +160,10 @@ pub(crate) fn wait_word(
         };
     }
     match kind {
+        // A call whose participant is to call back (SPEC §16).
+        kind if kind.calls() && signal == Some(super::task::TASK_WAIT) => {
+            signal.unwrap_or_default().to_owned()
+        }
         StepKind::Sleep => "sleep".to_owned(),
         StepKind::Signal => format!("signal:{}", signal.unwrap_or_default()),
         StepKind::Child => format!("child:{}", saga_dsl::child_saga_id(id, stage)),

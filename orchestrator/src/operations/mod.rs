@@ -20,6 +20,7 @@ mod reason;
 mod resume;
 mod retry;
 mod signal;
+mod task;
 
 use saga_dsl::Registry;
 use uuid::Uuid;
@@ -35,6 +36,7 @@ pub use complete_step::MAX_OUTPUT;
 pub use fork::{ForkRequest, Forked};
 pub use reason::{Reason, MAX_REASON};
 pub use retry::Retried;
+pub use task::Report;
 
 /// Why a command was refused. The saga is left as it was.
 #[derive(Debug, thiserror::Error)]

@@ -40,6 +40,7 @@ pub mod signals;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod stores;
+pub mod tasks;
 mod url;
 mod write_queue;
 
@@ -63,6 +64,7 @@ pub use signals::{ReceivedSignal, SignalOutcome, SignalRequest};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{engine_lock_file, sqlite_file, SqliteDurability, SqliteStore};
 pub use stores::{open_full, Stores};
+pub use tasks::{TaskAnswer, TaskOutcome, TaskRef, TaskReport};
 pub use url::redact_url;
 
 /// A saga to create.
@@ -514,6 +516,9 @@ pub trait LogReads: Send + Sync + 'static {
     /// The signal `name` of saga `id`, if it has come.
     async fn received_signal(&self, id: Uuid, name: &str) -> Result<Option<ReceivedSignal>>;
 
+    /// What a participant reported for `task` by callback, if it has.
+    async fn reported_task(&self, task: &TaskRef) -> Result<Option<TaskOutcome>>;
+
     /// The orchestrator processes recorded in this database, newest first, with the number of
     /// leases each holds.
     async fn workers(&self) -> Result<Vec<crate::model::Worker>>;
@@ -602,6 +607,25 @@ pub trait EngineLog: Send + Sync + 'static {
         deadline: Option<Millis>,
     ) -> Result<bool>;
 
+    /// Parks a saga given back (no lease) due at `written` while its step waits for `task`'s
+    /// callback: due now if the participant has reported, else at `deadline`. Changes nothing
+    /// if the saga's due time is no longer `written` or it is leased. Returns whether it made
+    /// the saga due now.
+    async fn park_task_wait(
+        &self,
+        task: &TaskRef,
+        written: Millis,
+        deadline: Millis,
+    ) -> Result<bool>;
+
+    /// Closes the wait for `task`'s callback as `closing` ([`TaskOutcome::Expired`] or
+    /// [`TaskOutcome::Abandoned`]) unless its participant reported first, and returns the
+    /// outcome that stands: a report that comes later is refused.
+    async fn close_task(&self, task: &TaskRef, closing: &TaskOutcome) -> Result<TaskOutcome>;
+
+    /// The key task tokens are signed with, made once per log by the first process that asks.
+    async fn task_key(&self) -> Result<Vec<u8>>;
+
     /// A signal raised when another process makes a saga due (a new saga, a released lease), so
     /// the engine need not wait for its next poll. `None` when the backend has no such channel
     /// (the embedded store has a single engine, woken in-process).
@@ -684,6 +708,12 @@ pub trait OperatorLog: Send + Sync + 'static {
     /// event, and makes the saga due if a step of it waits for that signal.
     /// [`StoreError::NotFound`] for an unknown saga.
     async fn send_signal(&self, request: SignalRequest<'_>) -> Result<SignalOutcome>;
+
+    /// Records what a participant reported by callback for the attempt `task` names (its
+    /// token was checked by the caller): the first completion or failure of the step's current
+    /// attempt, with a `task.completed` or `task.failed` event, making the saga due if it is
+    /// parked on the wait; a heartbeat moves the wait's deadline.
+    async fn report_task(&self, task: &TaskRef, report: &TaskReport) -> Result<TaskAnswer>;
 }
 
 /// Keeping the log: its migrations, and deleting finished sagas past a retention.

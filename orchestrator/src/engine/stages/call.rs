@@ -6,13 +6,51 @@ use std::time::Duration;
 
 use saga_dsl::{Call, Phase, RetryPolicy};
 
-use super::{Decision, Facts, StageRules, Turn};
-use crate::model::{Millis, StepRecord};
+use super::{Decision, Facts, Need, StageRules, Turn};
+use crate::engine::decision::TaskEnd;
+use crate::model::task::{TaskRef, TASK_WAIT};
+use crate::model::{Millis, StepRecord, StepStatus};
 
 impl StageRules for Call {
-    fn advance(&self, _turn: &Turn<'_>, _facts: Facts) -> Decision {
-        Decision::Call
+    fn needs(&self, turn: &Turn<'_>) -> Need {
+        match waiting_task(turn) {
+            Some(task) => Need::Task(task),
+            None => Need::Nothing,
+        }
     }
+
+    /// A call is made; one whose participant acknowledged it and is to call back waits for
+    /// the report until its deadline, then ends as reported or, past the deadline, with an
+    /// unknown outcome.
+    fn advance(&self, turn: &Turn<'_>, facts: Facts) -> Decision {
+        let Some(task) = waiting_task(turn) else {
+            return Decision::Call;
+        };
+        let attempt = task.attempt;
+        match (facts, turn.row().timeout_at) {
+            (Facts::Task(Some(outcome)), _) => Decision::TaskEnded {
+                attempt,
+                end: TaskEnd::Reported(outcome),
+            },
+            (_, Some(deadline)) if deadline > turn.now => Decision::AwaitTask { task, deadline },
+            _ => Decision::TaskEnded {
+                attempt,
+                end: TaskEnd::TimedOut,
+            },
+        }
+    }
+}
+
+/// The attempt the stage's action waits for a callback of, if it does.
+fn waiting_task(turn: &Turn<'_>) -> Option<TaskRef> {
+    let row = turn.row();
+    (row.action.status == StepStatus::Waiting && row.waiting_for.as_deref() == Some(TASK_WAIT))
+        .then_some(TaskRef {
+            saga: turn.saga.id,
+            step_index: turn.index as u32,
+            phase: Phase::Action,
+            attempt: row.action.attempts,
+        })
 }
 
 /// What follows a failed attempt of a call.

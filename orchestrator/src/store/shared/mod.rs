@@ -21,6 +21,7 @@ pub(crate) mod recovery;
 pub(crate) mod retention;
 pub(crate) mod signals;
 pub(crate) mod sql;
+pub(crate) mod tasks;
 
 use crate::store::fence::lease_fence;
 use std::collections::HashMap;
@@ -43,6 +44,7 @@ use crate::store::outbox::{
 };
 use crate::store::rows::{corrupt, LogRow};
 use crate::store::signals::{ReceivedSignal, SignalOutcome, SignalRequest};
+use crate::store::tasks::{TaskAnswer, TaskOutcome, TaskRef, TaskReport};
 use crate::store::{
     Applied, Audit, BulkClaim, BulkLog, BulkTicket, CancelOutcome, ClaimRequest, Claimed,
     EngineLog, Lease, LeaseRequest, LogReads, Maintenance, NewBulkJob, NewFork, NewSaga,
@@ -157,6 +159,10 @@ impl<B: SqlBackend> LogReads for B {
 
     async fn received_signal(&self, id: Uuid, name: &str) -> Result<Option<ReceivedSignal>> {
         signals::received(self.reader(), id, name).await
+    }
+
+    async fn reported_task(&self, task: &TaskRef) -> Result<Option<TaskOutcome>> {
+        tasks::reported(self.reader(), task).await
     }
 
     async fn workers(&self) -> Result<Vec<crate::model::Worker>> {
@@ -295,6 +301,23 @@ impl<B: SqlBackend> EngineLog for B {
         children::start(self, lease, stage, child).await
     }
 
+    async fn park_task_wait(
+        &self,
+        task: &TaskRef,
+        written: Millis,
+        deadline: Millis,
+    ) -> Result<bool> {
+        tasks::park(self, task, written, deadline).await
+    }
+
+    async fn close_task(&self, task: &TaskRef, closing: &TaskOutcome) -> Result<TaskOutcome> {
+        tasks::close(self, task, closing).await
+    }
+
+    async fn task_key(&self) -> Result<Vec<u8>> {
+        tasks::key_of_log(self).await
+    }
+
     async fn park_child_wait(
         &self,
         id: Uuid,
@@ -425,6 +448,10 @@ impl<B: SqlBackend> OperatorLog for B {
 
     async fn send_signal(&self, request: SignalRequest<'_>) -> Result<SignalOutcome> {
         signals::send(self, request).await
+    }
+
+    async fn report_task(&self, task: &TaskRef, report: &TaskReport) -> Result<TaskAnswer> {
+        tasks::report(self, task, report).await
     }
 
     async fn mark_compensated(

@@ -337,7 +337,10 @@ pub(super) async fn abandon_running(
                 ("comp_status", "comp_ended_at", "comp_last_error"),
             ),
         ] {
-            if record.status != StepStatus::Running {
+            // A call waiting for its participant's callback is in flight too.
+            let waits_for_callback = record.status == StepStatus::Waiting
+                && step.waiting_for.as_deref() == Some(crate::model::task::TASK_WAIT);
+            if record.status != StepStatus::Running && !waits_for_callback {
                 continue;
             }
             let (status, ended, error) = cols;

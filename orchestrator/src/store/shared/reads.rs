@@ -116,7 +116,8 @@ const WAITING: &str = concat!(
     "CASE WHEN status IN ('RUNNING', 'COMPENSATING') THEN (\
      SELECT st.kind || '|' || (CASE WHEN o.status = 'RUNNING' THEN st.status \
      ELSE st.comp_status END) || '|' || (CASE WHEN st.kind = 'signal' \
-     OR st.waiting_for LIKE 'rate:%' THEN COALESCE(st.waiting_for, '') ELSE st.name END) \
+     OR st.waiting_for LIKE 'rate:%' OR st.waiting_for = 'task' \
+     THEN COALESCE(st.waiting_for, '') ELSE st.name END) \
      FROM steps st WHERE st.saga_id = o.id \
      AND (CASE WHEN o.status = 'RUNNING' THEN st.status ELSE st.comp_status END) \
      IN ('WAITING', 'RETRYING') ORDER BY st.idx LIMIT 1) \

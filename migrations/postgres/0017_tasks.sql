@@ -1,0 +1,20 @@
+-- Completion by callback (task tokens). A token names one attempt of one step and is signed
+-- with the log's task key, so it is checked without a row of its own and never stored. `tasks`
+-- keeps what a participant reported for an attempt (the first report wins; a repeat of it is
+-- answered the same), until the step's driver takes it.
+CREATE TABLE tasks (
+    saga_id     UUID NOT NULL,
+    step_idx    INTEGER NOT NULL,
+    phase       TEXT NOT NULL,
+    attempt     INTEGER NOT NULL,
+    outcome     TEXT NOT NULL,                    -- 'completed' or 'failed'
+    result      JSONB NOT NULL,                   -- the output, or {"error", "retryable"}
+    reported_at BIGINT NOT NULL,
+    PRIMARY KEY (saga_id, step_idx, phase, attempt)
+);
+
+-- Secrets of the log, made once by the first process that needs one (the task key).
+CREATE TABLE secrets (
+    name  TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
