@@ -212,10 +212,18 @@ async fn wait_for_end(state: &AppState, id: Uuid, wait: Duration) -> Option<Saga
          description = "Signs this saga's webhooks instead of the server's secret: 1 to 255 \
                         visible ASCII characters. Needs a Saga-Callback-Url (else `422 \
                         callback_secret_without_url`)"),
-        ("Saga-Start-At" = Option<String>, Header, format = DateTime,
-         description = "An RFC 3339 instant: the saga is created `QUEUED` with `scheduled_at` \
-                        and starts then (a cancel before that ends it `COMPENSATED` with \
-                        nothing run). An instant in the past is `422 start_in_past`"),
+        // The instants `idempotency::parse_start_at` reads, as a pattern rather than `format:
+        // date-time`: client generators type a date-time header as a date object, which some
+        // (openapi-python-client) refuse in a header, dropping every start route. Exact, so
+        // that a matching value is never refused `400`: real days of the month (29 February
+        // in leap years only), hours 00-23, a leap second `60`, any number of fraction
+        // digits, offsets up to 23:59, `T` and `Z` in either case.
+        ("Saga-Start-At" = Option<String>, Header,
+         pattern = r"^[ \t]*(?:[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))|(?:[0-9]{2}(?:0[48]|[2468][048]|[13579][26])|(?:[02468][048]|[13579][26])00)-02-29)[Tt](?:[01][0-9]|2[0-3]):[0-5][0-9]:(?:[0-5][0-9]|60)(?:\.[0-9]+)?(?:[Zz]|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])[ \t]*$",
+         description = "An RFC 3339 instant such as `2026-12-24T18:00:00Z`: the saga is \
+                        created `QUEUED` with `scheduled_at` and starts then (a cancel before \
+                        that ends it `COMPENSATED` with nothing run). An instant in the past \
+                        is `422 start_in_past`"),
         ("Saga-Priority" = Option<String>, Header, pattern = r"^[ \t]*[0-9][ \t]*$",
          description = "One digit, 0 (last) to 9 (first); 5 when left out. Among sagas due \
                         to start, higher priorities are claimed first, and within one \
