@@ -77,7 +77,9 @@ mod shared;
 mod step;
 mod trace;
 
-pub use context::{branch_idempotency_key, child_saga_id, idempotency_key, Phase, StepContext, TaskHandle};
+pub use context::{
+    branch_idempotency_key, child_saga_id, idempotency_key, Phase, StepContext, TaskHandle,
+};
 pub use definition::{SagaBuilder, SagaDefinition, INPUT_ROOT};
 pub use error::{DefinitionError, ResultExt, StepError};
 pub use flow::{DeclaredLimit, FlowLimits, Rate, RateLimiter};
