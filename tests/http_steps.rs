@@ -17,6 +17,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use orchestrator::model::{Attempt, Saga, SagaStatus, StepStatus};
+use orchestrator::participants::header::{HeaderName, HeaderValue, AUTHORIZATION};
 use orchestrator::participants::{HttpParticipant, ParticipantConfig};
 use orchestrator::store::Store;
 use orchestrator::webhooks::{verify_signature, CallbackPolicy};
@@ -608,20 +609,35 @@ fn hex_of(bytes: &[u8]) -> String {
 }
 
 #[tokio::test]
-async fn without_a_secret_no_signature_is_sent() {
+async fn without_a_secret_no_signature_is_sent_and_headers_set_by_hand_are() {
     let p = Participant::serve().await;
     let http = client(ParticipantConfig::default());
     let def = reserve_then(
         &p,
         &http,
-        Step::retriable("notify", http.post(&p.url("/notify")).unwrap()),
+        Step::retriable(
+            "notify",
+            http.post(&p.url("/notify"))
+                .unwrap()
+                .header(AUTHORIZATION, HeaderValue::from_static("Bearer t0k"))
+                // The call's own key wins over one set by hand.
+                .header(
+                    HeaderName::from_static("idempotency-key"),
+                    HeaderValue::from_static("mine"),
+                ),
+        ),
     );
     let run = Run::start(def).await;
     let (saga, _) = run.one(json!({"sku": "a"})).await;
     assert_eq!(saga.status, SagaStatus::Completed, "{:?}", saga.error);
     let notify = &p.seen("/notify")[0];
     assert_eq!(notify.header("saga-signature"), None);
-    assert!(notify.header("idempotency-key").is_some());
+    assert_eq!(
+        notify.key(),
+        idempotency_key(saga.id, 1, Phase::Action).to_string()
+    );
+    assert_eq!(notify.headers.get_all("idempotency-key").iter().count(), 1);
+    assert_eq!(notify.header("authorization"), Some("Bearer t0k"));
     run.stop().await;
 }
 
