@@ -24,6 +24,9 @@
 //!   the loop and its lag gauges); its destinations: `webhooks`, the signed webhook
 //!   deliveries, and [`broker`], the message-broker targets (NATS JetStream).
 //! - [`consumer`]: the idempotent-consumer helper for participants' own handlers.
+//! - `participants`: an action or compensation declared as an HTTP request to a participant
+//!   (keys, trace, signature, the answer mapped to success, retry or failure; callback safety
+//!   for URLs built from a saga's data).
 //! - [`telemetry`]: traces of sagas over OpenTelemetry (OTLP/HTTP).
 //!
 //! ## Cargo features
@@ -87,6 +90,8 @@ pub mod http;
 pub mod logs;
 pub mod model;
 pub mod operations;
+#[cfg(feature = "server")]
+pub mod participants;
 pub mod relay;
 pub mod retention;
 #[cfg(feature = "server")]

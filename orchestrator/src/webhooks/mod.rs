@@ -556,7 +556,7 @@ fn client_builder(
 }
 
 /// An error with its causes on one line (reqwest's own message is only "error sending request").
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut text = e.to_string();
     let mut source = e.source();
     while let Some(cause) = source {
