@@ -13,8 +13,10 @@ use std::time::Duration;
 
 use orchestrator::engine::{Engine, EngineConfig, StartKey, StartOutcome, StartRequest};
 use orchestrator::model::{Millis, Saga};
-use orchestrator::operations::{Cancelled, OperationError, Operations, Reason};
-use orchestrator::store::{SignalOutcome, SignalRequest, SqliteStore, Store};
+use orchestrator::operations::{Cancelled, OperationError, Operations, Reason, Report};
+use orchestrator::store::{
+    SignalOutcome, SignalRequest, SqliteStore, Store, TaskAnswer, TaskRef, TaskReport,
+};
 use saga_dsl::{Phase, Registry};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
@@ -368,6 +370,53 @@ impl SagaTest {
             Operations::of(&engine)
                 .complete_step(id, step, output.clone(), reason, ACTOR)
                 .await
+        })
+    }
+
+    /// Reports `report` for the call that handed its participant `token` (what its step read
+    /// from [`StepContext::task`](saga_dsl::StepContext::task)), as the participant would with
+    /// `POST /v1/tasks/{token}/…`.
+    pub fn report_task(
+        &mut self,
+        token: &str,
+        report: Report,
+    ) -> Result<(TaskRef, TaskAnswer), OperationError> {
+        let report = &report;
+        self.operate(move |engine| async move {
+            Operations::of(&engine)
+                .report_task(token, report.clone())
+                .await
+        })
+    }
+
+    /// Completes with `output` the call of `step` of saga `id` that waits for its callback
+    /// (its current attempt), as its participant would: for a test that does not keep the
+    /// token its fake participant was handed.
+    pub fn complete_task(
+        &mut self,
+        id: Uuid,
+        step: &str,
+        output: Value,
+    ) -> Result<TaskAnswer, OperationError> {
+        let output = &output;
+        self.operate(move |engine| async move {
+            let store = engine.store();
+            let saga = store
+                .get_saga(id)
+                .await?
+                .ok_or_else(|| OperationError::NotFound(format!("no saga {id}")))?;
+            let row =
+                saga.steps.iter().find(|s| s.name == step).ok_or_else(|| {
+                    OperationError::NotFound(format!("saga {id} has no step {step}"))
+                })?;
+            let task = TaskRef {
+                saga: id,
+                step_index: row.index,
+                phase: Phase::Action,
+                attempt: row.action.attempts,
+            };
+            let report = TaskReport::Complete(output.clone());
+            Ok(store.report_task(&task, &report).await?)
         })
     }
 

@@ -6,6 +6,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use orchestrator::operations::{OperationError, Report};
 use orchestrator::SagaStatus;
 use saga_dsl::{Registry, SagaDefinition, Step, StepContext, StepError};
 use saga_test::{explore, SagaTest};
@@ -99,4 +100,59 @@ fn every_crash_point_of_a_parallel_group_under_several_seeds() {
         .run();
     assert_eq!(report.seeds, 3);
     assert_eq!(report.runs, 3 + 2 * report.writes);
+}
+
+/// `callback`: `charge` completed by its participant's callback within an hour, then `ship`.
+/// The fake participant keeps every token it is handed.
+fn callback(tokens: std::sync::Arc<std::sync::Mutex<Vec<String>>>) -> Registry {
+    let charge = move |ctx: StepContext| {
+        let tokens = tokens.clone();
+        async move {
+            let task = ctx.task().expect("a token");
+            tokens.lock().unwrap().push(task.token().to_owned());
+            Ok::<_, StepError>(json!({"accepted": true}))
+        }
+    };
+    let def = SagaDefinition::builder("callback", 1)
+        .step(
+            Step::compensatable("charge", charge, ok)
+                .completed_by_callback()
+                .timeout(Duration::from_secs(3600)),
+        )
+        .step(Step::pivot("ship", ok))
+        .build()
+        .unwrap();
+    Registry::new().with(def).unwrap()
+}
+
+#[test]
+fn a_step_completed_by_callback_waits_for_its_report_and_times_out_on_the_virtual_clock() {
+    let tokens = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut t =
+        SagaTest::new(callback(tokens.clone())).waiting_at_most(Duration::from_secs(4 * 3600));
+    let id = t.start("callback", json!({}));
+    let waiting = t.run_until(id, |s| s.waiting_for.as_deref() == Some("task"));
+    assert_eq!(waiting.status, SagaStatus::Running);
+    // Nobody reports for an hour: the outcome is unknown, and the call is made again.
+    t.advance(Duration::from_secs(3601));
+    t.run_until(id, |s| {
+        s.steps[0].action.attempts == 2 && s.waiting_for.as_deref() == Some("task")
+    });
+    let first = tokens.lock().unwrap()[0].clone();
+    let stale = t.report_task(&first, Report::Complete(json!("late")));
+    assert!(
+        matches!(stale, Err(OperationError::Conflict(_))),
+        "{stale:?}"
+    );
+    let second = tokens.lock().unwrap()[1].clone();
+    t.report_task(&second, Report::Complete(json!({"charge": "c-1"})))
+        .unwrap();
+    let ended = t.run(id);
+    assert_eq!(ended.status(), SagaStatus::Completed);
+    assert_eq!(ended.step_output("charge"), Some(&json!({"charge": "c-1"})));
+    // And by step name, without the token.
+    let id = t.start("callback", json!({}));
+    t.run_until(id, |s| s.waiting_for.as_deref() == Some("task"));
+    t.complete_task(id, "charge", json!(2)).unwrap();
+    assert_eq!(t.run(id).status(), SagaStatus::Completed);
 }
