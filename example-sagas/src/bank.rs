@@ -158,12 +158,13 @@ impl FakeBank {
     /// database by an earlier bank are resumed at once.
     pub async fn spawn(config: BankConfig) -> Result<(SocketAddr, BankHandle), BankError> {
         let store = BankStore::open(&config.database_url, false).await?;
-        let listener = TcpListener::bind(config.listen)
-            .await
-            .map_err(|source| BankError::Listen {
-                addr: config.listen,
-                source,
-            })?;
+        let listener =
+            TcpListener::bind(config.listen)
+                .await
+                .map_err(|source| BankError::Listen {
+                    addr: config.listen,
+                    source,
+                })?;
         let addr = listener.local_addr().map_err(|source| BankError::Listen {
             addr: config.listen,
             source,
@@ -249,9 +250,7 @@ impl BankHandle {
 }
 
 /// The outcome of the bank's task; a panic in it goes on.
-fn finished(
-    done: Result<Result<(), BankError>, tokio::task::JoinError>,
-) -> Result<(), BankError> {
+fn finished(done: Result<Result<(), BankError>, tokio::task::JoinError>) -> Result<(), BankError> {
     match done {
         Ok(result) => result,
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),

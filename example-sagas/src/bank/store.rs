@@ -296,7 +296,8 @@ impl BankStore {
         settle_at: i64,
     ) -> Result<Accepted, BankError> {
         let transfer_id = uuid::Uuid::now_v7().to_string();
-        let select = format!("SELECT {TRANSFER_COLUMNS} FROM bank_transfers WHERE idempotency_key = $1");
+        let select =
+            format!("SELECT {TRANSFER_COLUMNS} FROM bank_transfers WHERE idempotency_key = $1");
         let accepted = on_pool!(self, |pool, begin| {
             let mut tx = pool.begin_with(begin).await?;
             sqlx::query(INSERT_TRANSFER)
@@ -455,7 +456,10 @@ impl BankStore {
         let next = on_pool!(self, |pool, _begin| {
             let mut next: Option<i64> = None;
             for statement in [NEXT_SETTLEMENT, NEXT_CALLBACK] {
-                let at: Option<i64> = sqlx::query(statement).fetch_one(pool).await?.try_get("at")?;
+                let at: Option<i64> = sqlx::query(statement)
+                    .fetch_one(pool)
+                    .await?
+                    .try_get("at")?;
                 next = match (next, at) {
                     (Some(a), Some(b)) => Some(a.min(b)),
                     (a, b) => a.or(b),
@@ -473,7 +477,10 @@ impl BankStore {
              ORDER BY received_at, idempotency_key"
         );
         let rows = on_pool!(self, |pool, _begin| {
-            sqlx::query(&select).bind(payout_id).fetch_all(pool).await?
+            sqlx::query(&select)
+                .bind(payout_id)
+                .fetch_all(pool)
+                .await?
                 .iter()
                 .map(transfer_from_row)
                 .collect::<Result<Vec<_>, _>>()?

@@ -67,8 +67,9 @@ impl Worker {
                 Err(e) => tracing::warn!(error = %e, "the bank cannot read its due callbacks"),
             }
             let idle = match this.store.next_due().await {
-                Ok(Some(at)) => Duration::from_millis(u64::try_from(at - now_ms()).unwrap_or(0))
-                    .min(MAX_IDLE),
+                Ok(Some(at)) => {
+                    Duration::from_millis(u64::try_from(at - now_ms()).unwrap_or(0)).min(MAX_IDLE)
+                }
                 Ok(None) => MAX_IDLE,
                 Err(e) => {
                     tracing::warn!(error = %e, "the bank cannot read when work is next due");
