@@ -1,5 +1,7 @@
-//! The fake bank over real HTTP on loopback, with a SQLite database of its own per test. A small
-//! axum server stands in for the orchestrator's `/v1/tasks/{token}/…` routes: it records every
+//! The fake bank over real HTTP on loopback, with a database of its own per test: a SQLite file,
+//! or with `SAGA_TEST_BACKEND=postgres` (and `--features postgres`) a fresh PostgreSQL database
+//! on the server `SAGA_TEST_PG_URL` names (default `postgres://postgres@127.0.0.1:5432/postgres`),
+//! dropped again at the test's end. A small axum server stands in for the orchestrator's `/v1/tasks/{token}/…` routes: it records every
 //! callback and answers each with the status the test scripted for its token (`200` when none).
 
 #![allow(clippy::unwrap_used)]
@@ -108,7 +110,102 @@ async fn task_callback(
     StatusCode::from_u16(status).unwrap()
 }
 
-/// A bank on a fresh database in `dir`.
+/// The bank's database for one test, on the backend `SAGA_TEST_BACKEND` selects.
+struct BankDb {
+    /// The SQLite file's directory, and the working directory of the `ledger` command.
+    dir: tempfile::TempDir,
+    url: String,
+    /// The PostgreSQL database to drop at the end, if any.
+    pg_name: Option<String>,
+}
+
+fn backend_is_postgres() -> bool {
+    std::env::var("SAGA_TEST_BACKEND").is_ok_and(|b| b == "postgres")
+}
+
+impl BankDb {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        if !backend_is_postgres() {
+            let url = format!("sqlite://{}", dir.path().join("bank.db").display());
+            return Self {
+                dir,
+                url,
+                pg_name: None,
+            };
+        }
+        let name = format!("bank_test_{}", uuid::Uuid::new_v4().simple());
+        let url = pg::create(&name);
+        Self {
+            dir,
+            url,
+            pg_name: Some(name),
+        }
+    }
+}
+
+impl Drop for BankDb {
+    fn drop(&mut self) {
+        if let Some(name) = self.pg_name.take() {
+            pg::drop(name);
+        }
+    }
+}
+
+#[cfg(feature = "postgres")]
+mod pg {
+    use sqlx::{Connection, Executor};
+
+    fn admin_url() -> String {
+        std::env::var("SAGA_TEST_PG_URL")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+    }
+
+    /// Runs `statement` on the server's admin database from a thread of its own, so that a
+    /// `Drop` inside a test's runtime can run it too.
+    fn execute(statement: String) {
+        std::thread::spawn(move || {
+            let admin = admin_url();
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(async move {
+                    let mut conn = sqlx::PgConnection::connect(&admin)
+                        .await
+                        .unwrap_or_else(|e| {
+                            panic!("PostgreSQL at {admin} (SAGA_TEST_PG_URL) is unreachable: {e}")
+                        });
+                    conn.execute(statement.as_str()).await.unwrap();
+                });
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// Creates the database `name`; returns its URL.
+    pub fn create(name: &str) -> String {
+        execute(format!("CREATE DATABASE {name}"));
+        let admin = admin_url();
+        let server = admin.rsplit_once('/').map_or(admin.as_str(), |(s, _)| s);
+        format!("{server}/{name}")
+    }
+
+    pub fn drop(name: String) {
+        execute(format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"));
+    }
+}
+
+#[cfg(not(feature = "postgres"))]
+mod pg {
+    pub fn create(_name: &str) -> String {
+        panic!("SAGA_TEST_BACKEND=postgres needs example-sagas built with --features postgres")
+    }
+
+    pub fn drop(_name: String) {}
+}
+
+/// A bank on `db`.
 struct Bank {
     url: String,
     client: reqwest::Client,
@@ -117,13 +214,12 @@ struct Bank {
 }
 
 impl Bank {
-    async fn spawn(dir: &tempfile::TempDir, settle_after: Duration) -> Self {
-        let database_url = format!("sqlite://{}", dir.path().join("bank.db").display());
+    async fn spawn(db: &BankDb, settle_after: Duration) -> Self {
         let mut bank = Self {
             url: String::new(),
             client: reqwest::Client::new(),
             handle: None,
-            database_url,
+            database_url: db.url.clone(),
         };
         bank.start(settle_after).await;
         bank
@@ -185,9 +281,9 @@ fn payout(id: &str, amount: i64) -> Value {
 
 #[tokio::test]
 async fn an_accepted_transfer_answers_202_then_completes_the_task_with_its_output() {
-    let dir = tempfile::tempdir().unwrap();
+    let db = BankDb::new();
     let receiver = Receiver::spawn().await;
-    let bank = Bank::spawn(&dir, Duration::from_millis(50)).await;
+    let bank = Bank::spawn(&db, Duration::from_millis(50)).await;
 
     let (status, body) = bank
         .transfer(
@@ -224,9 +320,9 @@ async fn an_accepted_transfer_answers_202_then_completes_the_task_with_its_outpu
 
 #[tokio::test]
 async fn a_refused_transfer_fails_the_task_and_moves_no_money() {
-    let dir = tempfile::tempdir().unwrap();
+    let db = BankDb::new();
     let receiver = Receiver::spawn().await;
-    let bank = Bank::spawn(&dir, Duration::from_millis(50)).await;
+    let bank = Bank::spawn(&db, Duration::from_millis(50)).await;
     let mut body = payout("p-2", 900);
     body["refuse"] = json!(true);
 
@@ -253,9 +349,9 @@ async fn a_refused_transfer_fails_the_task_and_moves_no_money() {
 
 #[tokio::test]
 async fn the_same_key_twice_is_one_transfer_with_one_ledger_entry_and_one_callback() {
-    let dir = tempfile::tempdir().unwrap();
+    let db = BankDb::new();
     let receiver = Receiver::spawn().await;
-    let bank = Bank::spawn(&dir, Duration::from_millis(50)).await;
+    let bank = Bank::spawn(&db, Duration::from_millis(50)).await;
     let task = receiver.task_url("t-3");
 
     let (first, a) = bank
@@ -291,9 +387,9 @@ async fn the_same_key_twice_is_one_transfer_with_one_ledger_entry_and_one_callba
 
 #[tokio::test]
 async fn the_same_key_with_a_different_body_is_refused_with_422_and_changes_nothing() {
-    let dir = tempfile::tempdir().unwrap();
+    let db = BankDb::new();
     let receiver = Receiver::spawn().await;
-    let bank = Bank::spawn(&dir, Duration::from_millis(50)).await;
+    let bank = Bank::spawn(&db, Duration::from_millis(50)).await;
 
     let (status, _) = bank
         .transfer(
@@ -326,9 +422,9 @@ async fn the_same_key_with_a_different_body_is_refused_with_422_and_changes_noth
 
 #[tokio::test]
 async fn the_same_key_with_a_new_task_url_reports_the_outcome_to_the_new_url() {
-    let dir = tempfile::tempdir().unwrap();
+    let db = BankDb::new();
     let receiver = Receiver::spawn().await;
-    let bank = Bank::spawn(&dir, Duration::from_millis(50)).await;
+    let bank = Bank::spawn(&db, Duration::from_millis(50)).await;
 
     let (_, first) = bank
         .transfer(
@@ -365,9 +461,9 @@ async fn the_same_key_with_a_new_task_url_reports_the_outcome_to_the_new_url() {
 
 #[tokio::test]
 async fn a_409_or_404_from_the_receiver_stops_the_callback() {
-    let dir = tempfile::tempdir().unwrap();
+    let db = BankDb::new();
     let receiver = Receiver::spawn().await;
-    let bank = Bank::spawn(&dir, Duration::from_millis(20)).await;
+    let bank = Bank::spawn(&db, Duration::from_millis(20)).await;
     // Were they not stopped, each would be answered 200 on its next attempt.
     receiver.answer("stale", &[409]);
     receiver.answer("unknown", &[404]);
@@ -400,9 +496,9 @@ async fn a_409_or_404_from_the_receiver_stops_the_callback() {
 
 #[tokio::test]
 async fn a_callback_is_sent_again_until_the_receiver_answers_2xx() {
-    let dir = tempfile::tempdir().unwrap();
+    let db = BankDb::new();
     let receiver = Receiver::spawn().await;
-    let bank = Bank::spawn(&dir, Duration::from_millis(20)).await;
+    let bank = Bank::spawn(&db, Duration::from_millis(20)).await;
     receiver.answer("busy", &[503, 500, 429]);
 
     bank.transfer(
@@ -422,9 +518,9 @@ async fn a_callback_is_sent_again_until_the_receiver_answers_2xx() {
 
 #[tokio::test]
 async fn a_restarted_bank_settles_a_pending_transfer_and_calls_back() {
-    let dir = tempfile::tempdir().unwrap();
+    let db = BankDb::new();
     let receiver = Receiver::spawn().await;
-    let mut bank = Bank::spawn(&dir, Duration::from_millis(1500)).await;
+    let mut bank = Bank::spawn(&db, Duration::from_millis(1500)).await;
 
     let accepted_at = Instant::now();
     let (status, body) = bank
@@ -464,9 +560,9 @@ async fn a_restarted_bank_settles_a_pending_transfer_and_calls_back() {
 
 #[tokio::test]
 async fn a_transfer_without_an_idempotency_key_is_refused_with_400_and_recorded_nowhere() {
-    let dir = tempfile::tempdir().unwrap();
+    let db = BankDb::new();
     let receiver = Receiver::spawn().await;
-    let bank = Bank::spawn(&dir, Duration::from_millis(20)).await;
+    let bank = Bank::spawn(&db, Duration::from_millis(20)).await;
 
     let (status, body) = bank
         .transfer(None, Some(&receiver.task_url("t-10")), &payout("p-10", 3))
@@ -493,8 +589,9 @@ async fn a_transfer_without_an_idempotency_key_is_refused_with_400_and_recorded_
 
 #[tokio::test]
 async fn ledger_json_shows_the_banks_transferred_beside_the_shops_counters() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut bank = Bank::spawn(&dir, Duration::from_millis(10)).await;
+    let db = BankDb::new();
+    let dir = &db.dir;
+    let mut bank = Bank::spawn(&db, Duration::from_millis(10)).await;
     let (status, _) = bank
         .transfer(Some("key-11"), None, &payout("p-11", 8))
         .await;
@@ -506,18 +603,18 @@ async fn ledger_json_shows_the_banks_transferred_beside_the_shops_counters() {
     }
     bank.stop().await;
 
-    // `bank.db` beside the shop's database is read without being named.
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_example-sagas"))
-        .current_dir(dir.path())
-        .args([
-            "--shop-database-url",
-            "sqlite://shop.db",
-            "ledger",
-            "--json",
-        ])
-        .output()
-        .await
-        .unwrap();
+    // On SQLite, `bank.db` beside the shop's database is read without being named.
+    let mut ledger = tokio::process::Command::new(env!("CARGO_BIN_EXE_example-sagas"));
+    ledger.current_dir(dir.path()).args([
+        "--shop-database-url",
+        "sqlite://shop.db",
+        "ledger",
+        "--json",
+    ]);
+    if db.pg_name.is_some() {
+        ledger.args(["--bank-database", &db.url]);
+    }
+    let output = ledger.output().await.unwrap();
     assert!(
         output.status.success(),
         "{}",
