@@ -16,7 +16,8 @@
 //!   `http://127.0.0.1:8080/v1/tasks/{token}`;
 //!
 //! and the body `{"payout_id": str, "merchant": str, "amount": int, "refuse": bool}`
-//! (`refuse` defaults to `false`; a body that is not this, or a negative amount, answers `400`).
+//! (`refuse` defaults to `false`, other fields are ignored; a body that is not this, or a
+//! negative amount, answers `400`).
 //! In one transaction of its own database the bank records the transfer under the key, and the
 //! callback owed to the task URL, then answers `202 Accepted` `{"transfer_id": str, "status":
 //! "pending"}`. A repeat with the same key and the same body answers the same `transfer_id`
@@ -157,7 +158,7 @@ impl FakeBank {
     /// it listens on and the handle that stops it. Pending settlements and callbacks left in the
     /// database by an earlier bank are resumed at once.
     pub async fn spawn(config: BankConfig) -> Result<(SocketAddr, BankHandle), BankError> {
-        let store = BankStore::open(&config.database_url, false).await?;
+        let store = BankStore::open(&config.database_url).await?;
         let listener =
             TcpListener::bind(config.listen)
                 .await

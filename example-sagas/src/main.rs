@@ -510,7 +510,7 @@ async fn ledger(
     shop.close().await;
     if let Some(url) = bank_database_url(cli, bank_database) {
         // Opened as it is: reading a ledger never creates a database.
-        let bank = example_sagas::bank::BankStore::open(&url, true)
+        let bank = example_sagas::bank::BankStore::open_existing(&url)
             .await
             .with_context(|| format!("cannot open the bank's database {}", redact_url(&url)))?;
         let transferred = bank.ledger().await;

@@ -146,8 +146,7 @@ async fn show_transfers(
             format!("no transfer for payout {payout_id:?}"),
         ));
     }
-    let ledger = state.store.ledger().await?;
-    let transferred = ledger.get(&payout_id).map_or(0, |e| e.transferred);
+    let transferred = state.store.transferred_for(&payout_id).await?;
     Ok(Json(json!({
         "payout_id": payout_id,
         "transferred": transferred,

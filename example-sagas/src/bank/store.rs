@@ -72,6 +72,8 @@ const LEASE_CALLBACK: &str = "UPDATE bank_callbacks SET next_at = $3 \
      WHERE idempotency_key = $1 AND task_url = $2";
 const LEDGER: &str = "SELECT payout_id, COUNT(*) AS n FROM bank_ledger \
      WHERE effect = 'transferred' GROUP BY payout_id";
+const LEDGER_FOR: &str = "SELECT COUNT(*) AS n FROM bank_ledger \
+     WHERE effect = 'transferred' AND payout_id = $1";
 
 /// What a client asks the bank to do: the JSON body of `POST /transfers`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -227,15 +229,24 @@ pub(super) struct Accepted {
 }
 
 impl BankStore {
-    /// Opens the database at `url` and creates its tables if missing.
+    /// Opens the database at `url`, creating it and its tables if missing.
     ///
-    /// `sqlite://PATH` (the file created if missing unless `existing`, in WAL mode with
-    /// `synchronous=FULL` so that an accepted transfer survives power loss) or, when built with
-    /// the `postgres` feature, `postgres://…`.
-    pub async fn open(url: &str, existing: bool) -> Result<Self, BankError> {
+    /// `sqlite://PATH` (in WAL mode with `synchronous=FULL`, so that an accepted transfer
+    /// survives power loss) or, when built with the `postgres` feature, `postgres://…`.
+    pub async fn open(url: &str) -> Result<Self, BankError> {
+        Self::connect(url, true).await
+    }
+
+    /// Opens the database at `url` as [`BankStore::open`] does, except that a SQLite file that
+    /// does not exist is an error rather than created: for reading a bank's ledger.
+    pub async fn open_existing(url: &str) -> Result<Self, BankError> {
+        Self::connect(url, false).await
+    }
+
+    async fn connect(url: &str, create: bool) -> Result<Self, BankError> {
         let pool = if url.starts_with("sqlite:") {
             let options = SqliteConnectOptions::from_str(url)?
-                .create_if_missing(!existing)
+                .create_if_missing(create)
                 .journal_mode(SqliteJournalMode::Wal)
                 .synchronous(SqliteSynchronous::Full)
                 .busy_timeout(Duration::from_secs(10));
@@ -390,6 +401,14 @@ impl BankStore {
                         .await?;
                 }
                 tx.commit().await?;
+                if updated == 1 {
+                    tracing::info!(
+                        key = %key,
+                        payout_id = %transfer.payout_id,
+                        status = status.as_str(),
+                        "transfer settled"
+                    );
+                }
                 settled += usize::try_from(updated).unwrap_or(0);
             }
             settled
@@ -486,6 +505,18 @@ impl BankStore {
                 .collect::<Result<Vec<_>, _>>()?
         });
         Ok(rows)
+    }
+
+    /// How many transfers really moved money for `payout_id`.
+    pub async fn transferred_for(&self, payout_id: &str) -> Result<u64, BankError> {
+        let n: i64 = on_pool!(self, |pool, _begin| {
+            sqlx::query(LEDGER_FOR)
+                .bind(payout_id)
+                .fetch_one(pool)
+                .await?
+                .try_get("n")?
+        });
+        Ok(u64::try_from(n).unwrap_or(0))
     }
 
     /// Per payout id, how many transfers really moved money.

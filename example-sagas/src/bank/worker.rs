@@ -131,7 +131,14 @@ impl Worker {
             }
         };
         let next_at = now_ms() + millis(retry_delay(callback.attempts));
-        tracing::debug!(key = %callback.key, ?state, ?status, "callback attempt over");
+        match state {
+            CallbackState::Pending => {
+                tracing::debug!(key = %callback.key, ?status, "callback not taken; sent again later");
+            }
+            CallbackState::Delivered | CallbackState::Stopped => {
+                tracing::info!(key = %callback.key, ?state, ?status, "callback over");
+            }
+        }
         if let Err(e) = self
             .store
             .record_callback(callback, state, next_at, status)
