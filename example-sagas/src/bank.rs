@@ -16,8 +16,9 @@
 //!   `http://127.0.0.1:8080/v1/tasks/{token}`;
 //!
 //! and the body `{"payout_id": str, "merchant": str, "amount": int, "refuse": bool}`
-//! (`refuse` defaults to `false`, other fields are ignored; a body that is not this, or a
-//! negative amount, answers `400`).
+//! (`refuse` defaults to `false`, other fields are ignored; a body that is not this, an empty
+//! `payout_id` or `merchant`, a negative amount, or a task URL that is not an absolute `http`
+//! or `https` URL without a query answers `400`).
 //! In one transaction of its own database the bank records the transfer under the key, and the
 //! callback owed to the task URL, then answers `202 Accepted` `{"transfer_id": str, "status":
 //! "pending"}`. A repeat with the same key and the same body answers the same `transfer_id`

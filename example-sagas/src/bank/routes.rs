@@ -91,6 +91,11 @@ async fn create_transfer(
              \"refuse\": bool}}: {e}"
         ))
     })?;
+    if request.payout_id.is_empty() || request.merchant.is_empty() {
+        return Err(bad_request(
+            "the payout_id and the merchant must not be empty",
+        ));
+    }
     if request.amount < 0 {
         return Err(bad_request("the amount must not be negative"));
     }
@@ -119,16 +124,22 @@ async fn create_transfer(
         .into_response())
 }
 
-/// Checks a `Saga-Task-Url`: an absolute `http` or `https` URL; returned without a trailing
-/// slash, so that `/complete` and `/fail` are appended to it as they are.
+/// Checks a `Saga-Task-Url`: an absolute `http` or `https` URL with neither query nor
+/// fragment, since `/complete` and `/fail` are appended to it; returned without a trailing
+/// slash.
 fn task_url(url: &str) -> Result<String, ApiError> {
     match reqwest::Url::parse(url) {
-        Ok(parsed) if matches!(parsed.scheme(), "http" | "https") && parsed.has_host() => {
+        Ok(parsed)
+            if matches!(parsed.scheme(), "http" | "https")
+                && parsed.has_host()
+                && parsed.query().is_none()
+                && parsed.fragment().is_none() =>
+        {
             Ok(url.trim_end_matches('/').to_owned())
         }
         // The URL itself is not echoed: it carries the task's token.
         _ => Err(bad_request(
-            "the Saga-Task-Url header must be an absolute http or https URL",
+            "the Saga-Task-Url header must be an absolute http or https URL without a query",
         )),
     }
 }
