@@ -16,7 +16,7 @@
 //! Their inputs accept a `"simulate"` object ([`place_order::Simulate`]) that injects permanent
 //! failures, K transient failures, failing compensations and delays, for demos and tests.
 //!
-//! The [`bank`](bank) module holds a fake bank: a separate HTTP service with its own database,
+//! The [`bank`] module holds a fake bank: a separate HTTP service with its own database,
 //! which answers `202 Accepted` to a transfer and reports its outcome later by calling back the
 //! orchestrator's task URL (SPEC §16); `example-sagas bank --listen ADDR` runs it alone.
 //!
