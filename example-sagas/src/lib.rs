@@ -16,6 +16,10 @@
 //! Their inputs accept a `"simulate"` object ([`place_order::Simulate`]) that injects permanent
 //! failures, K transient failures, failing compensations and delays, for demos and tests.
 //!
+//! The [`bank`] module holds a fake bank: a separate HTTP service with its own database,
+//! which answers `202 Accepted` to a transfer and reports its outcome later by calling back the
+//! orchestrator's task URL (SPEC §16); `example-sagas bank --listen ADDR` runs it alone.
+//!
 //! ## Why the participants dedupe by key
 //!
 //! The orchestrator guarantees *at-least-once* calls: after a crash between "about to run" and
@@ -30,6 +34,7 @@ use std::sync::Arc;
 
 use saga_dsl::{DefinitionError, Registry};
 
+pub mod bank;
 pub mod bench;
 #[cfg(feature = "nats")]
 pub mod bench_broker;

@@ -7,6 +7,7 @@
 //! example-sagas show 0193a4f2-…             # the same operator commands as `saga`
 //! example-sagas ledger --json               # what the participants really did
 //! example-sagas ledger --timings --json     # when the bank was called, when payouts ran
+//! example-sagas bank --listen 127.0.0.1:8090 # the fake bank alone (SQLite bank.db)
 //! example-sagas bench --sagas 2000 --concurrency 16
 //! ```
 
@@ -67,7 +68,14 @@ enum Command {
         /// {"merchant", "debit_started_at", "notify_ended_at", "credit_ended_at"}}}`.
         #[arg(long)]
         timings: bool,
+        /// The fake bank's database, whose `"transferred"` per payout id is added to the
+        /// payouts' counters (default: `bank.db` beside a SQLite shop database, if it exists).
+        #[arg(long, value_name = "URL")]
+        bank_database: Option<String>,
     },
+    /// Run the fake bank alone: `POST /transfers` answers 202 and the outcome is reported later
+    /// to the caller's `Saga-Task-Url` (see the `bank` module of example-sagas for the protocol).
+    Bank(BankArgs),
     /// Consume the orchestrator's events from NATS JetStream as an idempotent consumer (one
     /// notification per event, in its own database); `--ledger` prints what it recorded.
     #[cfg(feature = "nats")]
@@ -175,6 +183,32 @@ struct NotifyArgs {
 }
 
 #[derive(Debug, clap::Args)]
+struct BankArgs {
+    /// Where the bank listens.
+    #[arg(long, default_value = "127.0.0.1:8090", value_name = "ADDR")]
+    listen: std::net::SocketAddr,
+    /// The bank's own database (created if missing).
+    #[arg(
+        long,
+        env = "BANK_DATABASE_URL",
+        default_value = "sqlite://bank.db",
+        value_name = "URL"
+    )]
+    database: String,
+    /// Sent as `Authorization: Bearer TOKEN` with every callback.
+    #[arg(
+        long,
+        env = "BANK_CALLBACK_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    callback_token: Option<String>,
+    /// How long after a transfer is accepted it settles, in milliseconds.
+    #[arg(long, default_value_t = 50, value_name = "N")]
+    settle_after_ms: u64,
+}
+
+#[derive(Debug, clap::Args)]
 struct BenchArgs {
     /// Sagas to measure (after a warm-up).
     #[arg(long, default_value_t = 2000)]
@@ -217,7 +251,7 @@ async fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
-    let serving = matches!(cli.cmd, Command::Serve(_));
+    let serving = matches!(cli.cmd, Command::Serve(_) | Command::Bank(_));
     // Made before the log, so that the spans the participants open go with the sagas' traces.
     let telemetry = match &cli.cmd {
         Command::Serve(args) => match args.serve.telemetry() {
@@ -236,7 +270,12 @@ async fn main() -> ExitCode {
     );
     let result = match &cli.cmd {
         Command::Serve(args) => serve(&cli, args, telemetry).await,
-        Command::Ledger { json, timings } => ledger(&cli, *json, *timings).await,
+        Command::Ledger {
+            json,
+            timings,
+            bank_database,
+        } => ledger(&cli, *json, *timings, bank_database.as_deref()).await,
+        Command::Bank(args) => bank(args).await,
         #[cfg(feature = "nats")]
         Command::NotifyConsumer(args) => notify_consumer(args).await,
         Command::Bench(args) => run_bench(&cli, args, db_explicit).await,
@@ -406,7 +445,57 @@ async fn notify_consumer(args: &NotifyArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn ledger(cli: &Cli, json: bool, timings: bool) -> anyhow::Result<()> {
+async fn bank(args: &BankArgs) -> anyhow::Result<()> {
+    use example_sagas::bank::{BankConfig, FakeBank};
+    // A start that fails removes the bank's database again if it was just created.
+    let files = NewFiles::before_open(&args.database);
+    let config = BankConfig {
+        database_url: args.database.clone(),
+        callback_token: args.callback_token.clone(),
+        settle_after: std::time::Duration::from_millis(args.settle_after_ms),
+        ..BankConfig::new(args.listen)
+    };
+    let (addr, handle) = match FakeBank::spawn(config).await {
+        Ok(started) => started,
+        Err(e) => {
+            files.remove();
+            return Err(anyhow::Error::new(e).context(format!(
+                "cannot start the bank on {}",
+                redact_url(&args.database)
+            )));
+        }
+    };
+    println!("bank listening on http://{addr}");
+    let _ = std::io::stdout().flush();
+    handle.run_until(shutdown_signal()).await?;
+    Ok(())
+}
+
+/// The bank database `ledger` reads: the one named, or `bank.db` beside a SQLite shop database
+/// when that file exists.
+fn bank_database_url(cli: &Cli, named: Option<&str>) -> Option<String> {
+    if let Some(url) = named {
+        return Some(url.to_owned());
+    }
+    let shop = cli
+        .shop_database_url
+        .strip_prefix("sqlite://")
+        .or_else(|| cli.shop_database_url.strip_prefix("sqlite:"))?;
+    let shop = shop.split_once('?').map_or(shop, |(path, _)| path);
+    if shop.is_empty() || shop.contains(":memory:") {
+        return None;
+    }
+    let bank = std::path::Path::new(shop).with_file_name("bank.db");
+    bank.exists()
+        .then(|| format!("sqlite://{}", bank.display()))
+}
+
+async fn ledger(
+    cli: &Cli,
+    json: bool,
+    timings: bool,
+    bank_database: Option<&str>,
+) -> anyhow::Result<()> {
     let shop = Shop::open(&cli.shop_database_url)
         .await
         .with_context(|| format!("cannot open {}", redact_url(&cli.shop_database_url)))?;
@@ -417,8 +506,21 @@ async fn ledger(cli: &Cli, json: bool, timings: bool) -> anyhow::Result<()> {
     }
     let ledger = shop.ledger().await?;
     let fulfilments = shop.fulfilment_ledger().await?;
-    let payouts = shop.payout_ledger().await?;
+    let mut payouts = shop.payout_ledger().await?;
     shop.close().await;
+    if let Some(url) = bank_database_url(cli, bank_database) {
+        // Opened as it is: reading a ledger never creates a database.
+        let bank = example_sagas::bank::BankStore::open_existing(&url)
+            .await
+            .with_context(|| format!("cannot open the bank's database {}", redact_url(&url)))?;
+        let transferred = bank.ledger().await;
+        bank.close().await;
+        // The bank's transfers add to what the shop's own stand-in recorded, so that a payout
+        // sent to both is seen twice.
+        for (payout, entry) in transferred? {
+            payouts.entry(payout).or_default().transferred += entry.transferred;
+        }
+    }
     let mut out = std::io::stdout().lock();
     if json {
         // One object per order or payout id: `place_order`'s six counters, `fulfil_order`'s
