@@ -50,12 +50,22 @@ mod simulate;
 
 use shop::Shop;
 
-/// Every example saga, its participants working against `shop`.
+/// Every example saga, its participants working against `shop`, `payout`'s bank included
+/// (for the test kit and the benchmarks, which have no HTTP API for a bank to call back).
 pub fn registry(shop: Arc<Shop>) -> Result<Registry, DefinitionError> {
+    registry_with_bank(shop, payout::BankLink::InShop)
+}
+
+/// Every example saga, its participants working against `shop`, `payout`'s `send_transfer`
+/// reaching the bank through `bank` (what `serve` runs: the bank over HTTP).
+pub fn registry_with_bank(
+    shop: Arc<Shop>,
+    bank: payout::BankLink,
+) -> Result<Registry, DefinitionError> {
     let mut registry = Registry::new();
     registry.register(place_order::place_order(shop.clone())?)?;
     registry.register(book_trip::book_trip(shop.clone())?)?;
     registry.register(fulfil_order::fulfil_order(shop.clone())?)?;
-    registry.register(payout::payout(shop)?)?;
+    registry.register(payout::payout_via(shop, bank)?)?;
     Ok(registry)
 }

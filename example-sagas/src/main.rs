@@ -17,9 +17,12 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use example_sagas::bank::{BankConfig, FakeBank};
 use example_sagas::bench::{self, Scenario};
+use example_sagas::payout::BankLink;
 use example_sagas::shop::Shop;
 use orchestrator::cli::{self, AdminCommand, CliError, DatabaseArgs, LogFormat};
+use orchestrator::participants::{HttpParticipant, ParticipantConfig};
 use orchestrator::server::{shutdown_signal, NewFiles};
 use orchestrator::store::redact_url;
 use orchestrator::telemetry::Telemetry;
@@ -149,6 +152,23 @@ struct ServeCommand {
     /// Also serve the benchmark saga `bench_order` (three no-op steps), for HTTP load tests.
     #[arg(long, hide = true)]
     with_bench_saga: bool,
+    /// The bank `payout`'s `send_transfer` calls (`example-sagas bank`): without it, a fake bank
+    /// runs in this process on a free loopback port.
+    #[arg(long, env = "SAGA_BANK_URL", value_name = "URL")]
+    bank_url: Option<String>,
+    /// The in-process bank's own database: by default `bank.db` beside a SQLite shop
+    /// database, or the shop's PostgreSQL database (its tables are named `bank_…`).
+    #[arg(long, env = "SAGA_BANK_DATABASE_URL", value_name = "URL")]
+    bank_database_url: Option<String>,
+    /// The token the in-process bank calls back with (scope `start`); by default the server's
+    /// `--api-token`.
+    #[arg(
+        long,
+        env = "SAGA_BANK_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
+    bank_token: Option<String>,
 }
 
 #[cfg(feature = "nats")]
@@ -349,6 +369,47 @@ async fn admin(cli: &Cli, cmd: &AdminCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The fake bank `serve` runs without `--bank-url`: on a free loopback port, on its own
+/// database (see [`ServeCommand::bank_database_url`]). Returns its URL, and the handle that
+/// stops it when dropped.
+async fn in_process_bank(
+    cli: &Cli,
+    args: &ServeCommand,
+) -> anyhow::Result<(String, example_sagas::bank::BankHandle)> {
+    let database_url = match &args.bank_database_url {
+        Some(url) => url.clone(),
+        None => bank_database_beside(&cli.shop_database_url),
+    };
+    let mut config = BankConfig::new(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
+    config.database_url = database_url;
+    config.callback_token = args
+        .bank_token
+        .clone()
+        .or_else(|| args.serve.api_token.clone())
+        .filter(|t| !t.is_empty());
+    let (addr, handle) = FakeBank::spawn(config)
+        .await
+        .context("cannot start the in-process bank")?;
+    tracing::info!(%addr, "the fake bank runs in this process");
+    Ok((format!("http://{addr}"), handle))
+}
+
+/// The in-process bank's database for a shop database: `bank.db` beside a SQLite file, the
+/// same database on PostgreSQL.
+fn bank_database_beside(shop_url: &str) -> String {
+    match shop_url.strip_prefix("sqlite://") {
+        Some(path) => {
+            let path = path.split('?').next().unwrap_or(path);
+            let dir = std::path::Path::new(path)
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .unwrap_or(std::path::Path::new("."));
+            format!("sqlite://{}", dir.join("bank.db").display())
+        }
+        None => shop_url.to_owned(),
+    }
+}
+
 async fn serve(cli: &Cli, args: &ServeCommand, telemetry: Telemetry) -> anyhow::Result<()> {
     // The participants' database is the application's own: a start that fails removes it
     // again if it was just created, as the server does with the saga log.
@@ -363,7 +424,16 @@ async fn serve(cli: &Cli, args: &ServeCommand, telemetry: Telemetry) -> anyhow::
             )));
         }
     };
-    let mut registry = example_sagas::registry(Arc::new(shop))?;
+    let (bank_url, _bank) = match &args.bank_url {
+        Some(url) => (url.clone(), None),
+        None => {
+            let (url, bank) = in_process_bank(cli, args).await?;
+            (url, Some(bank))
+        }
+    };
+    let participant = HttpParticipant::new(ParticipantConfig::default())?;
+    let link = BankLink::http(&participant, &bank_url)?;
+    let mut registry = example_sagas::registry_with_bank(Arc::new(shop), link)?;
     if args.with_bench_saga {
         registry.register(bench::bench_saga()?)?;
     }

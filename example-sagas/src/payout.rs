@@ -13,10 +13,11 @@
 
 use std::sync::Arc;
 
+use orchestrator::participants::{HttpCall, HttpParticipant, ParticipantError};
 use saga_dsl::flow::Rate;
 use saga_dsl::{
-    Compensation, DefinitionError, JsonSchema, SagaDefinition, Stage, Step, StepContext, StepError,
-    Value,
+    Action, Compensation, DefinitionError, JsonSchema, SagaDefinition, Stage, Step, StepContext,
+    StepError, Value,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -24,7 +25,7 @@ use serde_json::json;
 use crate::place_order::{action_policy, compensatable, short_id, ATTEMPT_TIMEOUT};
 use crate::shop::{Effect, PayoutMark, Shop};
 pub use crate::simulate::Simulate;
-use crate::simulate::{act, compensate, Call};
+use crate::simulate::{act, before_remote_call, compensate, Call};
 
 /// The saga's name.
 pub const NAME: &str = "payout";
@@ -106,6 +107,51 @@ pub const TRANSFER: Stage<Transfer> = Stage::named("send_transfer");
 /// # Ok(()) }
 /// ```
 pub fn payout(shop: Arc<Shop>) -> Result<SagaDefinition, DefinitionError> {
+    payout_via(shop, BankLink::InShop)
+}
+
+/// How `send_transfer` reaches the bank.
+#[derive(Clone)]
+pub enum BankLink {
+    /// The bank as a function of the shop, in the participants' database: for the test kit's
+    /// explorations and the benchmarks, which run without an HTTP API to call back.
+    InShop,
+    /// The bank over HTTP (the fake bank of [`crate::bank`], or another at its URL): the call
+    /// is completed by the bank's callback (SPEC §16).
+    Http(HttpCall),
+}
+
+impl BankLink {
+    /// The bank at `url` (`http://HOST:PORT`), reached through `participant`: `POST
+    /// {url}/transfers` with the payout, completed by the bank's callback.
+    pub fn http(participant: &HttpParticipant, url: &str) -> Result<Self, ParticipantError> {
+        let call = participant
+            .post(&format!("{}/transfers", url.trim_end_matches('/')))?
+            .body(|ctx| {
+                let input = ctx.input::<PayoutInput>()?;
+                Ok(json!({
+                    "payout_id": input.payout_id,
+                    "merchant": input.merchant,
+                    "amount": input.amount,
+                    // The simulated refusal is the bank's own answer.
+                    "refuse": input.simulate.fail_step.as_deref() == Some(TRANSFER.name()),
+                }))
+            });
+        Ok(Self::Http(call))
+    }
+}
+
+/// The `payout` definition with `send_transfer` reaching the bank through `bank`: over HTTP,
+/// the step is completed by the bank's callback, and its timeout bounds the wait for it.
+pub fn payout_via(shop: Arc<Shop>, bank: BankLink) -> Result<SagaDefinition, DefinitionError> {
+    let send = Step::pivot(TRANSFER, SendTransfer { bank: bank.clone() })
+        .retry(action_policy())
+        .timeout(ATTEMPT_TIMEOUT)
+        .rate_limited(BANK);
+    let send = match bank {
+        BankLink::InShop => send,
+        BankLink::Http(_) => send.completed_by_callback(),
+    };
     SagaDefinition::builder(NAME, VERSION)
         .input::<PayoutInput>()
         .state(shop)
@@ -117,12 +163,7 @@ pub fn payout(shop: Arc<Shop>) -> Result<SagaDefinition, DefinitionError> {
             debit_balance,
             credit_balance(),
         ))
-        .step(
-            Step::pivot(TRANSFER, send_transfer)
-                .retry(action_policy())
-                .timeout(ATTEMPT_TIMEOUT)
-                .rate_limited(BANK),
-        )
+        .step(send)
         .step(
             Step::retriable("notify_merchant", notify_merchant)
                 .retry(action_policy().with_unlimited_attempts())
@@ -150,14 +191,36 @@ async fn debit_balance(ctx: StepContext) -> Result<Value, StepError> {
     act(shop, &ctx, &input.simulate, call).await
 }
 
-async fn send_transfer(ctx: StepContext) -> Result<Value, StepError> {
-    let (shop, input) = (ctx.state::<Shop>()?, ctx.input::<PayoutInput>()?);
-    // The bank counts every call it receives, refused, failed or repeated alike: each one took
-    // a token from the rate limiter.
-    shop.record_bank_call(&input.payout_id, &input.merchant, ctx.attempt())
-        .await?;
+/// `send_transfer`: through the bank link, after noting the call on the participants' clock.
+struct SendTransfer {
+    bank: BankLink,
+}
+
+#[async_trait::async_trait]
+impl Action for SendTransfer {
+    async fn run(&self, ctx: StepContext) -> Result<Value, StepError> {
+        let (shop, input) = (ctx.state::<Shop>()?, ctx.input::<PayoutInput>()?);
+        // Every call to the bank is noted, refused, failed or repeated alike: each one took a
+        // token from the rate limiter.
+        shop.record_bank_call(&input.payout_id, &input.merchant, ctx.attempt())
+            .await?;
+        match &self.bank {
+            BankLink::InShop => transfer_in_shop(shop, &ctx, &input).await,
+            BankLink::Http(call) => {
+                before_remote_call(&ctx, &input.simulate).await?;
+                Action::run(call, ctx).await
+            }
+        }
+    }
+}
+
+async fn transfer_in_shop(
+    shop: &Shop,
+    ctx: &StepContext,
+    input: &PayoutInput,
+) -> Result<Value, StepError> {
     let output = Transfer {
-        transfer_id: short_id("tr", &ctx),
+        transfer_id: short_id("tr", ctx),
         amount: input.amount,
     };
     let call = Call {
@@ -167,7 +230,7 @@ async fn send_transfer(ctx: StepContext) -> Result<Value, StepError> {
         refusal: "the bank rejected the transfer",
         output: json!(output),
     };
-    act(shop, &ctx, &input.simulate, call).await
+    act(shop, ctx, &input.simulate, call).await
 }
 
 async fn notify_merchant(ctx: StepContext) -> Result<Value, StepError> {

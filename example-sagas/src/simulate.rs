@@ -57,6 +57,14 @@ fn transient(
     }
 }
 
+/// What the simulation does before a call to a participant in another process (the bank over
+/// HTTP): the first half of the delay, then the transient failures scripted for the step.
+pub(crate) async fn before_remote_call(ctx: &StepContext, sim: &Simulate) -> Result<(), StepError> {
+    sim.first_half().await;
+    let step = ctx.step_name();
+    transient(&sim.transient_failures, &[step], ctx.attempt(), step)
+}
+
 /// What an action does once the simulation lets it through.
 pub(crate) struct Call<'a> {
     /// The business key the ledger groups by (order id, trip id).

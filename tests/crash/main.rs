@@ -14,6 +14,7 @@
 
 #![allow(clippy::unwrap_used)]
 
+mod callbacks;
 mod crash_points;
 mod fulfil;
 mod kill9;

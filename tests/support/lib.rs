@@ -665,7 +665,8 @@ pub struct Server {
 impl Server {
     /// Starts `example-sagas serve` on the saga database `db_url` and `shop.db` in `dir`, with
     /// a 2-second lease (so a restart after a kill takes over quickly on PostgreSQL), extra environment
-    /// variables, and waits until it answers `/healthz`.
+    /// variables (`SAGA_LISTEN` for an address of the test's choosing, else a free port), and
+    /// waits until it answers `/healthz`.
     pub async fn spawn(
         db_url: &str,
         dir: &std::path::Path,
@@ -673,9 +674,14 @@ impl Server {
         extra_args: &[&str],
     ) -> Self {
         let mut cmd = std::process::Command::new(bin_path("example-sagas"));
+        // A test that restarts a server on the same address gives it as `SAGA_LISTEN`.
+        let listen = if env.iter().any(|(k, _)| *k == "SAGA_LISTEN") {
+            vec![]
+        } else {
+            vec!["--listen", "127.0.0.1:0"]
+        };
         cmd.arg("serve")
-            .arg("--listen")
-            .arg("127.0.0.1:0")
+            .args(listen)
             .arg("--database-url")
             .arg(db_url)
             .args(if env.iter().any(|(k, _)| *k == "SHOP_DATABASE_URL") {
