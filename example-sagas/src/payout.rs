@@ -118,7 +118,7 @@ pub enum BankLink {
     InShop,
     /// The bank over HTTP (the fake bank of [`crate::bank`], or another at its URL): the call
     /// is completed by the bank's callback (SPEC §16).
-    Http(HttpCall),
+    Http(Box<HttpCall>),
 }
 
 impl BankLink {
@@ -137,7 +137,7 @@ impl BankLink {
                     "refuse": input.simulate.fail_step.as_deref() == Some(TRANSFER.name()),
                 }))
             });
-        Ok(Self::Http(call))
+        Ok(Self::Http(Box::new(call)))
     }
 }
 
@@ -208,7 +208,7 @@ impl Action for SendTransfer {
             BankLink::InShop => transfer_in_shop(shop, &ctx, &input).await,
             BankLink::Http(call) => {
                 before_remote_call(&ctx, &input.simulate).await?;
-                Action::run(call, ctx).await
+                Action::run(call.as_ref(), ctx).await
             }
         }
     }
