@@ -53,7 +53,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Serve the HTTP API and run the engine's workers.
-    Serve(ServeCommand),
+    Serve(Box<ServeCommand>),
     /// Print, per order, trip or payout, how many times each participant effect really happened.
     ///
     /// With --json: one object keyed by order or payout id; a `place_order` order has its six
