@@ -43,8 +43,12 @@ token="clients-$(od -An -tx1 -N16 /dev/urandom | tr -d ' \n')"
 # Made before the server starts: the loop below reads them before the server may have opened them.
 : >"$work/stdout"
 : >"$work/server.log"
+# Each program plays the bank `payout`'s send_transfer calls, in turn on this address: it answers
+# 202 and completes the step through the client's task route.
+bank="127.0.0.1:$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
 "$bin" --database-url "sqlite://$work/saga.db" --shop-database-url "sqlite://$work/shop.db" \
-    serve --listen 127.0.0.1:0 --api-token "$token" >"$work/stdout" 2>"$work/server.log" &
+    serve --listen 127.0.0.1:0 --api-token "$token" --bank-url "http://$bank" \
+    >"$work/stdout" 2>"$work/server.log" &
 server=$!
 stop() {
     kill "$server" 2>/dev/null || true
@@ -89,9 +93,9 @@ rm -rf clients/typescript/generated
 (cd clients/typescript && npx tsc -p .)
 
 echo "driving the server through the Python client"
-SAGA_URL="$url" SAGA_API_TOKEN="$token" PYTHONPATH=clients/python/generated \
+SAGA_URL="$url" SAGA_API_TOKEN="$token" SAGA_BANK_LISTEN="$bank" PYTHONPATH=clients/python/generated \
     "$venv/bin/python" clients/python/drive.py || failed "the Python client's checks failed"
 
 echo "driving the server through the TypeScript client"
-(cd clients/typescript && SAGA_URL="$url" SAGA_API_TOKEN="$token" npx tsx drive.ts) ||
+(cd clients/typescript && SAGA_URL="$url" SAGA_API_TOKEN="$token" SAGA_BANK_LISTEN="$bank" npx tsx drive.ts) ||
     failed "the TypeScript client's checks failed"

@@ -7,25 +7,39 @@ itself. Each check exits non-zero with what it expected and what it got.
     SAGA_URL=http://127.0.0.1:8080 SAGA_API_TOKEN=... PYTHONPATH=generated python drive.py
 """
 
+import json
 import os
+import queue
 import sys
+import threading
 import time
 import uuid
 from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, HTTPServer
 
 from saga_client import AuthenticatedClient
-from saga_client.api.operations import openapi
-from saga_client.api.sagas import get_saga, signal_saga, start_fulfil_order, start_place_order
+from saga_client.api.sagas import (
+    get_saga,
+    signal_saga,
+    start_fulfil_order,
+    start_payout,
+    start_place_order,
+)
+from saga_client.api.tasks import complete_task
 from saga_client.models import (
+    CompleteTask,
     FulfilInput,
     FulfilOrderInputItem,
     OrderInput,
+    PayoutInput,
     Saga,
     SagaDetail,
     SagaStatus,
     SignalAccepted,
     Started,
     StepStatus,
+    TaskAccepted,
+    TaskResult,
 )
 from saga_client.types import UNSET, Unset
 
@@ -126,18 +140,73 @@ def signal_completes_the_approval(client: AuthenticatedClient) -> None:
     print(f"ok: signal approval sent, saga completed: saga {saga_id}")
 
 
-def task_completion(client: AuthenticatedClient) -> None:
-    """A step completed by callback: `POST /v1/tasks/{token}/complete` (SPEC §16).
+class BankStandIn(BaseHTTPRequestHandler):
+    """The bank `payout`'s `send_transfer` calls (the server was started with `--bank-url`
+    pointing here): it answers 202 and keeps the task token, to complete the step later."""
 
-    Not written yet: the server does not serve the task routes. Once its document has them,
-    this fails until the check is written here, so that it is never left out unnoticed.
-    """
-    document = openapi.sync(client=client)
-    expect(document is not None, "could not read the server's /openapi.json")
-    paths = document.additional_properties.get("paths", {})
-    expect("/v1/tasks/{token}/complete" not in paths,
-           "the server serves /v1/tasks/{token}/complete: the task completion check is due here")
-    print("not checked: task completion (the server has no /v1/tasks routes yet)")
+    handed: "queue.Queue[tuple[str, str, dict]]" = queue.Queue()
+
+    def do_POST(self) -> None:  # noqa: N802 (the name http.server calls)
+        length = int(self.headers.get("Content-Length", "0"))
+        body = json.loads(self.rfile.read(length) or b"{}")
+        token = self.headers.get("Saga-Task-Token", "")
+        key = self.headers.get("Idempotency-Key", "")
+        answer = json.dumps({"transfer_id": f"tr-{key[:8]}", "status": "pending"}).encode()
+        self.send_response(202)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(answer)))
+        self.end_headers()
+        self.wfile.write(answer)
+        self.handed.put((token, key, body))
+
+    def log_message(self, *args) -> None:  # quiet
+        pass
+
+
+def task_completion(client: AuthenticatedClient) -> None:
+    """A step completed by callback (SPEC §16): this program is the bank, which answers 202
+    and then completes `send_transfer` with `POST /v1/tasks/{token}/complete`."""
+    host, port = os.environ["SAGA_BANK_LISTEN"].rsplit(":", 1)
+    bank = HTTPServer((host, int(port)), BankStandIn)
+    threading.Thread(target=bank.serve_forever, daemon=True).start()
+    try:
+        payout_id = order_id("payout")
+        started = start_payout.sync_detailed(
+            client=client, body=PayoutInput(payout_id=payout_id, merchant="python", amount=900))
+        expect(started.status_code == HTTPStatus.ACCEPTED,
+               f"start payout: expected 202, got {started.status_code} {started.content!r}")
+        saga_id = started.parsed.id
+        try:
+            token, key, body = BankStandIn.handed.get(timeout=20)
+        except queue.Empty:
+            raise Mismatch(f"saga {saga_id}: the bank was never called") from None
+        expect(body.get("payout_id") == payout_id and body.get("amount") == 900,
+               f"the bank was asked for {body!r}")
+        expect(token != "" and key != "", "the bank's request lacks Saga-Task-Token or Idempotency-Key")
+        output = {"transfer_id": f"tr-{key[:8]}", "amount": 900}
+        done = complete_task.sync_detailed(token=token, client=client, body=CompleteTask(output=output))
+        expect(done.status_code == HTTPStatus.OK and isinstance(done.parsed, TaskAccepted),
+               f"complete task: expected 200, got {done.status_code} {done.content!r}")
+        expect(done.parsed.outcome == TaskResult.RECORDED and str(done.parsed.saga_id) == str(saga_id),
+               f"complete task: expected recorded for saga {saga_id}, got {done.parsed!r}")
+        again = complete_task.sync_detailed(token=token, client=client, body=CompleteTask(output=output))
+        expect(again.status_code == HTTPStatus.OK and again.parsed.outcome == TaskResult.REPEATED,
+               f"the same completion again: expected 200 repeated, got {again.status_code} {again.content!r}")
+        forged = complete_task.sync_detailed(token="0" * len(token), client=client,
+                                             body=CompleteTask(output=output))
+        expect(forged.status_code == HTTPStatus.NOT_FOUND,
+               f"a forged token: expected 404, got {forged.status_code}")
+        deadline = time.monotonic() + 30
+        saga = read(client, saga_id, prefer="wait=10")
+        while saga.status != SagaStatus.COMPLETED:
+            expect(saga.status in (SagaStatus.QUEUED, SagaStatus.RUNNING),
+                   f"saga {saga_id}: expected it to complete, it ended {saga.status} ({saga.error})")
+            expect(time.monotonic() < deadline, f"saga {saga_id}: not COMPLETED within 30 s")
+            saga = read(client, saga_id, prefer="wait=10")
+        print(f"ok: send_transfer completed by callback with a task token: saga {saga_id}")
+    finally:
+        bank.shutdown()
+        bank.server_close()
 
 
 def main() -> int:

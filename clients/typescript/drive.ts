@@ -8,16 +8,18 @@
 //     SAGA_URL=http://127.0.0.1:8080 SAGA_API_TOKEN=... npx tsx drive.ts
 
 import { randomUUID } from 'node:crypto';
+import { createServer } from 'node:http';
 
 import { client } from './generated/client.gen.js';
 import {
+  completeTask,
   getSaga,
-  openapi,
   signalSaga,
   startFulfilOrder,
+  startPayout,
   startPlaceOrder,
 } from './generated/sdk.gen.js';
-import type { Saga, SagaDetail, Started, StepStatus } from './generated/types.gen.js';
+import type { Saga, SagaDetail, Started, StepStatus, TaskAccepted } from './generated/types.gen.js';
 
 /** An answer other than the one the API promises. */
 class Mismatch extends Error {}
@@ -111,18 +113,65 @@ async function signalCompletesTheApproval(): Promise<void> {
   console.log(`ok: signal approval sent, saga completed: saga ${id}`);
 }
 
+/** What the stand-in bank was handed: the task token, the idempotency key and the body. */
+interface Handed {
+  token: string;
+  key: string;
+  body: { payout_id?: string; amount?: number };
+}
+
 /**
- * A step completed by callback: `POST /v1/tasks/{token}/complete` (SPEC §16).
- *
- * Not written yet: the server does not serve the task routes. Once its document has them,
- * this fails until the check is written here, so that it is never left out unnoticed.
+ * A step completed by callback (SPEC §16): this program is the bank `payout`'s send_transfer
+ * calls (the server was started with `--bank-url` pointing here). It answers 202 and then
+ * completes the step with `POST /v1/tasks/{token}/complete` through the generated client.
  */
 async function taskCompletion(): Promise<void> {
-  const answer = await openapi();
-  expect(answer.data !== undefined, `could not read the server's /openapi.json: ${answer.response.status}`);
-  const paths = (answer.data as { paths?: Record<string, unknown> }).paths ?? {};
-  expect(!('/v1/tasks/{token}/complete' in paths), 'the server serves /v1/tasks/{token}/complete: the task completion check is due here');
-  console.log('not checked: task completion (the server has no /v1/tasks routes yet)');
+  const [host, port] = (process.env.SAGA_BANK_LISTEN ?? '').split(':');
+  let handOver: (handed: Handed) => void = () => {};
+  const handed = new Promise<Handed>((resolve) => {
+    handOver = resolve;
+  });
+  const bank = createServer((req, res) => {
+    let text = '';
+    req.on('data', (chunk) => (text += chunk));
+    req.on('end', () => {
+      const key = String(req.headers['idempotency-key'] ?? '');
+      res.writeHead(202, { 'Content-Type': 'application/json' });
+      res.end(JSON.stringify({ transfer_id: `tr-${key.slice(0, 8)}`, status: 'pending' }));
+      handOver({ token: String(req.headers['saga-task-token'] ?? ''), key, body: JSON.parse(text || '{}') });
+    });
+  });
+  await new Promise<void>((resolve) => bank.listen(Number(port), host, resolve));
+  try {
+    const payoutId = orderId('payout');
+    const started = await startPayout({ body: { payout_id: payoutId, merchant: 'typescript', amount: 900 } });
+    expect(started.response.status === 202, `start payout: expected 202, got ${started.response.status} ${JSON.stringify(started.error)}`);
+    const id = (started.data as Started).id;
+    const timeout = sleep(20_000).then(() => undefined);
+    const got = await Promise.race([handed, timeout]);
+    expect(got !== undefined, `saga ${id}: the bank was never called`);
+    expect(got.body.payout_id === payoutId && got.body.amount === 900, `the bank was asked for ${JSON.stringify(got.body)}`);
+    expect(got.token !== '' && got.key !== '', 'the bank\'s request lacks Saga-Task-Token or Idempotency-Key');
+    const output = { transfer_id: `tr-${got.key.slice(0, 8)}`, amount: 900 };
+    const done = await completeTask({ path: { token: got.token }, body: { output } });
+    expect(done.response.status === 200 && done.data !== undefined, `complete task: expected 200, got ${done.response.status} ${JSON.stringify(done.error)}`);
+    const accepted: TaskAccepted = done.data;
+    expect(accepted.outcome === 'recorded' && accepted.saga_id === id, `complete task: expected recorded for saga ${id}, got ${JSON.stringify(accepted)}`);
+    const again = await completeTask({ path: { token: got.token }, body: { output } });
+    expect(again.response.status === 200 && again.data?.outcome === 'repeated', `the same completion again: expected 200 repeated, got ${again.response.status} ${JSON.stringify(again.data ?? again.error)}`);
+    const forged = await completeTask({ path: { token: '0'.repeat(got.token.length) }, body: { output } });
+    expect(forged.response.status === 404, `a forged token: expected 404, got ${forged.response.status}`);
+    const deadline = Date.now() + 30_000;
+    let saga = await read(id, 'wait=10');
+    while (saga.status !== 'COMPLETED') {
+      expect(saga.status === 'QUEUED' || saga.status === 'RUNNING', `saga ${id}: expected it to complete, it ended ${saga.status} (${saga.error})`);
+      expect(Date.now() < deadline, `saga ${id}: not COMPLETED within 30 s`);
+      saga = await read(id, 'wait=10');
+    }
+    console.log(`ok: send_transfer completed by callback with a task token: saga ${id}`);
+  } finally {
+    await new Promise<void>((resolve) => bank.close(() => resolve()));
+  }
 }
 
 async function main(): Promise<number> {

@@ -26,7 +26,6 @@ pub(crate) struct CompleteTask {
     /// The step's output (any JSON; absent is `null`): later steps read it, and its
     /// compensation, if ever needed, receives it.
     #[serde(default)]
-    #[schema(value_type = Object, nullable = true)]
     output: Value,
 }
 
