@@ -501,3 +501,52 @@ async fn a_cancel_while_a_step_waits_for_its_callback_compensates_it_and_refuses
     assert_eq!(status, StatusCode::CONFLICT);
     api.stop().await;
 }
+
+#[tokio::test]
+async fn a_paused_saga_keeps_a_report_and_takes_it_once_resumed() {
+    let (p, api) = setup(Duration::from_secs(30)).await;
+    let id = api.start_saga("callback", json!({})).await;
+    let first = p.wait_handed(&id, 1).await.remove(0);
+    api.wait(&id, |s| step(s, "pay")["status"] == "WAITING")
+        .await;
+    let metrics = Api::send(api.req(reqwest::Method::GET, "/metrics"))
+        .await
+        .text;
+    assert!(
+        metrics.contains("saga_waiting{kind=\"task\"} 1"),
+        "{metrics}"
+    );
+    let (status, _, body) = api
+        .post(
+            &format!("/v1/sagas/{id}/pause"),
+            &json!({"reason": "checking the card"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = report(&api, &first.token, "complete", json!({"output": "paid"})).await;
+    assert_eq!(
+        (status, &body["outcome"]),
+        (StatusCode::OK, &json!("recorded")),
+        "{body}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_, saga) = api.get(&format!("/v1/sagas/{id}")).await;
+    assert_eq!(
+        saga["status"], "PAUSED",
+        "a report does not resume a paused saga"
+    );
+    let (status, _, body) = api
+        .post(
+            &format!("/v1/sagas/{id}/resume"),
+            &json!({"reason": "all good"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let saga = api.wait_status(&id, "COMPLETED").await;
+    assert_eq!(step(&saga, "pay")["output"], "paid");
+    assert_eq!(
+        attempts(&api, &id).await,
+        [("pay".into(), 1, "succeeded".into())]
+    );
+    api.stop().await;
+}

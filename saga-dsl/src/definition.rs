@@ -508,6 +508,13 @@ fn group_problem(group: &Group) -> Option<String> {
     }
     let mut seen = HashSet::new();
     for branch in &branches {
+        if branch.body().completed_by_callback() {
+            return Some(format!(
+                "its branch {:?} is completed by callback; a branch of a parallel group cannot \
+                 be (make the callback a stage of its own)",
+                branch.name()
+            ));
+        }
         if branch.body().pauses_when_exhausted() {
             return Some(format!(
                 "its branch {:?} pauses the saga when its retries run out; a branch of a \
@@ -645,6 +652,18 @@ mod tests {
             SagaDefinition::builder("bad name", 1).step(c("a")).build(),
             Err(DefinitionError::InvalidName(_))
         ));
+    }
+
+    #[test]
+    fn a_branch_completed_by_callback_is_refused() {
+        let err = SagaDefinition::builder("s", 1)
+            .step(Step::parallel("book", [c("hotel").completed_by_callback()]))
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(&err, DefinitionError::BadGroup { problem, .. } if problem.contains("completed by callback")),
+            "{err}"
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //! | `saga_step_retries_total` | counter | `name`, `step`, `phase` |
 //! | `saga_compensations_total` | counter | `name`, `step` |
 //! | `saga_needs_attention` | gauge | (none): refreshed from the store at each scrape |
-//! | `saga_waiting` | gauge | `kind` (`sleep`, `signal`, `child`, `scheduled`): refreshed from the store at each scrape |
+//! | `saga_waiting` | gauge | `kind` (`sleep`, `signal`, `child`, `task`, `scheduled`, `limit`, `rate`): refreshed from the store at each scrape |
 //! | `sagas_by_status` | gauge | `status`: refreshed from the store at each scrape |
 //! | `http_requests_total` | counter | `method`, `route` (the route template), `status` |
 //! | `http_request_duration_seconds` | histogram | `method`, `route`, `status` |
@@ -392,6 +392,7 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> Result<Response, A
                 ("sleep", w.sleep),
                 ("signal", w.signal),
                 ("child", w.child),
+                ("task", w.task),
                 ("scheduled", w.scheduled),
                 ("limit", w.limit),
                 ("rate", w.rate),

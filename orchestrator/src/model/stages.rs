@@ -61,6 +61,8 @@ pub struct WaitingCounts {
     pub signal: u64,
     /// Stages waiting for their child saga (starting, running or compensating).
     pub child: u64,
+    /// Calls waiting for their participant's callback (a task token).
+    pub task: u64,
     /// Sagas started with a start time still ahead.
     pub scheduled: u64,
     /// Sagas waiting for room in a concurrency limit to start.

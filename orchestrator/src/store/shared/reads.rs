@@ -269,10 +269,12 @@ pub(crate) async fn unfinished_by_definition(
 pub(crate) async fn waiting(reader: Reader<'_>, now: i64) -> Result<WaitingCounts> {
     let rows = reader
         .all(
-            "SELECT st.kind, COUNT(*) AS n FROM sagas s JOIN steps st ON st.saga_id = s.id \
+            "SELECT CASE WHEN st.waiting_for = 'task' THEN 'task' ELSE st.kind END AS kind, \
+             COUNT(*) AS n FROM sagas s JOIN steps st ON st.saga_id = s.id \
              WHERE s.status IN ('RUNNING', 'COMPENSATING') \
              AND (st.status = 'WAITING' OR st.comp_status = 'WAITING') \
-             AND st.kind IN ('sleep', 'signal', 'child') GROUP BY st.kind",
+             AND (st.kind IN ('sleep', 'signal', 'child') OR st.waiting_for = 'task') \
+             GROUP BY 1",
             &[],
         )
         .await?;
@@ -282,6 +284,7 @@ pub(crate) async fn waiting(reader: Reader<'_>, now: i64) -> Result<WaitingCount
         match row.get::<String>("kind")?.as_str() {
             "sleep" => counts.sleep = n,
             "signal" => counts.signal = n,
+            "task" => counts.task = n,
             _ => counts.child = n,
         }
     }
