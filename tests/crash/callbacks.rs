@@ -146,7 +146,11 @@ async fn killed_between_the_bank_s_answer_and_its_record_the_transfer_happens_on
         })
         .await;
     assert_eq!(saga["status"], "COMPLETED", "{saga:#}");
-    assert_eq!(step(&saga, "send_transfer")["attempts"], 2);
+    // Either the bank's callback for the first attempt reached the restarted server before it
+    // took the saga over (that report is the attempt's outcome), or the attempt was
+    // interrupted and made again with the same key, which the bank answered from its record.
+    let attempts = step(&saga, "send_transfer")["attempts"].as_u64();
+    assert!(matches!(attempts, Some(1 | 2)), "{saga:#}");
     server.kill9();
     // Time for a late callback of the first attempt, which must change nothing.
     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -222,6 +222,7 @@ impl Driver {
             let attempt = self.saga.steps[0].action.attempts;
             self.start_call(&mut calls, 0, Phase::Action, attempt);
         } else {
+            self.take_reports_of_interrupted().await?;
             self.interrupted = self.recover_interrupted();
             if self.saga.pause_requested {
                 // Claimed with a pause pending (its last driver stopped before it could
@@ -596,6 +597,34 @@ impl Driver {
                 outcome: "abandoned",
                 error: Some(error.to_owned()),
             });
+        }
+        Ok(())
+    }
+
+    /// A call completed by callback whose process stopped before it recorded the participant's
+    /// answer may have been reported meanwhile (the participant called back at once): that
+    /// report is the attempt's outcome, rather than an interruption and a second call.
+    async fn take_reports_of_interrupted(&mut self) -> Result<(), StoreError> {
+        for index in 0..self.saga.steps.len() {
+            let rec = &self.saga.steps[index].action;
+            if rec.status != StepStatus::Running
+                || !self.completed_by_callback(index, Phase::Action)
+            {
+                continue;
+            }
+            let task = TaskRef {
+                saga: self.saga.id,
+                step_index: index as u32,
+                phase: Phase::Action,
+                attempt: rec.attempts,
+            };
+            let reported = self.inner.store.reported_task(&task).await?;
+            if let Some(outcome @ (TaskOutcome::Completed(_) | TaskOutcome::Failed { .. })) =
+                reported
+            {
+                let result = super::effects::task_result(outcome);
+                self.record(index, Phase::Action, task.attempt, result);
+            }
         }
         Ok(())
     }
