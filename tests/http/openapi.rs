@@ -44,6 +44,12 @@ fn operations(doc: &Value) -> BTreeMap<String, BTreeMap<String, BTreeSet<u16>>> 
 async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
     // A server of its own: a token and a small body limit, for their statuses.
     // Two named tokens with one scope each, for the 403 of every route.
+    // With `callback`, whose step waits for its participant: the task routes' probes.
+    let definitions = || {
+        let mut all = definitions();
+        all.push(fixtures::callback());
+        all
+    };
     let harness = Harness::new(registry_of(definitions())).await;
     // The routes of flow control answer about declared limits: one of each kind.
     harness
@@ -213,7 +219,160 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
         reqwest::RequestBuilder,
         &'static str,
     );
+    // Three steps waiting for their callbacks: one completed, one failed, one kept alive.
+    let mut tokens = Vec::new();
+    for _ in 0..3 {
+        let id = api.start_saga("callback", json!({})).await;
+        api.wait(&id, |s| s["steps"][0]["status"] == "WAITING")
+            .await;
+        tokens.push(fixtures::task_tokens(&id).remove(0));
+    }
+    let task = |token: &str, what: &str| format!("/v1/tasks/{token}/{what}");
+    let forged = "0".repeat(tokens[0].len());
     let probes: Vec<Probe> = vec![
+        (
+            "POST",
+            "/v1/tasks/{token}/complete",
+            api.req(Method::POST, &task(&tokens[0], "complete"))
+                .json(&json!({"output": {"paid": true}})),
+            "200",
+        ),
+        (
+            "POST",
+            "/v1/tasks/{token}/complete",
+            api.req(Method::POST, &task(&tokens[0], "complete"))
+                .json(&json!({"outputs": 1})),
+            "400",
+        ),
+        (
+            "POST",
+            "/v1/tasks/{token}/complete",
+            api.anonymous(Method::POST, &task(&tokens[0], "complete"))
+                .json(&json!({"output": 1})),
+            "401",
+        ),
+        (
+            "POST",
+            "/v1/tasks/{token}/complete",
+            with(READ_ONLY, Method::POST, &task(&tokens[0], "complete"))
+                .json(&json!({"output": 1})),
+            "403",
+        ),
+        (
+            "POST",
+            "/v1/tasks/{token}/complete",
+            api.req(Method::POST, &task(&forged, "complete"))
+                .json(&json!({"output": 1})),
+            "404",
+        ),
+        (
+            "POST",
+            "/v1/tasks/{token}/complete",
+            api.req(Method::POST, &task(&tokens[0], "complete"))
+                .json(&json!({"output": {"paid": false}})),
+            "409",
+        ),
+        (
+            "POST",
+            "/v1/tasks/{token}/complete",
+            api.req(Method::POST, &task(&tokens[0], "complete"))
+                .json(&big),
+            "413",
+        ),
+        (
+            "POST",
+            "/v1/tasks/{token}/complete",
+            api.req(Method::POST, &task(&tokens[0], "complete"))
+                .header("content-type", "text/plain")
+                .body("{}"),
+            "415",
+        ),
+        (
+            "POST",
+            "/v1/tasks/{token}/fail",
+            api.req(Method::POST, &task(&tokens[1], "fail"))
+                .json(&json!({"error": "declined", "retryable": false})),
+            "200",
+        ),
+        (
+            "POST",
+            "/v1/tasks/{token}/fail",
+            api.req(Method::POST, &task(&tokens[1], "fail"))
+                .json(&json!({"error": "x".repeat(1001)})),
+            "400",
+        ),
+        (
+            "POST",
+            "/v1/tasks/{token}/fail",
+            api.anonymous(Method::POST, &task(&tokens[1], "fail"))
+                .json(&json!({"error": "declined"})),
+            "401",
+        ),
+        (
+            "POST",
+            "/v1/tasks/{token}/fail",
+            with(READ_ONLY, Method::POST, &task(&tokens[1], "fail"))
+                .json(&json!({"error": "declined"})),
+            "403",
+        ),
+        (
+            "POST",
+            "/v1/tasks/{token}/fail",
+            api.req(Method::POST, &task(&forged, "fail"))
+                .json(&json!({"error": "declined"})),
+            "404",
+        ),
+        (
+            "POST",
+            "/v1/tasks/{token}/fail",
+            api.req(Method::POST, &task(&tokens[0], "fail"))
+                .json(&json!({"error": "declined"})),
+            "409",
+        ),
+        (
+            "POST",
+            "/v1/tasks/{token}/fail",
+            api.req(Method::POST, &task(&tokens[1], "fail")).json(&big),
+            "413",
+        ),
+        (
+            "POST",
+            "/v1/tasks/{token}/fail",
+            api.req(Method::POST, &task(&tokens[1], "fail"))
+                .header("content-type", "text/plain")
+                .body("{}"),
+            "415",
+        ),
+        (
+            "POST",
+            "/v1/tasks/{token}/heartbeat",
+            api.req(Method::POST, &task(&tokens[2], "heartbeat")),
+            "200",
+        ),
+        (
+            "POST",
+            "/v1/tasks/{token}/heartbeat",
+            api.anonymous(Method::POST, &task(&tokens[2], "heartbeat")),
+            "401",
+        ),
+        (
+            "POST",
+            "/v1/tasks/{token}/heartbeat",
+            with(READ_ONLY, Method::POST, &task(&tokens[2], "heartbeat")),
+            "403",
+        ),
+        (
+            "POST",
+            "/v1/tasks/{token}/heartbeat",
+            api.req(Method::POST, &task(&forged, "heartbeat")),
+            "404",
+        ),
+        (
+            "POST",
+            "/v1/tasks/{token}/heartbeat",
+            api.req(Method::POST, &task(&tokens[0], "heartbeat")),
+            "409",
+        ),
         (
             "POST",
             "/v1/sagas/{saga}",

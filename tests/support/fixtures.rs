@@ -193,3 +193,40 @@ pub fn payout_limits() -> Vec<saga_dsl::DeclaredLimit> {
         }),
     ]
 }
+
+/// The task tokens the step `pay` of [`callback`] was handed, by saga, in attempt order.
+pub fn task_tokens(saga: &str) -> Vec<String> {
+    let tokens = TASK_TOKENS.get_or_init(Default::default).lock().unwrap();
+    tokens.get(saga).cloned().unwrap_or_default()
+}
+
+static TASK_TOKENS: std::sync::OnceLock<
+    std::sync::Mutex<std::collections::HashMap<String, Vec<String>>>,
+> = std::sync::OnceLock::new();
+
+/// `callback`: one step, `pay`, completed by its participant's callback within a minute; the
+/// participant is the test, which reads the tokens with [`task_tokens`].
+pub fn callback() -> SagaDefinition {
+    async fn pay(ctx: StepContext) -> Result<Value, StepError> {
+        let token = ctx.task().map(|t| t.token().to_owned()).unwrap_or_default();
+        TASK_TOKENS
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap()
+            .entry(ctx.saga_id().to_string())
+            .or_default()
+            .push(token);
+        Ok(json!({"accepted": true}))
+    }
+    async fn refund(_: StepContext) -> Result<(), StepError> {
+        Ok(())
+    }
+    SagaDefinition::builder("callback", 1)
+        .step(
+            Step::compensatable("pay", pay, refund)
+                .completed_by_callback()
+                .timeout(Duration::from_secs(60)),
+        )
+        .build()
+        .unwrap()
+}
