@@ -373,15 +373,11 @@ async fn admin(cli: &Cli, cmd: &AdminCommand) -> anyhow::Result<()> {
 /// database (see [`ServeCommand::bank_database_url`]). Returns its URL, and the handle that
 /// stops it when dropped.
 async fn in_process_bank(
-    cli: &Cli,
     args: &ServeCommand,
+    database_url: &str,
 ) -> anyhow::Result<(String, example_sagas::bank::BankHandle)> {
-    let database_url = match &args.bank_database_url {
-        Some(url) => url.clone(),
-        None => bank_database_beside(&cli.shop_database_url),
-    };
     let mut config = BankConfig::new(std::net::SocketAddr::from(([127, 0, 0, 1], 0)));
-    config.database_url = database_url;
+    config.database_url = database_url.to_owned();
     config.callback_token = args
         .bank_token
         .clone()
@@ -424,30 +420,51 @@ async fn serve(cli: &Cli, args: &ServeCommand, telemetry: Telemetry) -> anyhow::
             )));
         }
     };
-    let (bank_url, _bank) = match &args.bank_url {
-        Some(url) => (url.clone(), None),
-        None => {
-            let (url, bank) = in_process_bank(cli, args).await?;
-            (url, Some(bank))
+    // So is the in-process bank's: a start that fails stops the bank and removes its new files.
+    let bank_database = args
+        .bank_database_url
+        .clone()
+        .unwrap_or_else(|| bank_database_beside(&cli.shop_database_url));
+    let bank_files = args
+        .bank_url
+        .is_none()
+        .then(|| NewFiles::before_open(&bank_database));
+    let mut bank = None;
+    let started = async {
+        let bank_url = match &args.bank_url {
+            Some(url) => url.clone(),
+            None => {
+                let (url, handle) = in_process_bank(args, &bank_database).await?;
+                bank = Some(handle);
+                url
+            }
+        };
+        let participant = HttpParticipant::new(ParticipantConfig::default())?;
+        let link = BankLink::http(&participant, &bank_url)?;
+        let mut registry = example_sagas::registry_with_bank(Arc::new(shop), link)?;
+        if args.with_bench_saga {
+            registry.register(bench::bench_saga()?)?;
         }
-    };
-    let participant = HttpParticipant::new(ParticipantConfig::default())?;
-    let link = BankLink::http(&participant, &bank_url)?;
-    let mut registry = example_sagas::registry_with_bank(Arc::new(shop), link)?;
-    if args.with_bench_saga {
-        registry.register(bench::bench_saga()?)?;
+        let server = Orchestrator::builder(registry)
+            .database_url(&cli.db.database_url)
+            .args(&args.serve)
+            .telemetry(telemetry)
+            .start()
+            .await?;
+        anyhow::Ok(server)
     }
-    let started = Orchestrator::builder(registry)
-        .database_url(&cli.db.database_url)
-        .args(&args.serve)
-        .telemetry(telemetry)
-        .start()
-        .await;
+    .await;
     match started {
         Ok(server) => Ok(server.wait().await?),
         Err(e) => {
+            if let Some(bank) = bank.take() {
+                let _ = bank.shutdown().await;
+            }
+            if let Some(files) = bank_files {
+                files.remove();
+            }
             shop_files.remove();
-            Err(e.into())
+            Err(e)
         }
     }
 }
