@@ -164,6 +164,16 @@ async fn setup(timeout: Duration) -> (Participant, Api) {
     (p, api)
 }
 
+/// Starts a `callback` saga and waits until its first attempt was handed over and the step
+/// waits for its callback: the saga's id and that attempt.
+async fn start_waiting(p: &Participant, api: &Api) -> (String, Handed) {
+    let id = api.start_saga("callback", json!({})).await;
+    let first = p.wait_handed(&id, 1).await.remove(0);
+    api.wait(&id, |s| step(s, "pay")["status"] == "WAITING")
+        .await;
+    (id, first)
+}
+
 async fn report(api: &Api, token: &str, what: &str, body: Value) -> (StatusCode, Value) {
     let (status, _, body) = api.post(&format!("/v1/tasks/{token}/{what}"), &body).await;
     (status, body)
@@ -384,10 +394,7 @@ async fn a_wait_past_its_timeout_is_an_unknown_outcome_tried_again_with_the_same
 #[tokio::test]
 async fn heartbeats_keep_a_wait_alive_past_its_timeout() {
     let (p, api) = setup(Duration::from_millis(1000)).await;
-    let id = api.start_saga("callback", json!({})).await;
-    let first = p.wait_handed(&id, 1).await.remove(0);
-    api.wait(&id, |s| step(s, "pay")["status"] == "WAITING")
-        .await;
+    let (id, first) = start_waiting(&p, &api).await;
     // Three timeouts' worth of time, a heartbeat every 300 ms.
     for _ in 0..10 {
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -474,10 +481,7 @@ async fn a_participant_that_calls_back_before_its_answer_is_recorded_completes_t
 #[tokio::test]
 async fn a_cancel_while_a_step_waits_for_its_callback_compensates_it_and_refuses_the_late_report() {
     let (p, api) = setup(Duration::from_secs(30)).await;
-    let id = api.start_saga("callback", json!({})).await;
-    let first = p.wait_handed(&id, 1).await.remove(0);
-    api.wait(&id, |s| step(s, "pay")["status"] == "WAITING")
-        .await;
+    let (id, first) = start_waiting(&p, &api).await;
     let (status, _, body) = api
         .post(&format!("/v1/sagas/{id}/cancel"), &json!({}))
         .await;
@@ -505,10 +509,7 @@ async fn a_cancel_while_a_step_waits_for_its_callback_compensates_it_and_refuses
 #[tokio::test]
 async fn a_paused_saga_keeps_a_report_and_takes_it_once_resumed() {
     let (p, api) = setup(Duration::from_secs(30)).await;
-    let id = api.start_saga("callback", json!({})).await;
-    let first = p.wait_handed(&id, 1).await.remove(0);
-    api.wait(&id, |s| step(s, "pay")["status"] == "WAITING")
-        .await;
+    let (id, first) = start_waiting(&p, &api).await;
     let metrics = Api::send(api.req(reqwest::Method::GET, "/metrics"))
         .await
         .text;

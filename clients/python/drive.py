@@ -98,6 +98,17 @@ def read(client: AuthenticatedClient, saga_id: str, prefer: str | Unset = UNSET)
     return answer.parsed
 
 
+def wait_completed(client: AuthenticatedClient, saga_id) -> None:
+    """Waits (long polls of 10 s, at most 30 s in all) for the saga to complete."""
+    deadline = time.monotonic() + 30
+    saga = read(client, saga_id, prefer="wait=10")
+    while saga.status != SagaStatus.COMPLETED:
+        expect(saga.status in (SagaStatus.QUEUED, SagaStatus.RUNNING),
+               f"saga {saga_id}: expected it to complete, it ended {saga.status} ({saga.error})")
+        expect(time.monotonic() < deadline, f"saga {saga_id}: not COMPLETED within 30 s")
+        saga = read(client, saga_id, prefer="wait=10")
+
+
 def stage_status(saga: SagaDetail, name: str) -> StepStatus | None:
     return next((s.status for s in saga.steps if s.name == name), None)
 
@@ -130,13 +141,7 @@ def signal_completes_the_approval(client: AuthenticatedClient) -> None:
     expect(sent.status_code == HTTPStatus.ACCEPTED and isinstance(sent.parsed, SignalAccepted),
            f"signal approval: expected 202, got {sent.status_code} {sent.content!r}")
 
-    deadline = time.monotonic() + 30
-    saga = read(client, saga_id, prefer="wait=10")
-    while saga.status != SagaStatus.COMPLETED:
-        expect(saga.status in (SagaStatus.QUEUED, SagaStatus.RUNNING),
-               f"saga {saga_id}: expected it to complete, it ended {saga.status} ({saga.error})")
-        expect(time.monotonic() < deadline, f"saga {saga_id}: not COMPLETED within 30 s")
-        saga = read(client, saga_id, prefer="wait=10")
+    wait_completed(client, saga_id)
     print(f"ok: signal approval sent, saga completed: saga {saga_id}")
 
 
@@ -196,13 +201,7 @@ def task_completion(client: AuthenticatedClient) -> None:
                                              body=CompleteTask(output=output))
         expect(forged.status_code == HTTPStatus.NOT_FOUND,
                f"a forged token: expected 404, got {forged.status_code}")
-        deadline = time.monotonic() + 30
-        saga = read(client, saga_id, prefer="wait=10")
-        while saga.status != SagaStatus.COMPLETED:
-            expect(saga.status in (SagaStatus.QUEUED, SagaStatus.RUNNING),
-                   f"saga {saga_id}: expected it to complete, it ended {saga.status} ({saga.error})")
-            expect(time.monotonic() < deadline, f"saga {saga_id}: not COMPLETED within 30 s")
-            saga = read(client, saga_id, prefer="wait=10")
+        wait_completed(client, saga_id)
         print(f"ok: send_transfer completed by callback with a task token: saga {saga_id}")
     finally:
         bank.shutdown()

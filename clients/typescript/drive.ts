@@ -71,6 +71,17 @@ async function read(id: string, prefer?: string): Promise<SagaDetail> {
   return answer.data;
 }
 
+/** Waits (long polls of 10 s, at most 30 s in all) for the saga to complete. */
+async function waitCompleted(id: string): Promise<void> {
+  const deadline = Date.now() + 30_000;
+  let saga = await read(id, 'wait=10');
+  while (saga.status !== 'COMPLETED') {
+    expect(saga.status === 'QUEUED' || saga.status === 'RUNNING', `saga ${id}: expected it to complete, it ended ${saga.status} (${saga.error})`);
+    expect(Date.now() < deadline, `saga ${id}: not COMPLETED within 30 s`);
+    saga = await read(id, 'wait=10');
+  }
+}
+
 function stageStatus(saga: SagaDetail, name: string): StepStatus | undefined {
   return saga.steps.find((step) => step.name === name)?.status;
 }
@@ -89,7 +100,7 @@ async function signalCompletesTheApproval(): Promise<void> {
   expect(started.response.status === 202, `start fulfil_order: expected 202, got ${started.response.status} ${JSON.stringify(started.error)}`);
   const id = (started.data as Started).id;
 
-  let deadline = Date.now() + 20_000;
+  const deadline = Date.now() + 20_000;
   let saga = await read(id);
   while (stageStatus(saga, 'await_approval') !== 'WAITING') {
     expect(Date.now() < deadline, `saga ${id}: await_approval not WAITING within 20 s (saga ${saga.status}, stage ${stageStatus(saga, 'await_approval')})`);
@@ -103,13 +114,7 @@ async function signalCompletesTheApproval(): Promise<void> {
   });
   expect(sent.response.status === 202 && sent.data !== undefined, `signal approval: expected 202, got ${sent.response.status} ${JSON.stringify(sent.error)}`);
 
-  deadline = Date.now() + 30_000;
-  saga = await read(id, 'wait=10');
-  while (saga.status !== 'COMPLETED') {
-    expect(saga.status === 'QUEUED' || saga.status === 'RUNNING', `saga ${id}: expected it to complete, it ended ${saga.status} (${saga.error})`);
-    expect(Date.now() < deadline, `saga ${id}: not COMPLETED within 30 s`);
-    saga = await read(id, 'wait=10');
-  }
+  await waitCompleted(id);
   console.log(`ok: signal approval sent, saga completed: saga ${id}`);
 }
 
@@ -161,13 +166,7 @@ async function taskCompletion(): Promise<void> {
     expect(again.response.status === 200 && again.data?.outcome === 'repeated', `the same completion again: expected 200 repeated, got ${again.response.status} ${JSON.stringify(again.data ?? again.error)}`);
     const forged = await completeTask({ path: { token: '0'.repeat(got.token.length) }, body: { output } });
     expect(forged.response.status === 404, `a forged token: expected 404, got ${forged.response.status}`);
-    const deadline = Date.now() + 30_000;
-    let saga = await read(id, 'wait=10');
-    while (saga.status !== 'COMPLETED') {
-      expect(saga.status === 'QUEUED' || saga.status === 'RUNNING', `saga ${id}: expected it to complete, it ended ${saga.status} (${saga.error})`);
-      expect(Date.now() < deadline, `saga ${id}: not COMPLETED within 30 s`);
-      saga = await read(id, 'wait=10');
-    }
+    await waitCompleted(id);
     console.log(`ok: send_transfer completed by callback with a task token: saga ${id}`);
   } finally {
     await new Promise<void>((resolve) => bank.close(() => resolve()));

@@ -20,6 +20,29 @@ pub(super) enum CallResult {
 }
 
 impl CallResult {
+    /// The result of a call that waited for its participant's callback, as the log holds its
+    /// end: the report, or an unknown outcome for a wait that expired or was abandoned.
+    pub(super) fn of_task(outcome: crate::store::TaskOutcome) -> Self {
+        use crate::store::TaskOutcome;
+        match outcome {
+            TaskOutcome::Completed(output) => Self::Ok(output),
+            TaskOutcome::Failed { error, retryable } => Self::Err {
+                error: if retryable {
+                    StepError::retryable(error)
+                } else {
+                    StepError::permanent(error)
+                },
+                unknown: false,
+            },
+            TaskOutcome::Expired | TaskOutcome::Abandoned => Self::Err {
+                error: StepError::retryable(
+                    "the participant did not call back before the step's timeout; outcome unknown",
+                ),
+                unknown: true,
+            },
+        }
+    }
+
     /// The outcome as the attempt log names it, for metric labels: one of [`CALL_OUTCOMES`].
     pub(super) fn outcome(&self) -> &'static str {
         match self {

@@ -622,7 +622,7 @@ impl Driver {
             if let Some(outcome @ (TaskOutcome::Completed(_) | TaskOutcome::Failed { .. })) =
                 reported
             {
-                let result = super::effects::task_result(outcome);
+                let result = CallResult::of_task(outcome);
                 self.record(index, Phase::Action, task.attempt, result);
             }
         }

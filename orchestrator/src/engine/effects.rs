@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use saga_dsl::{Phase, StepError};
+use saga_dsl::Phase;
 use serde_json::{json, Value};
 use uuid::Uuid;
 
@@ -195,7 +195,7 @@ impl Driver {
         let row = &mut self.saga.steps[index];
         row.waiting_for = None;
         row.timeout_at = None;
-        self.record(index, Phase::Action, attempt, task_result(outcome));
+        self.record(index, Phase::Action, attempt, CallResult::of_task(outcome));
         Ok(())
     }
 
@@ -442,26 +442,5 @@ impl Driver {
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(Duration::from_secs(5));
         }
-    }
-}
-
-/// What a call that waited for its callback returned, as the log holds its end.
-pub(super) fn task_result(outcome: TaskOutcome) -> CallResult {
-    match outcome {
-        TaskOutcome::Completed(output) => CallResult::Ok(output),
-        TaskOutcome::Failed { error, retryable } => CallResult::Err {
-            error: if retryable {
-                StepError::retryable(error)
-            } else {
-                StepError::permanent(error)
-            },
-            unknown: false,
-        },
-        TaskOutcome::Expired | TaskOutcome::Abandoned => CallResult::Err {
-            error: StepError::retryable(
-                "the participant did not call back before the step's timeout; outcome unknown",
-            ),
-            unknown: true,
-        },
     }
 }

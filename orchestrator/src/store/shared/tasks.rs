@@ -14,6 +14,10 @@ use crate::store::rows::{parse_enum, parse_json, LogRow};
 use crate::store::tasks::{TaskAnswer, TaskOutcome, TaskReport};
 use crate::store::Result;
 
+/// The row an attempt's end is kept in, by `key`'s parameters.
+const REPORTED: &str = "SELECT outcome, result::text AS result FROM tasks \
+     WHERE saga_id = $1 AND step_idx = $2 AND phase = $3 AND attempt = $4";
+
 /// The `secrets` row of the key task tokens are signed with.
 const TASK_KEY: &str = "task_key";
 
@@ -67,13 +71,7 @@ async fn report_in(tx: &mut Tx, task: &TaskRef, report: &TaskReport) -> Result<T
     let attempts: i64 = step.get("attempts")?;
     let parked = status == StepStatus::Waiting
         && step.get::<Option<String>>("waiting_for")?.as_deref() == Some(TASK_WAIT);
-    let before = tx
-        .opt(
-            "SELECT outcome, result::text AS result FROM tasks \
-             WHERE saga_id = $1 AND step_idx = $2 AND phase = $3 AND attempt = $4",
-            &key(task),
-        )
-        .await?;
+    let before = tx.opt(REPORTED, &key(task)).await?;
     let current = !saga_status.is_terminal()
         && attempts == i64::from(task.attempt)
         && (status == StepStatus::Running || parked);
@@ -158,13 +156,7 @@ fn key(task: &TaskRef) -> [Arg<'static>; 4] {
 
 /// What a participant reported for `task`, if it has.
 pub(crate) async fn reported(reader: Reader<'_>, task: &TaskRef) -> Result<Option<TaskOutcome>> {
-    let row = reader
-        .opt(
-            "SELECT outcome, result::text AS result FROM tasks \
-             WHERE saga_id = $1 AND step_idx = $2 AND phase = $3 AND attempt = $4",
-            &key(task),
-        )
-        .await?;
+    let row = reader.opt(REPORTED, &key(task)).await?;
     row.map(|row| outcome_of(task, &row)).transpose()
 }
 
@@ -211,13 +203,7 @@ pub(crate) async fn close<B: SqlBackend>(
         &args,
     )
     .await?;
-    let row = tx
-        .opt(
-            "SELECT outcome, result::text AS result FROM tasks \
-             WHERE saga_id = $1 AND step_idx = $2 AND phase = $3 AND attempt = $4",
-            &key(task),
-        )
-        .await?;
+    let row = tx.opt(REPORTED, &key(task)).await?;
     store.commit(tx).await?;
     match row {
         Some(row) => outcome_of(task, &row),
