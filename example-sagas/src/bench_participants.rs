@@ -135,6 +135,13 @@ pub struct Figures {
     /// For `callback`: the 99th percentile of the same.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub callback_p99_ms: Option<f64>,
+    /// For `callback`: median time from the participant sending its completion to the API's
+    /// `200` (the part of the above the report's own write takes).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answer_p50_ms: Option<f64>,
+    /// For `callback`: the 99th percentile of the same.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub answer_p99_ms: Option<f64>,
 }
 
 impl Figures {
@@ -144,10 +151,13 @@ impl Figures {
             self.callbacks_per_s,
             self.callback_p50_ms,
             self.callback_p99_ms,
+            self.answer_p50_ms,
+            self.answer_p99_ms,
         ) {
-            (Some(rate), Some(p50), Some(p99)) => format!(
+            (Some(rate), Some(p50), Some(p99), Some(a50), Some(a99)) => format!(
                 " callbacks_per_s={rate:.1} callback_to_next_p50_ms={p50:.2} \
-                 callback_to_next_p99_ms={p99:.2}"
+                 callback_to_next_p99_ms={p99:.2} callback_answer_p50_ms={a50:.2} \
+                 callback_answer_p99_ms={a99:.2}"
             ),
             _ => String::new(),
         };
@@ -235,8 +245,9 @@ struct Shared {
     /// Callbacks answered `200`, and the others.
     callbacks_ok: AtomicU64,
     callback_errors: AtomicU64,
-    /// When the participant sent each saga's completion.
+    /// When the participant sent each saga's completion, and when the API answered it `200`.
     sent: Mutex<HashMap<Uuid, Instant>>,
+    answered: Mutex<HashMap<Uuid, Instant>>,
     /// When each saga's third step started, in the `callback` workload.
     next_started: Mutex<HashMap<Uuid, Instant>>,
     /// The client of the callbacks.
@@ -342,7 +353,10 @@ async fn answer_later(
             .send()
             .await;
         let counter = match answer {
-            Ok(answer) if answer.status() == reqwest::StatusCode::OK => &shared.callbacks_ok,
+            Ok(answer) if answer.status() == reqwest::StatusCode::OK => {
+                mark(&shared.answered, saga, Instant::now(), false);
+                &shared.callbacks_ok
+            }
             _ => &shared.callback_errors,
         };
         counter.fetch_add(1, Ordering::Relaxed);
@@ -511,31 +525,38 @@ async fn configuration(
         callbacks_per_s: None,
         callback_p50_ms: None,
         callback_p99_ms: None,
+        answer_p50_ms: None,
+        answer_p99_ms: None,
     };
     latencies.sort_unstable();
     figures.p50_ms = percentile_ms(&latencies, 0.50);
     figures.p99_ms = percentile_ms(&latencies, 0.99);
     if workload == Workload::Callback {
-        let mut gaps = callback_gaps(shared, &ids);
-        figures.errors += usize::try_from(callback_errors)? + (ids.len() - gaps.len());
-        gaps.sort_unstable();
+        let mut next = gaps(&shared.sent, &shared.next_started, &ids);
+        let mut answers = gaps(&shared.sent, &shared.answered, &ids);
+        figures.errors += usize::try_from(callback_errors)? + (ids.len() - next.len());
+        next.sort_unstable();
+        answers.sort_unstable();
         figures.callbacks_per_s = Some(callbacks as f64 / wall);
-        figures.callback_p50_ms = Some(percentile_ms(&gaps, 0.50));
-        figures.callback_p99_ms = Some(percentile_ms(&gaps, 0.99));
+        figures.callback_p50_ms = Some(percentile_ms(&next, 0.50));
+        figures.callback_p99_ms = Some(percentile_ms(&next, 0.99));
+        figures.answer_p50_ms = Some(percentile_ms(&answers, 0.50));
+        figures.answer_p99_ms = Some(percentile_ms(&answers, 0.99));
     }
     Ok(figures)
 }
 
-/// For each of the sagas `ids`, the time from its participant sending the completion to its
-/// third step starting.
-fn callback_gaps(shared: &Shared, ids: &[Uuid]) -> Vec<Duration> {
-    let sent = shared.sent.lock().unwrap_or_else(|e| e.into_inner());
-    let next = shared
-        .next_started
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
+/// For each of the sagas `ids` with both instants, the time from its instant in `from` to its
+/// instant in `to`.
+fn gaps(
+    from: &Mutex<HashMap<Uuid, Instant>>,
+    to: &Mutex<HashMap<Uuid, Instant>>,
+    ids: &[Uuid],
+) -> Vec<Duration> {
+    let from = from.lock().unwrap_or_else(|e| e.into_inner());
+    let to = to.lock().unwrap_or_else(|e| e.into_inner());
     ids.iter()
-        .filter_map(|id| Some(next.get(id)?.saturating_duration_since(*sent.get(id)?)))
+        .filter_map(|id| Some(to.get(id)?.saturating_duration_since(*from.get(id)?)))
         .collect()
 }
 
@@ -565,17 +586,33 @@ async fn lanes(
             let (mut latencies, mut errors, mut ids) = (Vec::new(), 0, Vec::new());
             while Instant::now() < until {
                 let t = Instant::now();
-                let saga = engine
+                // A failed start or wait is counted and said once per lane, not fatal: the
+                // figures of the sagas that ran still tell where the limit is.
+                let saga = match engine
                     .start_saga(workload.saga(), json!({"order": "bench"}))
-                    .await?;
-                let status = engine
-                    .wait_terminal(saga.id, Duration::from_secs(60))
-                    .await?;
-                if status == Some(SagaStatus::Completed) {
-                    latencies.push(t.elapsed());
-                    ids.push(saga.id);
-                } else {
-                    errors += 1;
+                    .await
+                {
+                    Ok(saga) => saga,
+                    Err(e) => {
+                        if errors == 0 {
+                            eprintln!("a saga did not start: {e}");
+                        }
+                        errors += 1;
+                        continue;
+                    }
+                };
+                let status = engine.wait_terminal(saga.id, Duration::from_secs(60)).await;
+                match status {
+                    Ok(Some(SagaStatus::Completed)) => {
+                        latencies.push(t.elapsed());
+                        ids.push(saga.id);
+                    }
+                    other => {
+                        if errors == 0 {
+                            eprintln!("saga {} did not complete: {other:?}", saga.id);
+                        }
+                        errors += 1;
+                    }
                 }
             }
             anyhow::Ok((latencies, errors, ids))
