@@ -485,7 +485,8 @@ async fn configuration(
         orchestrator::http::serve(listener, router, shutdown.clone())
     });
 
-    lanes(&engine, workload, concurrency, WARM_UP).await?;
+    // A warm-up saga that failed is as much an error as a measured one.
+    let (_, warm_up_errors, _) = lanes(&engine, workload, concurrency, WARM_UP).await?;
     let commits = store.commits();
     let effects = shared.effects.load(Ordering::Relaxed);
     let (ok, failed) = (
@@ -503,6 +504,7 @@ async fn configuration(
     runner.await??;
     server.await??;
 
+    errors += warm_up_errors;
     let sagas = latencies.len();
     let per_saga = |n: u64| n as f64 / sagas.max(1) as f64;
     errors += usize::try_from(effects.abs_diff(3 * sagas as u64))?;
