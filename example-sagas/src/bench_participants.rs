@@ -2,7 +2,7 @@
 //!
 //! Three workloads, each a 3-step saga run for a fixed time with a number of sagas kept in
 //! flight (each lane starts its next saga as soon as its previous one ended), on a fresh
-//! database per configuration:
+//! SQLite database per configuration, or all on the one database named:
 //!
 //! - `in-process`: three compensatable steps that are plain async functions;
 //! - `http`: the same three steps as [`HttpParticipant`] `POST`s to a participant served by
@@ -210,13 +210,22 @@ pub async fn run(plan: &Plan, mut report: impl FnMut(&Figures)) -> anyhow::Resul
             .iter()
             .map(|&c| (Workload::Callback, c)),
     );
+    // A named database is opened once: a store dropped does not hand its connections back at
+    // once, and a fresh one per configuration would run PostgreSQL out of connections.
+    let named = match &plan.database_url {
+        Some(url) => Some(open(url).await?),
+        None => None,
+    };
     for (n, (workload, concurrency)) in configurations.into_iter().enumerate() {
-        let url = match &plan.database_url {
-            Some(url) => url.clone(),
-            None => format!("sqlite://{}", plan.dir.join(format!("{n}.db")).display()),
+        let store = match &named {
+            Some(store) => store.clone(),
+            None => {
+                let file = plan.dir.join(format!("{n}.db"));
+                open(&format!("sqlite://{}", file.display())).await?
+            }
         };
         let figures = configuration(
-            &url,
+            store,
             workload,
             concurrency.max(1),
             plan.measure,
@@ -227,6 +236,17 @@ pub async fn run(plan: &Plan, mut report: impl FnMut(&Figures)) -> anyhow::Resul
         all.push(figures);
     }
     Ok(all)
+}
+
+/// The database at `url`, with the name of its backend.
+async fn open(url: &str) -> anyhow::Result<(Arc<dyn Store>, &'static str)> {
+    let store = orchestrator::store::open(url).await?;
+    let backend = if url.starts_with("postgres") {
+        "postgres"
+    } else {
+        "sqlite"
+    };
+    Ok((store, backend))
 }
 
 /// The participant's side of the benchmark: an HTTP service on a loopback port.
@@ -445,15 +465,14 @@ async fn undo(_ctx: StepContext) -> Result<(), StepError> {
     Ok(())
 }
 
-/// Runs one configuration on the database at `url` and measures it.
+/// Runs one configuration on `store` (of the database `backend`) and measures it.
 async fn configuration(
-    url: &str,
+    (store, backend): (Arc<dyn Store>, &'static str),
     workload: Workload,
     concurrency: usize,
     measure: Duration,
     participant: &Participant,
 ) -> anyhow::Result<Figures> {
-    let store: Arc<dyn Store> = orchestrator::store::open(url).await?;
     let shared = &participant.state;
     let mut registry = Registry::new();
     for def in definitions(&participant.base, shared)? {
@@ -509,12 +528,7 @@ async fn configuration(
     let per_saga = |n: u64| n as f64 / sagas.max(1) as f64;
     errors += usize::try_from(effects.abs_diff(3 * sagas as u64))?;
     let mut figures = Figures {
-        backend: if url.starts_with("postgres") {
-            "postgres"
-        } else {
-            "sqlite"
-        }
-        .to_owned(),
+        backend: backend.to_owned(),
         workload,
         concurrency,
         sagas,
