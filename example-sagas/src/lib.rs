@@ -39,6 +39,7 @@ pub mod bench;
 #[cfg(feature = "nats")]
 pub mod bench_broker;
 pub mod bench_flow;
+pub mod bench_participants;
 pub mod book_trip;
 pub mod fulfil_order;
 #[cfg(feature = "nats")]

@@ -9,6 +9,7 @@
 //! example-sagas ledger --timings --json     # when the bank was called, when payouts ran
 //! example-sagas bank --listen 127.0.0.1:8090 # the fake bank alone (SQLite bank.db)
 //! example-sagas bench --sagas 2000 --concurrency 16
+//! example-sagas bench-participants          # HTTP steps and callbacks beside in-process steps
 //! ```
 
 use std::io::Write;
@@ -85,6 +86,10 @@ enum Command {
     NotifyConsumer(NotifyArgs),
     /// Run the in-process benchmark on a fresh database and print one line of figures.
     Bench(BenchArgs),
+    /// Measure HTTP steps and completion by callback beside in-process steps: a 3-step saga
+    /// against a participant on a loopback port, each configuration on a fresh database
+    /// (unless `--database-url` names one), one line of figures per configuration.
+    BenchParticipants(BenchParticipantsArgs),
     /// Measure the outbox relay to NATS JetStream: end-to-end lag with sagas in flight, then
     /// the relay's throughput on a backlog (fresh database; deletes the server's `SAGAS`
     /// stream first).
@@ -259,6 +264,22 @@ struct BenchArgs {
     otlp_sample_ratio: f64,
 }
 
+#[derive(Debug, clap::Args)]
+struct BenchParticipantsArgs {
+    /// How long each configuration is measured, in seconds (after a short warm-up).
+    #[arg(long, default_value_t = 3.0, value_name = "S")]
+    seconds: f64,
+    /// Sagas kept in flight by the in-process and HTTP workloads, one configuration each.
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 16, 64])]
+    concurrency: Vec<usize>,
+    /// Sagas kept in flight by the callback workload, one configuration each.
+    #[arg(long, value_delimiter = ',', default_values_t = [16, 64])]
+    callback_concurrency: Vec<usize>,
+    /// Print the figures as JSON, one object a line.
+    #[arg(long)]
+    json: bool,
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let matches = Cli::command().get_matches();
@@ -299,6 +320,7 @@ async fn main() -> ExitCode {
         #[cfg(feature = "nats")]
         Command::NotifyConsumer(args) => notify_consumer(args).await,
         Command::Bench(args) => run_bench(&cli, args, db_explicit).await,
+        Command::BenchParticipants(args) => bench_participants(&cli, args, db_explicit).await,
         Command::BenchWorker { workers } => bench_worker(&cli, *workers).await,
         #[cfg(feature = "nats")]
         Command::BenchBroker {
@@ -746,6 +768,54 @@ async fn run_bench(cli: &Cli, args: &BenchArgs, db_explicit: bool) -> anyhow::Re
     } else {
         println!("{}", report.line());
     }
+    Ok(())
+}
+
+async fn bench_participants(
+    cli: &Cli,
+    args: &BenchParticipantsArgs,
+    db_explicit: bool,
+) -> anyhow::Result<()> {
+    use example_sagas::bench_participants::{self as bench, Workload};
+    anyhow::ensure!(
+        args.seconds.is_finite() && args.seconds > 0.0,
+        "--seconds must be a positive number of seconds, not {}",
+        args.seconds
+    );
+    let tmp = tempfile::tempdir()?;
+    let plan = bench::Plan {
+        database_url: db_explicit.then(|| cli.db.database_url.clone()),
+        dir: tmp.path().to_owned(),
+        measure: std::time::Duration::from_secs_f64(args.seconds),
+        concurrency: args.concurrency.clone(),
+        callback_concurrency: args.callback_concurrency.clone(),
+    };
+    let print = |line: String| {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+    };
+    let json = args.json;
+    let all = bench::run(&plan, |f| {
+        print(if json {
+            serde_json::to_string(f).unwrap_or_default()
+        } else {
+            f.line()
+        })
+    })
+    .await?;
+    if !json {
+        for http in all.iter().filter(|f| f.workload == Workload::Http) {
+            let local = all
+                .iter()
+                .find(|f| f.workload == Workload::InProcess && f.concurrency == http.concurrency);
+            if let Some(local) = local {
+                print(bench::ratio_line(http, local));
+            }
+        }
+    }
+    let errors: usize = all.iter().map(|f| f.errors).sum();
+    anyhow::ensure!(errors == 0, "{errors} errors: see the figures above");
     Ok(())
 }
 
