@@ -57,8 +57,8 @@ async fn report_in(tx: &mut Tx, task: &TaskRef, report: &TaskReport) -> Result<T
     let saga_status: SagaStatus = parse_enum(&id.to_string(), &saga.get::<String>("status")?)?;
     let (status_col, attempts_col) = phase_columns(task);
     let sql = format!(
-        "SELECT name, {status_col} AS status, {attempts_col} AS attempts, waiting_for \
-         FROM steps WHERE saga_id = $1 AND idx = $2"
+        "SELECT name, {status_col} AS status, {attempts_col} AS attempts, waiting_for, \
+         timeout_at FROM steps WHERE saga_id = $1 AND idx = $2"
     );
     let Some(step) = tx
         .opt(&sql, &[Arg::Id(id), Arg::Int(task.step_index.into())])
@@ -77,10 +77,16 @@ async fn report_in(tx: &mut Tx, task: &TaskRef, report: &TaskReport) -> Result<T
         && (status == StepStatus::Running || parked);
     let (outcome, result) = match report {
         TaskReport::Heartbeat { extend_ms } => {
-            if before.is_some() || !current {
+            let now = tx.now().await?;
+            // A wait whose deadline has passed is the driver's to close: too late to extend.
+            let ran_out = parked
+                && step
+                    .get::<Option<i64>>("timeout_at")?
+                    .is_some_and(|at| at <= now);
+            if before.is_some() || !current || ran_out {
                 return Ok(TaskAnswer::NotCurrent);
             }
-            let timeout_at = tx.now().await?.saturating_add(*extend_ms);
+            let timeout_at = now.saturating_add(*extend_ms);
             if parked {
                 tx.exec(
                     "UPDATE steps SET timeout_at = $3 WHERE saga_id = $1 AND idx = $2",
