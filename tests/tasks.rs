@@ -34,6 +34,9 @@ struct Participant {
     /// When set, the step reports its own completion before it answers (a participant faster
     /// than the orchestrator's record of its answer): the API's base URL.
     report_first: Arc<Mutex<Option<String>>>,
+    /// When set, the step reports its completion this long after it answered: the API's base
+    /// URL and the delay.
+    report_after: Arc<Mutex<Option<(String, Duration)>>>,
 }
 
 impl Participant {
@@ -112,6 +115,16 @@ fn definition(p: &Participant, timeout: Duration) -> SagaDefinition {
                         .await
                         .map_err(|e| StepError::retryable(e.to_string()))?;
                     assert_eq!(answer.status(), StatusCode::OK);
+                }
+                let later = p.report_after.lock().unwrap().clone();
+                if let Some((base, after)) = later {
+                    let url = format!("{base}/v1/tasks/{}/complete", task.token());
+                    tokio::spawn(async move {
+                        tokio::time::sleep(after).await;
+                        let body = json!({"output": {"charge": "soon"}});
+                        let answer = reqwest::Client::new().post(url).json(&body).send().await;
+                        assert_eq!(answer.unwrap().status(), StatusCode::OK);
+                    });
                 }
                 Ok::<_, StepError>(json!({"accepted": true}))
             }
@@ -549,5 +562,25 @@ async fn a_paused_saga_keeps_a_report_and_takes_it_once_resumed() {
         attempts(&api, &id).await,
         [("pay".into(), 1, "succeeded".into())]
     );
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn a_report_that_comes_soon_after_the_answer_lets_the_saga_go_on_without_giving_it_back() {
+    let (p, api) = setup(Duration::from_secs(30)).await;
+    // Within the engine's short hold (100 ms in the tests' configuration).
+    *p.report_after.lock().unwrap() = Some((api.base.clone(), Duration::from_millis(20)));
+    let id = api.start_saga("callback", json!({})).await;
+    let saga = api.wait_status(&id, "COMPLETED").await;
+    assert_eq!(step(&saga, "pay")["output"], json!({"charge": "soon"}));
+    // The driver that made the call made the next one too: the saga was never given back and
+    // claimed again (a claim takes a new lease epoch).
+    let epochs: Vec<u64> = saga["attempts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["lease_epoch"].as_u64().unwrap())
+        .collect();
+    assert_eq!(epochs, [1, 1, 1], "{saga:#}");
     api.stop().await;
 }

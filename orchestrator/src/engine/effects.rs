@@ -116,6 +116,11 @@ impl Driver {
             Decision::StartGroup(branches) => self.start_group(index, branches, now),
             Decision::TaskEnded { attempt, end } => self.task_ended(index, attempt, end).await?,
             Decision::AwaitTask { task, deadline } => {
+                if let Some(outcome) = self.hold_for_report(&task, deadline, now).await? {
+                    self.task_ended(index, task.attempt, TaskEnd::Reported(outcome))
+                        .await?;
+                    return Ok(Turned::Continue);
+                }
                 let recheck = now
                     .saturating_add(self.inner.config.lease_ttl_ms())
                     .min(deadline);
@@ -164,6 +169,35 @@ impl Driver {
             }
         }
         Ok(Turned::Continue)
+    }
+
+    /// Before giving back a saga whose call waits for its callback, holds it for as long as a
+    /// short retry is held (`hold_backoff_below`), in case its participant reports to this
+    /// process meanwhile, as a participant that answers "accepted" and settles at once does:
+    /// the saga then goes on without being parked and claimed again. Returns the report, if
+    /// one came.
+    async fn hold_for_report(
+        &self,
+        task: &TaskRef,
+        deadline: Millis,
+        now: Millis,
+    ) -> Result<Option<TaskOutcome>, StoreError> {
+        let hold = self.inner.config.hold_backoff_below;
+        let hold_ms = Millis::try_from(hold.as_millis()).unwrap_or(Millis::MAX);
+        if hold.is_zero() || deadline.saturating_sub(now) <= hold_ms || self.stop.is_cancelled() {
+            return Ok(None);
+        }
+        let watch = self.inner.reports.watch(task.saga);
+        // A report recorded before the watch began is read; one after it wakes the watch.
+        if let Some(outcome) = self.inner.store.reported_task(task).await? {
+            return Ok(Some(outcome));
+        }
+        tokio::select! {
+            () = watch.reported() => {}
+            () = tokio::time::sleep(hold) => return Ok(None),
+            () = self.stop.cancelled() => return Ok(None),
+        }
+        self.inner.store.reported_task(task).await
     }
 
     /// Records the end of a call that waited for its participant's callback as the call's own

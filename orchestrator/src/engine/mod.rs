@@ -19,6 +19,7 @@ mod effects;
 mod hook;
 pub mod plan;
 mod rates;
+mod reports;
 mod stages;
 mod start;
 mod waiters;
@@ -263,6 +264,8 @@ pub(crate) struct Inner {
     registering: tokio::sync::Mutex<()>,
     /// The log's task key, read once when a saga with a call completed by callback first runs.
     task_key: tokio::sync::OnceCell<Arc<[u8]>>,
+    /// Drivers holding a saga for a moment while its call waits for its callback.
+    pub(crate) reports: reports::Reports,
 }
 
 impl Inner {
@@ -338,6 +341,7 @@ impl Engine {
                 finished_dispatch: std::sync::OnceLock::new(),
                 registered: std::sync::atomic::AtomicBool::new(false),
                 task_key: tokio::sync::OnceCell::new(),
+                reports: reports::Reports::default(),
                 registering: tokio::sync::Mutex::new(()),
             }),
         }
@@ -356,6 +360,12 @@ impl Engine {
     /// The log's task key, which signs the tokens of calls completed by callback.
     pub(crate) async fn task_key(&self) -> Result<Arc<[u8]>, StoreError> {
         self.inner.task_key().await
+    }
+
+    /// A participant's report for a call of saga `saga` was recorded: its driver, if one of
+    /// this process holds the saga waiting for it, goes on at once.
+    pub(crate) fn task_reported(&self, saga: Uuid) {
+        self.inner.reports.reported(saga);
     }
 
     /// The settings.

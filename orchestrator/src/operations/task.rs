@@ -53,7 +53,12 @@ impl Operations<'_> {
                  reported for it)"
                     .to_owned(),
             )),
-            answer => Ok((token.task, answer)),
+            answer => {
+                if let (TaskAnswer::Recorded { .. }, Some(engine)) = (&answer, self.engine) {
+                    engine.task_reported(token.task.saga);
+                }
+                Ok((token.task, answer))
+            }
         }
     }
 }
