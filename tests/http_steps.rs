@@ -205,6 +205,11 @@ async fn handle(
             p.apply(&seen);
             return axum::response::Html("<p>done</p>").into_response();
         }
+        "/huge" => {
+            p.apply(&seen);
+            // Over the 1 MiB a step's output may be.
+            return axum::Json(json!({"pad": "x".repeat(1024 * 1024)})).into_response();
+        }
         _ => {}
     }
     axum::Json(p.apply(&seen)).into_response()
@@ -364,6 +369,30 @@ async fn a_2xx_answer_that_is_not_json_fails_permanently_naming_its_type() {
     assert_eq!(
         errors_of(&attempts, "ship"),
         ["HTTP 200 OK: the answer is not JSON (content type text/html; charset=utf-8): <p>done</p>"]
+    );
+    run.stop().await;
+}
+
+#[tokio::test]
+async fn a_2xx_answer_over_a_step_s_largest_output_fails_permanently() {
+    let p = Participant::serve().await;
+    let http = signed();
+    let def = reserve_then(
+        &p,
+        &http,
+        Step::compensatable(
+            "ship",
+            http.post(&p.url("/huge")).unwrap(),
+            http.post(&p.url("/unship")).unwrap(),
+        )
+        .retry(quick(3)),
+    );
+    let run = Run::start(def).await;
+    let (saga, attempts) = run.one(json!({"sku": "a"})).await;
+    assert_eq!(saga.status, SagaStatus::Compensated);
+    assert_eq!(
+        errors_of(&attempts, "ship"),
+        ["HTTP 200 OK: the answer is over 1048576 bytes, the most a step's output may be"]
     );
     run.stop().await;
 }

@@ -14,13 +14,18 @@ use crate::webhooks::CallbackRefusal;
 /// The most of a body a failure's message carries, in bytes.
 pub(crate) const EXCERPT_BYTES: usize = 512;
 
+/// The largest `2xx` answer read, in bytes: a step's output is held to what an operator's
+/// completion of it may carry ([`crate::operations::MAX_OUTPUT`]), and a participant cannot
+/// make the engine read without end.
+pub(crate) const MAX_ANSWER_BYTES: usize = crate::operations::MAX_OUTPUT;
+
 /// The longest `Retry-After` honoured: a participant cannot hold a saga back for longer at a
 /// time (its retry policy still bounds the attempts).
 pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(24 * 3600);
 
 /// An action's output: the JSON of a `2xx` answer (`null` for an empty body), or the error
 /// its status or body calls for.
-pub(crate) async fn output(response: Response) -> Result<Value, StepError> {
+pub(crate) async fn output(mut response: Response) -> Result<Value, StepError> {
     let status = response.status();
     if !status.is_success() {
         return Err(failure(response).await);
@@ -29,14 +34,35 @@ pub(crate) async fn output(response: Response) -> Result<Value, StepError> {
         .headers()
         .get(CONTENT_TYPE)
         .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
-    // The answer was given: a body cut short is an answer lost, worth another attempt.
-    let body = response.bytes().await.map_err(|e| {
-        StepError::retryable(format!(
-            "{}: reading the answer failed: {}",
+    let too_large = || {
+        StepError::permanent(format!(
+            "{}: the answer is over {} bytes, the most a step's output may be",
             describe(status),
-            crate::webhooks::error_chain(&e)
+            MAX_ANSWER_BYTES
         ))
-    })?;
+    };
+    if response
+        .content_length()
+        .is_some_and(|n| n > MAX_ANSWER_BYTES as u64)
+    {
+        return Err(too_large());
+    }
+    let mut body = Vec::new();
+    loop {
+        // The answer was given: a body cut short is an answer lost, worth another attempt.
+        let chunk = response.chunk().await.map_err(|e| {
+            StepError::retryable(format!(
+                "{}: reading the answer failed: {}",
+                describe(status),
+                crate::webhooks::error_chain(&e)
+            ))
+        })?;
+        let Some(chunk) = chunk else { break };
+        if body.len() + chunk.len() > MAX_ANSWER_BYTES {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
     parse_output(status, content_type.as_deref(), &body)
 }
 
