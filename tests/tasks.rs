@@ -37,6 +37,8 @@ struct Participant {
     /// When set, the step reports its completion this long after it answered: the API's base
     /// URL and the delay.
     report_after: Arc<Mutex<Option<(String, Duration)>>>,
+    /// With `report_first`: the step's answer is lost after it reported.
+    answer_lost: Arc<Mutex<bool>>,
 }
 
 impl Participant {
@@ -115,6 +117,10 @@ fn definition(p: &Participant, timeout: Duration) -> SagaDefinition {
                         .await
                         .map_err(|e| StepError::retryable(e.to_string()))?;
                     assert_eq!(answer.status(), StatusCode::OK);
+                    if *p.answer_lost.lock().unwrap() {
+                        // Reported, and then its answer is lost on the way back.
+                        return Err(StepError::retryable("connection reset by peer"));
+                    }
                 }
                 let later = p.report_after.lock().unwrap().clone();
                 if let Some((base, after)) = later {
@@ -582,5 +588,22 @@ async fn a_report_that_comes_soon_after_the_answer_lets_the_saga_go_on_without_g
         .map(|a| a["lease_epoch"].as_u64().unwrap())
         .collect();
     assert_eq!(epochs, [1, 1, 1], "{saga:#}");
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn a_report_whose_call_s_answer_was_lost_is_the_attempt_s_outcome() {
+    let (p, api) = setup(Duration::from_secs(30)).await;
+    *p.report_first.lock().unwrap() = Some(api.base.clone());
+    *p.answer_lost.lock().unwrap() = true;
+    let id = api.start_saga("callback", json!({})).await;
+    let saga = api.wait_status(&id, "COMPLETED").await;
+    // The completion the participant was answered 200 for stands: not tried again.
+    assert_eq!(step(&saga, "pay")["output"], json!({"charge": "fast"}));
+    assert_eq!(
+        attempts(&api, &id).await,
+        [("pay".into(), 1, "succeeded".into())]
+    );
+    assert_eq!(p.handed(&id).len(), 1);
     api.stop().await;
 }

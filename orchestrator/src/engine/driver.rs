@@ -238,7 +238,7 @@ impl Driver {
             if !calls.is_empty() {
                 // Results are kept in memory, to be written with whatever comes next.
                 for done in calls.next_batch().await {
-                    self.finish_call(done);
+                    self.finish_call(done).await?;
                 }
             }
             let now = self.now();
@@ -454,7 +454,7 @@ impl Driver {
     }
 
     /// Records a call that ended, in memory, to be written with whatever comes next.
-    fn finish_call(&mut self, done: super::calls::Finished) {
+    async fn finish_call(&mut self, done: super::calls::Finished) -> Result<(), StoreError> {
         let mut call = done.call;
         if let Some(mut span) = call.span.take() {
             let error = match &done.result {
@@ -473,8 +473,43 @@ impl Driver {
             CallResult::Ok(answer) if self.completed_by_callback(call.index, call.phase) => {
                 self.await_callback(call.index, call.attempt, answer);
             }
+            // Its answer was lost, but the participant may have reported already: a report
+            // that stands is the attempt's outcome; otherwise none is taken after this.
+            result @ CallResult::Err { .. }
+                if self.completed_by_callback(call.index, call.phase) =>
+            {
+                let standing = self.close_unanswered(call.index, call.attempt).await?;
+                let result = standing.map_or(result, CallResult::of_task);
+                self.record(call.index, call.phase, call.attempt, result);
+            }
             result => self.record(call.index, call.phase, call.attempt, result),
         }
+        Ok(())
+    }
+
+    /// Closes attempt `attempt` of row `index`'s call completed by callback, whose answer was
+    /// lost (an error, a timeout, its process stopped), as abandoned, unless its participant
+    /// reported first: returns that report, if it stands. A later report is refused.
+    async fn close_unanswered(
+        &self,
+        index: usize,
+        attempt: u32,
+    ) -> Result<Option<TaskOutcome>, StoreError> {
+        let task = TaskRef {
+            saga: self.saga.id,
+            step_index: index as u32,
+            phase: Phase::Action,
+            attempt,
+        };
+        let standing = self
+            .inner
+            .store
+            .close_task(&task, &TaskOutcome::Abandoned)
+            .await?;
+        Ok(match standing {
+            TaskOutcome::Completed(_) | TaskOutcome::Failed { .. } => Some(standing),
+            TaskOutcome::Expired | TaskOutcome::Abandoned => None,
+        })
     }
 
     /// Whether row `index`'s call in `phase` is completed by its participant's callback.
@@ -603,7 +638,8 @@ impl Driver {
 
     /// A call completed by callback whose process stopped before it recorded the participant's
     /// answer may have been reported meanwhile (the participant called back at once): that
-    /// report is the attempt's outcome, rather than an interruption and a second call.
+    /// report is the attempt's outcome, rather than an interruption and a second call; without
+    /// one, the attempt is closed first, so that a report for it coming later is refused.
     async fn take_reports_of_interrupted(&mut self) -> Result<(), StoreError> {
         for index in 0..self.saga.steps.len() {
             let rec = &self.saga.steps[index].action;
@@ -612,18 +648,9 @@ impl Driver {
             {
                 continue;
             }
-            let task = TaskRef {
-                saga: self.saga.id,
-                step_index: index as u32,
-                phase: Phase::Action,
-                attempt: rec.attempts,
-            };
-            let reported = self.inner.store.reported_task(&task).await?;
-            if let Some(outcome @ (TaskOutcome::Completed(_) | TaskOutcome::Failed { .. })) =
-                reported
-            {
-                let result = CallResult::of_task(outcome);
-                self.record(index, Phase::Action, task.attempt, result);
+            let attempt = rec.attempts;
+            if let Some(outcome) = self.close_unanswered(index, attempt).await? {
+                self.record(index, Phase::Action, attempt, CallResult::of_task(outcome));
             }
         }
         Ok(())

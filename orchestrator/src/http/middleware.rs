@@ -212,7 +212,7 @@ mod tests {
 
 /// The path as a log line shows it: a task token (SPEC §16) is a secret, so the routes under
 /// `/v1/tasks/` show its place, not the token.
-fn logged_path(path: &str) -> std::borrow::Cow<'_, str> {
+pub(crate) fn logged_path(path: &str) -> std::borrow::Cow<'_, str> {
     match path.strip_prefix("/v1/tasks/") {
         Some(rest) => {
             let action = rest.split_once('/').map_or("", |(_, action)| action);

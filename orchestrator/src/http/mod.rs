@@ -351,7 +351,16 @@ pub fn router_with_shutdown(
             config.clone(),
             middleware::json_errors,
         ))
-        .layer(TraceLayer::new_for_http())
+        // Its span names the path as the request's log line does: never a task token.
+        .layer(
+            TraceLayer::new_for_http().make_span_with(|req: &axum::extract::Request| {
+                tracing::debug_span!(
+                    "request",
+                    method = %req.method(),
+                    uri = %middleware::logged_path(req.uri().path()),
+                )
+            }),
+        )
         .layer(axum::middleware::from_fn_with_state(
             config,
             middleware::request_context,

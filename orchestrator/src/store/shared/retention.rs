@@ -27,12 +27,13 @@ const FINISHED: [SagaStatus; 4] = [
 ];
 
 /// The tables keyed by a saga's id, emptied of a purged saga's rows (`sagas` last).
-const CHILD_TABLES: [&str; 7] = [
+const CHILD_TABLES: [&str; 8] = [
     "webhook_deliveries",
     "events",
     "attempts",
     "steps",
     "signals",
+    "tasks",
     "saga_callbacks",
     "idempotency_keys",
 ];
