@@ -582,27 +582,17 @@ impl Driver {
                 continue;
             }
             let attempt = row.action.attempts;
-            let task = TaskRef {
-                saga: self.saga.id,
-                step_index: index as u32,
-                phase: Phase::Action,
-                attempt,
-            };
-            let outcome = self
-                .inner
-                .store
-                .close_task(&task, &TaskOutcome::Abandoned)
-                .await?;
+            let standing = self.close_unanswered(index, attempt).await?;
             let row = &mut self.saga.steps[index];
             row.waiting_for = None;
             row.timeout_at = None;
-            match outcome {
-                TaskOutcome::Completed(output) => {
+            match standing {
+                Some(TaskOutcome::Completed(output)) => {
                     self.record(index, Phase::Action, attempt, CallResult::Ok(output));
                     continue;
                 }
                 // Going back, a failure is final: the action is not tried again.
-                TaskOutcome::Failed { error, .. } => {
+                Some(TaskOutcome::Failed { error, .. }) => {
                     let result = CallResult::Err {
                         error: StepError::permanent(error),
                         unknown: false,
@@ -610,7 +600,7 @@ impl Driver {
                     self.record(index, Phase::Action, attempt, result);
                     continue;
                 }
-                TaskOutcome::Expired | TaskOutcome::Abandoned => {}
+                _ => {}
             }
             let error = "abandoned: the saga went back while the step waited for its callback; \
                          its outcome is unknown";
