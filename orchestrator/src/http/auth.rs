@@ -153,6 +153,7 @@ fn required_scope(method: &Method, route: Option<&str>) -> Option<Scope> {
         || route.ends_with("/complete")
         || route.ends_with("/fork")
         || route.starts_with("/v1/limits")
+        || route.starts_with("/v1/schedules")
     {
         Some(Scope::Operate)
     } else if route.starts_with("/v1/sagas") {

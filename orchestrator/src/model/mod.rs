@@ -116,7 +116,9 @@ pub mod task;
 pub use bulk::{BulkAction, BulkJob, BulkJobPage, BulkRefusal, BulkStatus};
 pub use detail::SagaDetail;
 pub use limits::{DeclaredValue, LimitChange, LimitInfo, LimitKind};
-pub use schedule::{NewScheduleRun, Overlap, RunOutcome, Schedule, ScheduleRun, RUNS_KEPT};
+pub use schedule::{
+    NewScheduleRun, Overlap, RunOutcome, Schedule, ScheduleDetail, ScheduleRun, RUNS_KEPT,
+};
 pub(crate) use shown::wait_word;
 pub(crate) use shown::RATE_WAIT;
 

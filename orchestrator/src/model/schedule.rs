@@ -225,3 +225,16 @@ pub struct NewScheduleRun {
 
 /// How many runs of a schedule its history keeps.
 pub const RUNS_KEPT: usize = 100;
+
+/// A schedule as the API shows it: the schedule, its next ticks and its latest runs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "server", derive(utoipa::ToSchema))]
+pub struct ScheduleDetail {
+    /// The schedule.
+    #[serde(flatten)]
+    pub schedule: Schedule,
+    /// Its next ticks (up to 5), RFC 3339; empty while it is paused.
+    pub next_runs: Vec<String>,
+    /// Its latest runs, latest first: one in a list, up to 100 for one schedule.
+    pub runs: Vec<ScheduleRun>,
+}

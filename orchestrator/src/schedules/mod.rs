@@ -20,7 +20,7 @@ use tokio::sync::Notify;
 use uuid::Uuid;
 
 use crate::engine::{Engine, StartError, StartKey};
-use crate::model::{Millis, Overlap, Schedule, ScheduleRun, RUNS_KEPT};
+use crate::model::{Millis, Overlap, Schedule, ScheduleDetail, ScheduleRun, RUNS_KEPT};
 use crate::store::{Store, StoreError};
 pub use cadence::Cadence;
 
@@ -343,4 +343,46 @@ pub fn tick_key(s: &Schedule, instant: Millis) -> StartKey {
         instant.to_string(),
     )
     .with_retention(retention)
+}
+
+/// How many next ticks a schedule shows.
+pub const NEXT_SHOWN: usize = 5;
+
+/// `s` as shown, with its next ticks after `now` and `runs`.
+pub fn detail(s: Schedule, runs: Vec<ScheduleRun>, now: Millis) -> ScheduleDetail {
+    let next_runs = if s.paused {
+        Vec::new()
+    } else {
+        let mut next = vec![s.next_fire_at];
+        if let Ok(c) = cadence_of(&s) {
+            next.extend(c.upcoming(s.next_fire_at.max(now), NEXT_SHOWN - 1));
+        }
+        next.into_iter().map(crate::model::rfc3339).collect()
+    };
+    ScheduleDetail {
+        schedule: s,
+        next_runs,
+        runs,
+    }
+}
+
+/// Every schedule, each with its latest run.
+pub async fn list(store: &dyn Store, now: Millis) -> Result<Vec<ScheduleDetail>, ScheduleError> {
+    let mut out = Vec::new();
+    for s in store.schedules().await? {
+        let runs = store.schedule_runs(&s.id, 1).await?;
+        out.push(detail(s, runs, now));
+    }
+    Ok(out)
+}
+
+/// The schedule `id` with its history.
+pub async fn show(
+    store: &dyn Store,
+    id: &str,
+    now: Millis,
+) -> Result<ScheduleDetail, ScheduleError> {
+    let s = get(store, id).await?;
+    let runs = runs(store, id).await?;
+    Ok(detail(s, runs, now))
 }
