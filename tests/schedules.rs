@@ -381,7 +381,12 @@ async fn overlap_skip_and_buffer_one_hold_ticks_back_while_the_previous_run_wait
     let second = run.saga_id.unwrap();
     assert_eq!(server.saga(running).await["status"], "COMPLETED");
     assert_eq!(server.saga(second).await["name"], "fulfil_order");
-    assert_eq!(after.schedule.buffered_at, None);
+    // That tick waits no more; a later one may, behind the saga it started.
+    assert!(
+        after.schedule.buffered_at.is_none_or(|at| at > buffered_at),
+        "{:?}",
+        after.schedule.buffered_at
+    );
     post(&server, "/v1/schedules/skip/pause", json!({})).await;
     post(&server, "/v1/schedules/buffer/pause", json!({})).await;
     server.kill9();
