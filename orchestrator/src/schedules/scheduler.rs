@@ -368,7 +368,13 @@ pub(super) async fn fire_triggered(
     let now = engine.clock().now_ms();
     if !engine
         .store()
-        .record_schedule_runs(&s.id, &[fired.run.clone()], fired.saga, fired.buffered, now)
+        .record_schedule_runs(
+            &s.id,
+            std::slice::from_ref(&fired.run),
+            fired.saga,
+            fired.buffered,
+            now,
+        )
         .await?
     {
         return Err(ScheduleError::NotFound(s.id.clone()));
