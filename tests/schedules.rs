@@ -598,3 +598,136 @@ async fn three_postgres_processes_start_one_saga_per_tick_through_a_kill_of_the_
         server.kill9();
     }
 }
+
+#[tokio::test]
+async fn the_cli_makes_lists_shows_pauses_resumes_fires_and_deletes_schedules() {
+    let db = TempDb::new();
+    let server = Server::spawn(&db.url, db.dir.path(), &[], &[]).await;
+    let dir = db.dir.path();
+    let text = |out: &[u8]| String::from_utf8_lossy(out).into_owned();
+    let saga = |args: &[&str]| {
+        let mut all = vec!["--database-url", db.url.as_str()];
+        all.extend_from_slice(args);
+        all.into_iter().map(str::to_owned).collect::<Vec<_>>()
+    };
+    let run = |args: Vec<String>| async move {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        saga_suite::run_bin("saga", &args, dir).await
+    };
+    // Made through the server (which checks the saga and its input).
+    let out = run(saga(&[
+        "schedule",
+        "create",
+        "nightly",
+        "--saga",
+        "place_order",
+        "--cron",
+        "0 2 * * *",
+        "--timezone",
+        "Europe/Paris",
+        "--overlap",
+        "skip",
+        "--input",
+        r#"{"order_id": "cli", "user": "ada", "amount": 7}"#,
+        "--server",
+        &server.base,
+    ]))
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(said.contains("schedule nightly made"), "{said}");
+    assert!(
+        said.contains("cron \"0 2 * * *\" in Europe/Paris"),
+        "{said}"
+    );
+
+    // A bad one is refused with the server's message, and nothing is made.
+    let out = run(saga(&[
+        "schedule",
+        "create",
+        "bad",
+        "--saga",
+        "place_order",
+        "--every",
+        "100ms",
+        "--server",
+        &server.base,
+    ]))
+    .await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("once a second"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // Listed and shown on the database, as through the server.
+    let out = run(saga(&["schedule", "list"])).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    assert!(
+        table.contains("nightly") && table.contains("place_order"),
+        "{table}"
+    );
+    assert!(!table.contains("bad"), "{table}");
+    let out = run(saga(&[
+        "schedule",
+        "list",
+        "--json",
+        "--server",
+        &server.base,
+    ]))
+    .await;
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(listed["schedules"][0]["id"], "nightly");
+
+    // Fired now: its saga runs.
+    let out = run(saga(&[
+        "schedule",
+        "trigger",
+        "nightly",
+        "--json",
+        "--server",
+        &server.base,
+    ]))
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let fired: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(fired["outcome"], "started");
+    let id: Uuid = fired["saga_id"].as_str().unwrap().parse().unwrap();
+    server
+        .wait_for(id, LONG, |s| s["status"] == "COMPLETED")
+        .await;
+    let out = run(saga(&["schedule", "show", "nightly"])).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let shown = text(&out.stdout);
+    assert!(shown.contains(&id.to_string()), "{shown}");
+    assert!(shown.contains("started (trigger)"), "{shown}");
+    assert!(shown.contains("next runs:"), "{shown}");
+
+    // Paused and resumed on the database, then deleted through the server.
+    let out = run(saga(&["schedule", "pause", "nightly"])).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("paused"));
+    assert!(schedule(&server, "nightly").await.schedule.paused);
+    let out = run(saga(&["schedule", "resume", "nightly"])).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!schedule(&server, "nightly").await.schedule.paused);
+    let out = run(saga(&[
+        "schedule",
+        "delete",
+        "nightly",
+        "--server",
+        &server.base,
+    ]))
+    .await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = run(saga(&["schedule", "show", "nightly"])).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("no schedule with id \"nightly\""),
+        "{}",
+        text(&out.stderr)
+    );
+    server.kill9();
+}
