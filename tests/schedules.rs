@@ -538,7 +538,8 @@ async fn three_postgres_processes_start_one_saga_per_tick_through_a_kill_of_the_
     )
     .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    tokio::time::sleep(Duration::from_secs(20)).await;
+    // A minute in all: half of it before the kill, half after.
+    tokio::time::sleep(Duration::from_secs(30)).await;
     // The process that started the latest tick's saga made its first attempt.
     let latest = schedule(&servers[0], "cluster").await;
     let saga = latest.runs[0].saga_id.unwrap();
@@ -546,7 +547,7 @@ async fn three_postgres_processes_start_one_saga_per_tick_through_a_kill_of_the_
     let firing = pid_of(&attempts[0].worker);
     let at = servers.iter().position(|s| s.pid() == firing).unwrap();
     servers.remove(at).kill9();
-    tokio::time::sleep(Duration::from_secs(20)).await;
+    tokio::time::sleep(Duration::from_secs(30)).await;
     let stop = chrono::Utc::now().timestamp_millis();
     let s = wait_runs(&servers[0], "cluster", LONG, |s| {
         s.runs.first().is_some_and(|r| r.scheduled_at > stop)
@@ -554,7 +555,7 @@ async fn three_postgres_processes_start_one_saga_per_tick_through_a_kill_of_the_
     .await;
     post(&servers[0], "/v1/schedules/cluster/pause", json!({})).await;
     let runs: Vec<_> = s.runs.iter().rev().collect();
-    assert!(runs.len() >= 38, "{}", runs.len());
+    assert!(runs.len() >= 58, "{}", runs.len());
     let mut sagas = BTreeSet::new();
     for w in runs.windows(2) {
         assert_eq!(
@@ -730,4 +731,112 @@ async fn the_cli_makes_lists_shows_pauses_resumes_fires_and_deletes_schedules() 
         text(&out.stderr)
     );
     server.kill9();
+}
+
+/// The engine's clock for [`a_paris_cron_fires_across_the_spring_forward_change_on_a_virtual_clock`]:
+/// from `start_ms`, 10 000 times as fast as real time.
+#[derive(Debug)]
+struct FastClock {
+    start_ms: i64,
+    real: std::time::Instant,
+}
+
+impl orchestrator::clock::Clock for FastClock {
+    fn now_ms(&self) -> i64 {
+        self.start_ms + i64::try_from(self.real.elapsed().as_millis()).unwrap() * 10_000
+    }
+}
+
+#[tokio::test]
+async fn a_paris_cron_fires_across_the_spring_forward_change_on_a_virtual_clock() {
+    use saga_suite::{registry_of, scripted_saga, test_config, Journal, ScriptedStep};
+    let db = TempDb::new();
+    let store = db.store().await;
+    let journal = Journal::default();
+    let def = scripted_saga(
+        "nightly",
+        1,
+        &[ScriptedStep::new("a", saga_dsl::StepKind::Compensatable)],
+        &journal,
+    );
+    let at = |text: &str| {
+        chrono::DateTime::parse_from_rfc3339(text)
+            .unwrap()
+            .timestamp_millis()
+    };
+    // 21:00 in Paris the evening before the clocks go from 02:00 to 03:00 (01:00 UTC).
+    let clock = std::sync::Arc::new(FastClock {
+        start_ms: at("2026-03-28T20:00:00Z"),
+        real: std::time::Instant::now(),
+    });
+    let engine = orchestrator::Engine::with_clock(
+        store.clone(),
+        std::sync::Arc::new(registry_of([def])),
+        test_config(),
+        clock,
+    );
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn({
+        let (engine, shutdown) = (engine.clone(), shutdown.clone());
+        async move { engine.run(shutdown).await.unwrap() }
+    });
+    let scheduler = tokio::spawn(orchestrator::schedules::scheduler::run(
+        engine.clone(),
+        shutdown.clone(),
+    ));
+    let made = orchestrator::schedules::create(
+        &engine,
+        serde_json::from_value(json!({
+            "id": "half-past-two", "saga": "nightly", "cron": "30 2 * * *",
+            "timezone": "Europe/Paris", "catchup_window": "12h",
+        }))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let shown = orchestrator::schedules::detail(made, Vec::new(), engine.clock().now_ms());
+    // 02:30 does not exist that night: the tick is the first instant after the gap, 03:00
+    // summer time; from then on 02:30 is 00:30 UTC.
+    assert_eq!(
+        shown.next_runs[..3],
+        [
+            "2026-03-29T01:00:00.000Z",
+            "2026-03-30T00:30:00.000Z",
+            "2026-03-31T00:30:00.000Z"
+        ]
+    );
+    // Two ticks on the virtual clock (a little over a day, some 11 s of real time).
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    let runs = loop {
+        let runs = store.schedule_runs("half-past-two", 10).await.unwrap();
+        if runs.len() >= 2 {
+            break runs;
+        }
+        assert!(std::time::Instant::now() < deadline, "{runs:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    shutdown.cancel();
+    scheduler.await.unwrap();
+    running.await.unwrap();
+    let ticks: Vec<(String, &str)> = runs
+        .iter()
+        .rev()
+        .map(|r| {
+            (
+                orchestrator::model::rfc3339(r.scheduled_at),
+                r.outcome.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ticks[..2],
+        [
+            ("2026-03-29T01:00:00.000Z".to_owned(), "started"),
+            ("2026-03-30T00:30:00.000Z".to_owned(), "started"),
+        ]
+    );
+    for r in &runs {
+        let saga = store.get_saga(r.saga_id.unwrap()).await.unwrap().unwrap();
+        assert_eq!(saga.name, "nightly");
+    }
 }
