@@ -424,6 +424,21 @@ mod tests {
             required_scope(&Method::GET, Some("/v1/limits")),
             Some(Scope::Read)
         );
+        for operate in [
+            "/v1/schedules",
+            "/v1/schedules/{id}/pause",
+            "/v1/schedules/{id}/resume",
+            "/v1/schedules/{id}/trigger",
+        ] {
+            assert_eq!(required_scope(&post, Some(operate)), Some(Scope::Operate));
+        }
+        assert_eq!(
+            required_scope(&Method::DELETE, Some("/v1/schedules/{id}")),
+            Some(Scope::Operate)
+        );
+        for read in ["/v1/schedules", "/v1/schedules/{id}"] {
+            assert_eq!(required_scope(&Method::GET, Some(read)), Some(Scope::Read));
+        }
         assert_eq!(required_scope(&post, None), None);
     }
 
