@@ -208,14 +208,14 @@ async fn bad_schedules_are_refused_with_a_clear_error_and_nothing_is_written() {
         ),
         (
             with(json!({"cron": "0 * * * *"})),
-            400,
-            "bad_request",
+            422,
+            "invalid_schedule",
             "not both",
         ),
         (
             with(json!({"every": null})),
-            400,
-            "bad_request",
+            422,
+            "invalid_schedule",
             "\"every\"",
         ),
         (
@@ -226,10 +226,11 @@ async fn bad_schedules_are_refused_with_a_clear_error_and_nothing_is_written() {
         ),
         (
             with(json!({"every": "soon"})),
-            400,
-            "bad_request",
+            422,
+            "invalid_duration",
             "duration",
         ),
+        (with(json!({"saga": null})), 400, "bad_request", "saga"),
         (
             with(json!({"input": {"order_id": "b"}})),
             422,

@@ -41,7 +41,9 @@ impl From<ScheduleError> for ApiError {
                     quote(name)
                 ),
             ),
-            ScheduleError::InvalidCron(_)
+            ScheduleError::InvalidSchedule(_)
+            | ScheduleError::InvalidDuration(_)
+            | ScheduleError::InvalidCron(_)
             | ScheduleError::InvalidTimezone(_)
             | ScheduleError::InvalidInterval(_)
             | ScheduleError::InvalidInput { .. } => unprocessable(&e),
@@ -82,15 +84,17 @@ impl From<ScheduleError> for ApiError {
     responses(
         (status = 201, description = "Made; `Location` names it", body = ScheduleDetail,
          headers(("Location" = String, description = "`/v1/schedules/{id}`"))),
-        (status = 400, description = "Malformed JSON or body: an unknown field, a bad id, \
-                                      both or neither of `cron` and `every`, a duration that \
-                                      does not parse", body = ErrorBody),
+        (status = 400, description = "Malformed JSON or body: a missing or unknown field, a \
+                                      value of the wrong type, a bad id", body = ErrorBody),
         Unauthorized,
         ForbiddenOperate,
         (status = 409, description = "`conflict`: a schedule has this id", body = ErrorBody),
-        (status = 422, description = "`unknown_saga`, `invalid_cron`, `invalid_timezone`, \
-                                      `invalid_interval` (below 1 s) or `invalid_input` (the \
-                                      input does not fit the saga)", body = ErrorBody),
+        (status = 422, description = "`invalid_schedule` (both or neither of `cron` and \
+                                      `every`), `invalid_duration` (`every` or \
+                                      `catchup_window` does not parse), `unknown_saga`, \
+                                      `invalid_cron`, `invalid_timezone`, `invalid_interval` \
+                                      (below 1 s) or `invalid_input` (the input does not fit \
+                                      the saga)", body = ErrorBody),
         ServerErrors,
     )
 )]

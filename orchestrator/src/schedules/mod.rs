@@ -36,7 +36,10 @@ pub const MAX_ID_LEN: usize = 128;
 #[serde(deny_unknown_fields)]
 pub struct NewSchedule {
     /// Its id: 1 to 128 letters, digits, `.`, `_` or `-`.
-    #[cfg_attr(feature = "server", schema(example = "nightly-settlement"))]
+    #[cfg_attr(
+        feature = "server",
+        schema(example = "nightly-settlement", pattern = "^[A-Za-z0-9._-]{1,128}$")
+    )]
     pub id: String,
     /// The definition each tick starts.
     #[cfg_attr(feature = "server", schema(example = "fulfil_order"))]
@@ -74,9 +77,15 @@ pub struct NewSchedule {
 /// Why a schedule command was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ScheduleError {
-    /// A malformed request: a bad id, both or neither of `cron` and `every`, a bad duration.
+    /// A malformed request: a bad id.
     #[error("{0}")]
     BadRequest(String),
+    /// Both or neither of `cron` and `every`.
+    #[error("{0}")]
+    InvalidSchedule(String),
+    /// A duration that does not parse.
+    #[error("{0}")]
+    InvalidDuration(String),
     /// The definition to start is unknown here.
     #[error("no saga definition named {0:?} is registered on this server")]
     UnknownSaga(String),
@@ -116,6 +125,8 @@ impl ScheduleError {
     pub fn code(&self) -> &'static str {
         match self {
             Self::BadRequest(_) => "bad_request",
+            Self::InvalidSchedule(_) => "invalid_schedule",
+            Self::InvalidDuration(_) => "invalid_duration",
             Self::UnknownSaga(_) => "unknown_saga",
             Self::InvalidCron(_) => "invalid_cron",
             Self::InvalidTimezone(_) => "invalid_timezone",
@@ -149,7 +160,7 @@ fn changed() {
 /// A duration as people write it (`15m`), or a refusal naming the field.
 fn duration(field: &str, text: &str) -> Result<Duration, ScheduleError> {
     humantime::parse_duration(text.trim()).map_err(|e| {
-        ScheduleError::BadRequest(format!(
+        ScheduleError::InvalidDuration(format!(
             "{field}: {text:?} is not a duration such as 30s, 15m or 1h 30m: {e}"
         ))
     })
@@ -193,12 +204,12 @@ pub fn checked(engine: &Engine, new: NewSchedule) -> Result<Schedule, ScheduleEr
     let timezone = new.timezone.unwrap_or_else(|| "UTC".to_owned());
     let (cadence, every) = match (&new.cron, &new.every) {
         (Some(_), Some(_)) => {
-            return Err(ScheduleError::BadRequest(
+            return Err(ScheduleError::InvalidSchedule(
                 "give either \"cron\" or \"every\", not both".to_owned(),
             ))
         }
         (None, None) => {
-            return Err(ScheduleError::BadRequest(
+            return Err(ScheduleError::InvalidSchedule(
                 "give \"cron\" (e.g. \"0 * * * *\") or \"every\" (e.g. \"15m\")".to_owned(),
             ))
         }
