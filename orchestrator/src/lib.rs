@@ -98,6 +98,7 @@ pub mod retention;
 pub mod server;
 pub mod store;
 pub mod telemetry;
+pub mod triggers;
 #[cfg(feature = "server")]
 pub mod webhooks;
 

@@ -104,6 +104,9 @@ pub async fn run_admin_with(
         AdminCommand::Limits(a) => {
             super::limits::run_limits(a, Some(store), &actor(), out, layout).await
         }
+        AdminCommand::Triggers(a) => {
+            super::triggers::run_triggers(a, Some(store), out, layout).await
+        }
     }
 }
 

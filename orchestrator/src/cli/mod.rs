@@ -67,6 +67,7 @@ mod limits;
 mod remote;
 mod render;
 mod table;
+mod triggers;
 
 use std::sync::Arc;
 
@@ -75,7 +76,8 @@ pub use args::{
     AbortArgs, AdminCommand, Auth, BulkArgs, BulkJobArgs, CancelArgs, CompleteStepArgs,
     DatabaseArgs, EventsArgs, ForkArgs, LimitsArgs, LimitsCommand, ListArgs, MarkCompensatedArgs,
     OutboxArgs, Output, PauseArgs, PurgeArgs, RetryArgs, Server, SetLimitArgs, ShowArgs,
-    SignalArgs, StartArgs, ViaServer, WorkersArgs, DEFAULT_LIST_LIMIT, DEFAULT_SERVER,
+    SignalArgs, StartArgs, TriggersArgs, ViaServer, WorkersArgs, DEFAULT_LIST_LIMIT,
+    DEFAULT_SERVER,
 };
 pub use commands::{actor, run_admin, run_admin_with, run_signal, run_start, show_with_deliveries};
 pub use definitions::run_definitions;
@@ -158,6 +160,13 @@ pub async fn open_and_run(
                  it reaches every process within a second",
                 actor()
             );
+        }
+    }
+    if let AdminCommand::Triggers(args) = cmd {
+        if args.via.server.is_some() {
+            triggers::run_triggers(args, None, out, &Layout::for_stdout()).await?;
+            out.flush()?;
+            return Ok(());
         }
     }
     if let Some(via) = cmd.server() {
