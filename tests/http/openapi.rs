@@ -127,6 +127,7 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
         ("PUT", "/v1/limits/{name}"),
         ("GET", "/v1/counts"),
         ("GET", "/v1/whoami"),
+        ("GET", "/v1/triggers"),
         ("GET", "/healthz"),
         ("GET", "/metrics"),
         ("GET", "/openapi.json"),
@@ -747,6 +748,7 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
         ),
         ("GET", "/metrics", "/metrics".to_owned(), START_ONLY),
         ("GET", "/v1/counts", "/v1/counts".to_owned(), START_ONLY),
+        ("GET", "/v1/triggers", "/v1/triggers".to_owned(), START_ONLY),
         ("POST", "/v1/sagas/{saga}/abort", abort(&done), READ_ONLY),
         ("POST", "/v1/sagas/{saga}/retry", retry(&done), READ_ONLY),
         (
@@ -1157,6 +1159,27 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
             api.req(Method::PUT, &limit("bank"))
                 .json(&json!({"limit": 40})),
             "422",
+        ),
+    ]);
+    // The NATS triggers of the process (none here) and the refusals in the log.
+    probes.extend::<Vec<Probe>>(vec![
+        (
+            "GET",
+            "/v1/triggers",
+            api.req(Method::GET, "/v1/triggers?limit=5"),
+            "200",
+        ),
+        (
+            "GET",
+            "/v1/triggers",
+            api.req(Method::GET, "/v1/triggers?limit=1001"),
+            "400",
+        ),
+        (
+            "GET",
+            "/v1/triggers",
+            api.anonymous(Method::GET, "/v1/triggers"),
+            "401",
         ),
     ]);
     let mut seen: BTreeMap<(String, String), BTreeSet<u16>> = BTreeMap::new();
