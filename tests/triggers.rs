@@ -403,3 +403,61 @@ async fn bad_trigger_flags_are_refused_at_start() {
         );
     }
 }
+
+#[tokio::test]
+async fn refusals_are_recorded_once_per_message_and_listed_newest_first() {
+    use orchestrator::store::triggers::NewRefusal;
+    let db = TempDb::new();
+    let store = db.store().await;
+    let refusal = |seq: u64, body: &'static [u8]| NewRefusal {
+        trigger: TRIGGER,
+        stream: "ORDERS",
+        stream_seq: seq,
+        subject: SUBJECT,
+        error: "the body is not JSON",
+        body,
+    };
+    assert!(store
+        .record_trigger_refusal(&refusal(1, b"x"))
+        .await
+        .unwrap());
+    // A redelivery of the same message (a crash before its termination) adds nothing.
+    assert!(!store
+        .record_trigger_refusal(&refusal(1, b"x"))
+        .await
+        .unwrap());
+    let long = vec![b'y'; 10_000].leak();
+    assert!(store
+        .record_trigger_refusal(&refusal(2, long))
+        .await
+        .unwrap());
+    let other = NewRefusal {
+        trigger: "other=place_order",
+        ..refusal(1, b"z")
+    };
+    assert!(store.record_trigger_refusal(&other).await.unwrap());
+    let all = store.trigger_refusals(None, 10).await.unwrap();
+    let seqs: Vec<(&str, i64)> = all
+        .iter()
+        .map(|r| (r.trigger.as_str(), r.stream_seq))
+        .collect();
+    assert_eq!(
+        seqs,
+        [("other=place_order", 1), (TRIGGER, 2), (TRIGGER, 1)],
+        "newest first"
+    );
+    let mine = store.trigger_refusals(Some(TRIGGER), 1).await.unwrap();
+    assert_eq!(mine.len(), 1);
+    assert_eq!(mine[0].stream_seq, 2);
+    assert_eq!(mine[0].body_bytes, 10_000);
+    assert_eq!(mine[0].body_excerpt.len(), 256, "a bounded excerpt");
+    let counts = store.trigger_refusal_counts().await.unwrap();
+    let counts: Vec<(&str, i64)> = counts
+        .iter()
+        .map(|c| (c.trigger.as_str(), c.refused))
+        .collect();
+    assert_eq!(
+        counts,
+        [("orders.placed=place_order", 2), ("other=place_order", 1)]
+    );
+}

@@ -1208,6 +1208,36 @@ mod tests {
         assert!(!db.exists(), "nothing is created");
     }
 
+    /// A build without NATS refuses `--nats-trigger` too, before it binds or creates anything.
+    #[cfg(not(feature = "nats"))]
+    #[tokio::test]
+    async fn a_nats_trigger_is_refused_by_a_build_without_nats() {
+        use clap::Parser;
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("saga.db");
+        let url = format!("sqlite://{}", db.display());
+        let line = super::ServeCommandLine::try_parse_from([
+            "app",
+            "--listen",
+            "127.0.0.1:0",
+            "--nats-trigger",
+            "orders.placed=place_order",
+        ])
+        .unwrap();
+        let refused = super::Orchestrator::builder(saga_dsl::Registry::new())
+            .database_url(&url)
+            .args(&line.serve)
+            .quiet()
+            .start()
+            .await
+            .unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "--nats-trigger needs the \"nats\" feature: build with --features nats"
+        );
+        assert!(!db.exists(), "nothing is created");
+    }
+
     #[test]
     fn listen_takes_an_address_or_a_bare_port() {
         assert_eq!(listen_address("18083").unwrap(), "127.0.0.1:18083");
