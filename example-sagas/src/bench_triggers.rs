@@ -144,18 +144,7 @@ pub async fn run(
 
     // Steady: one message every 1/rate second, late ticks caught up at once.
     let total = rate as usize * seconds as usize;
-    let acks = tokio::sync::mpsc::unbounded_channel();
-    let (ack_tx, mut ack_rx) = acks;
-    let confirming = tokio::spawn(async move {
-        let mut failed = 0usize;
-        while let Some(ack) = ack_rx.recv().await {
-            let ack: jetstream::context::PublishAckFuture = ack;
-            if ack.await.is_err() {
-                failed += 1;
-            }
-        }
-        failed
-    });
+    let (ack_tx, confirming) = confirmer();
     let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / f64::from(rate.max(1))));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let first = Instant::now();
@@ -187,18 +176,19 @@ pub async fn run(
         lags[i]
     };
 
-    // Maximum: every message sent at once, the acknowledgements awaited together.
+    // Maximum: every message sent as fast as the client lets it (it holds a publication back
+    // while too many wait for their acknowledgement), the acknowledgements awaited beside.
     let before = started(&board);
     let first = Instant::now();
-    let mut pending = Vec::with_capacity(burst);
+    let (ack_tx, confirming) = confirmer();
     for i in 0..burst {
-        pending.push(publish(&js, total + i).await?);
+        ack_tx.send(publish(&js, total + i).await?).ok();
     }
-    for ack in
-        futures_util::future::join_all(pending.into_iter().map(|a| async move { a.await })).await
-    {
-        ack?;
-    }
+    drop(ack_tx);
+    anyhow::ensure!(
+        confirming.await? == 0,
+        "JetStream refused some publications"
+    );
     let last = wait_started(&board, before + burst as u64, Duration::from_secs(600)).await?;
     let max = burst as f64 / last.duration_since(first).as_secs_f64();
 
@@ -217,6 +207,26 @@ pub async fn run(
         burst,
         max_started_per_s: max,
     })
+}
+
+/// A task awaiting the acknowledgements sent to it, in order; it ends with how many failed
+/// once the sender is dropped.
+fn confirmer() -> (
+    tokio::sync::mpsc::UnboundedSender<jetstream::context::PublishAckFuture>,
+    tokio::task::JoinHandle<usize>,
+) {
+    let (ack_tx, mut ack_rx) =
+        tokio::sync::mpsc::unbounded_channel::<jetstream::context::PublishAckFuture>();
+    let confirming = tokio::spawn(async move {
+        let mut failed = 0usize;
+        while let Some(ack) = ack_rx.recv().await {
+            if ack.await.is_err() {
+                failed += 1;
+            }
+        }
+        failed
+    });
+    (ack_tx, confirming)
 }
 
 /// Each saga's lag, its creation minus the publication time in its input.
