@@ -40,6 +40,8 @@ pub mod bench;
 pub mod bench_broker;
 pub mod bench_flow;
 pub mod bench_participants;
+#[cfg(feature = "nats")]
+pub mod bench_triggers;
 pub mod book_trip;
 pub mod fulfil_order;
 #[cfg(feature = "nats")]

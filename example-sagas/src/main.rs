@@ -111,6 +111,30 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Measure sagas started from NATS JetStream messages (`serve --nats-trigger`): a steady
+    /// rate, with the lag from publication to the saga's creation, then as fast as the
+    /// messages come (fresh database; deletes the server's `BENCH_TRIGGERS` stream first).
+    #[cfg(feature = "nats")]
+    BenchTriggers {
+        /// The NATS server (a scratch one: its `BENCH_TRIGGERS` stream is deleted).
+        #[arg(long, default_value = "nats://127.0.0.1:4222")]
+        nats_url: String,
+        /// Messages a second in the steady phase.
+        #[arg(long, default_value_t = 1000)]
+        rate: u32,
+        /// How long the steady phase publishes, in seconds.
+        #[arg(long, default_value_t = 30)]
+        seconds: u32,
+        /// Messages published at once in the maximum-throughput phase.
+        #[arg(long, default_value_t = 20_000)]
+        burst: usize,
+        /// Sagas driven at once.
+        #[arg(long, default_value_t = 64)]
+        workers: usize,
+        /// Print the figures as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Measure memory with many sagas waiting on durable retry timers (fresh database unless
     /// `--database-url` names one).
     BenchTimers {
@@ -322,6 +346,25 @@ async fn main() -> ExitCode {
         Command::Bench(args) => run_bench(&cli, args, db_explicit).await,
         Command::BenchParticipants(args) => bench_participants(&cli, args, db_explicit).await,
         Command::BenchWorker { workers } => bench_worker(&cli, *workers).await,
+        #[cfg(feature = "nats")]
+        Command::BenchTriggers {
+            nats_url,
+            rate,
+            seconds,
+            burst,
+            workers,
+            json,
+        } => {
+            bench_triggers(
+                &cli,
+                nats_url,
+                [*rate, *seconds],
+                [*burst, *workers],
+                *json,
+                db_explicit,
+            )
+            .await
+        }
         #[cfg(feature = "nats")]
         Command::BenchBroker {
             nats_url,
@@ -816,6 +859,29 @@ async fn bench_participants(
     }
     let errors: usize = all.iter().map(|f| f.errors).sum();
     anyhow::ensure!(errors == 0, "{errors} errors: see the figures above");
+    Ok(())
+}
+
+#[cfg(feature = "nats")]
+async fn bench_triggers(
+    cli: &Cli,
+    nats_url: &str,
+    [rate, seconds]: [u32; 2],
+    [burst, workers]: [usize; 2],
+    json: bool,
+    db_explicit: bool,
+) -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let (_, backend, store) =
+        bench_store(cli, db_explicit, &tmp.path().join("triggers.db")).await?;
+    let r =
+        example_sagas::bench_triggers::run(store, backend, nats_url, rate, seconds, burst, workers)
+            .await?;
+    if json {
+        println!("{}", serde_json::to_string(&r)?);
+    } else {
+        println!("{}", r.line());
+    }
     Ok(())
 }
 

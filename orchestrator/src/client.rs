@@ -717,6 +717,16 @@ impl SagaClient {
         Ok(list.limits)
     }
 
+    /// The server's NATS triggers with their lag and counts, and the latest `limit` refusals
+    /// recorded in the log (`GET /v1/triggers`).
+    pub async fn triggers(&self, limit: u32) -> Result<crate::triggers::TriggerList, ClientError> {
+        let mut url = self.url(&["v1", "triggers"])?;
+        url.query_pairs_mut()
+            .append_pair("limit", &limit.to_string());
+        let response = self.send(Method::GET, &url, |req| req).await?;
+        decode(&url, response).await
+    }
+
     /// Changes the limit `name` (`PUT /v1/limits/{name}`): a concurrency limit's value, or a
     /// rate limiter's rate and burst, audited with `reason` (if any) and this client's token
     /// name. Needs the `operate` scope. An unknown name is a `404` [`ClientError::Api`] with

@@ -10,7 +10,9 @@
 //! (the fork committed, its new saga not yet handed to the engine nor answered); for the outbox, by event type in place of a step,
 //! `after_webhook_send` (a webhook answered, its delivery not recorded), `after_broker_ack`
 //! (the broker acknowledged a batch ending with that event, the relay's cursor not moved) and,
-//! in a consumer, `after_consume_commit` (its work committed, the message not acked). Unset
+//! in a consumer, `after_consume_commit` (its work committed, the message not acked); for a NATS
+//! trigger, by saga name, `after_trigger_start` (the message's saga committed, the message not
+//! acknowledged). Unset
 //! (the normal case), this costs one branch on an empty list.
 
 use std::sync::OnceLock;

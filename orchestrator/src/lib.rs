@@ -99,6 +99,7 @@ pub mod schedules;
 pub mod server;
 pub mod store;
 pub mod telemetry;
+pub mod triggers;
 #[cfg(feature = "server")]
 pub mod webhooks;
 

@@ -64,6 +64,9 @@ use crate::engine::{Engine, EngineConfig, EngineError};
 use crate::http::{self, HttpConfig};
 use crate::logs::LogFormat;
 use crate::store::{self, redact_url, Store, StoreError};
+#[cfg(feature = "nats")]
+use crate::triggers::{consumer::TriggerRunner, TriggersConfig};
+use crate::triggers::{TriggerError, TriggerSpec};
 use crate::webhooks::{Relay, WebhookConfig, WebhookError};
 
 /// The default database: `saga.db` in the working directory.
@@ -104,6 +107,10 @@ pub enum ServeError {
     /// not capture the events' subjects, say).
     #[error("cannot publish to the message broker: {0}")]
     Broker(TargetError),
+    /// The NATS triggers cannot run as given (`--nats-trigger` without `--nats-url`, or naming
+    /// a saga that is not registered).
+    #[error(transparent)]
+    Triggers(#[from] TriggerError),
     /// Traces cannot be exported as asked (a bad `--otlp-endpoint`).
     #[error(transparent)]
     Telemetry(#[from] crate::telemetry::TelemetryError),
@@ -179,6 +186,8 @@ impl Orchestrator {
             tokens_file: None,
             #[cfg(feature = "nats")]
             nats: None,
+            #[cfg(feature = "nats")]
+            triggers: None,
             not_built: None,
             otlp_endpoint: env("OTEL_EXPORTER_OTLP_ENDPOINT"),
             otlp_sample_ratio: 1.0,
@@ -204,6 +213,8 @@ pub struct OrchestratorBuilder {
     tokens_file: Option<std::path::PathBuf>,
     #[cfg(feature = "nats")]
     nats: Option<NatsConfig>,
+    #[cfg(feature = "nats")]
+    triggers: Option<TriggersConfig>,
     /// A setting of the command line this build cannot honour, refused at start.
     not_built: Option<ServeError>,
     otlp_endpoint: Option<String>,
@@ -322,6 +333,25 @@ impl OrchestratorBuilder {
                 feature: "nats",
             });
         }
+        #[cfg(feature = "nats")]
+        {
+            // Without a URL the triggers are refused at start, by `TriggersConfig::check`.
+            self.triggers = (!args.nats_triggers.is_empty()).then(|| {
+                TriggersConfig::new(
+                    nats_url.cloned().unwrap_or_default(),
+                    args.nats_triggers.clone(),
+                )
+                .with_stream(args.nats_trigger_stream.clone())
+                .with_ack_wait(args.nats_trigger_ack_wait)
+            });
+        }
+        #[cfg(not(feature = "nats"))]
+        if !args.nats_triggers.is_empty() && self.not_built.is_none() {
+            self.not_built = Some(ServeError::NotBuilt {
+                setting: "--nats-trigger",
+                feature: "nats",
+            });
+        }
         if let Some(endpoint) = args.otlp_endpoint.as_ref().filter(|e| !e.is_empty()) {
             self.otlp_endpoint = Some(endpoint.clone());
         }
@@ -345,6 +375,16 @@ impl OrchestratorBuilder {
     #[cfg(feature = "nats")]
     pub fn nats(mut self, config: NatsConfig) -> Self {
         self.nats = Some(config);
+        self
+    }
+
+    /// Starts sagas from NATS JetStream messages (see [`crate::triggers`]): at start the
+    /// server checks the triggers (a saga not registered stops the start) and sets up each
+    /// one's stream and durable consumer, or retries that in the background while NATS cannot
+    /// be reached.
+    #[cfg(feature = "nats")]
+    pub fn nats_triggers(mut self, config: TriggersConfig) -> Self {
+        self.triggers = Some(config);
         self
     }
 
@@ -394,6 +434,10 @@ impl OrchestratorBuilder {
     pub async fn start(mut self) -> Result<Server, ServeError> {
         if let Some(refused) = self.not_built.take() {
             return Err(refused);
+        }
+        #[cfg(feature = "nats")]
+        if let Some(triggers) = &self.triggers {
+            triggers.check(&self.registry)?;
         }
         if !self.engine.telemetry.is_enabled() {
             self.engine.telemetry =
@@ -544,10 +588,19 @@ impl OrchestratorBuilder {
                 url: shown_url.to_owned(),
                 cause,
             })?;
+        #[cfg(feature = "nats")]
+        let triggers = match &self.triggers {
+            Some(config) => Some(
+                TriggerRunner::prepare(engine.clone(), config.clone(), &self.http.triggers).await?,
+            ),
+            None => None,
+        };
         Ok(Parts {
             engine,
             relay,
             broker,
+            #[cfg(feature = "nats")]
+            triggers,
         })
     }
 }
@@ -557,6 +610,8 @@ struct Parts {
     engine: Engine,
     relay: Relay,
     broker: Option<BrokerRelay>,
+    #[cfg(feature = "nats")]
+    triggers: Option<TriggerRunner>,
 }
 
 /// The NATS relay, its stream checked (or the broker found unreachable, which only delays
@@ -607,6 +662,7 @@ pub struct Server {
     http_task: JoinHandle<std::io::Result<()>>,
     relay_task: JoinHandle<()>,
     broker_task: Option<JoinHandle<()>>,
+    triggers_task: Option<JoinHandle<()>>,
     sweeper_task: JoinHandle<()>,
     bulk_task: JoinHandle<()>,
     scheduler_task: JoinHandle<()>,
@@ -628,6 +684,8 @@ impl Server {
             engine,
             relay,
             broker,
+            #[cfg(feature = "nats")]
+            triggers,
         } = parts;
         let engine_task = {
             let (engine, shutdown) = (engine.clone(), shutdown.clone());
@@ -644,6 +702,10 @@ impl Server {
         let http_task = tokio::spawn(http::serve(listener, router, shutdown.clone()));
         let relay_task = tokio::spawn(relay.run(shutdown.clone()));
         let broker_task = broker.map(|b| tokio::spawn(b.run(shutdown.clone())));
+        #[cfg(feature = "nats")]
+        let triggers_task = triggers.map(|t| tokio::spawn(t.run(shutdown.clone())));
+        #[cfg(not(feature = "nats"))]
+        let triggers_task = None;
         let sweeper_task = tokio::spawn(sweep_idempotency_keys(
             engine.store().clone(),
             shutdown.clone(),
@@ -671,6 +733,7 @@ impl Server {
             http_task,
             relay_task,
             broker_task,
+            triggers_task,
             sweeper_task,
             bulk_task,
             scheduler_task,
@@ -706,6 +769,10 @@ impl Server {
             task.await.map_err(|_| ServeError::Panicked {
                 task: "broker relay",
             })?;
+        }
+        if let Some(task) = self.triggers_task {
+            task.await
+                .map_err(|_| ServeError::Panicked { task: "triggers" })?;
         }
         let swept = self.sweeper_task.await;
         self.bulk_task.await.map_err(|_| ServeError::Panicked {
@@ -990,6 +1057,19 @@ pub struct ServeArgs {
     /// lengthened to it.
     #[arg(long, default_value = "2m", value_name = "DURATION", value_parser = crate::retention::parse_duration)]
     pub nats_dedup_window: Duration,
+    /// Start a saga SAGA for each message on the NATS subject SUBJECT (wildcards allowed;
+    /// repeatable), its body as the input: one durable JetStream consumer per trigger, shared
+    /// by every process of the database. Needs --nats-url.
+    #[arg(long = "nats-trigger", value_name = "SUBJECT=SAGA")]
+    pub nats_triggers: Vec<TriggerSpec>,
+    /// The JetStream stream a trigger's subject is added to when no stream holds it (created
+    /// if missing).
+    #[arg(long, default_value = crate::triggers::DEFAULT_STREAM, value_name = "NAME")]
+    pub nats_trigger_stream: String,
+    /// How long a trigger's message may stay unacknowledged (its process gone) before it is
+    /// handed out again, e.g. 30s: the `ack_wait` of a consumer this server creates.
+    #[arg(long, default_value = "30s", value_name = "DURATION", value_parser = crate::retention::parse_duration)]
+    pub nats_trigger_ack_wait: Duration,
     /// Export traces over OTLP/HTTP to this collector (`http://HOST:4318`, to which
     /// `/v1/traces` is added; `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`, a full URL, wins): one
     /// trace per saga, a span per attempt. Without either no span is made.
@@ -1133,6 +1213,36 @@ mod tests {
         assert_eq!(
             refused.to_string(),
             "--nats-url (or SAGA_NATS_URL) needs the \"nats\" feature: build with --features nats"
+        );
+        assert!(!db.exists(), "nothing is created");
+    }
+
+    /// A build without NATS refuses `--nats-trigger` too, before it binds or creates anything.
+    #[cfg(not(feature = "nats"))]
+    #[tokio::test]
+    async fn a_nats_trigger_is_refused_by_a_build_without_nats() {
+        use clap::Parser;
+        let dir = tempfile::tempdir().unwrap();
+        let db = dir.path().join("saga.db");
+        let url = format!("sqlite://{}", db.display());
+        let line = super::ServeCommandLine::try_parse_from([
+            "app",
+            "--listen",
+            "127.0.0.1:0",
+            "--nats-trigger",
+            "orders.placed=place_order",
+        ])
+        .unwrap();
+        let refused = super::Orchestrator::builder(saga_dsl::Registry::new())
+            .database_url(&url)
+            .args(&line.serve)
+            .quiet()
+            .start()
+            .await
+            .unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "--nats-trigger needs the \"nats\" feature: build with --features nats"
         );
         assert!(!db.exists(), "nothing is created");
     }

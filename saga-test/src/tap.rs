@@ -746,6 +746,28 @@ impl OutboxStore for TappedStore {
     }
 }
 
+#[async_trait]
+impl orchestrator::store::TriggerLog for TappedStore {
+    async fn record_trigger_refusal(
+        &self,
+        refusal: &orchestrator::store::triggers::NewRefusal<'_>,
+    ) -> Result<bool> {
+        self.pass(self.inner.record_trigger_refusal(refusal)).await
+    }
+    async fn trigger_refusals(
+        &self,
+        trigger: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<orchestrator::store::triggers::TriggerRefusal>> {
+        self.pass(self.inner.trigger_refusals(trigger, limit)).await
+    }
+    async fn trigger_refusal_counts(
+        &self,
+    ) -> Result<Vec<orchestrator::store::triggers::RefusalCount>> {
+        self.pass(self.inner.trigger_refusal_counts()).await
+    }
+}
+
 /// Runs `future` to its end on this thread, in the context of the runtime `db` (whose tasks,
 /// timers and I/O it uses), blocking the thread meanwhile.
 fn block_on_in<F: Future>(db: &tokio::runtime::Handle, future: F) -> F::Output {

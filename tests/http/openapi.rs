@@ -134,6 +134,7 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
         ("POST", "/v1/schedules/{id}/trigger"),
         ("GET", "/v1/counts"),
         ("GET", "/v1/whoami"),
+        ("GET", "/v1/triggers"),
         ("GET", "/healthz"),
         ("GET", "/metrics"),
         ("GET", "/openapi.json"),
@@ -754,6 +755,7 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
         ),
         ("GET", "/metrics", "/metrics".to_owned(), START_ONLY),
         ("GET", "/v1/counts", "/v1/counts".to_owned(), START_ONLY),
+        ("GET", "/v1/triggers", "/v1/triggers".to_owned(), START_ONLY),
         ("POST", "/v1/sagas/{saga}/abort", abort(&done), READ_ONLY),
         ("POST", "/v1/sagas/{saga}/retry", retry(&done), READ_ONLY),
         (
@@ -1299,6 +1301,27 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
             "/v1/schedules/{id}",
             api.req(Method::DELETE, &sched("")),
             "404",
+        ),
+    ]);
+    // The NATS triggers of the process (none here) and the refusals in the log.
+    probes.extend::<Vec<Probe>>(vec![
+        (
+            "GET",
+            "/v1/triggers",
+            api.req(Method::GET, "/v1/triggers?limit=5"),
+            "200",
+        ),
+        (
+            "GET",
+            "/v1/triggers",
+            api.req(Method::GET, "/v1/triggers?limit=1001"),
+            "400",
+        ),
+        (
+            "GET",
+            "/v1/triggers",
+            api.anonymous(Method::GET, "/v1/triggers"),
+            "401",
         ),
     ]);
     let mut seen: BTreeMap<(String, String), BTreeSet<u16>> = BTreeMap::new();

@@ -111,6 +111,9 @@ pub enum AdminCommand {
     /// Schedules: sagas started on a cron expression or at an interval; `schedule create`,
     /// `list`, `show`, `pause`, `resume`, `trigger`, `delete`.
     Schedule(ScheduleArgs),
+    /// List a server's NATS triggers (--server: subject, saga, stream, consumer, lag, counts)
+    /// and the messages they refused; on the database, the refusals alone.
+    Triggers(TriggersArgs),
 }
 
 impl AdminCommand {
@@ -167,6 +170,7 @@ impl AdminCommand {
             Self::Fork(a) => &a.via,
             Self::Limits(a) => a.via(),
             Self::Schedule(a) => a.via(),
+            Self::Triggers(a) => &a.via,
             _ => return None,
         };
         via.server.is_some().then_some(via)
@@ -607,6 +611,23 @@ impl LimitsArgs {
             None => &self.via,
         }
     }
+}
+
+/// `triggers [--limit N] [--json] [--server URL]`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+#[command(mut_arg(Output::JSON, |a| {
+    a.help("Print `{\"triggers\", \"refused\", \"refusals\"}`, the same as `GET /v1/triggers`")
+}))]
+pub struct TriggersArgs {
+    /// How many of the latest refusals to list (0 to 1000).
+    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u32).range(0..=1000))]
+    pub limit: u32,
+    /// Through a server (its triggers and their lag), or the database (the refusals alone).
+    #[command(flatten)]
+    pub via: ViaServer,
+    /// A table, or JSON.
+    #[command(flatten)]
+    pub output: Output,
 }
 
 /// What `limits` does besides listing.

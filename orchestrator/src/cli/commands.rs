@@ -107,6 +107,9 @@ pub async fn run_admin_with(
         AdminCommand::Schedule(a) => {
             super::schedules::run_schedule(a, Some(store), None, out, layout).await
         }
+        AdminCommand::Triggers(a) => {
+            super::triggers::run_triggers(a, Some(store), out, layout).await
+        }
     }
 }
 

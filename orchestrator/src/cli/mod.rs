@@ -68,6 +68,7 @@ mod remote;
 mod render;
 mod schedules;
 mod table;
+mod triggers;
 
 use std::sync::Arc;
 
@@ -76,7 +77,8 @@ pub use args::{
     AbortArgs, AdminCommand, Auth, BulkArgs, BulkJobArgs, CancelArgs, CompleteStepArgs,
     DatabaseArgs, EventsArgs, ForkArgs, LimitsArgs, LimitsCommand, ListArgs, MarkCompensatedArgs,
     OutboxArgs, Output, PauseArgs, PurgeArgs, RetryArgs, Server, SetLimitArgs, ShowArgs,
-    SignalArgs, StartArgs, ViaServer, WorkersArgs, DEFAULT_LIST_LIMIT, DEFAULT_SERVER,
+    SignalArgs, StartArgs, TriggersArgs, ViaServer, WorkersArgs, DEFAULT_LIST_LIMIT,
+    DEFAULT_SERVER,
 };
 pub use args::{
     CreateScheduleArgs, ListSchedulesArgs, ScheduleArgs, ScheduleCommand, ScheduleIdArgs,
@@ -169,6 +171,13 @@ pub async fn open_and_run(
                  it reaches every process within a second",
                 actor()
             );
+        }
+    }
+    if let AdminCommand::Triggers(args) = cmd {
+        if args.via.server.is_some() {
+            triggers::run_triggers(args, None, out, &Layout::for_stdout()).await?;
+            out.flush()?;
+            return Ok(());
         }
     }
     if let Some(via) = cmd.server() {

@@ -394,6 +394,10 @@ mod tests {
         );
         assert_eq!(required_scope(&Method::GET, None), Some(Scope::Read));
         assert_eq!(
+            required_scope(&Method::GET, Some("/v1/triggers")),
+            Some(Scope::Read)
+        );
+        assert_eq!(
             required_scope(&post, Some("/v1/sagas/{saga}")),
             Some(Scope::Start)
         );

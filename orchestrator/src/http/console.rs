@@ -85,6 +85,11 @@ const FILES: &[(&str, &str, &str)] = &[
         include_str!("console/schedules.js"),
     ),
     (
+        "triggers.js",
+        "text/javascript; charset=utf-8",
+        include_str!("console/triggers.js"),
+    ),
+    (
         "console.css",
         "text/css; charset=utf-8",
         include_str!("console/console.css"),

@@ -102,6 +102,7 @@ mod schedules;
 mod state;
 mod tasks;
 pub mod tokens;
+mod triggers;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -159,6 +160,9 @@ pub struct HttpConfig {
     /// policy ([`WebhookConfig::callbacks`](crate::webhooks::WebhookConfig::callbacks)): it
     /// checks again at each delivery.
     pub callbacks: crate::webhooks::CallbackPolicy,
+    /// The NATS triggers of this process, shown by `GET /v1/triggers` (empty unless the
+    /// server runs some: `serve --nats-trigger`).
+    pub triggers: crate::triggers::TriggerBoard,
 }
 
 impl HttpConfig {
@@ -190,6 +194,7 @@ impl Default for HttpConfig {
             idempotency_retention: Self::DEFAULT_IDEMPOTENCY_RETENTION,
             require_idempotency_key: false,
             callbacks: crate::webhooks::CallbackPolicy::default(),
+            triggers: crate::triggers::TriggerBoard::default(),
         }
     }
 }
@@ -205,6 +210,7 @@ impl std::fmt::Debug for HttpConfig {
             .field("idempotency_retention", &self.idempotency_retention)
             .field("require_idempotency_key", &self.require_idempotency_key)
             .field("callbacks", &self.callbacks)
+            .field("triggers", &self.triggers)
             .finish()
     }
 }
@@ -249,6 +255,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(definitions::list_definitions))
         .routes(routes!(overview::counts))
         .routes(routes!(overview::whoami))
+        .routes(routes!(triggers::list_triggers))
 }
 
 /// The OpenAPI document of the API, without any application's sagas: `GET /openapi.json`
@@ -295,6 +302,7 @@ pub fn openapi_json() -> String {
 /// | `GET /v1/definitions` | the registered definitions: stages, hash, input schema |
 /// | `GET /v1/counts` | sagas by status, needing attention, blocked |
 /// | `GET /v1/whoami` | the caller's token name and scopes |
+/// | `GET /v1/triggers?limit=` | this process's NATS triggers (lag, counts) and the recorded refusals |
 /// | `GET /healthz` | `200` when the store answers, else `503` |
 /// | `GET /metrics` | Prometheus text |
 /// | `GET /openapi.json` | the OpenAPI document, with a start route per saga ([`openapi_for`]) |

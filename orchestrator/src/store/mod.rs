@@ -42,6 +42,7 @@ pub mod signals;
 mod sqlite;
 mod stores;
 pub mod tasks;
+pub mod triggers;
 mod url;
 mod write_queue;
 
@@ -67,6 +68,7 @@ pub use signals::{ReceivedSignal, SignalOutcome, SignalRequest};
 pub use sqlite::{engine_lock_file, sqlite_file, SqliteDurability, SqliteStore};
 pub use stores::{open_full, Stores};
 pub use tasks::{TaskAnswer, TaskOutcome, TaskRef, TaskReport};
+pub use triggers::TriggerLog;
 pub use url::redact_url;
 
 /// A saga to create.
@@ -455,6 +457,7 @@ pub trait Store:
     + Maintenance
     + IdempotencyStore
     + OutboxStore
+    + TriggerLog
 {
 }
 
@@ -468,6 +471,7 @@ impl<T> Store for T where
         + Maintenance
         + IdempotencyStore
         + OutboxStore
+        + TriggerLog
 {
 }
 

@@ -23,6 +23,7 @@ pub(crate) mod schedules;
 pub(crate) mod signals;
 pub(crate) mod sql;
 pub(crate) mod tasks;
+pub(crate) mod triggers;
 
 use crate::store::fence::lease_fence;
 use std::collections::HashMap;
@@ -588,6 +589,28 @@ pub(crate) async fn sweep_idempotency<B: SqlBackend>(store: &B, now: Millis) -> 
         .await?;
     tx.commit().await?;
     Ok(deleted)
+}
+
+#[async_trait]
+impl<B: SqlBackend> crate::store::TriggerLog for B {
+    async fn record_trigger_refusal(
+        &self,
+        refusal: &crate::store::triggers::NewRefusal<'_>,
+    ) -> Result<bool> {
+        triggers::record(self, refusal).await
+    }
+
+    async fn trigger_refusals(
+        &self,
+        trigger: Option<&str>,
+        limit: u32,
+    ) -> Result<Vec<crate::store::triggers::TriggerRefusal>> {
+        triggers::refusals(self, trigger, limit).await
+    }
+
+    async fn trigger_refusal_counts(&self) -> Result<Vec<crate::store::triggers::RefusalCount>> {
+        triggers::counts(self).await
+    }
 }
 
 #[async_trait]
