@@ -67,6 +67,7 @@
 //! - **Versions**: a saga runs on the definition it started with (name, version and step-list
 //!   hash); the [`Registry`] holds every version a process can run.
 
+pub mod attrs;
 mod context;
 mod definition;
 mod error;
@@ -80,6 +81,7 @@ mod trace;
 pub use context::{
     branch_idempotency_key, child_saga_id, idempotency_key, Phase, StepContext, TaskHandle,
 };
+pub use attrs::{AttrError, MAX_ATTR_NAME, MAX_ATTR_VALUE};
 pub use definition::{SagaBuilder, SagaDefinition, INPUT_ROOT};
 pub use error::{DefinitionError, ResultExt, StepError};
 pub use flow::{DeclaredLimit, FlowLimits, Rate, RateLimiter};

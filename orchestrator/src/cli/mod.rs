@@ -146,6 +146,13 @@ pub async fn open_and_run(
         out.flush()?;
         return Ok(());
     }
+    if let AdminCommand::List(args) = cmd {
+        if args.via.server.is_some() {
+            commands::list_via_server(args, out, &Layout::for_stdout()).await?;
+            out.flush()?;
+            return Ok(());
+        }
+    }
     if let AdminCommand::Limits(args) = cmd {
         if args.via().server.is_some() {
             limits::run_limits(args, None, &actor(), out, &Layout::for_stdout()).await?;
