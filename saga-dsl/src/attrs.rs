@@ -65,7 +65,9 @@ pub enum AttrError {
         message: String,
     },
     /// The value is longer than [`MAX_ATTR_VALUE`] bytes.
-    #[error("attribute {name}: its value is {len} bytes long, more than the {MAX_ATTR_VALUE} allowed")]
+    #[error(
+        "attribute {name}: its value is {len} bytes long, more than the {MAX_ATTR_VALUE} allowed"
+    )]
     TooLong {
         /// The attribute.
         name: String,

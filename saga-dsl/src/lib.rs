@@ -78,10 +78,10 @@ mod shared;
 mod step;
 mod trace;
 
+pub use attrs::{AttrError, MAX_ATTR_NAME, MAX_ATTR_VALUE};
 pub use context::{
     branch_idempotency_key, child_saga_id, idempotency_key, Phase, StepContext, TaskHandle,
 };
-pub use attrs::{AttrError, MAX_ATTR_NAME, MAX_ATTR_VALUE};
 pub use definition::{SagaBuilder, SagaDefinition, INPUT_ROOT};
 pub use error::{DefinitionError, ResultExt, StepError};
 pub use flow::{DeclaredLimit, FlowLimits, Rate, RateLimiter};

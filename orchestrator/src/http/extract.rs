@@ -277,12 +277,16 @@ impl<S: Send + Sync> FromRequestParts<S> for ListQuery {
         let (attrs, others): (Vec<_>, Vec<_>) = pairs
             .into_iter()
             .partition(|(name, _)| name.starts_with(ATTR_PREFIX));
-        let raw = RawListQuery::deserialize(
-            serde::de::value::MapDeserializer::<_, serde::de::value::Error>::new(
-                others.into_iter(),
-            ),
-        )
-        .map_err(|e| {
+        let mut fields = serde_json::Map::with_capacity(others.len());
+        for (name, value) in others {
+            if fields.insert(name.clone(), Value::String(value)).is_some() {
+                return Err(ApiError::bad_request(format!(
+                    "malformed query string: {} is given twice",
+                    quote(&name)
+                )));
+            }
+        }
+        let raw = RawListQuery::deserialize(Value::Object(fields)).map_err(|e| {
             ApiError::bad_request(format!(
                 "malformed query string: Failed to deserialize query string: {e}"
             ))

@@ -13,7 +13,7 @@ use std::sync::LazyLock;
 use sqlx::{Executor, PgConnection, Postgres};
 
 use super::cols::{
-    ApplyCols, CreateCols, NewBranchCols, Params, EVENTS, FINISHES, NEW_BRANCHES, NEW_ATTRS,
+    ApplyCols, CreateCols, NewBranchCols, Params, EVENTS, FINISHES, NEW_ATTRS, NEW_BRANCHES,
     NEW_SAGAS, NEW_STEPS, SAGAS, STARTS, STEPS,
 };
 use crate::model::Millis;
