@@ -448,3 +448,225 @@ async fn a_bulk_filter_and_a_purge_by_attribute_select_the_sagas_the_list_does()
     }
     api.stop().await;
 }
+
+/// A `place_order` due in an hour: it stays `QUEUED`.
+async fn start_later(base: &str, order_id: &str, user: &str) -> String {
+    let at = chrono::Utc::now() + chrono::Duration::hours(1);
+    let r = reqwest::Client::new()
+        .post(format!("{base}/v1/sagas/place_order"))
+        .header("Saga-Start-At", at.to_rfc3339())
+        .json(&json!({"order_id": order_id, "user": user, "amount": 100}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::ACCEPTED, "{:?}", r.text().await);
+    let body: Value = r.json().await.unwrap();
+    body["id"].as_str().unwrap().to_owned()
+}
+
+async fn get_json(base: &str, path: &str) -> Value {
+    let r = reqwest::get(format!("{base}{path}")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    r.json().await.unwrap()
+}
+
+/// The example sagas' attributes through a real `example-sagas serve`: a bulk job by
+/// attribute acts on exactly those sagas, and the CLI lists them by attribute on the database
+/// and through the server, shows them, and purges by attribute.
+#[tokio::test]
+async fn the_example_sagas_attributes_serve_a_bulk_job_the_cli_and_a_purge() {
+    use saga_suite::{run_bin, Server, TempDb};
+    let db = TempDb::new();
+    let server = Server::spawn(&db.url, db.dir.path(), &[], &[]).await;
+    let base = server.base.clone();
+    let defs = get_json(&base, "/v1/definitions").await;
+    let attrs_of = |name: &str| {
+        defs["definitions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["name"] == name)
+            .map(|d| d["attrs"].clone())
+            .unwrap()
+    };
+    assert_eq!(attrs_of("place_order"), json!(["order_id", "user"]));
+    assert_eq!(attrs_of("fulfil_order"), json!(["order_id", "user"]));
+    assert_eq!(attrs_of("payout"), json!(["merchant"]));
+
+    let mut ada = BTreeSet::new();
+    let mut grace = BTreeSet::new();
+    for i in 0..3 {
+        ada.insert(start_later(&base, &format!("a{i}"), "ada").await);
+        grace.insert(start_later(&base, &format!("g{i}"), "grace").await);
+    }
+    let saga = get_json(&base, &format!("/v1/sagas/{}", ada.first().unwrap())).await;
+    assert_eq!(saga["attrs"]["user"], "ada");
+
+    // The CLI lists by attribute on the database and through the server alike.
+    let dir = db.dir.path();
+    let ids = |out: &std::process::Output| -> BTreeSet<String> {
+        assert!(out.status.success(), "{out:?}");
+        let page: Value = serde_json::from_slice(&out.stdout).unwrap();
+        page["sagas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let url = db.url.as_str();
+    let on_db = run_bin(
+        "example-sagas",
+        &[
+            "list",
+            "--attr",
+            "user=ada",
+            "--json",
+            "--database-url",
+            url,
+        ],
+        dir,
+    )
+    .await;
+    assert_eq!(ids(&on_db), ada);
+    let via_server = run_bin(
+        "example-sagas",
+        &["list", "--attr", "user=ada", "--json", "--server", &base],
+        dir,
+    )
+    .await;
+    assert_eq!(ids(&via_server), ada);
+    let both = run_bin(
+        "example-sagas",
+        &[
+            "list",
+            "--attr",
+            "user=ada",
+            "--attr",
+            "order_id=a1",
+            "--json",
+            "--database-url",
+            url,
+        ],
+        dir,
+    )
+    .await;
+    assert_eq!(ids(&both).len(), 1);
+    let bad = run_bin(
+        "example-sagas",
+        &["list", "--attr", "user", "--database-url", url],
+        dir,
+    )
+    .await;
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("NAME=VALUE"),
+        "{bad:?}"
+    );
+    let first = ada.first().unwrap().clone();
+    let shown = run_bin(
+        "example-sagas",
+        &["show", &first, "--database-url", url],
+        dir,
+    )
+    .await;
+    assert!(shown.status.success(), "{shown:?}");
+    let text = String::from_utf8_lossy(&shown.stdout);
+    assert!(text.contains("user=ada"), "{text}");
+    let table = run_bin(
+        "example-sagas",
+        &["list", "--attr", "user=ada", "--database-url", url],
+        dir,
+    )
+    .await;
+    assert!(
+        String::from_utf8_lossy(&table.stdout).contains("user=ada"),
+        "{table:?}"
+    );
+
+    // A bulk job by attribute cancels ada's sagas, and only hers.
+    let r = reqwest::Client::new()
+        .post(format!("{base}/v1/bulk"))
+        .json(
+            &json!({"action": "cancel", "filter": {"attr": {"user": "ada"}},
+                      "reason": "ada asked"}),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::ACCEPTED);
+    let job: Value = r.json().await.unwrap();
+    assert_eq!(job["matched"], 3, "{job}");
+    let job_id = job["id"].as_str().unwrap().to_owned();
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let job = get_json(&base, &format!("/v1/bulk/{job_id}")).await;
+        if job["status"] == "DONE" {
+            assert_eq!(job["done"], 3, "{job}");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{job}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    for id in &ada {
+        // Cancelled before it started: it ends without running anything.
+        loop {
+            let saga = get_json(&base, &format!("/v1/sagas/{id}")).await;
+            let status = saga["status"].as_str().unwrap().to_owned();
+            if ["COMPENSATED", "ABORTED"].contains(&status.as_str()) {
+                break;
+            }
+            assert_ne!(status, "COMPLETED", "{saga}");
+            assert!(tokio::time::Instant::now() < deadline, "{saga}");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+    for id in &grace {
+        let saga = get_json(&base, &format!("/v1/sagas/{id}")).await;
+        assert_eq!(saga["status"], "QUEUED", "{saga}");
+    }
+
+    // `purge --attr` deletes ada's (ended) sagas and nothing else, once the outbox has
+    // relayed their last events (until then a purge keeps them).
+    let mut purged = 0;
+    while purged < 3 {
+        let purge = run_bin(
+            "example-sagas",
+            &[
+                "purge",
+                "--finished-before",
+                "0s",
+                "--attr",
+                "user=ada",
+                "--database-url",
+                url,
+            ],
+            dir,
+        )
+        .await;
+        assert!(purge.status.success(), "{purge:?}");
+        let text = String::from_utf8_lossy(&purge.stdout).into_owned();
+        let n: u64 = text
+            .strip_prefix("purged ")
+            .and_then(|t| t.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{text}"));
+        purged += n;
+        assert!(tokio::time::Instant::now() < deadline, "{text}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(purged, 3);
+    let left: BTreeSet<String> = listed_at(&base, "attr.user=grace").await;
+    assert_eq!(left, grace);
+    assert!(listed_at(&base, "attr.user=ada").await.is_empty());
+    server.kill9();
+}
+
+async fn listed_at(base: &str, query: &str) -> BTreeSet<String> {
+    get_json(base, &format!("/v1/sagas?{query}&limit=1000")).await["sagas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_owned())
+        .collect()
+}
