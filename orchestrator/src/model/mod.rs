@@ -368,6 +368,7 @@ pub struct Saga {
     /// Its search attributes, by name, as its definition computed them from the input at
     /// start (`{}` when it declares none).
     #[serde(default)]
+    #[cfg_attr(feature = "server", schema(required = true))]
     pub attrs: BTreeMap<String, String>,
     /// The input.
     pub input: Value,
@@ -508,6 +509,7 @@ pub struct SagaSummary {
     pub wake_at: Option<Millis>,
     /// See [`Saga::attrs`].
     #[serde(default)]
+    #[cfg_attr(feature = "server", schema(required = true))]
     pub attrs: BTreeMap<String, String>,
     /// Created.
     #[serde(serialize_with = "ser_time", deserialize_with = "de_time")]
