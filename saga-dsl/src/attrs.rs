@@ -149,4 +149,70 @@ mod tests {
             assert!(!valid_attr_name(bad), "{bad}");
         }
     }
+
+    #[derive(serde::Deserialize)]
+    struct Order {
+        user: String,
+        coupon: Option<String>,
+    }
+
+    async fn pay(_: crate::StepContext) -> Result<(), crate::StepError> {
+        Ok(())
+    }
+
+    fn with_attrs(names: &[&str]) -> Result<crate::SagaDefinition, crate::DefinitionError> {
+        let mut b = crate::SagaDefinition::builder("s", 1).step(crate::Step::pivot("pay", pay));
+        for name in names {
+            b = b.attr(*name, |o: &Order| o.user.clone());
+        }
+        b.build()
+    }
+
+    #[test]
+    fn a_definition_with_a_bad_or_repeated_name_is_refused_when_built() {
+        assert!(with_attrs(&["user", "order_id"]).is_ok());
+        for names in [&["User"][..], &["user", "user"][..], &[""][..]] {
+            let err = with_attrs(names).unwrap_err();
+            assert!(
+                matches!(err, crate::DefinitionError::BadAttr { .. }),
+                "{names:?}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn values_are_computed_from_the_typed_input_and_bounded() {
+        let def = crate::SagaDefinition::builder("s", 1)
+            .attr("user", |o: &Order| o.user.clone())
+            .attr("coupon", |o: &Order| o.coupon.clone())
+            .step(crate::Step::pivot("pay", pay))
+            .build()
+            .unwrap();
+        assert_eq!(def.attr_names().collect::<Vec<_>>(), ["user", "coupon"]);
+        let values = def
+            .attrs_of(&serde_json::json!({"user": "ada", "coupon": null}))
+            .unwrap();
+        assert_eq!(values, [("user".to_owned(), "ada".to_owned())]);
+        let long = "x".repeat(MAX_ATTR_VALUE + 1);
+        assert_eq!(
+            def.attrs_of(&serde_json::json!({"user": long})),
+            Err(AttrError::TooLong {
+                name: "user".to_owned(),
+                len: MAX_ATTR_VALUE + 1
+            })
+        );
+        assert!(matches!(
+            def.attrs_of(&serde_json::json!({"user": 7})),
+            Err(AttrError::Unreadable { name, .. }) if name == "user"
+        ));
+        // No attributes: nothing computed, nothing allocated.
+        let plain = crate::SagaDefinition::builder("p", 1)
+            .step(crate::Step::pivot("pay", pay))
+            .build()
+            .unwrap();
+        assert_eq!(
+            plain.attrs_of(&serde_json::json!({})).unwrap().capacity(),
+            0
+        );
+    }
 }
