@@ -73,11 +73,11 @@ SET synchronous_commit = off;
 INSERT INTO sagas (id, name, version, definition_hash, definition_key, status, input,
                    created_at, updated_at)
 SELECT $id, 'place_order', 1, 'h', 'place_order@1#h', 'COMPLETED', '{}', $t0 + i, $t0 + i
-FROM generate_series(0, $n - 1) AS i;
+FROM generate_series(0::bigint, $n - 1) AS i;
 INSERT INTO saga_attrs (saga_id, attr, value)
-SELECT $id, 'order_id', 'o-' || i FROM generate_series(0, $n - 1) AS i;
+SELECT $id, 'order_id', 'o-' || i FROM generate_series(0::bigint, $n - 1) AS i;
 INSERT INTO saga_attrs (saga_id, attr, value)
-SELECT $id, 'user', $(user_expr i) FROM generate_series(0, $n - 1) AS i;
+SELECT $id, 'user', $(user_expr i) FROM generate_series(0::bigint, $n - 1) AS i;
 VACUUM ANALYZE sagas;
 VACUUM ANALYZE saga_attrs;
 SQL
