@@ -270,6 +270,12 @@ impl StartOptions {
     }
 }
 
+/// The body of `GET /v1/schedules`.
+#[derive(Deserialize)]
+struct ScheduleList {
+    schedules: Vec<crate::model::ScheduleDetail>,
+}
+
 /// The body of `GET /v1/limits`.
 #[derive(Deserialize)]
 struct LimitList {
@@ -788,6 +794,71 @@ impl SagaClient {
         let url = self.url(&["v1", "definitions"])?;
         let response = self.send(Method::GET, &url, |req| req).await?;
         decode(&url, response).await
+    }
+
+    /// Makes a schedule (`POST /v1/schedules`); needs the `operate` scope. A refusal is a
+    /// [`ClientError::Api`] (`409 conflict` for a taken id, `422` for an unknown saga, a bad
+    /// cron expression, time zone, interval or input). Not retried on `409`: a schedule made
+    /// by a lost answer's request is then reported as taken.
+    pub async fn create_schedule(
+        &self,
+        new: &crate::schedules::NewSchedule,
+    ) -> Result<crate::model::ScheduleDetail, ClientError> {
+        let url = self.url(&["v1", "schedules"])?;
+        let body = serde_json::to_string(new).unwrap_or_default();
+        let response = self
+            .send_command(&url, |req| {
+                req.header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(body.clone())
+            })
+            .await?;
+        decode(&url, response).await
+    }
+
+    /// Every schedule (`GET /v1/schedules`), each with its next ticks and latest run.
+    pub async fn schedules(&self) -> Result<Vec<crate::model::ScheduleDetail>, ClientError> {
+        let url = self.url(&["v1", "schedules"])?;
+        let response = self.send(Method::GET, &url, |req| req).await?;
+        let list: ScheduleList = decode(&url, response).await?;
+        Ok(list.schedules)
+    }
+
+    /// One schedule with its history (`GET /v1/schedules/{id}`).
+    pub async fn schedule(&self, id: &str) -> Result<crate::model::ScheduleDetail, ClientError> {
+        let url = self.url(&["v1", "schedules", id])?;
+        let response = self.send(Method::GET, &url, |req| req).await?;
+        decode(&url, response).await
+    }
+
+    /// Pauses or resumes a schedule (`POST /v1/schedules/{id}/pause|resume`): the schedule as
+    /// it now stands.
+    pub async fn set_schedule_paused(
+        &self,
+        id: &str,
+        paused: bool,
+    ) -> Result<crate::model::ScheduleDetail, ClientError> {
+        let action = if paused { "pause" } else { "resume" };
+        let url = self.url(&["v1", "schedules", id, action])?;
+        let response = self.send_command(&url, |req| req).await?;
+        decode(&url, response).await
+    }
+
+    /// Fires a schedule now (`POST /v1/schedules/{id}/trigger`): what happened to the tick.
+    pub async fn trigger_schedule(
+        &self,
+        id: &str,
+    ) -> Result<crate::model::ScheduleRun, ClientError> {
+        let url = self.url(&["v1", "schedules", id, "trigger"])?;
+        let response = self.send_command(&url, |req| req).await?;
+        decode(&url, response).await
+    }
+
+    /// Deletes a schedule and its history (`DELETE /v1/schedules/{id}`).
+    pub async fn delete_schedule(&self, id: &str) -> Result<(), ClientError> {
+        let url = self.url(&["v1", "schedules", id])?;
+        self.send_attempts(Method::DELETE, &url, self.request_timeout, false, |req| req)
+            .await?;
+        Ok(())
     }
 
     /// `base` + path segments, each percent-encoded.

@@ -94,6 +94,7 @@ pub mod operations;
 pub mod participants;
 pub mod relay;
 pub mod retention;
+pub mod schedules;
 #[cfg(feature = "server")]
 pub mod server;
 pub mod store;

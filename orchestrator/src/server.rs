@@ -609,6 +609,7 @@ pub struct Server {
     broker_task: Option<JoinHandle<()>>,
     sweeper_task: JoinHandle<()>,
     bulk_task: JoinHandle<()>,
+    scheduler_task: JoinHandle<()>,
     retention_task: Option<JoinHandle<()>>,
     /// Where commands on this database find the server; removed once it has stopped.
     address_file: Option<crate::discovery::AddressFile>,
@@ -651,6 +652,10 @@ impl Server {
             engine.clone(),
             shutdown.clone(),
         ));
+        let scheduler_task = tokio::spawn(crate::schedules::scheduler::run(
+            engine.clone(),
+            shutdown.clone(),
+        ));
         let retention_task = retention.map(|keep| {
             tokio::spawn(crate::retention::run(
                 engine.store().clone(),
@@ -668,6 +673,7 @@ impl Server {
             broker_task,
             sweeper_task,
             bulk_task,
+            scheduler_task,
             retention_task,
             address_file: None,
         }
@@ -705,6 +711,9 @@ impl Server {
         self.bulk_task.await.map_err(|_| ServeError::Panicked {
             task: "bulk runner",
         })?;
+        self.scheduler_task
+            .await
+            .map_err(|_| ServeError::Panicked { task: "scheduler" })?;
         if let Some(task) = self.retention_task {
             task.await
                 .map_err(|_| ServeError::Panicked { task: "retention" })?;

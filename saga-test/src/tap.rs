@@ -553,6 +553,84 @@ impl FlowLog for TappedStore {
 }
 
 #[async_trait]
+impl orchestrator::store::ScheduleLog for TappedStore {
+    async fn create_schedule(&self, schedule: &orchestrator::model::Schedule) -> Result<bool> {
+        self.pass(self.inner.create_schedule(schedule)).await
+    }
+    async fn schedules(&self) -> Result<Vec<orchestrator::model::Schedule>> {
+        self.pass(self.inner.schedules()).await
+    }
+    async fn schedule(&self, id: &str) -> Result<Option<orchestrator::model::Schedule>> {
+        self.pass(self.inner.schedule(id)).await
+    }
+    async fn schedule_runs(
+        &self,
+        id: &str,
+        limit: u32,
+    ) -> Result<Vec<orchestrator::model::ScheduleRun>> {
+        self.pass(self.inner.schedule_runs(id, limit)).await
+    }
+    async fn delete_schedule(&self, id: &str) -> Result<bool> {
+        self.pass(self.inner.delete_schedule(id)).await
+    }
+    async fn set_schedule_paused(
+        &self,
+        id: &str,
+        paused: bool,
+        next_fire_at: Option<Millis>,
+        now: Millis,
+    ) -> Result<Option<orchestrator::model::Schedule>> {
+        self.pass(
+            self.inner
+                .set_schedule_paused(id, paused, next_fire_at, now),
+        )
+        .await
+    }
+    async fn claim_due_schedules(
+        &self,
+        owner: &str,
+        now: Millis,
+        ttl_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<orchestrator::model::Schedule>> {
+        self.pass(self.inner.claim_due_schedules(owner, now, ttl_ms, limit))
+            .await
+    }
+    async fn advance_schedule(
+        &self,
+        id: &str,
+        owner: &str,
+        from: orchestrator::store::ScheduleCursor,
+        to: &orchestrator::store::ScheduleAdvance,
+        runs: &[orchestrator::model::NewScheduleRun],
+        now: Millis,
+    ) -> Result<bool> {
+        self.pass(self.inner.advance_schedule(id, owner, from, to, runs, now))
+            .await
+    }
+    async fn record_schedule_runs(
+        &self,
+        id: &str,
+        runs: &[orchestrator::model::NewScheduleRun],
+        last_saga_id: Option<Uuid>,
+        buffer: Option<Millis>,
+        now: Millis,
+    ) -> Result<bool> {
+        self.pass(
+            self.inner
+                .record_schedule_runs(id, runs, last_saga_id, buffer, now),
+        )
+        .await
+    }
+    async fn release_schedule(&self, id: &str, owner: &str) -> Result<()> {
+        self.pass(self.inner.release_schedule(id, owner)).await
+    }
+    async fn earliest_schedule_fire(&self) -> Result<Option<Millis>> {
+        self.pass(self.inner.earliest_schedule_fire()).await
+    }
+}
+
+#[async_trait]
 impl Maintenance for TappedStore {
     async fn migrate(&self) -> Result<()> {
         self.pass(self.inner.migrate()).await

@@ -38,6 +38,19 @@ FORK_REFUSALS = {"invalid_input", "unprocessable"}
 # says: a `limit` for a rate limiter, or a `rate` for a concurrency limit, is `unprocessable`.
 LIMIT_REFUSALS = {"unprocessable"}
 
+# A schedule names a saga the server must have, an input that must fit it, a cron expression,
+# an IANA time zone and durations whose grammars no schema states, and exactly one of `cron`
+# and `every` (a rule over the body as a whole).
+SCHEDULE_REFUSALS = {
+    "unknown_saga",
+    "invalid_input",
+    "invalid_cron",
+    "invalid_timezone",
+    "invalid_interval",
+    "invalid_duration",
+    "invalid_schedule",
+}
+
 
 def empty_bulk_filter(case):
     """Whether `case` asks `POST /v1/bulk` to act, not as a dry run, with a filter that sets
@@ -71,6 +84,8 @@ def refused_only_for_state(ctx, response, case):
     if case.operation.path == "/v1/sagas/{saga}/fork" and code in FORK_REFUSALS:
         return None
     if case.operation.path == "/v1/limits/{name}" and code in LIMIT_REFUSALS:
+        return None
+    if case.operation.path == "/v1/schedules" and code in SCHEDULE_REFUSALS:
         return None
     if code == "invalid_filter" and empty_bulk_filter(case):
         return None

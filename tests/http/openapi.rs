@@ -125,6 +125,13 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
         ("GET", "/v1/definitions"),
         ("GET", "/v1/limits"),
         ("PUT", "/v1/limits/{name}"),
+        ("POST", "/v1/schedules"),
+        ("GET", "/v1/schedules"),
+        ("GET", "/v1/schedules/{id}"),
+        ("DELETE", "/v1/schedules/{id}"),
+        ("POST", "/v1/schedules/{id}/pause"),
+        ("POST", "/v1/schedules/{id}/resume"),
+        ("POST", "/v1/schedules/{id}/trigger"),
         ("GET", "/v1/counts"),
         ("GET", "/v1/whoami"),
         ("GET", "/healthz"),
@@ -1157,6 +1164,141 @@ async fn the_openapi_document_matches_the_routes_methods_and_statuses() {
             api.req(Method::PUT, &limit("bank"))
                 .json(&json!({"limit": 40})),
             "422",
+        ),
+    ]);
+    // Schedules: made (paused, so only the trigger fires it), read, acted on, deleted last.
+    let sched = |rest: &str| format!("/v1/schedules/probe{rest}");
+    let nightly = json!({"id": "probe", "saga": "s", "every": "1h", "paused": true});
+    for (method, template, path, token) in [
+        (
+            "POST",
+            "/v1/schedules",
+            "/v1/schedules".to_owned(),
+            READ_ONLY,
+        ),
+        (
+            "GET",
+            "/v1/schedules",
+            "/v1/schedules".to_owned(),
+            START_ONLY,
+        ),
+        ("GET", "/v1/schedules/{id}", sched(""), START_ONLY),
+        ("DELETE", "/v1/schedules/{id}", sched(""), READ_ONLY),
+        (
+            "POST",
+            "/v1/schedules/{id}/pause",
+            sched("/pause"),
+            READ_ONLY,
+        ),
+        (
+            "POST",
+            "/v1/schedules/{id}/resume",
+            sched("/resume"),
+            READ_ONLY,
+        ),
+        (
+            "POST",
+            "/v1/schedules/{id}/trigger",
+            sched("/trigger"),
+            READ_ONLY,
+        ),
+    ] {
+        let m = Method::from_bytes(method.as_bytes()).unwrap();
+        probes.push((method, template, with(token, m.clone(), &path), "403"));
+        probes.push((method, template, api.anonymous(m, &path), "401"));
+    }
+    probes.extend::<Vec<Probe>>(vec![
+        (
+            "POST",
+            "/v1/schedules",
+            api.req(Method::POST, "/v1/schedules").json(&nightly),
+            "201",
+        ),
+        (
+            "POST",
+            "/v1/schedules",
+            api.req(Method::POST, "/v1/schedules").json(&nightly),
+            "409",
+        ),
+        (
+            "POST",
+            "/v1/schedules",
+            api.req(Method::POST, "/v1/schedules")
+                .json(&json!({"id": "other", "every": "1h"})),
+            "400",
+        ),
+        (
+            "POST",
+            "/v1/schedules",
+            api.req(Method::POST, "/v1/schedules")
+                .json(&json!({"id": "other", "saga": "no_such_saga", "every": "1h"})),
+            "422",
+        ),
+        (
+            "GET",
+            "/v1/schedules",
+            api.req(Method::GET, "/v1/schedules"),
+            "200",
+        ),
+        (
+            "GET",
+            "/v1/schedules/{id}",
+            api.req(Method::GET, &sched("")),
+            "200",
+        ),
+        (
+            "GET",
+            "/v1/schedules/{id}",
+            api.req(Method::GET, "/v1/schedules/nope"),
+            "404",
+        ),
+        (
+            "POST",
+            "/v1/schedules/{id}/trigger",
+            api.req(Method::POST, &sched("/trigger")),
+            "200",
+        ),
+        (
+            "POST",
+            "/v1/schedules/{id}/trigger",
+            api.req(Method::POST, "/v1/schedules/nope/trigger"),
+            "404",
+        ),
+        (
+            "POST",
+            "/v1/schedules/{id}/resume",
+            api.req(Method::POST, &sched("/resume")),
+            "200",
+        ),
+        (
+            "POST",
+            "/v1/schedules/{id}/resume",
+            api.req(Method::POST, "/v1/schedules/nope/resume"),
+            "404",
+        ),
+        (
+            "POST",
+            "/v1/schedules/{id}/pause",
+            api.req(Method::POST, &sched("/pause")),
+            "200",
+        ),
+        (
+            "POST",
+            "/v1/schedules/{id}/pause",
+            api.req(Method::POST, "/v1/schedules/nope/pause"),
+            "404",
+        ),
+        (
+            "DELETE",
+            "/v1/schedules/{id}",
+            api.req(Method::DELETE, &sched("")),
+            "204",
+        ),
+        (
+            "DELETE",
+            "/v1/schedules/{id}",
+            api.req(Method::DELETE, &sched("")),
+            "404",
         ),
     ]);
     let mut seen: BTreeMap<(String, String), BTreeSet<u16>> = BTreeMap::new();

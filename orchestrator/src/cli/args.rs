@@ -108,6 +108,9 @@ pub enum AdminCommand {
     /// List the concurrency limits and rate limiters: value, what holds and what waits for
     /// each; `limits set` changes one (audited).
     Limits(LimitsArgs),
+    /// Schedules: sagas started on a cron expression or at an interval; `schedule create`,
+    /// `list`, `show`, `pause`, `resume`, `trigger`, `delete`.
+    Schedule(ScheduleArgs),
 }
 
 impl AdminCommand {
@@ -147,7 +150,8 @@ impl AdminCommand {
                 | Self::Signal(_)
                 | Self::Bulk(_)
                 | Self::BulkJob(_)
-        ) && self.server().is_none()
+        ) && !matches!(self, Self::Schedule(a) if a.needs_server())
+            && self.server().is_none()
     }
 
     /// The server a command that may go through one (one that changes a saga, `limits`) is
@@ -162,6 +166,7 @@ impl AdminCommand {
             Self::CompleteStep(a) => &a.via,
             Self::Fork(a) => &a.via,
             Self::Limits(a) => a.via(),
+            Self::Schedule(a) => a.via(),
             _ => return None,
         };
         via.server.is_some().then_some(via)
@@ -884,6 +889,133 @@ pub struct DefinitionsArgs {
     #[command(flatten)]
     pub auth: Auth,
     /// A table, or JSON.
+    #[command(flatten)]
+    pub output: Output,
+}
+
+/// `schedule …`: one of [`ScheduleCommand`].
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct ScheduleArgs {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: ScheduleCommand,
+}
+
+impl ScheduleArgs {
+    /// Where the command goes.
+    pub fn via(&self) -> &ViaServer {
+        match &self.command {
+            ScheduleCommand::Create(a) => &a.via,
+            ScheduleCommand::List(a) => &a.via,
+            ScheduleCommand::Show(a)
+            | ScheduleCommand::Pause(a)
+            | ScheduleCommand::Resume(a)
+            | ScheduleCommand::Trigger(a)
+            | ScheduleCommand::Delete(a) => &a.via,
+        }
+    }
+
+    /// Whether it needs a server: making one (its saga and input are checked against the
+    /// server's definitions) and firing one (a start).
+    pub fn needs_server(&self) -> bool {
+        matches!(
+            self.command,
+            ScheduleCommand::Create(_) | ScheduleCommand::Trigger(_)
+        )
+    }
+}
+
+/// The schedule commands.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Subcommand)]
+pub enum ScheduleCommand {
+    /// Make a schedule (through a server, which checks the saga and its input).
+    Create(CreateScheduleArgs),
+    /// List the schedules with their next tick and latest run.
+    List(ListSchedulesArgs),
+    /// Show a schedule: its next ticks and its latest runs, with their sagas.
+    Show(ScheduleIdArgs),
+    /// Pause a schedule: no tick fires until it is resumed.
+    Pause(ScheduleIdArgs),
+    /// Resume a schedule at its next tick after now (the ticks while paused are not caught up).
+    Resume(ScheduleIdArgs),
+    /// Fire a schedule now, under its overlap policy (through a server).
+    Trigger(ScheduleIdArgs),
+    /// Delete a schedule and its history; its sagas keep running.
+    Delete(ScheduleIdArgs),
+}
+
+/// `schedule create ID --saga NAME (--cron EXPR | --every DURATION) …`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+#[command(mut_arg(Output::JSON, |a| {
+    a.help("Print the schedule made, the same as the answer of `POST /v1/schedules`")
+}))]
+pub struct CreateScheduleArgs {
+    /// Its id: letters, digits, '.', '_' or '-'.
+    pub id: String,
+    /// The saga each tick starts.
+    #[arg(long, value_name = "NAME")]
+    pub saga: String,
+    /// A cron expression (5 fields, or 6 with seconds first), e.g. "0 2 * * *".
+    #[arg(
+        long,
+        value_name = "EXPR",
+        required_unless_present = "every",
+        conflicts_with = "every"
+    )]
+    pub cron: Option<String>,
+    /// A fixed interval, at least 1s (e.g. 15m).
+    #[arg(long, value_name = "DURATION")]
+    pub every: Option<String>,
+    /// The IANA time zone the cron expression is read in [default: UTC].
+    #[arg(long, value_name = "ZONE")]
+    pub timezone: Option<String>,
+    /// The input of every saga it starts, as JSON [default: {}].
+    #[arg(long, value_name = "JSON")]
+    pub input: Option<String>,
+    /// What a tick does while the previous run has not ended: skip, buffer_one, allow_all or
+    /// cancel_other [default: skip].
+    #[arg(long, value_name = "POLICY")]
+    pub overlap: Option<String>,
+    /// How late a missed tick may still start after downtime [default: 1m].
+    #[arg(long, value_name = "DURATION")]
+    pub catchup_window: Option<String>,
+    /// Make it paused.
+    #[arg(long)]
+    pub paused: bool,
+    /// Through a server.
+    #[command(flatten)]
+    pub via: ViaServer,
+    /// A sentence, or JSON.
+    #[command(flatten)]
+    pub output: Output,
+}
+
+/// `schedule list [--json]`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+#[command(mut_arg(Output::JSON, |a| {
+    a.help("Print `{\"schedules\": […]}`, the same as `GET /v1/schedules`")
+}))]
+pub struct ListSchedulesArgs {
+    /// Through a server, or the database.
+    #[command(flatten)]
+    pub via: ViaServer,
+    /// A table, or JSON.
+    #[command(flatten)]
+    pub output: Output,
+}
+
+/// `schedule show|pause|resume|trigger|delete ID`.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+#[command(mut_arg(Output::JSON, |a| {
+    a.help("Print JSON, the same as the API's answer")
+}))]
+pub struct ScheduleIdArgs {
+    /// The schedule's id.
+    pub id: String,
+    /// Through a server, or the database.
+    #[command(flatten)]
+    pub via: ViaServer,
+    /// A table or sentence, or JSON.
     #[command(flatten)]
     pub output: Output,
 }

@@ -104,6 +104,9 @@ pub async fn run_admin_with(
         AdminCommand::Limits(a) => {
             super::limits::run_limits(a, Some(store), &actor(), out, layout).await
         }
+        AdminCommand::Schedule(a) => {
+            super::schedules::run_schedule(a, Some(store), None, out, layout).await
+        }
     }
 }
 

@@ -66,6 +66,7 @@ mod error;
 mod limits;
 mod remote;
 mod render;
+mod schedules;
 mod table;
 
 use std::sync::Arc;
@@ -76,6 +77,9 @@ pub use args::{
     DatabaseArgs, EventsArgs, ForkArgs, LimitsArgs, LimitsCommand, ListArgs, MarkCompensatedArgs,
     OutboxArgs, Output, PauseArgs, PurgeArgs, RetryArgs, Server, SetLimitArgs, ShowArgs,
     SignalArgs, StartArgs, ViaServer, WorkersArgs, DEFAULT_LIST_LIMIT, DEFAULT_SERVER,
+};
+pub use args::{
+    CreateScheduleArgs, ListSchedulesArgs, ScheduleArgs, ScheduleCommand, ScheduleIdArgs,
 };
 pub use commands::{actor, run_admin, run_admin_with, run_signal, run_start, show_with_deliveries};
 pub use definitions::run_definitions;
@@ -149,6 +153,13 @@ pub async fn open_and_run(
     if let AdminCommand::List(args) = cmd {
         if args.via.server.is_some() {
             commands::list_via_server(args, out, &Layout::for_stdout()).await?;
+            out.flush()?;
+            return Ok(());
+        }
+    }
+    if let AdminCommand::Schedule(args) = cmd {
+        if args.via().server.is_some() || args.needs_server() {
+            schedules::run_schedule(args, None, Some(url), out, &Layout::for_stdout()).await?;
             out.flush()?;
             return Ok(());
         }

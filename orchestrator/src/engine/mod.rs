@@ -352,6 +352,11 @@ impl Engine {
         &self.inner.store
     }
 
+    /// The clock it runs on (virtual in tests).
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.clock
+    }
+
     /// The definitions this engine can run.
     pub fn registry(&self) -> &Arc<Registry> {
         &self.inner.registry

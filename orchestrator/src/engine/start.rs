@@ -55,6 +55,10 @@ pub struct StartRequest {
     /// Its priority, 0 to 9 (`Saga-Priority`; [`DEFAULT_PRIORITY`] when `None`): among sagas
     /// waiting to start, higher ones start first.
     pub priority: Option<u8>,
+    /// The new saga's id, when the caller derives it (a schedule's tick); a fresh UUIDv7
+    /// otherwise. Give it only with a key that names the same saga whenever it is reused:
+    /// the key, not the id, decides between two starts of one saga.
+    pub id: Option<Uuid>,
 }
 
 impl StartRequest {
@@ -69,7 +73,14 @@ impl StartRequest {
             start_at: None,
             trace: None,
             priority: None,
+            id: None,
         }
+    }
+
+    /// With the id `id` for the new saga (see [`StartRequest::id`]).
+    pub fn with_id(mut self, id: Uuid) -> Self {
+        self.id = Some(id);
+        self
     }
 
     /// With priority `priority` (0 to 9; [`Engine::start`] refuses more).
@@ -311,6 +322,7 @@ impl Engine {
             start_at,
             trace,
             priority,
+            id,
         } = request;
         let def = self.checked_definition(&name, &input)?;
         let priority = priority.unwrap_or(DEFAULT_PRIORITY);
@@ -328,6 +340,9 @@ impl Engine {
             }
         }
         let mut new = with_attrs(def, input)?;
+        if let Some(id) = id {
+            new.id = id;
+        }
         new.start_at = start_at;
         new.traceparent = trace.map(|t| t.traceparent());
         // A saga of a definition with limits waits to be admitted by a claim, within them.

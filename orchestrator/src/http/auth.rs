@@ -153,6 +153,7 @@ fn required_scope(method: &Method, route: Option<&str>) -> Option<Scope> {
         || route.ends_with("/complete")
         || route.ends_with("/fork")
         || route.starts_with("/v1/limits")
+        || route.starts_with("/v1/schedules")
     {
         Some(Scope::Operate)
     } else if route.starts_with("/v1/sagas") {
@@ -423,6 +424,21 @@ mod tests {
             required_scope(&Method::GET, Some("/v1/limits")),
             Some(Scope::Read)
         );
+        for operate in [
+            "/v1/schedules",
+            "/v1/schedules/{id}/pause",
+            "/v1/schedules/{id}/resume",
+            "/v1/schedules/{id}/trigger",
+        ] {
+            assert_eq!(required_scope(&post, Some(operate)), Some(Scope::Operate));
+        }
+        assert_eq!(
+            required_scope(&Method::DELETE, Some("/v1/schedules/{id}")),
+            Some(Scope::Operate)
+        );
+        for read in ["/v1/schedules", "/v1/schedules/{id}"] {
+            assert_eq!(required_scope(&Method::GET, Some(read)), Some(Scope::Read));
+        }
         assert_eq!(required_scope(&post, None), None);
     }
 

@@ -80,6 +80,11 @@ const FILES: &[(&str, &str, &str)] = &[
         include_str!("console/limits.js"),
     ),
     (
+        "schedules.js",
+        "text/javascript; charset=utf-8",
+        include_str!("console/schedules.js"),
+    ),
+    (
         "console.css",
         "text/css; charset=utf-8",
         include_str!("console/console.css"),

@@ -98,6 +98,7 @@ mod operators;
 mod overview;
 mod prefer;
 mod recovery;
+mod schedules;
 mod state;
 mod tasks;
 pub mod tokens;
@@ -237,6 +238,14 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(tasks::heartbeat_task))
         .routes(routes!(limits::list_limits))
         .routes(routes!(limits::set_limit))
+        .routes(routes!(
+            schedules::create_schedule,
+            schedules::list_schedules
+        ))
+        .routes(routes!(schedules::get_schedule, schedules::delete_schedule))
+        .routes(routes!(schedules::pause_schedule))
+        .routes(routes!(schedules::resume_schedule))
+        .routes(routes!(schedules::trigger_schedule))
         .routes(routes!(definitions::list_definitions))
         .routes(routes!(overview::counts))
         .routes(routes!(overview::whoami))
@@ -280,6 +289,9 @@ pub fn openapi_json() -> String {
 /// | `GET /v1/bulk`, `GET /v1/bulk/{id}` | recent bulk jobs; one job's progress and refusals |
 /// | `GET /v1/limits` | every concurrency limit and rate limiter: its value, what holds it and what waits for it |
 /// | `PUT /v1/limits/{name}` | an operator changes a limit or a rate limiter's rate and burst (audited) |
+/// | `POST /v1/schedules`, `GET /v1/schedules` | make a schedule (a saga started on a cron expression or an interval); list them |
+/// | `GET /v1/schedules/{id}`, `DELETE /v1/schedules/{id}` | a schedule with its next ticks and history; delete it |
+/// | `POST /v1/schedules/{id}/pause`, `/resume`, `/trigger` | pause, resume, or fire a schedule now |
 /// | `GET /v1/definitions` | the registered definitions: stages, hash, input schema |
 /// | `GET /v1/counts` | sagas by status, needing attention, blocked |
 /// | `GET /v1/whoami` | the caller's token name and scopes |

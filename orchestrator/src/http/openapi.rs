@@ -174,6 +174,7 @@ impl Modify for BearerAuth {
         (name = "definitions", description = "The sagas this server can start, and their inputs"),
         (name = "operators", description = "Operator commands, audited: abort, retry, mark-compensated, bulk actions (scope `operate`)"),
         (name = "limits", description = "Flow control: concurrency limits and rate limiters, read, and changed by operators (scope `operate`, audited)"),
+        (name = "schedules", description = "Sagas started on a cron expression or at an interval: read, and made, paused, resumed, fired and deleted by operators (scope `operate`)"),
         (name = "operations", description = "Health, metrics and this document"),
     )
 )]

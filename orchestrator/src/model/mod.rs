@@ -110,12 +110,16 @@ mod detail;
 pub(crate) mod fixtures;
 mod limits;
 pub mod rules;
+mod schedule;
 mod shown;
 mod stages;
 pub mod task;
 pub use bulk::{BulkAction, BulkJob, BulkJobPage, BulkRefusal, BulkStatus};
 pub use detail::SagaDetail;
 pub use limits::{DeclaredValue, LimitChange, LimitInfo, LimitKind};
+pub use schedule::{
+    NewScheduleRun, Overlap, RunOutcome, Schedule, ScheduleDetail, ScheduleRun, RUNS_KEPT,
+};
 pub(crate) use shown::wait_word;
 pub(crate) use shown::RATE_WAIT;
 

@@ -14,14 +14,25 @@ pub enum Cancelled {
     AlreadyCompensating,
 }
 
-impl Operations<'_> {
+impl<'a> Operations<'a> {
     /// Requests the cancellation of saga `id`. Refused (`Conflict`) once the saga has ended or
     /// its point of no return has started. In a bulk job, its event carries the job's actor,
     /// reason and id.
     pub async fn cancel(&self, id: Uuid) -> Result<Cancelled> {
+        self.cancel_audited(id, None, None).await
+    }
+
+    /// [`Operations::cancel`], its event naming `actor` and `reason` (a schedule cancelling
+    /// its previous run).
+    pub async fn cancel_audited(
+        &self,
+        id: Uuid,
+        actor: Option<&'a str>,
+        reason: Option<&'a str>,
+    ) -> Result<Cancelled> {
         match self
             .store
-            .request_cancel(id, &self.audit(None, None))
+            .request_cancel(id, &self.audit(actor, reason))
             .await?
         {
             CancelOutcome::Accepted => Ok(Cancelled::Accepted),

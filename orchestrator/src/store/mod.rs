@@ -35,6 +35,7 @@ pub mod outbox;
 mod postgres;
 mod prefix;
 pub(crate) mod rows;
+pub mod schedules;
 mod shared;
 pub mod signals;
 #[cfg(feature = "sqlite")]
@@ -60,6 +61,7 @@ pub use outbox::{Delivery, DeliveryState, OutboxStore};
 #[cfg(feature = "postgres")]
 pub use postgres::PgStore;
 pub use prefix::{match_prefix, PrefixMatch, CANDIDATES_SHOWN};
+pub use schedules::{ScheduleAdvance, ScheduleCursor, ScheduleLog};
 pub use signals::{ReceivedSignal, SignalOutcome, SignalRequest};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{engine_lock_file, sqlite_file, SqliteDurability, SqliteStore};
@@ -465,6 +467,7 @@ pub trait Store:
     + OperatorLog
     + BulkLog
     + FlowLog
+    + ScheduleLog
     + Maintenance
     + IdempotencyStore
     + OutboxStore
@@ -477,6 +480,7 @@ impl<T> Store for T where
         + OperatorLog
         + BulkLog
         + FlowLog
+        + ScheduleLog
         + Maintenance
         + IdempotencyStore
         + OutboxStore

@@ -1,6 +1,7 @@
 // The saga console: plain ES modules, no build step, no dependency. This one routes and wires
 // the page; below it, list.js and saga.js draw the pages, actions.js the action dialogs,
-// bulk.js the bulk jobs' pages, limits.js the limits of flow control and their changes, poll.js keeps a page current, login.js signs in, ui.js builds and patches the page, api.js
+// bulk.js the bulk jobs' pages, limits.js the limits of flow control and their changes,
+// schedules.js the schedules with their runs, poll.js keeps a page current, login.js signs in, ui.js builds and patches the page, api.js
 // talks to the server and state.js holds what they share; no module imports one that imports
 // it. The console reads and steers sagas through the same HTTP API as any client, with the
 // user's token (kept for this tab only, in sessionStorage, and sent as a bearer header: never
@@ -21,6 +22,7 @@ import { renderList } from './list.js';
 import { renderSaga } from './saga.js';
 import { renderBulk, renderBulkList } from './bulk.js';
 import { renderLimits } from './limits.js';
+import { renderSchedule, renderSchedules } from './schedules.js';
 
 // ---- routing ------------------------------------------------------------------------------
 
@@ -55,6 +57,8 @@ async function route() {
     else if (bulkMatch) await renderBulk(bulkMatch[1].toLowerCase());
     else if (path === '/bulk') await renderBulkList();
     else if (path === '/limits') await renderLimits();
+    else if (path === '/schedules') await renderSchedules();
+    else if (path.startsWith('/schedules/')) await renderSchedule(decodeURIComponent(path.slice('/schedules/'.length)));
     else await renderList(new URLSearchParams(query || ''));
   } catch (e) {
     // A page left while it loaded says nothing over the one shown since.

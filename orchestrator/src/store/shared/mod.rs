@@ -20,6 +20,7 @@ pub(crate) mod outbox;
 pub(crate) mod reads;
 pub(crate) mod recovery;
 pub(crate) mod retention;
+pub(crate) mod schedules;
 pub(crate) mod signals;
 pub(crate) mod sql;
 pub(crate) mod tasks;
@@ -422,6 +423,80 @@ impl<B: SqlBackend> crate::store::FlowLog for B {
 
     async fn take_token(&self, name: &str) -> Result<crate::store::TokenGrant> {
         flow::take(self, name).await
+    }
+}
+
+#[async_trait]
+impl<B: SqlBackend> crate::store::ScheduleLog for B {
+    async fn create_schedule(&self, schedule: &crate::model::Schedule) -> Result<bool> {
+        schedules::create(self, schedule).await
+    }
+
+    async fn schedules(&self) -> Result<Vec<crate::model::Schedule>> {
+        schedules::list(self.reader()).await
+    }
+
+    async fn schedule(&self, id: &str) -> Result<Option<crate::model::Schedule>> {
+        schedules::get(self.reader(), id).await
+    }
+
+    async fn schedule_runs(&self, id: &str, limit: u32) -> Result<Vec<crate::model::ScheduleRun>> {
+        schedules::runs(self.reader(), id, limit).await
+    }
+
+    async fn delete_schedule(&self, id: &str) -> Result<bool> {
+        schedules::delete(self, id).await
+    }
+
+    async fn set_schedule_paused(
+        &self,
+        id: &str,
+        paused: bool,
+        next_fire_at: Option<Millis>,
+        now: Millis,
+    ) -> Result<Option<crate::model::Schedule>> {
+        schedules::set_paused(self, id, paused, next_fire_at, now).await
+    }
+
+    async fn claim_due_schedules(
+        &self,
+        owner: &str,
+        now: Millis,
+        ttl_ms: i64,
+        limit: u32,
+    ) -> Result<Vec<crate::model::Schedule>> {
+        schedules::claim(self, owner, now, ttl_ms, limit).await
+    }
+
+    async fn advance_schedule(
+        &self,
+        id: &str,
+        owner: &str,
+        from: crate::store::ScheduleCursor,
+        to: &crate::store::ScheduleAdvance,
+        runs: &[crate::model::NewScheduleRun],
+        now: Millis,
+    ) -> Result<bool> {
+        schedules::advance(self, id, owner, from, to, runs, now).await
+    }
+
+    async fn record_schedule_runs(
+        &self,
+        id: &str,
+        runs: &[crate::model::NewScheduleRun],
+        last_saga_id: Option<Uuid>,
+        buffer: Option<Millis>,
+        now: Millis,
+    ) -> Result<bool> {
+        schedules::record_runs(self, id, runs, last_saga_id, buffer, now).await
+    }
+
+    async fn release_schedule(&self, id: &str, owner: &str) -> Result<()> {
+        schedules::release(self, id, owner).await
+    }
+
+    async fn earliest_schedule_fire(&self) -> Result<Option<Millis>> {
+        schedules::earliest(self.reader()).await
     }
 }
 
