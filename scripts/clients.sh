@@ -3,8 +3,8 @@
 # `/openapi.json` a real `example-sagas serve` publishes, each driven against that server by a
 # small program that uses the generated client alone (clients/python/drive.py,
 # clients/typescript/drive.ts): a start with an Idempotency-Key and its replay, a start with
-# `Prefer: wait`, a signal to a waiting saga. No generated code is committed or edited: a
-# document the generators read badly is fixed in the document.
+# `Prefer: wait`, a signal to a waiting saga, a list by search attribute. No generated code is
+# committed or edited: a document the generators read badly is fixed in the document.
 #
 # The generators are pinned: openapi-python-client (with everything its client needs, in
 # clients/python/requirements.txt) installed once into a virtualenv under ~/.cache that later

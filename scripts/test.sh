@@ -62,7 +62,7 @@ echo "== storage tests again, PostgreSQL store =="
 SAGA_TEST_BACKEND=postgres cargo test --workspace \
     --test store_contract --test operators --test retention --test engine --test stages --test children --test fulfil_order --test log_upgrade --test properties --test crash --test http --test cli \
     --test cli_terminal --test bad_input --test idempotency --test webhooks --test discovery \
-    --test broker --test consumer --test tracing --test fork --test pause --test bulk --test flow --test limits_api --test http_steps --test tasks --test bank --test schedules --test triggers "$@"
+    --test broker --test consumer --test tracing --test fork --test pause --test bulk --test flow --test limits_api --test http_steps --test tasks --test attrs --test bank --test schedules --test triggers "$@"
 
 # The OpenAPI document as an exact contract: schemathesis (pinned, installed into a virtualenv
 # under ~/.cache on first use) against the `example-sagas` built above, on a fresh SQLite file.

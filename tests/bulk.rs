@@ -339,10 +339,10 @@ async fn bad_bulk_requests_are_refused_with_clear_messages_and_record_nothing() 
             "RFC 3339",
         ),
         (
-            json!({"action": "cancel", "filter": {"attr": {"user": "ada"}}, "reason": "r"}),
+            json!({"action": "cancel", "filter": {"attr": {"User": "ada"}}, "reason": "r"}),
             StatusCode::UNPROCESSABLE_ENTITY,
             "invalid_filter",
-            "search attributes are not declared",
+            "is not a search attribute's name",
         ),
         (
             json!({"action": "abort", "filter": {}, "reason": "r"}),

@@ -107,11 +107,13 @@ async fn definitions_list_every_example_saga_with_its_stages_and_input_schema() 
     for d in defs {
         assert_eq!(
             keys(d),
-            BTreeSet::from(["name", "version", "hash", "stages", "input_schema"]),
+            BTreeSet::from(["name", "version", "hash", "stages", "input_schema", "attrs"]),
             "{d}"
         );
         let def = registry.latest(d["name"].as_str().unwrap()).unwrap();
         assert_eq!(d["version"], def.version());
+        let attrs: Vec<&str> = def.attr_names().collect();
+        assert_eq!(d["attrs"], json!(attrs));
         assert_eq!(d["hash"], def.hash());
         for stage in d["stages"].as_array().unwrap() {
             assert_eq!(keys(stage), BTreeSet::from(["name", "kind"]), "{stage}");

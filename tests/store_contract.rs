@@ -55,6 +55,7 @@ fn new_saga(name: &str, steps: &[(&str, StepKind)]) -> NewSaga {
         start_at: None,
         traceparent: None,
         flow: orchestrator::store::NewFlow::default(),
+        attrs: Vec::new(),
     }
 }
 

@@ -20,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from saga_client import AuthenticatedClient
 from saga_client.api.sagas import (
     get_saga,
+    list_sagas,
     signal_saga,
     start_fulfil_order,
     start_payout,
@@ -34,6 +35,7 @@ from saga_client.models import (
     PayoutInput,
     Saga,
     SagaDetail,
+    SagaPage,
     SagaStatus,
     SignalAccepted,
     Started,
@@ -89,6 +91,25 @@ def start_waits_for_the_end(client: AuthenticatedClient) -> None:
     expect(answer.headers.get("Preference-Applied") == "wait=10",
            f"expected Preference-Applied: wait=10, got {answer.headers.get('Preference-Applied')!r}")
     print(f"ok: start with Prefer: wait=10 answered COMPLETED: saga {answer.parsed.id}")
+
+
+def list_by_attribute(client: AuthenticatedClient) -> None:
+    """A saga found by its search attributes (`attr.user`, `attr.order_id`), not its id."""
+    user = f"python-{uuid.uuid4().hex[:12]}"
+    body = OrderInput(order_id=order_id("attrs"), user=user, amount=300)
+    started = start_place_order.sync_detailed(client=client, body=body)
+    expect(started.status_code == HTTPStatus.ACCEPTED and isinstance(started.parsed, Started),
+           f"start place_order: expected 202, got {started.status_code} {started.content!r}")
+    page = list_sagas.sync_detailed(client=client, attr_user=user, attr_order_id=body.order_id)
+    expect(page.status_code == HTTPStatus.OK and isinstance(page.parsed, SagaPage),
+           f"list by attribute: expected 200, got {page.status_code} {page.content!r}")
+    ids = [str(s.id) for s in page.parsed.sagas]
+    expect(ids == [str(started.parsed.id)],
+           f"list by attribute: expected [{started.parsed.id}], got {ids}")
+    attrs = page.parsed.sagas[0].attrs.additional_properties
+    expect(attrs == {"order_id": body.order_id, "user": user},
+           f"list by attribute: unexpected attrs {attrs}")
+    print(f"ok: saga found by its search attributes: saga {started.parsed.id}")
 
 
 def read(client: AuthenticatedClient, saga_id: str, prefer: str | Unset = UNSET) -> SagaDetail:
@@ -220,6 +241,7 @@ def main() -> int:
             start_waits_for_the_end(client)
             signal_completes_the_approval(client)
             task_completion(client)
+            list_by_attribute(client)
         except Mismatch as mismatch:
             print(f"FAILED (Python client): {mismatch}", file=sys.stderr)
             return 1

@@ -14,12 +14,13 @@ import { client } from './generated/client.gen.js';
 import {
   completeTask,
   getSaga,
+  listSagas,
   signalSaga,
   startFulfilOrder,
   startPayout,
   startPlaceOrder,
 } from './generated/sdk.gen.js';
-import type { Saga, SagaDetail, Started, StepStatus, TaskAccepted } from './generated/types.gen.js';
+import type { Saga, SagaDetail, SagaPage, Started, StepStatus, TaskAccepted } from './generated/types.gen.js';
 
 /** An answer other than the one the API promises. */
 class Mismatch extends Error {}
@@ -173,6 +174,23 @@ async function taskCompletion(): Promise<void> {
   }
 }
 
+/** A saga found by its search attributes (`attr.user`, `attr.order_id`), not its id. */
+async function listByAttribute(): Promise<void> {
+  const user = `typescript-${randomUUID().slice(0, 12)}`;
+  const body = { order_id: orderId('attrs'), user, amount: 300 };
+  const started = await startPlaceOrder({ body });
+  expect(started.response.status === 202, `start place_order: expected 202, got ${started.response.status}`);
+  const id = (started.data as Started).id;
+  const page = await listSagas({ query: { 'attr.user': user, 'attr.order_id': body.order_id } });
+  expect(page.response.status === 200, `list by attribute: expected 200, got ${page.response.status} ${JSON.stringify(page.error)}`);
+  const sagas = (page.data as SagaPage).sagas;
+  const ids = sagas.map((s) => s.id);
+  expect(ids.length === 1 && ids[0] === id, `list by attribute: expected [${id}], got ${JSON.stringify(ids)}`);
+  const attrs = sagas[0].attrs;
+  expect(attrs.user === user && attrs.order_id === body.order_id, `list by attribute: unexpected attrs ${JSON.stringify(attrs)}`);
+  console.log(`ok: saga found by its search attributes: saga ${id}`);
+}
+
 async function main(): Promise<number> {
   const baseUrl = process.env.SAGA_URL;
   const token = process.env.SAGA_API_TOKEN;
@@ -186,6 +204,7 @@ async function main(): Promise<number> {
     await startWaitsForTheEnd();
     await signalCompletesTheApproval();
     await taskCompletion();
+    await listByAttribute();
   } catch (e) {
     if (e instanceof Mismatch) {
       console.error(`FAILED (TypeScript client): ${e.message}`);

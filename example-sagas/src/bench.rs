@@ -32,6 +32,8 @@ pub enum Scenario {
     Limited,
     /// One call taking a token from a rate limiter (`--rate`, burst 1).
     Rated,
+    /// `happy`'s three no-op steps, of a definition declaring two search attributes.
+    Attrs,
 }
 
 impl Scenario {
@@ -43,6 +45,7 @@ impl Scenario {
             Scenario::Parallel => "parallel",
             Scenario::Limited => "limited",
             Scenario::Rated => "rated",
+            Scenario::Attrs => "attrs",
         }
     }
 }
@@ -121,6 +124,31 @@ impl BenchReport {
 
 /// The benchmark saga: three no-op steps; with `fail_last`, the third fails permanently.
 pub fn bench_saga() -> Result<SagaDefinition, saga_dsl::DefinitionError> {
+    bench_steps(SagaDefinition::builder("bench_order", 1))
+}
+
+/// The input's fields the `attrs` workload's attributes are read from.
+#[derive(serde::Deserialize)]
+struct BenchAttrs {
+    order: String,
+    #[serde(default)]
+    user: String,
+}
+
+/// The `attrs` workload's saga: [`bench_saga`]'s steps, with two search attributes (`order`
+/// and `user`), written with each start.
+pub fn bench_attrs_saga() -> Result<SagaDefinition, saga_dsl::DefinitionError> {
+    bench_steps(
+        SagaDefinition::builder("bench_attrs", 1)
+            .attr("order", |i: &BenchAttrs| i.order.clone())
+            .attr("user", |i: &BenchAttrs| i.user.clone()),
+    )
+}
+
+/// [`bench_saga`]'s three steps on `builder`.
+fn bench_steps(
+    builder: saga_dsl::SagaBuilder,
+) -> Result<SagaDefinition, saga_dsl::DefinitionError> {
     async fn noop(ctx: StepContext) -> Result<serde_json::Value, StepError> {
         Ok(json!({"step": ctx.step_name(), "ok": true}))
     }
@@ -143,7 +171,7 @@ pub fn bench_saga() -> Result<SagaDefinition, saga_dsl::DefinitionError> {
         }
         noop(ctx).await
     }
-    SagaDefinition::builder("bench_order", 1)
+    builder
         .step(Step::compensatable("reserve_stock", first, undo))
         .step(Step::compensatable("charge_payment", noop, undo))
         .step(Step::compensatable("assign_rider", last, undo).retry(RetryPolicy::no_retry()))
@@ -283,6 +311,7 @@ pub async fn run(store: Arc<dyn Store>, plan: &BenchPlan) -> anyhow::Result<Benc
             plan.rate,
             calls.clone(),
         )?],
+        Scenario::Attrs => vec![bench_attrs_saga()?],
         _ => Vec::new(),
     };
     let engine = traced_bench_engine(
@@ -342,6 +371,7 @@ pub async fn run(store: Arc<dyn Store>, plan: &BenchPlan) -> anyhow::Result<Benc
         Scenario::Parallel => 10.0,
         Scenario::Limited => 3.0,
         Scenario::Rated => 1.0,
+        Scenario::Attrs => 3.0,
     };
     Ok(BenchReport {
         backend: plan.backend.clone(),
@@ -388,10 +418,14 @@ pub(crate) async fn lanes(
                 Scenario::Parallel => "bench_parallel",
                 Scenario::Limited => "bench_limited",
                 Scenario::Rated => "bench_rated",
+                Scenario::Attrs => "bench_attrs",
                 _ => "bench_order",
             };
             let mut input =
                 json!({"order": "bench", "fail_last": scenario == Scenario::Compensate});
+            if scenario == Scenario::Attrs {
+                input["user"] = json!("ada");
+            }
             loop {
                 let n = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 if n >= total {

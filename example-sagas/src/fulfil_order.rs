@@ -92,6 +92,8 @@ pub struct Approval {
 pub fn fulfil_order(shop: Arc<Shop>) -> Result<SagaDefinition, DefinitionError> {
     SagaDefinition::builder(NAME, VERSION)
         .input::<FulfilInput>()
+        .attr("order_id", |i: &FulfilInput| i.order_id.clone())
+        .attr("user", |i: &FulfilInput| i.user.clone())
         .state(shop)
         .step(
             Step::map(

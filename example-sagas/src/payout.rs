@@ -154,6 +154,7 @@ pub fn payout_via(shop: Arc<Shop>, bank: BankLink) -> Result<SagaDefinition, Def
     };
     SagaDefinition::builder(NAME, VERSION)
         .input::<PayoutInput>()
+        .attr("merchant", |i: &PayoutInput| i.merchant.clone())
         .state(shop)
         .per_key(PER_MERCHANT, "merchant", PER_MERCHANT_LIMIT)
         .max_running(RUNNING, RUNNING_LIMIT)

@@ -141,6 +141,8 @@ pub(crate) async fn charge(
 pub fn place_order(shop: Arc<Shop>) -> Result<SagaDefinition, DefinitionError> {
     SagaDefinition::builder(NAME, VERSION)
         .input::<OrderInput>()
+        .attr("order_id", |i: &OrderInput| i.order_id.clone())
+        .attr("user", |i: &OrderInput| i.user.clone())
         .state(shop)
         .step(compensatable(
             "reserve_stock",

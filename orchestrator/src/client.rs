@@ -57,7 +57,10 @@ use serde::{Deserialize, Serialize};
 use tokio_retry::strategy::{jitter, ExponentialBackoff};
 use uuid::Uuid;
 
-use crate::model::{BulkAction, BulkJob, DefinitionList, LimitChange, LimitInfo, Saga, SagaStatus};
+use crate::model::{
+    BulkAction, BulkJob, DefinitionList, LimitChange, LimitInfo, ListFilter, Saga, SagaPage,
+    SagaStatus,
+};
 
 /// The `Idempotency-Key` request header (IETF httpapi draft).
 pub const IDEMPOTENCY_KEY: &str = "idempotency-key";
@@ -443,6 +446,42 @@ impl SagaClient {
     pub async fn get(&self, id: impl std::fmt::Display) -> Result<Saga, ClientError> {
         let url = self.url(&["v1", "sagas", &id.to_string()])?;
         let response = self.send(Method::GET, &url, |req| req).await?;
+        decode(&url, response).await
+    }
+
+    /// A page of sagas, newest first (`GET /v1/sagas`), filtered as `filter` says: its status,
+    /// name, needs-attention flag, creation times, search attributes (`attr.<name>=…`), page
+    /// size and cursor (its `id_prefix` and `ids` are not sent).
+    pub async fn list(&self, filter: &ListFilter) -> Result<SagaPage, ClientError> {
+        let url = self.url(&["v1", "sagas"])?;
+        let mut query: Vec<(String, String)> = Vec::new();
+        if let Some(status) = filter.status {
+            query.push(("status".to_owned(), status.as_str().to_owned()));
+        }
+        if let Some(name) = &filter.name {
+            query.push(("name".to_owned(), name.clone()));
+        }
+        if filter.needs_attention {
+            query.push(("needs_attention".to_owned(), "true".to_owned()));
+        }
+        if let Some(after) = filter.created_after {
+            query.push(("created_after".to_owned(), crate::model::rfc3339(after)));
+        }
+        if let Some(before) = filter.created_before {
+            query.push(("created_before".to_owned(), crate::model::rfc3339(before)));
+        }
+        for (name, value) in &filter.attrs {
+            query.push((format!("attr.{name}"), value.clone()));
+        }
+        if filter.limit > 0 {
+            query.push(("limit".to_owned(), filter.limit.to_string()));
+        }
+        if let Some(cursor) = filter.cursor {
+            query.push(("cursor".to_owned(), cursor.to_string()));
+        }
+        let response = self
+            .send(Method::GET, &url, |req| req.query(&query))
+            .await?;
         decode(&url, response).await
     }
 

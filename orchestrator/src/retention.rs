@@ -24,6 +24,9 @@ pub struct PurgeOptions {
     pub pause: Duration,
     /// Count what would go instead of deleting it.
     pub dry_run: bool,
+    /// Only sagas with every one of these search attributes (name, value), as a list selects
+    /// them; empty: any saga.
+    pub attrs: Vec<(String, String)>,
 }
 
 impl Default for PurgeOptions {
@@ -32,6 +35,7 @@ impl Default for PurgeOptions {
             page: 200,
             pause: Duration::from_millis(5),
             dry_run: false,
+            attrs: Vec::new(),
         }
     }
 }
@@ -64,7 +68,7 @@ pub async fn purge_finished_before(
         let mut this_walk = 0;
         while let Some(at) = cursor {
             let page = store
-                .purge_page(before, at, options.page, options.dry_run)
+                .purge_page(before, at, options.page, options.dry_run, &options.attrs)
                 .await?;
             report.pages += 1;
             if !page.purged.is_empty() {

@@ -10,6 +10,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use crate::attrs::{attrs_problem, values_of, AttrError, SearchAttr};
 use crate::flow::{FlowLimits, MaxRunning, PerKey, Rate, RateLimiter};
 use crate::{DefinitionError, Group, SharedState, Step, StepKind};
 
@@ -64,6 +65,7 @@ pub struct SagaDefinition {
     input_schema: Arc<Schema>,
     state: Option<SharedState>,
     flow: FlowLimits,
+    attrs: Vec<SearchAttr>,
 }
 
 impl fmt::Debug for SagaDefinition {
@@ -90,6 +92,7 @@ impl SagaDefinition {
             input_schema: Arc::new(Schema::from(true)),
             state: None,
             flow: FlowLimits::default(),
+            attrs: Vec::new(),
         }
     }
 
@@ -158,6 +161,17 @@ impl SagaDefinition {
     pub fn flow(&self) -> &FlowLimits {
         &self.flow
     }
+
+    /// The names of its search attributes ([`SagaBuilder::attr`]), in declaration order.
+    pub fn attr_names(&self) -> impl Iterator<Item = &str> {
+        self.attrs.iter().map(SearchAttr::name)
+    }
+
+    /// The values of its search attributes for `input`, in declaration order, an absent one
+    /// left out. An empty list, allocating nothing, for a definition without attributes.
+    pub fn attrs_of(&self, input: &Value) -> Result<Vec<(String, String)>, AttrError> {
+        values_of(&self.attrs, input)
+    }
 }
 
 /// Builds a [`SagaDefinition`]; see there for an example.
@@ -169,9 +183,54 @@ pub struct SagaBuilder {
     input_schema: Arc<Schema>,
     state: Option<SharedState>,
     flow: FlowLimits,
+    attrs: Vec<SearchAttr>,
 }
 
 impl SagaBuilder {
+    /// Declares the search attribute `name`, whose value `value` computes from the input read
+    /// as a `T` (usually the type of [`input`](Self::input)): stored with the saga when it
+    /// starts and indexed, so that sagas can be listed by it (`GET /v1/sagas?attr.user=ada`,
+    /// `saga list --attr user=ada`), acted on in bulk and purged. The function gives a
+    /// `String`, or an `Option<String>` whose `None` leaves the attribute out for that saga.
+    ///
+    /// A name is a lower-case ASCII letter, then lower-case letters, digits or `_`, at most
+    /// [`MAX_ATTR_NAME`](crate::attrs::MAX_ATTR_NAME) bytes, and unique in the definition
+    /// (checked by [`build`](Self::build)); a value longer than
+    /// [`MAX_ATTR_VALUE`](crate::attrs::MAX_ATTR_VALUE) bytes refuses the start.
+    ///
+    /// ```
+    /// use saga_dsl::{JsonSchema, SagaDefinition, Step, StepContext, StepError};
+    ///
+    /// #[derive(serde::Deserialize, JsonSchema)]
+    /// #[schemars(crate = "saga_dsl::schemars")]
+    /// struct Order { order_id: String, user: String, coupon: Option<String> }
+    ///
+    /// async fn pay(_: StepContext) -> Result<(), StepError> { Ok(()) }
+    ///
+    /// let saga = SagaDefinition::builder("checkout", 1)
+    ///     .input::<Order>()
+    ///     .attr("order_id", |o: &Order| o.order_id.clone())
+    ///     .attr("user", |o: &Order| o.user.clone())
+    ///     .attr("coupon", |o: &Order| o.coupon.clone())
+    ///     .step(Step::pivot("pay", pay))
+    ///     .build()?;
+    /// let input = serde_json::json!({"order_id": "o-991", "user": "ada", "coupon": null});
+    /// assert_eq!(
+    ///     saga.attrs_of(&input).unwrap(),
+    ///     [("order_id".to_owned(), "o-991".to_owned()), ("user".to_owned(), "ada".to_owned())],
+    /// );
+    /// # Ok::<(), saga_dsl::DefinitionError>(())
+    /// ```
+    pub fn attr<T, V, F>(mut self, name: impl Into<String>, value: F) -> Self
+    where
+        T: DeserializeOwned + 'static,
+        V: Into<Option<String>>,
+        F: Fn(&T) -> V + Send + Sync + 'static,
+    {
+        self.attrs.push(SearchAttr::new(name.into(), value));
+        self
+    }
+
     /// Gives every call of the saga the application's state (clients, pools, configuration):
     /// actions, compensations and rules read it with
     /// [`StepContext::state`](crate::StepContext::state), so no closure needs a clone of its
@@ -419,6 +478,12 @@ impl SagaBuilder {
                 problem,
             });
         }
+        if let Some(problem) = attrs_problem(&self.attrs) {
+            return Err(DefinitionError::BadAttr {
+                saga: self.name,
+                problem,
+            });
+        }
         let hash = step_list_hash(&self.name, self.version, &self.steps);
         Ok(SagaDefinition {
             name: self.name,
@@ -429,6 +494,7 @@ impl SagaBuilder {
             input_schema: self.input_schema,
             state: self.state,
             flow: self.flow,
+            attrs: self.attrs,
         })
     }
 }

@@ -176,6 +176,14 @@ pub enum DefinitionError {
         /// What is wrong.
         problem: String,
     },
+    /// A search attribute's name is not valid, or two attributes share one.
+    #[error("saga {saga}: {problem}")]
+    BadAttr {
+        /// The saga.
+        saga: String,
+        /// What is wrong.
+        problem: String,
+    },
     /// Two definitions declare one limit name differently (of other kinds, values or
     /// definitions).
     #[error("limit {name:?} is declared differently by {first} and {second}")]

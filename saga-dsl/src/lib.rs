@@ -67,6 +67,7 @@
 //! - **Versions**: a saga runs on the definition it started with (name, version and step-list
 //!   hash); the [`Registry`] holds every version a process can run.
 
+pub mod attrs;
 mod context;
 mod definition;
 mod error;
@@ -77,6 +78,7 @@ mod shared;
 mod step;
 mod trace;
 
+pub use attrs::{AttrError, MAX_ATTR_NAME, MAX_ATTR_VALUE};
 pub use context::{
     branch_idempotency_key, child_saga_id, idempotency_key, Phase, StepContext, TaskHandle,
 };

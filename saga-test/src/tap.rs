@@ -641,8 +641,9 @@ impl Maintenance for TappedStore {
         cursor: PurgeCursor,
         limit: u32,
         dry_run: bool,
+        attrs: &[(String, String)],
     ) -> Result<PurgePage> {
-        self.pass(self.inner.purge_page(before, cursor, limit, dry_run))
+        self.pass(self.inner.purge_page(before, cursor, limit, dry_run, attrs))
             .await
     }
 }

@@ -522,6 +522,57 @@ test('live updates keep focus, scroll positions and a selection, and change noth
   }
 });
 
+test('the list filters by search attributes, kept in the URL, shows them, and a saga shows its own', async () => {
+  const server = await startServer();
+  try {
+    const ada = await start(server, 'place_order', { order_id: 'o-a1', user: 'ada', amount: 10 });
+    const ada2 = await start(server, 'place_order', { order_id: 'o-a2', user: 'ada', amount: 10 });
+    const grace = await start(server, 'place_order', { order_id: 'o-g1', user: 'grace', amount: 10 });
+    for (const id of [ada, ada2, grace]) await waitFor(server, id, (s) => s.status === 'COMPLETED');
+    const { page, context, errors } = await open(server);
+    const rows = page.locator('tbody tr');
+    await rows.nth(2).waitFor();
+    assert.match(await page.locator(`tbody tr[data-key="${grace}"] td.attrs`).innerText(), /user=grace/);
+
+    const attrs = page.locator('#f-attr');
+    await attrs.fill('user=ada');
+    await attrs.press('Enter');
+    await page.waitForFunction(() => location.hash.includes('attr=user%3Dada'));
+    await page.waitForFunction(() => document.querySelectorAll('tbody tr').length === 2);
+    assert.deepEqual((await page.locator('tbody tr').evaluateAll((all) => all.map((r) => r.dataset.key))).sort(), [ada, ada2].sort());
+
+    // Two attributes: both must match. The filter survives a reload from the URL.
+    await attrs.fill('user=ada, order_id=o-a2');
+    await attrs.press('Enter');
+    await page.waitForFunction(() => document.querySelectorAll('tbody tr').length === 1);
+    await page.reload();
+    await page.locator(`tbody tr[data-key="${ada2}"]`).waitFor();
+    assert.equal(await page.locator('tbody tr').count(), 1);
+    assert.equal(await page.locator('#f-attr').inputValue(), 'user=ada, order_id=o-a2');
+
+    // A malformed name is refused beside the field.
+    await page.locator('#f-attr').fill('User=ada');
+    await page.locator('#f-attr').press('Enter');
+    const problem = page.locator('#f-attr-error');
+    await problem.waitFor();
+    assert.match(await problem.innerText(), /400.*attr\.User/);
+
+    // A saga's page shows its attributes, each a link to the sagas sharing it.
+    await page.goto(`${server.base}/ui/#/sagas/${grace}`);
+    const shown = page.locator('[data-key="attrs"] dd');
+    await shown.waitFor();
+    assert.match(await shown.innerText(), /order_id=o-g1/);
+    await page.locator('[data-key="attrs"] a', { hasText: 'user=grace' }).click();
+    await page.waitForFunction(() => location.hash.includes('attr=user%3Dgrace'));
+    await page.locator(`tbody tr[data-key="${grace}"]`).waitFor();
+    await page.waitForFunction(() => document.querySelectorAll('tbody tr').length === 1);
+    assert.deepEqual(errors, []);
+    await context.close();
+  } finally {
+    await server.stop();
+  }
+});
+
 test('a filter changed stays focused and applies without leaving the form; a refused one is shown beside its field', async () => {
   const server = await startServer();
   try {

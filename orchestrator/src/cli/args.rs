@@ -275,6 +275,12 @@ pub struct ListArgs {
     /// Only sagas flagged as needing attention.
     #[arg(long)]
     pub needs_attention: bool,
+    /// Only sagas with this search attribute, NAME=VALUE (repeatable: each must match).
+    #[arg(long, value_name = "NAME=VALUE")]
+    pub attr: Vec<String>,
+    /// Through a server's API (`GET /v1/sagas`), or the database.
+    #[command(flatten)]
+    pub via: ViaServer,
     /// Tables, or JSON.
     #[command(flatten)]
     pub output: Output,
@@ -288,6 +294,8 @@ impl Default for ListArgs {
             limit: DEFAULT_LIST_LIMIT,
             cursor: None,
             needs_attention: false,
+            attr: Vec::new(),
+            via: ViaServer::default(),
             output: Output::default(),
         }
     }
@@ -319,7 +327,7 @@ pub struct EventsArgs {
     pub output: Output,
 }
 
-/// `purge --finished-before WHEN [--dry-run] [--batch N]`.
+/// `purge --finished-before WHEN [--dry-run] [--batch N] [--attr NAME=VALUE]`.
 #[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
 pub struct PurgeArgs {
     /// Sagas that ended this long ago or more (30d, 12h, 90m), or before this RFC 3339 instant.
@@ -332,6 +340,10 @@ pub struct PurgeArgs {
     #[arg(long, value_name = "N", default_value_t = 200,
           value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub batch: u32,
+    /// Only sagas with this search attribute, NAME=VALUE (repeatable: each must match), as
+    /// `list --attr` selects them.
+    #[arg(long, value_name = "NAME=VALUE")]
+    pub attr: Vec<String>,
 }
 
 /// Where a command that changes a saga is sent: a server's HTTP API (`--server`), where the
@@ -722,6 +734,7 @@ mod tests {
                 cursor: None,
                 needs_attention: true,
                 output: Output { json: true },
+                ..ListArgs::default()
             })
         );
         assert_eq!(

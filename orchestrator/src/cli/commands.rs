@@ -263,12 +263,8 @@ async fn load(store: &dyn Store, id: Uuid) -> Result<Saga, CliError> {
     store.get_saga(id).await?.ok_or(CliError::NotFound(id))
 }
 
-async fn list(
-    a: &ListArgs,
-    store: &dyn Store,
-    out: &mut impl Write,
-    layout: &Layout,
-) -> Result<(), CliError> {
+/// The filter and page `list` asks for.
+pub(crate) fn list_filter(a: &ListArgs) -> Result<ListFilter, CliError> {
     let cursor = a
         .cursor
         .as_deref()
@@ -280,14 +276,48 @@ async fn list(
             })
         })
         .transpose()?;
-    let filter = ListFilter {
+    Ok(ListFilter {
         status: a.status,
         name: a.name.clone(),
         needs_attention: a.needs_attention,
+        attrs: attr_pairs(&a.attr)?,
         limit: a.limit,
         cursor,
         ..ListFilter::default()
-    };
+    })
+}
+
+/// `--attr NAME=VALUE` options as (name, value) pairs: each name valid and given once.
+pub(crate) fn attr_pairs(given: &[String]) -> Result<Vec<(String, String)>, CliError> {
+    let mut pairs: Vec<(String, String)> = Vec::with_capacity(given.len());
+    for pair in given {
+        let (name, value) = pair.split_once('=').ok_or_else(|| {
+            CliError::BadArgument(format!("--attr {pair:?}: write it NAME=VALUE"))
+        })?;
+        if !saga_dsl::attrs::valid_attr_name(name) {
+            return Err(CliError::BadArgument(format!(
+                "--attr {pair:?}: {name:?} is not a search attribute's name (a lower-case \
+                 letter, then lower-case letters, digits or '_', at most {} bytes)",
+                saga_dsl::MAX_ATTR_NAME
+            )));
+        }
+        if pairs.iter().any(|(seen, _)| seen == name) {
+            return Err(CliError::BadArgument(format!(
+                "--attr {name}=… is given twice: filter by each attribute once"
+            )));
+        }
+        pairs.push((name.to_owned(), value.to_owned()));
+    }
+    Ok(pairs)
+}
+
+async fn list(
+    a: &ListArgs,
+    store: &dyn Store,
+    out: &mut impl Write,
+    layout: &Layout,
+) -> Result<(), CliError> {
+    let filter = list_filter(a)?;
     let page = store.list_sagas(&filter).await?;
     if a.output.json {
         render::json(out, &page)?;
@@ -298,6 +328,26 @@ async fn list(
             None => None,
         };
         render::saga_page(out, &page, short.as_deref(), store.now().await?, layout)?;
+    }
+    Ok(())
+}
+
+/// `list --server URL`: the page through the server's API, shown as on the database (ids
+/// whole: the server is not asked which prefixes are unique).
+pub(crate) async fn list_via_server(
+    a: &ListArgs,
+    out: &mut impl Write,
+    layout: &Layout,
+) -> Result<(), CliError> {
+    let filter = list_filter(a)?;
+    let target = super::address::Target::find(a.via.server.as_deref(), None);
+    let client = target.client(a.via.auth.token.clone())?;
+    let page = client.list(&filter).await.map_err(|e| target.error(e))?;
+    if a.output.json {
+        render::json(out, &page)?;
+    } else {
+        let now = chrono::Utc::now().timestamp_millis();
+        render::saga_page(out, &page, None, now, layout)?;
     }
     Ok(())
 }
@@ -410,6 +460,7 @@ async fn purge(a: &PurgeArgs, store: &dyn Store, out: &mut impl Write) -> Result
     let options = crate::retention::PurgeOptions {
         page: a.batch,
         dry_run: a.dry_run,
+        attrs: attr_pairs(&a.attr)?,
         ..crate::retention::PurgeOptions::default()
     };
     let report = crate::retention::purge_finished_before(store, before, &options, |_| {}).await?;

@@ -116,6 +116,7 @@ mod tests {
                 })
                 .collect(),
             input_schema: schema,
+            attrs: Vec::new(),
         }
     }
 

@@ -152,6 +152,13 @@ pub async fn open_and_run(
         out.flush()?;
         return Ok(());
     }
+    if let AdminCommand::List(args) = cmd {
+        if args.via.server.is_some() {
+            commands::list_via_server(args, out, &Layout::for_stdout()).await?;
+            out.flush()?;
+            return Ok(());
+        }
+    }
     if let AdminCommand::Schedule(args) = cmd {
         if args.via().server.is_some() || args.needs_server() {
             schedules::run_schedule(args, None, Some(url), out, &Layout::for_stdout()).await?;

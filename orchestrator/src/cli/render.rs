@@ -196,6 +196,10 @@ pub(crate) fn saga_page(
                 })
                 .collect(),
         );
+        let attrs = g.column(
+            "attrs",
+            sagas.iter().map(|s| attrs_text(&s.attrs)).collect(),
+        );
         let created = g.column(
             "created",
             sagas.iter().map(|s| rfc3339(s.created_at)).collect(),
@@ -230,7 +234,9 @@ pub(crate) fn saga_page(
             .colours(flagged, flag_colours)
             .flex(waiting, 8)
             .hide_if_empty(flagged)
+            .flex(attrs, 8)
             .hide_if_empty(waiting)
+            .hide_if_empty(attrs)
             .hide_if_empty(error);
         // Flags (NEEDS ATTENTION) are what a narrow list must still show; the id, shortened
         // to a unique prefix (which every command takes), leaves them room.
@@ -238,6 +244,7 @@ pub(crate) fn saga_page(
             layout,
             &[
                 Fit::Drop(version),
+                Fit::Drop(attrs),
                 Fit::Drop(created),
                 Fit::Drop(updated),
                 Fit::Compact(id),
@@ -252,6 +259,15 @@ pub(crate) fn saga_page(
         )?;
     }
     Ok(())
+}
+
+/// Search attributes as `name=value`, comma-separated, in name order.
+fn attrs_text(attrs: &std::collections::BTreeMap<String, String>) -> String {
+    attrs
+        .iter()
+        .map(|(name, value)| format!("{name}={value}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// The `show` view: a header, the steps table and the attempt log. `now` is the database clock,
@@ -411,6 +427,9 @@ fn header(out: &mut impl Write, s: &Saga, now: Millis, layout: &Layout) -> std::
             true,
         ),
     ];
+    if !s.attrs.is_empty() {
+        lines.push(("Attrs", attrs_text(&s.attrs), true));
+    }
     if s.blocked {
         lines.push((
             "Blocked",

@@ -289,6 +289,16 @@ fn flow_of(
     })
 }
 
+/// A new saga of `def` with `input` and its search attributes; a value that cannot be
+/// computed or is too long refuses the start as an input that does not fit, naming the
+/// attribute.
+fn with_attrs(def: &saga_dsl::SagaDefinition, input: Value) -> Result<NewSaga, StartError> {
+    NewSaga::with_attrs(def, input).map_err(|e| StartError::InvalidInput {
+        name: def.name().to_owned(),
+        message: e.to_string(),
+    })
+}
+
 /// The highest priority a start may ask for.
 pub const MAX_PRIORITY: u8 = 9;
 
@@ -329,7 +339,7 @@ impl Engine {
                 return Err(StartError::StartInPast { at, now });
             }
         }
-        let mut new = NewSaga::of(def, input);
+        let mut new = with_attrs(def, input)?;
         if let Some(id) = id {
             new.id = id;
         }
@@ -440,7 +450,7 @@ impl Engine {
     pub(crate) fn new_saga(&self, name: &str, input: Value) -> Result<NewSaga, StartError> {
         let def = self.checked_definition(name, &input)?;
         let flow = flow_of(def, &input, DEFAULT_PRIORITY)?;
-        let mut new = NewSaga::of(def, input);
+        let mut new = with_attrs(def, input)?;
         new.flow = flow;
         Ok(new)
     }

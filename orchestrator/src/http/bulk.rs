@@ -45,9 +45,9 @@ pub(crate) struct BulkFilter {
     /// list selects them.
     #[schema(max_items = 1000)]
     ids: Option<Vec<Uuid>>,
-    /// Search attributes (SPEC §17), equality on each. No definition declares attributes yet:
-    /// a non-empty object is refused (`422`), an empty one is ignored.
-    #[schema(value_type = Option<Object>)]
+    /// Only sagas with these search attributes (`{"user": "ada"}`), equality on each, as the
+    /// list's `attr.<name>=…`; names as a definition declares them, values strings.
+    #[schema(value_type = Option<std::collections::HashMap<String, String>>)]
     attr: Option<serde_json::Map<String, Value>>,
 }
 
@@ -135,12 +135,22 @@ fn parse(body: Value) -> Result<(BulkRequest, Reason), ApiError> {
     }
     let reason = Reason::parse(&body.reason)?;
     let f = body.filter;
-    if f.attr.as_ref().is_some_and(|a| !a.is_empty()) {
-        return Err(invalid_filter(
-            "filter.attr: search attributes are not declared by any definition yet, so no \
-             saga can match them; leave attr out (or empty)"
-                .to_owned(),
-        ));
+    let mut attrs = Vec::new();
+    for (name, value) in f.attr.unwrap_or_default() {
+        let Value::String(value) = value else {
+            return Err(invalid_filter(format!(
+                "filter.attr.{name}: a search attribute's value is a string, got {value}"
+            )));
+        };
+        if !saga_dsl::attrs::valid_attr_name(&name) {
+            return Err(invalid_filter(format!(
+                "filter.attr: {} is not a search attribute's name: a lower-case letter, then \
+                 lower-case letters, digits or '_', at most {} bytes",
+                quote(&name),
+                saga_dsl::MAX_ATTR_NAME
+            )));
+        }
+        attrs.push((name, value));
     }
     let status = f
         .status
@@ -188,6 +198,7 @@ fn parse(body: Value) -> Result<(BulkRequest, Reason), ApiError> {
         needs_attention: f.needs_attention.unwrap_or(false),
         created_after: instant("created_after", f.created_after)?,
         created_before: instant("created_before", f.created_before)?,
+        attrs,
         ..ListFilter::default()
     };
     let empty = filter.status.is_none()
@@ -195,11 +206,12 @@ fn parse(body: Value) -> Result<(BulkRequest, Reason), ApiError> {
         && filter.name.is_none()
         && !filter.needs_attention
         && filter.created_after.is_none()
-        && filter.created_before.is_none();
+        && filter.created_before.is_none()
+        && filter.attrs.is_empty();
     if empty && !body.dry_run {
         return Err(invalid_filter(
             "the filter is empty: it would act on every saga. Give at least one of ids, \
-             status, name, needs_attention, created_after, created_before (try it with \
+             status, name, needs_attention, created_after, created_before, attr (try it with \
              \"dry_run\": true first)"
                 .to_owned(),
         ));
@@ -241,7 +253,7 @@ fn parse(body: Value) -> Result<(BulkRequest, Reason), ApiError> {
         (status = 400, description = "Malformed JSON or body, or no reason", body = ErrorBody),
         Unauthorized,
         ForbiddenOperate,
-        (status = 422, description = "An unknown action (`invalid_action`), a filter value that does not parse, an empty filter without `dry_run`, or search attributes (`invalid_filter`)", body = ErrorBody),
+        (status = 422, description = "An unknown action (`invalid_action`), a filter value that does not parse, an empty filter without `dry_run`, or a search attribute that is not a string or not a valid name (`invalid_filter`)", body = ErrorBody),
         ServerErrors,
     )
 )]

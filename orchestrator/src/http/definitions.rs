@@ -131,7 +131,41 @@ pub(crate) fn with_start_routes(doc: &utoipa::openapi::OpenApi, registry: &Regis
     if !names.is_empty() {
         generic_start_unlinked(&mut doc);
     }
+    list_attr_params(&mut doc, registry);
     doc
+}
+
+/// Adds to `GET /v1/sagas` a query parameter `attr.NAME` per search attribute the registry's
+/// definitions declare, so that generated clients can filter by them.
+fn list_attr_params(doc: &mut Value, registry: &Registry) {
+    let mut names: Vec<&str> = registry.iter().flat_map(|d| d.attr_names()).collect();
+    names.sort_unstable();
+    names.dedup();
+    let Some(params) = doc
+        .pointer_mut("/paths/~1v1~1sagas/get/parameters")
+        .and_then(Value::as_array_mut)
+    else {
+        return;
+    };
+    // Before `limit` and `cursor`, beside the other filters.
+    let at = params
+        .iter()
+        .position(|p| p["name"] == "limit")
+        .unwrap_or(params.len());
+    for (i, name) in names.into_iter().enumerate() {
+        params.insert(
+            at + i,
+            json!({
+                "name": format!("attr.{name}"),
+                "in": "query",
+                "required": false,
+                "description": format!(
+                    "Only sagas whose search attribute `{name}` equals this value"
+                ),
+                "schema": {"type": "string"},
+            }),
+        );
+    }
 }
 
 /// Removes the links of the generic start's answers on a server with definitions: there the

@@ -271,9 +271,60 @@ impl<S: Send + Sync> FromRequestParts<S> for ListQuery {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
-        let Query(raw) = Query::<RawListQuery>::from_request_parts(parts, state).await?;
-        raw.validate().map(ListQuery)
+        // `attr.NAME=VALUE` are as many parameters as the caller filters by: read apart, the
+        // others into the struct (which refuses an unknown one).
+        let Query(pairs) = Query::<Vec<(String, String)>>::from_request_parts(parts, state).await?;
+        let (attrs, others): (Vec<_>, Vec<_>) = pairs
+            .into_iter()
+            .partition(|(name, _)| name.starts_with(ATTR_PREFIX));
+        let mut fields = serde_json::Map::with_capacity(others.len());
+        for (name, value) in others {
+            if fields.insert(name.clone(), Value::String(value)).is_some() {
+                return Err(ApiError::bad_request(format!(
+                    "malformed query string: {} is given twice",
+                    quote(&name)
+                )));
+            }
+        }
+        let raw = RawListQuery::deserialize(Value::Object(fields)).map_err(|e| {
+            ApiError::bad_request(format!(
+                "malformed query string: Failed to deserialize query string: {e}"
+            ))
+        })?;
+        let mut filter = raw.validate()?;
+        filter.attrs = attr_filters(attrs)?;
+        Ok(ListQuery(filter))
     }
+}
+
+/// The prefix of a list's filter by a search attribute: `attr.user=ada`.
+pub(crate) const ATTR_PREFIX: &str = "attr.";
+
+/// The search attributes a list is filtered by, from its `attr.NAME=VALUE` parameters: each
+/// name valid and given once, the value compared as it is (empty included).
+pub(crate) fn attr_filters(
+    pairs: Vec<(String, String)>,
+) -> Result<Vec<(String, String)>, ApiError> {
+    let mut attrs: Vec<(String, String)> = Vec::with_capacity(pairs.len());
+    for (param, value) in pairs {
+        let name = param.strip_prefix(ATTR_PREFIX).unwrap_or(&param);
+        if !saga_dsl::attrs::valid_attr_name(name) {
+            return Err(ApiError::bad_request(format!(
+                "{} does not name a search attribute: write attr.NAME=VALUE, NAME a lower-case \
+                 letter, then lower-case letters, digits or '_', at most {} bytes",
+                quote(&param),
+                saga_dsl::MAX_ATTR_NAME
+            )));
+        }
+        if attrs.iter().any(|(seen, _)| seen == name) {
+            return Err(ApiError::bad_request(format!(
+                "{} is given twice: filter by each attribute once",
+                quote(&param)
+            )));
+        }
+        attrs.push((name.to_owned(), value));
+    }
+    Ok(attrs)
 }
 
 fn non_empty(value: Option<String>) -> Option<String> {
@@ -334,6 +385,7 @@ impl RawListQuery {
             created_before: instant("created_before", self.created_before)?,
             id_prefix,
             ids: Vec::new(),
+            attrs: Vec::new(),
             limit,
             cursor,
         })

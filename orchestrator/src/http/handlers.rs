@@ -132,7 +132,10 @@ const GET_DESCRIPTION: &str = "The saga with its steps and its attempt log (the 
 
 /// The OpenAPI description of `GET /v1/sagas`.
 const LIST_DESCRIPTION: &str = "A page of sagas, newest first, with a cursor for the next page \
-    (keyset pagination: pages stay stable while new sagas arrive).";
+    (keyset pagination: pages stay stable while new sagas arrive). Also filtered by search \
+    attributes: `attr.NAME=VALUE`, once per name, each equal (a name is a lower-case letter, \
+    then lower-case letters, digits or `_`; a malformed one is `400`). A server's document \
+    lists the attributes its definitions declare as parameters of their own.";
 
 /// The OpenAPI description of `POST /v1/sagas/{saga}/cancel`.
 const CANCEL_DESCRIPTION: &str = "Requests cancellation: the step in flight finishes, then the \
@@ -537,7 +540,7 @@ async fn find_saga(state: &AppState, id: Uuid) -> Result<Saga, ApiError> {
         .ok_or_else(|| ApiError::not_found(format!("no saga with id {id}")))
 }
 
-/// `GET /v1/sagas?status=&name=&needs_attention=&blocked=&created_after=&created_before=&id_prefix=&limit=&cursor=`: a page of sagas, newest
+/// `GET /v1/sagas?status=&name=&needs_attention=&blocked=&created_after=&created_before=&id_prefix=&attr.NAME=&limit=&cursor=`: a page of sagas, newest
 /// first, `{"sagas": [...], "next_cursor": id or null}`. `limit` defaults to 50, at most 1000.
 #[utoipa::path(
     get,

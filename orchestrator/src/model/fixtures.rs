@@ -62,6 +62,7 @@ pub(crate) fn saga(status: SagaStatus, steps: Vec<StepRecord>) -> Saga {
         priority: 5,
         waiting_limit: None,
         wake_at: None,
+        attrs: std::collections::BTreeMap::new(),
         input: json!({}),
         output: None,
         error: None,

@@ -3,6 +3,7 @@
 //! Times are integer milliseconds since the Unix epoch (UTC) everywhere inside; they become RFC 3339
 //! text only at the edges (JSON, tables).
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -368,6 +369,11 @@ pub struct Saga {
     #[serde(with = "opt_time", default)]
     #[cfg_attr(feature = "server", schema(value_type = Option<String>, format = DateTime))]
     pub wake_at: Option<Millis>,
+    /// Its search attributes, by name, as its definition computed them from the input at
+    /// start (`{}` when it declares none).
+    #[serde(default)]
+    #[cfg_attr(feature = "server", schema(required = true))]
+    pub attrs: BTreeMap<String, String>,
     /// The input.
     pub input: Value,
     /// On completion: every step's output, by step name.
@@ -505,6 +511,10 @@ pub struct SagaSummary {
     #[serde(with = "opt_time", default)]
     #[cfg_attr(feature = "server", schema(value_type = Option<String>, format = DateTime))]
     pub wake_at: Option<Millis>,
+    /// See [`Saga::attrs`].
+    #[serde(default)]
+    #[cfg_attr(feature = "server", schema(required = true))]
+    pub attrs: BTreeMap<String, String>,
     /// Created.
     #[serde(serialize_with = "ser_time", deserialize_with = "de_time")]
     #[cfg_attr(feature = "server", schema(value_type = String, format = DateTime))]
@@ -534,6 +544,9 @@ pub struct ListFilter {
     pub id_prefix: Option<IdPrefix>,
     /// Only these sagas (a bulk action over sagas picked one by one); empty: no condition.
     pub ids: Vec<Uuid>,
+    /// Only sagas with every one of these search attributes (name, value), each equal;
+    /// empty: no condition.
+    pub attrs: Vec<(String, String)>,
     /// Page size (the store caps it).
     pub limit: u32,
     /// Start after this id (keyset pagination, newest first).
@@ -669,6 +682,9 @@ pub struct Definition {
     /// The input as JSON Schema (draft 2020-12, nested types under `$defs`); `true` when the
     /// definition takes any JSON.
     pub input_schema: Value,
+    /// The names of its search attributes, which a list filters by (`attr.<name>=…`).
+    #[serde(default)]
+    pub attrs: Vec<String>,
 }
 
 impl Definition {
@@ -687,6 +703,7 @@ impl Definition {
                 })
                 .collect(),
             input_schema: def.input_schema().as_value().clone(),
+            attrs: def.attr_names().map(str::to_owned).collect(),
         }
     }
 

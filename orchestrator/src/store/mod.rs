@@ -98,6 +98,9 @@ pub struct NewSaga {
     pub traceparent: Option<String>,
     /// Its priority and the flow control it waits for ([`NewFlow`]).
     pub flow: NewFlow,
+    /// Its search attributes (name, value), written with it; empty, allocating nothing, for a
+    /// definition that declares none.
+    pub attrs: Vec<(String, String)>,
 }
 
 /// A new saga's place in flow control (SPEC §14).
@@ -160,7 +163,20 @@ impl NewSaga {
             start_at: None,
             traceparent: None,
             flow: NewFlow::default(),
+            attrs: Vec::new(),
         }
+    }
+
+    /// [`Self::of`] with the search attributes `def` computes from `input`; why not, if a
+    /// value cannot be computed or is too long.
+    pub fn with_attrs(
+        def: &saga_dsl::SagaDefinition,
+        input: Value,
+    ) -> Result<Self, saga_dsl::AttrError> {
+        let attrs = def.attrs_of(&input)?;
+        let mut new = Self::of(def, input);
+        new.attrs = attrs;
+        Ok(new)
     }
 
     /// Whether its create records the first action's write-ahead, created leased or not.
@@ -733,14 +749,16 @@ pub trait Maintenance: Send + Sync + 'static {
     /// One page of a purge (see [`crate::retention`]): from `cursor`, up to `limit` finished
     /// sagas whose last change is before `before`, deleted with their steps, attempts, events,
     /// signals, callbacks, deliveries and keys in one short transaction, each checked again
-    /// inside it; with `dry_run`, only found. [`PurgePage::next`] is where the next page
-    /// starts, `None` once every finished status was walked.
+    /// inside it; with `dry_run`, only found. With `attrs`, only the sagas with every one of
+    /// these search attributes, as a list selects them. [`PurgePage::next`] is where the next
+    /// page starts, `None` once every finished status was walked.
     async fn purge_page(
         &self,
         before: Millis,
         cursor: PurgeCursor,
         limit: u32,
         dry_run: bool,
+        attrs: &[(String, String)],
     ) -> Result<PurgePage>;
 }
 

@@ -114,6 +114,8 @@ pub(super) fn saga_from_row<R: LogRow>(row: &R, steps: Vec<StepRecord>) -> Resul
         priority: u8::try_from(row.get::<i64>("priority")?).map_err(|e| corrupt(&id_text, e))?,
         waiting_limit: None,
         wake_at: None,
+        // Read for the API and the CLI only (`shared::reads::get_saga`), not by the engine.
+        attrs: std::collections::BTreeMap::new(),
         input: parse_json(&id_text, Some(row.get("input")?))?.unwrap_or(Value::Null),
         output: parse_json(&id_text, row.get("output")?)?,
         error: row.get("error")?,
@@ -240,6 +242,11 @@ pub(super) fn summary_from_row<R: LogRow>(row: &R) -> Result<SagaSummary> {
             .as_ref()
             .filter(|w| !w.starts_with("limit:"))
             .and(next_run_at),
+        attrs: match row.get::<Option<String>>("attrs")? {
+            // SQLite's `json_group_object` of no rows is `{}`, PostgreSQL's aggregate `NULL`.
+            Some(text) => serde_json::from_str(&text).map_err(|e| corrupt(&id_text, e))?,
+            None => std::collections::BTreeMap::new(),
+        },
         waiting_for,
         created_at: row.get("created_at")?,
         updated_at: row.get("updated_at")?,
@@ -320,6 +327,7 @@ pub(super) fn new_saga_record(new: NewSaga, now: Millis, owner: Option<String>) 
         priority: new.flow.priority,
         waiting_limit: None,
         wake_at: None,
+        attrs: new.attrs.into_iter().collect(),
         input: new.input,
         output: None,
         error: None,

@@ -125,7 +125,8 @@ fn new_child(stage: &ChildSaga, turn: &Turn<'_>, id: Uuid) -> Result<NewSaga, St
             "the input of child saga {name} is not valid: {message}"
         ));
     }
-    let mut child = NewSaga::of(def, input);
+    let mut child = NewSaga::with_attrs(def, input)
+        .map_err(|e| format!("the input of child saga {name} is not valid: {e}"))?;
     child.id = id;
     Ok(child)
 }

@@ -16,8 +16,25 @@ function toLocalInput(iso) {
   return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())}T${pad(d.getHours())}:${pad(d.getMinutes())}`;
 }
 
+/**
+ * The search attributes of the filter `attr` (`user=ada, order_id=o-991`) as [name, value]
+ * pairs; a piece without `=` is kept whole as a name, for the API to refuse.
+ */
+function attrPairs(text) {
+  return (text || '').split(',').map((p) => p.trim()).filter((p) => p).map((p) => {
+    const at = p.indexOf('=');
+    return at < 0 ? [p, ''] : [p.slice(0, at).trim(), p.slice(at + 1).trim()];
+  });
+}
+
+/** A saga's search attributes as `name=value` pieces. */
+function attrsText(attrs) {
+  return Object.entries(attrs || {}).map(([k, v]) => `${k}=${v}`).join(', ');
+}
+
 function listQuery(params) {
   const q = new URLSearchParams();
+  for (const [k, v] of attrPairs(params.get('attr'))) q.append(`attr.${k}`, v);
   if (params.get('status')) q.set('status', params.get('status'));
   if (params.get('name')) q.set('name', params.get('name'));
   if (params.get('needs_attention')) q.set('needs_attention', 'true');
@@ -43,6 +60,7 @@ function sagaRow(s, picks) {
       s.needs_attention ? el('span', { class: 'badge flagbadge' }, 'needs attention') : null, ' ',
       s.blocked ? el('span', { class: 'badge flagbadge' }, 'blocked') : null),
     el('td', { class: 'waiting' }, waitEl(s)),
+    el('td', { class: 'opt attrs', title: attrsText(s.attrs) }, attrsText(s.attrs)),
     el('td', { class: 'opt' }, timeEl(s.created_at)),
     el('td', { class: 'opt' }, timeEl(s.updated_at)),
     el('td', { class: 'err', title: s.error || '' }, s.error || ''));
@@ -60,6 +78,7 @@ function sagaTable(sagas, caption, name, picks) {
       })) : null,
       el('th', { scope: 'col' }, 'Id'), el('th', { scope: 'col' }, 'Saga'), el('th', { scope: 'col' }, 'Status'),
       el('th', { scope: 'col' }, 'Waiting for'),
+      el('th', { scope: 'col', class: 'opt' }, 'Attributes'),
       el('th', { scope: 'col', class: 'opt' }, 'Created'), el('th', { scope: 'col', class: 'opt' }, 'Updated'),
       el('th', { scope: 'col' }, 'Error'))),
     el('tbody', {}, sagas.map((s) => sagaRow(s, picks)))));
@@ -77,6 +96,8 @@ function bulkFilter(params) {
   if (params.get('needs_attention')) f.needs_attention = true;
   if (params.get('after')) f.created_after = params.get('after');
   if (params.get('before')) f.created_before = params.get('before');
+  const attrs = attrPairs(params.get('attr'));
+  if (attrs.length) f.attr = Object.fromEntries(attrs);
   return f;
 }
 
@@ -122,14 +143,14 @@ function picker(bar, currentParams) {
       const filter = bulkFilter(currentParams());
       set(onMatching, 'disabled', !filter || Object.keys(filter).length === 0);
       set(onMatching, 'title', onMatching.disabled
-        ? 'Set a filter first (status, saga, needs attention, dates); blocked and id prefix are not bulk filters' : '');
+        ? 'Set a filter first (status, saga, needs attention, dates, attributes); blocked and id prefix are not bulk filters' : '');
     },
   };
   return picks;
 }
 
 /** The API's complaint about a filter, shown beside the field it is about. */
-const FILTER_PARAMS = [['id_prefix', 'f-id'], ['created_after', 'f-after'], ['created_before', 'f-before'], ['status', 'f-status'], ['name', 'f-name']];
+const FILTER_PARAMS = [['attr.', 'f-attr'], ['id_prefix', 'f-id'], ['created_after', 'f-after'], ['created_before', 'f-before'], ['status', 'f-status'], ['name', 'f-name']];
 
 export async function renderList(params) {
   const generation = state.generation;
@@ -162,6 +183,10 @@ export async function renderList(params) {
     id: 'f-id', type: 'search', value: params.get('id') || '', placeholder: '8+ hex digits', size: 14,
     autocomplete: 'off', spellcheck: 'false',
   });
+  const attrs = el('input', {
+    id: 'f-attr', type: 'search', value: params.get('attr') || '', placeholder: 'user=ada', size: 16,
+    autocomplete: 'off', spellcheck: 'false',
+  });
   const problems = {};
   for (const [, id] of FILTER_PARAMS) problems[id] = el('p', { class: 'field-error', id: `${id}-error`, hidden: true });
   const formProblem = el('p', { class: 'field-error', hidden: true });
@@ -180,6 +205,7 @@ export async function renderList(params) {
     if (after.value) q.set('after', new Date(after.value).toISOString());
     if (before.value) q.set('before', new Date(before.value).toISOString());
     if (idPrefix.value.trim()) q.set('id', idPrefix.value.trim());
+    if (attrs.value.trim()) q.set('attr', attrs.value.trim());
     return q;
   };
   // A filter applied stays in the URL (a link shares the view) but is not a navigation: the
@@ -206,12 +232,13 @@ export async function renderList(params) {
   field('f-after', 'Created from', after, problems['f-after']),
   field('f-before', 'Created before', before, problems['f-before']),
   field('f-id', 'Id starts with', idPrefix, problems['f-id']),
+  field('f-attr', 'Attributes', attrs, problems['f-attr']),
   el('div', { class: 'actions' },
     el('button', { type: 'submit', class: 'primary' }, 'Filter'),
     el('button', {
       type: 'button',
       onclick: () => {
-        for (const c of [status, name, after, before, idPrefix]) c.value = '';
+        for (const c of [status, name, after, before, idPrefix, attrs]) c.value = '';
         attention.checked = false;
         blocked.checked = false;
         apply();
@@ -221,7 +248,7 @@ export async function renderList(params) {
   // Choices apply at once; typed values once complete: on Enter, on leaving the field, or
   // with the Filter button.
   for (const input of [status, attention, blocked]) input.addEventListener('change', apply);
-  for (const input of [name, after, before, idPrefix]) input.addEventListener('blur', apply);
+  for (const input of [name, after, before, idPrefix, attrs]) input.addEventListener('blur', apply);
   name.addEventListener('input', (ev) => {
     // A name picked from the suggestions is complete.
     if (ev.inputType === 'insertReplacementText' || (!ev.inputType && state.names.has(name.value))) apply();

@@ -162,6 +162,9 @@ function sagaHeader(saga, now) {
       el('span', { class: 'muted mono' }, ` #${saga.definition_hash}`))),
     el('div', { dataset: { key: 'priority' } }, el('dt', {}, 'Priority'),
       el('dd', {}, saga.priority === 5 ? '5 (the default)' : `${saga.priority} (0 last, 9 first)`)),
+    saga.attrs && Object.keys(saga.attrs).length ? el('div', { dataset: { key: 'attrs' } }, el('dt', {}, 'Attributes'),
+      el('dd', { class: 'attrs' }, Object.entries(saga.attrs).map(([k, v]) =>
+        el('a', { href: `#/?${new URLSearchParams({ attr: `${k}=${v}` })}`, class: 'attr', title: `Every saga with ${k}=${v}` }, `${k}=${v}`)))) : null,
     el('div', {}, el('dt', {}, 'Created'), el('dd', {}, timeEl(saga.created_at))),
     el('div', { dataset: { key: 'since' } }, el('dt', {}, since[0]), el('dd', {}, since[1])),
     el('div', { dataset: { key: 'took' } }, el('dt', {}, took[0]), el('dd', {}, took[1])),

@@ -130,6 +130,9 @@ pub(crate) const NEW_STEPS: Cols = &[
     ("ahead", "boolean"),
 ];
 
+/// The search attributes of the new sagas.
+pub(crate) const NEW_ATTRS: Cols = &[("saga_id", "uuid"), ("attr", "text"), ("value", "text")];
+
 /// Rows of branches of parallel groups that start (inserted by a statement of their own,
 /// before the batch's, so that the batch may write them ahead).
 pub(crate) const NEW_BRANCHES: Cols = &[
@@ -545,6 +548,9 @@ pub(crate) struct CreateCols<'a> {
     step_kind: Vec<&'static str>,
     step_comp: Vec<&'static str>,
     step_ahead: Vec<bool>,
+    attr_saga: Vec<Uuid>,
+    attr_name: Vec<&'a str>,
+    attr_value: Vec<&'a str>,
 }
 
 impl<'a> CreateCols<'a> {
@@ -587,11 +593,17 @@ impl<'a> CreateCols<'a> {
                 c.step_comp.push(comp_status_for(*kind).as_str());
                 c.step_ahead.push(ahead && idx == 0);
             }
+            for (name, value) in &n.attrs {
+                c.attr_saga.push(n.id);
+                c.attr_name.push(name);
+                c.attr_value.push(value);
+            }
         }
         c
     }
 
-    /// Binds the columns in the order of [`NEW_SAGAS`], then [`NEW_STEPS`].
+    /// Binds the columns in the order of [`NEW_SAGAS`], then [`NEW_STEPS`], then
+    /// [`NEW_ATTRS`].
     pub(crate) fn bind<'q>(&'q self, q: PgQuery<'q>) -> PgQuery<'q> {
         q.bind(&self.id)
             .bind(&self.name)
@@ -616,6 +628,9 @@ impl<'a> CreateCols<'a> {
             .bind(&self.step_kind)
             .bind(&self.step_comp)
             .bind(&self.step_ahead)
+            .bind(&self.attr_saga)
+            .bind(&self.attr_name)
+            .bind(&self.attr_value)
     }
 }
 
@@ -650,7 +665,7 @@ mod tests {
         let create = CreateCols::default();
         assert_eq!(
             count(create.bind(sqlx::query(""))),
-            NEW_SAGAS.len() + NEW_STEPS.len()
+            NEW_SAGAS.len() + NEW_STEPS.len() + NEW_ATTRS.len()
         );
     }
 }

@@ -13,8 +13,8 @@ use std::sync::LazyLock;
 use sqlx::{Executor, PgConnection, Postgres};
 
 use super::cols::{
-    ApplyCols, CreateCols, NewBranchCols, Params, EVENTS, FINISHES, NEW_BRANCHES, NEW_SAGAS,
-    NEW_STEPS, SAGAS, STARTS, STEPS,
+    ApplyCols, CreateCols, NewBranchCols, Params, EVENTS, FINISHES, NEW_ATTRS, NEW_BRANCHES,
+    NEW_SAGAS, NEW_STEPS, SAGAS, STARTS, STEPS,
 };
 use crate::model::Millis;
 use crate::store::idempotency::KeyedItem;
@@ -149,6 +149,8 @@ fn create_ctes(p: &mut Params, now: &str) -> String {
         "(row_number() OVER (PARTITION BY n.flow, n.flow_key ORDER BY n.ord) - 1)",
     );
     let (steps, _) = p.unnest(NEW_STEPS, "x", false);
+    // In the same statement: a batch without attributes binds three empty arrays.
+    let (attrs, _) = p.unnest(NEW_ATTRS, "x", false);
     format!(
         "n AS (SELECT * FROM {sagas}), \
          cs AS (INSERT INTO sagas (id, name, version, definition_hash, definition_key, status, \
@@ -164,6 +166,8 @@ fn create_ctes(p: &mut Params, now: &str) -> String {
          SELECT saga_id, idx, name, kind, CASE WHEN ahead THEN 'RUNNING' ELSE 'PENDING' END, \
          comp_status, CASE WHEN ahead THEN 1 ELSE 0 END, ahead, \
          CASE WHEN ahead THEN {now} END FROM {steps}), \
+         cattr AS (INSERT INTO saga_attrs (saga_id, attr, value) \
+         SELECT saga_id, attr, value FROM {attrs}), \
          cat AS (INSERT INTO attempts (saga_id, step_idx, phase, attempt, worker, lease_epoch, \
          started_at, seq) SELECT id, 0, 'action', 1, owner, epoch, {now}, 1 FROM n WHERE ahead), \
          cev AS (INSERT INTO events (saga_id, at, type, step, data) \

@@ -93,6 +93,7 @@ pub(crate) async fn start<B: SqlBackend>(
         .await?
         > 0;
     if created {
+        super::attrs::insert(&mut tx, child.id, &child.attrs).await?;
         for (idx, (name, kind)) in child.steps.iter().enumerate() {
             tx.exec(
                 "INSERT INTO steps (saga_id, idx, name, kind, status, comp_status) \

@@ -10,6 +10,7 @@
 //! workers claim sagas and find due ones, and how the outbox is read in commit order.
 
 pub(crate) mod admission;
+pub(crate) mod attrs;
 pub(crate) mod bulk;
 pub(crate) mod children;
 pub(crate) mod events;
@@ -571,8 +572,9 @@ impl<B: SqlBackend> Maintenance for B {
         cursor: PurgeCursor,
         limit: u32,
         dry_run: bool,
+        attrs: &[(String, String)],
     ) -> Result<PurgePage> {
-        retention::purge_page(self, before, cursor, limit, dry_run).await
+        retention::purge_page(self, before, cursor, limit, dry_run, attrs).await
     }
 }
 

@@ -68,7 +68,10 @@ pub(crate) async fn load_saga(tx: &mut Tx, id: Uuid) -> Result<Option<Saga>> {
 /// the saga of one write with the steps of the next.
 pub(crate) async fn get_saga(reader: Reader<'_>, id: Uuid) -> Result<Option<Saga>> {
     let mut tx = reader.snapshot().await?;
-    let saga = load_saga(&mut tx, id).await?;
+    let mut saga = load_saga(&mut tx, id).await?;
+    if let Some(saga) = &mut saga {
+        saga.attrs = super::attrs::of_saga(&mut tx, id).await?;
+    }
     tx.commit().await?;
     Ok(saga.map(Saga::with_stages))
 }
@@ -142,6 +145,17 @@ pub(crate) fn filter_conditions<'a>(
     sql: &mut String,
     args: &mut Vec<Arg<'a>>,
 ) {
+    saga_conditions(dialect, filter, sql, args);
+    super::attrs::conditions(&filter.attrs, sql, args);
+}
+
+/// The conditions of `filter` on the saga's own columns (all but its attributes).
+fn saga_conditions<'a>(
+    dialect: super::sql::Dialect,
+    filter: &'a ListFilter,
+    sql: &mut String,
+    args: &mut Vec<Arg<'a>>,
+) {
     if let Some(status) = filter.status {
         and(sql, args, "status =", Arg::Str(status.as_str()));
     }
@@ -178,17 +192,34 @@ pub(crate) fn filter_conditions<'a>(
 /// A page of sagas, newest first, after the filter's cursor.
 pub(crate) async fn list_sagas(reader: Reader<'_>, filter: &ListFilter) -> Result<SagaPage> {
     let limit = filter.limit.clamp(1, MAX_PAGE);
+    let attrs = super::attrs::as_json(reader.dialect());
     let mut sql = format!(
         "SELECT id::text AS id, name, version, status, needs_attention, blocked, error, \
-         next_run_at, created_at, updated_at, {WAITING} FROM sagas o WHERE TRUE"
+         next_run_at, created_at, updated_at, {WAITING}, {attrs} FROM "
     );
     let mut args = Vec::new();
-    filter_conditions(reader.dialect(), filter, &mut sql, &mut args);
+    // By an attribute, the walk is the attribute's index newest first from the cursor, each
+    // saga found by its key: a page reads about as many rows as it shows, however many sagas
+    // the log holds. Further attributes are conditions on the sagas found.
+    let (order, more) = match filter.attrs.split_first() {
+        Some(((name, value), more)) => {
+            sql.push_str("saga_attrs a0 JOIN sagas o ON o.id = a0.saga_id WHERE TRUE");
+            and(&mut sql, &mut args, "a0.attr =", Arg::Str(name));
+            and(&mut sql, &mut args, "a0.value =", Arg::Str(value));
+            ("a0.saga_id", more)
+        }
+        None => {
+            sql.push_str("sagas o WHERE TRUE");
+            ("id", &[][..])
+        }
+    };
+    saga_conditions(reader.dialect(), filter, &mut sql, &mut args);
+    super::attrs::conditions(more, &mut sql, &mut args);
     if let Some(cursor) = filter.cursor {
-        and(&mut sql, &mut args, "id <", Arg::Id(cursor));
+        and(&mut sql, &mut args, &format!("{order} <"), Arg::Id(cursor));
     }
     args.push(Arg::Int(i64::from(limit) + 1));
-    sql.push_str(&format!(" ORDER BY id DESC LIMIT ${}", args.len()));
+    sql.push_str(&format!(" ORDER BY {order} DESC LIMIT ${}", args.len()));
     let rows: Vec<Row> = reader.all(&sql, &args).await?;
     page_from_rows(&rows, limit)
 }

@@ -149,6 +149,7 @@ pub(crate) async fn fork<B: SqlBackend>(store: &B, fork: &NewFork<'_>) -> Result
         ],
     )
     .await?;
+    super::attrs::insert(&mut tx, new.id, &new.attrs).await?;
     let from_index = plan.from_index.unwrap_or(0);
     for (idx, (name, kind)) in new.steps.iter().enumerate().skip(from_index) {
         tx.exec(

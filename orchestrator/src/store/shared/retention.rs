@@ -1,6 +1,6 @@
 //! Retention: deleting finished sagas with everything that hangs off them (steps, attempts,
-//! events, signals, callbacks, webhook deliveries, idempotency keys), a page at a time, written
-//! once for both databases.
+//! events, signals, callbacks, webhook deliveries, idempotency keys, search attributes), a
+//! page at a time, written once for both databases.
 //!
 //! A page is found on a reader (the `sagas_status` index, one terminal status at a time, in id
 //! order), then deleted in one short write transaction that checks each saga again: still
@@ -27,7 +27,7 @@ const FINISHED: [SagaStatus; 4] = [
 ];
 
 /// The tables keyed by a saga's id, emptied of a purged saga's rows (`sagas` last).
-const CHILD_TABLES: [&str; 8] = [
+const CHILD_TABLES: [&str; 9] = [
     "webhook_deliveries",
     "events",
     "attempts",
@@ -36,6 +36,7 @@ const CHILD_TABLES: [&str; 8] = [
     "tasks",
     "saga_callbacks",
     "idempotency_keys",
+    "saga_attrs",
 ];
 
 /// One page of a purge from `cursor`: up to `limit` sagas finished before `before`, deleted
@@ -46,6 +47,7 @@ pub(crate) async fn purge_page<B: SqlBackend>(
     cursor: PurgeCursor,
     limit: u32,
     dry_run: bool,
+    attrs: &[(String, String)],
 ) -> Result<PurgePage> {
     let Some(status) = FINISHED.get(cursor.status) else {
         return Ok(PurgePage {
@@ -53,19 +55,19 @@ pub(crate) async fn purge_page<B: SqlBackend>(
             next: None,
         });
     };
-    let rows = store
-        .reader()
-        .all(
-            "SELECT id::text AS id FROM sagas WHERE status = $1 AND id > $2 \
-             AND updated_at < $3 ORDER BY id LIMIT $4",
-            &[
-                Arg::Str(status.as_str()),
-                Arg::Id(cursor.after.unwrap_or(Uuid::nil())),
-                Arg::Int(before),
-                Arg::Int(i64::from(limit.max(1))),
-            ],
-        )
-        .await?;
+    let mut sql = "SELECT id::text AS id FROM sagas WHERE status = $1 AND id > $2 \
+         AND updated_at < $3"
+        .to_owned();
+    let mut args = vec![
+        Arg::Str(status.as_str()),
+        Arg::Id(cursor.after.unwrap_or(Uuid::nil())),
+        Arg::Int(before),
+    ];
+    // Only the sagas with these search attributes, as the list selects them.
+    super::attrs::conditions(attrs, &mut sql, &mut args);
+    args.push(Arg::Int(i64::from(limit.max(1))));
+    sql.push_str(&format!(" ORDER BY id LIMIT ${}", args.len()));
+    let rows = store.reader().all(&sql, &args).await?;
     let page = ids(&rows)?;
     // A short page ends this status: the next one starts from the beginning.
     let next = if page.len() < limit.max(1) as usize {

@@ -200,6 +200,7 @@ mod tests {
             start_at: None,
             traceparent: None,
             flow: crate::store::NewFlow::default(),
+            attrs: Vec::new(),
         }
     }
 

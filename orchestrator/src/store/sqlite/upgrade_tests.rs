@@ -114,6 +114,7 @@ async fn events_keep_their_ids_and_deliveries_through_the_rebuild_and_new_ones_f
         start_at: None,
         traceparent: None,
         flow: crate::store::NewFlow::default(),
+        attrs: Vec::new(),
     };
     store.create_saga(new.clone()).await.expect("a new saga");
     let after = store

@@ -92,6 +92,8 @@ static NEW_SAGA: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     )
 });
 
+const NEW_ATTR: &str = "INSERT INTO saga_attrs (saga_id, attr, value) VALUES (?1, ?2, ?3)";
+
 const NEW_CALLBACK: &str = "INSERT INTO saga_callbacks (saga_id, url, secret) VALUES (?1, ?2, ?3)";
 
 const NEW_STEP: &str = "INSERT INTO steps (saga_id, idx, name, kind, status, comp_status, \
@@ -162,6 +164,14 @@ pub(crate) fn create_saga(
             action.started_at,
         ])
         .map_err(from_rusqlite)?;
+    }
+    // A saga without attributes prepares and runs nothing more.
+    if !n.attrs.is_empty() {
+        let mut attr = db.prepare_cached(NEW_ATTR).map_err(from_rusqlite)?;
+        for (name, value) in &n.attrs {
+            attr.execute(params![id, name, value])
+                .map_err(from_rusqlite)?;
+        }
     }
     if let (true, Some(owner)) = (ahead, owner) {
         exec(
