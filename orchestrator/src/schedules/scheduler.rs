@@ -174,6 +174,20 @@ async fn fire_tick(
     let busy = running(engine, previous).await?;
     let prev = previous.map(|id| id.to_string()).unwrap_or_default();
     Ok(match (s.overlap, busy) {
+        // A tick already waits: it starts first, and the newer one is not kept.
+        (Overlap::BufferOne, _) if s.buffered_at.is_some() => Fired {
+            run: run_of(
+                at,
+                RunOutcome::Skipped,
+                None,
+                triggered,
+                Some(format!(
+                    "a tick was already buffered behind the previous run, saga {prev}"
+                )),
+            ),
+            saga: None,
+            buffered: None,
+        },
         (_, false) | (Overlap::AllowAll, true) => match start_tick(engine, s, at).await? {
             Ok(id) => started(id, RunOutcome::Started, None),
             Err(why) => failed(why),
@@ -399,21 +413,45 @@ pub(super) async fn fire_triggered(
     s: &Schedule,
     at: Millis,
 ) -> Result<ScheduleRun, ScheduleError> {
-    let fired = fire_tick(engine, s, at, true).await?;
+    // Recorded only while the schedule stands as it was read and no scheduler holds it, so
+    // that its overlap bookkeeping is never overwritten; otherwise read again and fired again
+    // at the same instant, which finds the saga already started. After a lease's length of
+    // tries the run is recorded anyway: its saga may already stand.
+    const TRY_EVERY: Duration = Duration::from_millis(100);
+    let tries = LEASE_MS / 100 + 10;
+    let mut s = s.clone();
+    let mut attempt = 0;
+    let fired = loop {
+        attempt += 1;
+        let fired = fire_tick(engine, &s, at, true).await?;
+        let expect = (attempt < tries).then_some({
+            (
+                ScheduleCursor {
+                    next_fire_at: s.next_fire_at,
+                    buffered_at: s.buffered_at,
+                },
+                s.last_saga_id,
+            )
+        });
+        let now = engine.clock().now_ms();
+        if engine
+            .store()
+            .record_schedule_runs(
+                &s.id,
+                expect,
+                std::slice::from_ref(&fired.run),
+                fired.saga,
+                fired.buffered,
+                now,
+            )
+            .await?
+        {
+            break fired;
+        }
+        s = super::get(engine.store().as_ref(), &s.id).await?;
+        tokio::time::sleep(TRY_EVERY).await;
+    };
     let now = engine.clock().now_ms();
-    if !engine
-        .store()
-        .record_schedule_runs(
-            &s.id,
-            std::slice::from_ref(&fired.run),
-            fired.saga,
-            fired.buffered,
-            now,
-        )
-        .await?
-    {
-        return Err(ScheduleError::NotFound(s.id.clone()));
-    }
     super::changed();
     let run = fired.run;
     Ok(ScheduleRun {
