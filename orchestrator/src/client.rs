@@ -854,12 +854,30 @@ impl SagaClient {
     }
 
     /// Fires a schedule now (`POST /v1/schedules/{id}/trigger`): what happened to the tick.
+    ///
+    /// Sent once, never retried: each trigger is a tick of its own, so a retry after a lost
+    /// answer would start a second saga. After a transport error, the schedule's runs say
+    /// whether it fired.
     pub async fn trigger_schedule(
         &self,
         id: &str,
     ) -> Result<crate::model::ScheduleRun, ClientError> {
         let url = self.url(&["v1", "schedules", id, "trigger"])?;
-        let response = self.send_command(&url, |req| req).await?;
+        let mut req = self
+            .http
+            .request(Method::POST, url.clone())
+            .timeout(self.request_timeout);
+        if let Some(token) = &self.token {
+            req = req.bearer_auth(token);
+        }
+        let response = req.send().await.map_err(|e| ClientError::Transport {
+            url: url.to_string(),
+            attempts: 1,
+            detail: chain(&e),
+        })?;
+        if !response.status().is_success() {
+            return Err(api_error(&url, response).await);
+        }
         decode(&url, response).await
     }
 

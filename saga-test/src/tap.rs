@@ -611,6 +611,7 @@ impl orchestrator::store::ScheduleLog for TappedStore {
     async fn record_schedule_runs(
         &self,
         id: &str,
+        expect: Option<(orchestrator::store::ScheduleCursor, Option<Uuid>)>,
         runs: &[orchestrator::model::NewScheduleRun],
         last_saga_id: Option<Uuid>,
         buffer: Option<Millis>,
@@ -618,7 +619,7 @@ impl orchestrator::store::ScheduleLog for TappedStore {
     ) -> Result<bool> {
         self.pass(
             self.inner
-                .record_schedule_runs(id, runs, last_saga_id, buffer, now),
+                .record_schedule_runs(id, expect, runs, last_saga_id, buffer, now),
         )
         .await
     }

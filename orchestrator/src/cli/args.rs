@@ -997,7 +997,7 @@ pub struct CreateScheduleArgs {
     /// cancel_other [default: skip].
     #[arg(long, value_name = "POLICY")]
     pub overlap: Option<String>,
-    /// How late a missed tick may still start after downtime [default: 1m].
+    /// How late a missed tick may still start after downtime, from 15s to 7d [default: 1m].
     #[arg(long, value_name = "DURATION")]
     pub catchup_window: Option<String>,
     /// Make it paused.

@@ -76,7 +76,8 @@ impl From<ScheduleError> for ApiError {
                    and restarts. `overlap` says what a tick does while the previous run has not \
                    ended (`skip`, the default; `buffer_one`; `allow_all`; `cancel_other`); \
                    ticks missed while every process was down run if they are within \
-                   `catchup_window` (`1m` by default), and are recorded as missed otherwise. \
+                   `catchup_window` (`1m` by default, from `15s` to `7d`), and are recorded as \
+                   missed otherwise. \
                    Every field is checked (the saga exists, the input fits it) before anything \
                    is written. Needs the `operate` scope.",
     request_body(content = NewSchedule, content_type = "application/json"),
@@ -91,7 +92,8 @@ impl From<ScheduleError> for ApiError {
         (status = 409, description = "`conflict`: a schedule has this id", body = ErrorBody),
         (status = 422, description = "`invalid_schedule` (both or neither of `cron` and \
                                       `every`), `invalid_duration` (`every` or \
-                                      `catchup_window` does not parse), `unknown_saga`, \
+                                      `catchup_window` does not parse, or the window is \
+                                      below 15 s or above 7 days), `unknown_saga`, \
                                       `invalid_cron`, `invalid_timezone`, `invalid_interval` \
                                       (below 1 s) or `invalid_input` (the input does not fit \
                                       the saga)", body = ErrorBody),

@@ -1,11 +1,11 @@
 //! When a schedule's ticks fall: a cron expression read in an IANA time zone (`croner`, with
 //! `chrono-tz`), or a fixed interval counted from the Unix epoch.
 
-use std::str::FromStr;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
 use chrono_tz::Tz;
+use croner::parser::{CronParser, Year};
 use croner::Cron;
 
 use crate::model::Millis;
@@ -32,7 +32,10 @@ impl Cadence {
     /// A cron expression (5 fields, or 6 with seconds first) read in `zone`.
     pub fn cron(expression: &str, zone: &str) -> Result<Self, String> {
         let zone = parse_zone(zone)?;
-        let cron = Cron::from_str(expression.trim()).map_err(|e| {
+        // No year field: a schedule limited to some years would come to a last tick, after
+        // which it has no next one to show or to wait for.
+        let parser = CronParser::builder().year(Year::Disallowed).build();
+        let cron = parser.parse(expression.trim()).map_err(|e| {
             format!(
                 "{:?} is not a cron expression (5 fields: minute hour day-of-month month \
                  day-of-week, or 6 with seconds first): {e}",
@@ -204,5 +207,7 @@ mod tests {
         let e = Cadence::cron("0 * * * *", "Mars/Olympus").expect_err("zone");
         assert!(e.contains("IANA"), "{e}");
         assert!(Cadence::cron("*/5 * * * * *", "UTC").is_ok(), "six fields");
+        let e = Cadence::cron("0 0 9 * * * 2026", "UTC").expect_err("a year field");
+        assert!(e.contains("not a cron expression"), "{e}");
     }
 }

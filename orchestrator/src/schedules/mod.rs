@@ -27,6 +27,13 @@ pub use cadence::Cadence;
 /// The catch-up window of a schedule made without one.
 pub const DEFAULT_CATCHUP_WINDOW: Duration = Duration::from_secs(60);
 
+/// The shortest catch-up window: longer than a scheduler's lease plus its poll, so that a tick
+/// held by a process that died is still fired by another one before it counts as missed.
+pub const MIN_CATCHUP_WINDOW: Duration = Duration::from_secs(15);
+
+/// The longest catch-up window; a tick's idempotency key is kept a little beyond it.
+pub const MAX_CATCHUP_WINDOW: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// The longest schedule id.
 pub const MAX_ID_LEN: usize = 128;
 
@@ -65,7 +72,7 @@ pub struct NewSchedule {
     #[serde(default)]
     pub overlap: Option<Overlap>,
     /// How late a tick may still start after every process was down at its time (`1m` if
-    /// left out); older ticks are recorded as missed.
+    /// left out; from `15s` to `7d`); older ticks are recorded as missed.
     #[serde(default)]
     #[cfg_attr(feature = "server", schema(example = "1m"))]
     pub catchup_window: Option<String>,
@@ -166,6 +173,20 @@ fn duration(field: &str, text: &str) -> Result<Duration, ScheduleError> {
     })
 }
 
+/// A catch-up window, from [`MIN_CATCHUP_WINDOW`] to [`MAX_CATCHUP_WINDOW`].
+fn catchup_window(text: &str) -> Result<Duration, ScheduleError> {
+    let window = duration("catchup_window", text)?;
+    if !(MIN_CATCHUP_WINDOW..=MAX_CATCHUP_WINDOW).contains(&window) {
+        return Err(ScheduleError::InvalidDuration(format!(
+            "catchup_window: {text:?} is out of bounds: give from {} (a tick held by a process \
+             that died is fired by another within that time) to {}",
+            human(MIN_CATCHUP_WINDOW),
+            human(MAX_CATCHUP_WINDOW)
+        )));
+    }
+    Ok(window)
+}
+
 /// A duration as people read it (`1m`).
 pub(crate) fn human(d: Duration) -> String {
     humantime::format_duration(d).to_string()
@@ -230,7 +251,7 @@ pub fn checked(engine: &Engine, new: NewSchedule) -> Result<Schedule, ScheduleEr
         }
     };
     let catchup_window = match &new.catchup_window {
-        Some(text) => duration("catchup_window", text)?,
+        Some(text) => catchup_window(text)?,
         None => DEFAULT_CATCHUP_WINDOW,
     };
     let input = new
@@ -299,9 +320,12 @@ pub async fn pause(store: &dyn Store, id: &str, now: Millis) -> Result<Schedule,
 }
 
 /// Resumes the schedule `id` at its first tick after `now`: the ticks while it was paused are
-/// not caught up.
+/// not caught up. A schedule not paused is left as it is, its due tick with it.
 pub async fn resume(store: &dyn Store, id: &str, now: Millis) -> Result<Schedule, ScheduleError> {
     let s = get(store, id).await?;
+    if !s.paused {
+        return Ok(s);
+    }
     let next = cadence_of(&s)
         .ok()
         .and_then(|c| c.next_after(now))
@@ -331,24 +355,33 @@ pub async fn trigger(engine: &Engine, id: &str) -> Result<ScheduleRun, ScheduleE
     scheduler::fire_triggered(engine, &s, now).await
 }
 
-/// The id of the saga of the tick at `instant` of schedule `s`: a UUIDv5 of the schedule's id,
-/// its creation time (so that a schedule deleted and made again under the same id never finds
-/// its predecessor's sagas) and the instant.
+/// The id of the saga of the tick at `instant` of schedule `s`: a UUIDv7, like every saga id,
+/// so that it sorts with the others by time, whose timestamp is the instant and whose other
+/// bits are a hash of the schedule's id, its creation time (so that a schedule deleted and
+/// made again under the same id never finds its predecessor's sagas) and the instant. The same
+/// tick always has the same id.
 pub fn run_saga_id(s: &Schedule, instant: Millis) -> Uuid {
     // A namespace of our own for these names.
     const NAMESPACE: Uuid = Uuid::from_u128(0x8f0c_6a57_1c4e_4b0e_9d4e_5a11_ce5c_4ed1);
-    Uuid::new_v5(
+    let hash = Uuid::new_v5(
         &NAMESPACE,
         format!("schedule\n{}\n{}\n{}", s.id, s.created_at, instant).as_bytes(),
-    )
+    );
+    let h = hash.as_bytes();
+    // The hash's bytes without its own version and variant bits (bytes 6 and 8).
+    let bits = [h[0], h[1], h[2], h[3], h[4], h[5], h[7], h[9], h[10], h[11]];
+    uuid::Builder::from_unix_timestamp_millis(u64::try_from(instant).unwrap_or(0), &bits)
+        .into_uuid()
 }
 
 /// The idempotency key of the tick at `instant`: scoped to the schedule (and its creation), the
 /// instant as the key, kept well beyond the catch-up window, the longest a tick may be fired
 /// again after its first start.
 pub fn tick_key(s: &Schedule, instant: Millis) -> StartKey {
-    let retention =
-        StartKey::DEFAULT_RETENTION.max(s.catchup_window * 2 + Duration::from_secs(3600));
+    // Bounded, so that a window stored before the bounds were enforced cannot overflow the
+    // key's expiry.
+    let window = s.catchup_window.min(MAX_CATCHUP_WINDOW);
+    let retention = StartKey::DEFAULT_RETENTION.max(window * 2 + Duration::from_secs(3600));
     StartKey::new(
         format!("schedule:{}:{}", s.id, s.created_at),
         instant.to_string(),
@@ -356,19 +389,27 @@ pub fn tick_key(s: &Schedule, instant: Millis) -> StartKey {
     .with_retention(retention)
 }
 
+/// The next tick of a schedule that has none: its cadence never fires again, or no longer
+/// parses. Far beyond any real instant, and still a valid time on both databases.
+pub const PARKED: Millis = 253_402_300_799_000; // 9999-12-31T23:59:59Z
+
 /// How many next ticks a schedule shows.
 pub const NEXT_SHOWN: usize = 5;
 
 /// `s` as shown, with its next ticks after `now` and `runs`.
 pub fn detail(s: Schedule, runs: Vec<ScheduleRun>, now: Millis) -> ScheduleDetail {
-    let next_runs = if s.paused {
+    // A schedule parked at the end of time (its cadence no longer fires) has no next run.
+    let next_runs = if s.paused || s.next_fire_at >= PARKED {
         Vec::new()
     } else {
         let mut next = vec![s.next_fire_at];
         if let Ok(c) = cadence_of(&s) {
             next.extend(c.upcoming(s.next_fire_at.max(now), NEXT_SHOWN - 1));
         }
-        next.into_iter().map(crate::model::rfc3339).collect()
+        next.into_iter()
+            .filter(|at| *at < PARKED)
+            .map(crate::model::rfc3339)
+            .collect()
     };
     ScheduleDetail {
         schedule: s,

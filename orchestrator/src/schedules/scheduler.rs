@@ -45,18 +45,20 @@ pub async fn run(engine: Engine, shutdown: CancellationToken) {
         }
         let now = engine.clock().now_ms();
         let mut claimed_all = false;
-        let mut claimed_any = false;
+        let mut advanced_any = false;
         match store
             .claim_due_schedules(&owner, now, LEASE_MS, BATCH)
             .await
         {
             Ok(claimed) => {
                 claimed_all = claimed.len() == BATCH as usize;
-                claimed_any = !claimed.is_empty();
                 for s in claimed {
                     let id = s.id.clone();
-                    if let Err(e) = fire_due(&engine, &owner, s).await {
-                        tracing::warn!(schedule = %id, error = %e, "firing a schedule failed; will retry");
+                    match fire_due(&engine, &owner, s).await {
+                        Ok(advanced) => advanced_any |= advanced,
+                        Err(e) => {
+                            tracing::warn!(schedule = %id, error = %e, "firing a schedule failed; will retry");
+                        }
                     }
                     if let Err(e) = store.release_schedule(&id, &owner).await {
                         tracing::debug!(schedule = %id, error = %e, "releasing a schedule failed");
@@ -65,7 +67,9 @@ pub async fn run(engine: Engine, shutdown: CancellationToken) {
             }
             Err(e) => tracing::warn!(error = %e, "looking for due schedules failed; will retry"),
         }
-        if claimed_all {
+        // Straight on only after progress: a pass that moved nothing (a store that keeps
+        // failing) would otherwise spin.
+        if claimed_all && advanced_any {
             continue;
         }
         let now = engine.clock().now_ms();
@@ -73,8 +77,9 @@ pub async fn run(engine: Engine, shutdown: CancellationToken) {
             Ok(Some(at)) if at > now => {
                 Duration::from_millis(u64::try_from(at - now).unwrap_or(0)).min(POLL)
             }
-            // Due, but not claimed: another process holds it, or it was just fired here.
-            Ok(Some(_)) if claimed_any => Duration::ZERO,
+            // Still due after a pass that advanced: more ticks to fire here.
+            Ok(Some(_)) if advanced_any => Duration::ZERO,
+            // Due, but not claimed: another process holds it, or firing it failed.
             Ok(Some(_)) => BUSY_ELSEWHERE,
             Ok(None) | Err(_) => POLL,
         };
@@ -169,6 +174,20 @@ async fn fire_tick(
     let busy = running(engine, previous).await?;
     let prev = previous.map(|id| id.to_string()).unwrap_or_default();
     Ok(match (s.overlap, busy) {
+        // A tick already waits: it starts first, and the newer one is not kept.
+        (Overlap::BufferOne, _) if s.buffered_at.is_some() => Fired {
+            run: run_of(
+                at,
+                RunOutcome::Skipped,
+                None,
+                triggered,
+                Some(format!(
+                    "a tick was already buffered behind the previous run, saga {prev}"
+                )),
+            ),
+            saga: None,
+            buffered: None,
+        },
         (_, false) | (Overlap::AllowAll, true) => match start_tick(engine, s, at).await? {
             Ok(id) => started(id, RunOutcome::Started, None),
             Err(why) => failed(why),
@@ -236,14 +255,38 @@ async fn fire_tick(
 
 /// Fires what is due of the leased schedule `s`: its buffered tick once the run before it has
 /// ended, then its due ticks (at most [`MAX_TICKS_PER_PASS`]), each advance recorded while the
-/// lease holds.
-async fn fire_due(engine: &Engine, owner: &str, mut s: Schedule) -> Result<(), ScheduleError> {
+/// lease holds. Whether it advanced the schedule.
+async fn fire_due(engine: &Engine, owner: &str, mut s: Schedule) -> Result<bool, ScheduleError> {
     let store = engine.store();
+    let mut advanced = false;
     let cadence = match cadence_of(&s) {
         Ok(c) => c,
         Err(e) => {
-            tracing::warn!(schedule = %s.id, error = %e, "a schedule that cannot be read is left alone");
-            return Ok(());
+            // Retrying would fail the same way at every pass: the tick is recorded as failed
+            // and the schedule parked, with no next tick, until it is made again.
+            tracing::warn!(schedule = %s.id, error = %e, "a schedule whose cadence cannot be read is parked");
+            let from = ScheduleCursor {
+                next_fire_at: s.next_fire_at,
+                buffered_at: s.buffered_at,
+            };
+            let to = ScheduleAdvance {
+                next_fire_at: super::PARKED,
+                buffered_at: None,
+                last_saga_id: None,
+            };
+            let run = run_of(
+                s.next_fire_at.min(engine.clock().now_ms()),
+                RunOutcome::Failed,
+                None,
+                false,
+                Some(format!(
+                    "its cadence cannot be read, so it no longer fires: {e}"
+                )),
+            );
+            let now = engine.clock().now_ms();
+            return Ok(store
+                .advance_schedule(&s.id, owner, from, &to, &[run], now)
+                .await?);
         }
     };
     if let Some(at) = s.buffered_at {
@@ -280,8 +323,9 @@ async fn fire_due(engine: &Engine, owner: &str, mut s: Schedule) -> Result<(), S
                 .advance_schedule(&s.id, owner, from, &to, &[fired.run], now)
                 .await?
             {
-                return Ok(());
+                return Ok(advanced);
             }
+            advanced = true;
             s.buffered_at = None;
             s.last_saga_id = fired.saga.or(s.last_saga_id);
         }
@@ -292,7 +336,11 @@ async fn fire_due(engine: &Engine, owner: &str, mut s: Schedule) -> Result<(), S
         if at > now {
             break;
         }
-        let window = i64::try_from(s.catchup_window.as_millis()).unwrap_or(i64::MAX);
+        // Bounded as at creation, for a row stored before the bounds were enforced.
+        let window = s
+            .catchup_window
+            .clamp(super::MIN_CATCHUP_WINDOW, super::MAX_CATCHUP_WINDOW);
+        let window = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
         let oldest = now.saturating_sub(window);
         let (runs, to) = if at < oldest {
             // Every process was down at these ticks' time: they never run.
@@ -308,7 +356,7 @@ async fn fire_due(engine: &Engine, owner: &str, mut s: Schedule) -> Result<(), S
                 match cadence.next_after(t) {
                     Some(next) => t = next,
                     None => {
-                        t = Millis::MAX;
+                        t = super::PARKED;
                         break;
                     }
                 }
@@ -331,7 +379,7 @@ async fn fire_due(engine: &Engine, owner: &str, mut s: Schedule) -> Result<(), S
         } else {
             let fired = fire_tick(engine, &s, at, false).await?;
             let to = ScheduleAdvance {
-                next_fire_at: cadence.next_after(at).unwrap_or(Millis::MAX),
+                next_fire_at: cadence.next_after(at).unwrap_or(super::PARKED),
                 buffered_at: fired.buffered.or(s.buffered_at),
                 last_saga_id: fired.saga,
             };
@@ -348,13 +396,14 @@ async fn fire_due(engine: &Engine, owner: &str, mut s: Schedule) -> Result<(), S
         {
             // Changed meanwhile (paused, deleted, triggered, or taken over): the next pass
             // reads it again.
-            return Ok(());
+            return Ok(advanced);
         }
+        advanced = true;
         s.next_fire_at = to.next_fire_at;
         s.buffered_at = to.buffered_at;
         s.last_saga_id = to.last_saga_id.or(s.last_saga_id);
     }
-    Ok(())
+    Ok(advanced)
 }
 
 /// Fires `s` now, at `at`, as an operator's trigger: under its overlap policy, recorded in its
@@ -364,21 +413,45 @@ pub(super) async fn fire_triggered(
     s: &Schedule,
     at: Millis,
 ) -> Result<ScheduleRun, ScheduleError> {
-    let fired = fire_tick(engine, s, at, true).await?;
+    // Recorded only while the schedule stands as it was read and no scheduler holds it, so
+    // that its overlap bookkeeping is never overwritten; otherwise read again and fired again
+    // at the same instant, which finds the saga already started. After a lease's length of
+    // tries the run is recorded anyway: its saga may already stand.
+    const TRY_EVERY: Duration = Duration::from_millis(100);
+    let tries = LEASE_MS / 100 + 10;
+    let mut s = s.clone();
+    let mut attempt = 0;
+    let fired = loop {
+        attempt += 1;
+        let fired = fire_tick(engine, &s, at, true).await?;
+        let expect = (attempt < tries).then_some({
+            (
+                ScheduleCursor {
+                    next_fire_at: s.next_fire_at,
+                    buffered_at: s.buffered_at,
+                },
+                s.last_saga_id,
+            )
+        });
+        let now = engine.clock().now_ms();
+        if engine
+            .store()
+            .record_schedule_runs(
+                &s.id,
+                expect,
+                std::slice::from_ref(&fired.run),
+                fired.saga,
+                fired.buffered,
+                now,
+            )
+            .await?
+        {
+            break fired;
+        }
+        s = super::get(engine.store().as_ref(), &s.id).await?;
+        tokio::time::sleep(TRY_EVERY).await;
+    };
     let now = engine.clock().now_ms();
-    if !engine
-        .store()
-        .record_schedule_runs(
-            &s.id,
-            std::slice::from_ref(&fired.run),
-            fired.saga,
-            fired.buffered,
-            now,
-        )
-        .await?
-    {
-        return Err(ScheduleError::NotFound(s.id.clone()));
-    }
     super::changed();
     let run = fired.run;
     Ok(ScheduleRun {

@@ -86,10 +86,13 @@ pub trait ScheduleLog: Send + Sync {
     ) -> Result<bool>;
 
     /// Records the runs of a trigger (`runs`), with its saga as the latest run and, for a
-    /// tick buffered, `buffer` as the buffered tick if none is; `false` if the schedule is gone.
+    /// tick buffered, `buffer` as the buffered tick if none is. With `expect`, only while the
+    /// schedule stands at that cursor and latest saga and no process holds its lease at `now`;
+    /// `false` (nothing written) if it does not, or is gone.
     async fn record_schedule_runs(
         &self,
         id: &str,
+        expect: Option<(ScheduleCursor, Option<Uuid>)>,
         runs: &[NewScheduleRun],
         last_saga_id: Option<Uuid>,
         buffer: Option<Millis>,

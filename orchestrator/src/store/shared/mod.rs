@@ -484,12 +484,13 @@ impl<B: SqlBackend> crate::store::ScheduleLog for B {
     async fn record_schedule_runs(
         &self,
         id: &str,
+        expect: Option<(crate::store::ScheduleCursor, Option<Uuid>)>,
         runs: &[crate::model::NewScheduleRun],
         last_saga_id: Option<Uuid>,
         buffer: Option<Millis>,
         now: Millis,
     ) -> Result<bool> {
-        schedules::record_runs(self, id, runs, last_saga_id, buffer, now).await
+        schedules::record_runs(self, id, expect, runs, last_saga_id, buffer, now).await
     }
 
     async fn release_schedule(&self, id: &str, owner: &str) -> Result<()> {

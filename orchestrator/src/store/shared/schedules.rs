@@ -293,6 +293,7 @@ pub(crate) async fn advance<B: SqlBackend>(
 pub(crate) async fn record_runs<B: SqlBackend>(
     store: &B,
     id: &str,
+    expect: Option<(ScheduleCursor, Option<Uuid>)>,
     runs: &[NewScheduleRun],
     last_saga_id: Option<Uuid>,
     buffer: Option<Millis>,
@@ -300,18 +301,38 @@ pub(crate) async fn record_runs<B: SqlBackend>(
 ) -> Result<bool> {
     let mut tx = store.begin().await?;
     let last = last_saga_id.map(|u| u.to_string());
-    let found = tx
-        .exec(
-            "UPDATE schedules SET last_saga_id = COALESCE($2::uuid, last_saga_id), \
-             buffered_at = COALESCE(buffered_at, $3), updated_at = $4 WHERE id = $1",
-            &[
-                Arg::Str(id),
-                Arg::OptStr(last.as_deref()),
-                Arg::OptInt(buffer),
-                Arg::Int(now),
-            ],
-        )
-        .await?;
+    let mut sql = "UPDATE schedules SET last_saga_id = COALESCE($2::uuid, last_saga_id), \
+                   buffered_at = COALESCE(buffered_at, $3), updated_at = $4 WHERE id = $1"
+        .to_owned();
+    let (cursor, previous) = expect.unwrap_or((
+        ScheduleCursor {
+            next_fire_at: 0,
+            buffered_at: None,
+        },
+        None,
+    ));
+    let previous = previous.map(|u| u.to_string()).unwrap_or_default();
+    if expect.is_some() {
+        sql.push_str(
+            " AND next_fire_at = $5 AND COALESCE(buffered_at, -1) = $6 \
+             AND COALESCE(last_saga_id::text, '') = $7 \
+             AND (lease_owner IS NULL OR lease_expires_at < $4)",
+        );
+    }
+    let mut args = vec![
+        Arg::Str(id),
+        Arg::OptStr(last.as_deref()),
+        Arg::OptInt(buffer),
+        Arg::Int(now),
+    ];
+    if expect.is_some() {
+        args.extend([
+            Arg::Int(cursor.next_fire_at),
+            Arg::Int(cursor.buffered_at.unwrap_or(-1)),
+            Arg::Str(&previous),
+        ]);
+    }
+    let found = tx.exec(&sql, &args).await?;
     if found == 0 {
         return Ok(false);
     }
