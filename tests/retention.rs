@@ -209,3 +209,71 @@ async fn a_purge_deletes_finished_sagas_and_everything_of_theirs_and_keeps_the_r
     api.shut_down();
     harness.engine.shutdown.cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_deletes_trigger_refusals_recorded_before_the_bound_and_keeps_later_ones() {
+    use orchestrator::store::triggers::NewRefusal;
+    let harness = Harness::new(registry()).await;
+    let log = harness.stores.log.clone();
+    let refusal = |seq: u64| NewRefusal {
+        trigger: "orders.placed=s",
+        stream: "ORDERS",
+        stream_seq: seq,
+        subject: "orders.placed",
+        error: "the body is not JSON",
+        body: b"not json",
+    };
+    for seq in 1..=3 {
+        assert!(log.record_trigger_refusal(&refusal(seq)).await.unwrap());
+    }
+    let before = log.now().await.unwrap() + 1;
+    // The store's clock counts milliseconds: wait until it has passed the bound.
+    while log.now().await.unwrap() <= before {
+        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+    }
+    assert!(log.record_trigger_refusal(&refusal(4)).await.unwrap());
+
+    let dry = purge_finished_before(
+        log.as_ref(),
+        before,
+        &PurgeOptions {
+            dry_run: true,
+            ..PurgeOptions::default()
+        },
+        |_| {},
+    )
+    .await
+    .unwrap();
+    assert_eq!(dry.refusals, 3, "{dry:?}");
+    assert_eq!(
+        log.trigger_refusals(None, 10).await.unwrap().len(),
+        4,
+        "a dry run deletes nothing"
+    );
+
+    let report = purge_finished_before(log.as_ref(), before, &PurgeOptions::default(), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(report.refusals, 3, "{report:?}");
+    let kept: Vec<i64> = log
+        .trigger_refusals(None, 10)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.stream_seq)
+        .collect();
+    assert_eq!(
+        kept,
+        [4],
+        "only the refusal recorded after the bound is kept"
+    );
+    let counts = log.trigger_refusal_counts().await.unwrap();
+    assert_eq!(counts.len(), 1);
+    assert_eq!(counts[0].refused, 1);
+
+    let again = purge_finished_before(log.as_ref(), before, &PurgeOptions::default(), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(again.refusals, 0);
+    harness.engine.shutdown.cancel();
+}

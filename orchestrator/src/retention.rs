@@ -6,6 +6,9 @@
 //! (`needs_attention`, a `FAILED` saga nobody has looked at), a child saga while its parent is
 //! kept, and a saga whose events the outbox has not relayed or delivered yet. A purged saga's
 //! id answers `404` like one that never was.
+//!
+//! The refusals of NATS triggers recorded before the same bound go too, in one statement, so
+//! that table does not grow forever either.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,11 +50,14 @@ pub struct PurgeReport {
     pub purged: u64,
     /// Pages (transactions) it took.
     pub pages: u64,
+    /// Trigger refusals deleted (or, in a dry run, that would be).
+    pub refusals: u64,
     /// How long it took.
     pub took: Duration,
 }
 
-/// Deletes every saga finished before `before` that may go (see the [module](self)). It walks
+/// Deletes every saga finished before `before` that may go (see the [module](self)), then the
+/// trigger refusals recorded before `before`. It walks
 /// the finished sagas until a walk deletes nothing more, since a child saga can go only once
 /// its parent has; a dry run walks once (children of sagas it would delete are not counted).
 /// `progress` hears the running total after each page that deleted something.
@@ -88,6 +94,9 @@ pub async fn purge_finished_before(
             break;
         }
     }
+    report.refusals = store
+        .purge_trigger_refusals(before, options.dry_run)
+        .await?;
     report.took = started.elapsed();
     Ok(report)
 }
@@ -118,8 +127,9 @@ pub async fn run(store: Arc<dyn Store>, retention: Duration, shutdown: Cancellat
         tokio::select! {
             _ = shutdown.cancelled() => return,
             done = round => match done {
-                Ok(report) if report.purged > 0 => tracing::info!(
-                    purged = report.purged, pages = report.pages, took = ?report.took,
+                Ok(report) if report.purged > 0 || report.refusals > 0 => tracing::info!(
+                    purged = report.purged, refusals = report.refusals,
+                    pages = report.pages, took = ?report.took,
                     "retention: purged finished sagas"
                 ),
                 Ok(_) => {}

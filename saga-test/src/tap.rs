@@ -647,6 +647,10 @@ impl Maintenance for TappedStore {
         self.pass(self.inner.purge_page(before, cursor, limit, dry_run, attrs))
             .await
     }
+    async fn purge_trigger_refusals(&self, before: Millis, dry_run: bool) -> Result<u64> {
+        self.pass(self.inner.purge_trigger_refusals(before, dry_run))
+            .await
+    }
 }
 
 #[async_trait]

@@ -2,6 +2,7 @@
 // fresh SQLite database, sagas started through its HTTP API, and Debian's Chromium driven by
 // playwright-core. Nothing is faked: what the browser shows comes from the real server.
 import { spawn } from 'node:child_process';
+import { createServer, connect } from 'node:net';
 import { mkdtempSync, rmSync, writeFileSync, existsSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve, dirname } from 'node:path';
@@ -27,8 +28,9 @@ function binary() {
   return bin;
 }
 
-/** Starts a server; `tokens` asks for bearer tokens (an admin one and a read-only one). */
-export async function startServer({ tokens = false } = {}) {
+/** Starts a server; `tokens` asks for bearer tokens (an admin one and a read-only one), `args`
+ * are more flags for `serve`. */
+export async function startServer({ tokens = false, args: more = [] } = {}) {
   const dir = mkdtempSync(join(tmpdir(), 'saga-console-'));
   const args = [
     'serve', '--listen', '127.0.0.1:0',
@@ -40,6 +42,7 @@ export async function startServer({ tokens = false } = {}) {
     writeFileSync(file, `ops admin ${TOKENS.admin}\nviewer read ${TOKENS.reader}\n`);
     args.push('--api-tokens-file', file);
   }
+  args.push(...more);
   const child = spawn(binary(), args, {
     env: { ...process.env, RUST_LOG: 'error' },
     stdio: ['ignore', 'pipe', 'inherit'],
@@ -106,4 +109,64 @@ export async function launchBrowser() {
       '--disable-background-networking', '--disable-component-update', '--disable-sync',
     ],
   });
+}
+
+/** A free loopback port. */
+async function freePort() {
+  const server = createServer();
+  await new Promise((ok) => server.listen(0, '127.0.0.1', ok));
+  const { port } = server.address();
+  await new Promise((ok) => server.close(ok));
+  return port;
+}
+
+/** A real `nats-server -js` on its own port and store (SAGA_TEST_NATS_SERVER, else the one on
+ * the PATH), with `publish` speaking the NATS protocol itself: one message, flushed by a PING
+ * answered PONG, so that it is in JetStream before this returns. */
+export async function startNats() {
+  const dir = mkdtempSync(join(tmpdir(), 'saga-nats-'));
+  const port = await freePort();
+  const child = spawn(process.env.SAGA_TEST_NATS_SERVER || 'nats-server',
+    ['-a', '127.0.0.1', '-p', String(port), '-js', '-sd', dir], { stdio: 'ignore' });
+  const exited = new Promise((ok) => child.on('exit', ok));
+  let failed = null;
+  child.on('error', (e) => { failed = e; });
+  const deadline = Date.now() + 10_000;
+  for (;;) {
+    if (failed) throw new Error(`nats-server did not start: ${failed.message}`);
+    const up = await new Promise((ok) => {
+      const socket = connect(port, '127.0.0.1', () => { socket.destroy(); ok(true); });
+      socket.on('error', () => ok(false));
+    });
+    if (up) break;
+    if (Date.now() > deadline) throw new Error(`nats-server did not listen on port ${port}`);
+    await new Promise((ok) => setTimeout(ok, 50));
+  }
+  return {
+    url: `nats://127.0.0.1:${port}`,
+    async publish(subject, body) {
+      const bytes = Buffer.from(body);
+      await new Promise((ok, fail) => {
+        const socket = connect(port, '127.0.0.1');
+        let seen = '';
+        socket.on('data', (chunk) => {
+          seen += chunk.toString();
+          if (seen.includes('-ERR')) fail(new Error(`nats: ${seen}`));
+          else if (seen.includes('PONG')) { socket.end(); ok(); }
+        });
+        socket.on('error', fail);
+        socket.write('CONNECT {"verbose":false,"pedantic":false}\r\n');
+        socket.write(`PUB ${subject} ${bytes.length}\r\n`);
+        socket.write(bytes);
+        socket.write('\r\nPING\r\n');
+      });
+    },
+    async stop() {
+      if (!failed && child.exitCode === null) {
+        child.kill('SIGKILL');
+        await exited;
+      }
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
 }

@@ -468,14 +468,17 @@ async fn purge(a: &PurgeArgs, store: &dyn Store, out: &mut impl Write) -> Result
     if a.dry_run {
         writeln!(
             out,
-            "would purge {} sagas finished before {when} (dry run: nothing deleted)",
-            report.purged
+            "would purge {} sagas finished and {} trigger refusals recorded before {when} \
+             (dry run: nothing deleted)",
+            report.purged, report.refusals
         )?;
     } else {
         writeln!(
             out,
-            "purged {} sagas finished before {when} in {} batches, {:.1} s",
+            "purged {} sagas finished and {} trigger refusals recorded before {when} in {} \
+             batches, {:.1} s",
             report.purged,
+            report.refusals,
             report.pages,
             report.took.as_secs_f64()
         )?;

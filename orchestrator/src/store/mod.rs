@@ -760,6 +760,10 @@ pub trait Maintenance: Send + Sync + 'static {
         dry_run: bool,
         attrs: &[(String, String)],
     ) -> Result<PurgePage>;
+
+    /// Deletes the refusals of NATS triggers recorded before `before`, in one statement on
+    /// their time index, and says how many went (with `dry_run`, how many would).
+    async fn purge_trigger_refusals(&self, before: Millis, dry_run: bool) -> Result<u64>;
 }
 
 /// The unfinished sagas of one definition key: see [`LogReads::unfinished_by_definition`].

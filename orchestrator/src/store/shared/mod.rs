@@ -577,6 +577,10 @@ impl<B: SqlBackend> Maintenance for B {
     ) -> Result<PurgePage> {
         retention::purge_page(self, before, cursor, limit, dry_run, attrs).await
     }
+
+    async fn purge_trigger_refusals(&self, before: Millis, dry_run: bool) -> Result<u64> {
+        retention::purge_trigger_refusals(self, before, dry_run).await
+    }
 }
 
 /// [`IdempotencyStore::sweep_idempotency`], the same on every database (the rest of keyed

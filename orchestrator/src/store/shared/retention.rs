@@ -166,3 +166,35 @@ async fn delete(tx: &mut Tx, page: &[Uuid], before: Millis) -> Result<Vec<Uuid>>
         .await?;
     Ok(gone)
 }
+
+/// Deletes the trigger refusals recorded before `before` (or, with `dry_run`, counts them): one
+/// statement on the `trigger_refusals_at` index, since a refusal hangs off no saga.
+pub(crate) async fn purge_trigger_refusals<B: SqlBackend>(
+    store: &B,
+    before: Millis,
+    dry_run: bool,
+) -> Result<u64> {
+    if dry_run {
+        let n: i64 = match store
+            .reader()
+            .opt(
+                "SELECT COUNT(*) AS n FROM trigger_refusals WHERE refused_at < $1",
+                &[Arg::Int(before)],
+            )
+            .await?
+        {
+            Some(row) => row.get("n")?,
+            None => 0,
+        };
+        return Ok(u64::try_from(n).unwrap_or(0));
+    }
+    let mut tx = store.begin().await?;
+    let deleted = tx
+        .exec(
+            "DELETE FROM trigger_refusals WHERE refused_at < $1",
+            &[Arg::Int(before)],
+        )
+        .await?;
+    store.commit(tx).await?;
+    Ok(deleted)
+}
