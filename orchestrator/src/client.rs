@@ -712,13 +712,25 @@ impl SagaClient {
         if let Some(stage) = from_stage {
             body["from_stage"] = serde_json::json!(stage);
         }
-        let body = body.to_string();
+        self.post_once(url, Some(body.to_string())).await
+    }
+
+    /// POSTs `body` (JSON) to `url` once, never retried: a request whose answer was lost may
+    /// have made something (a fork, a schedule's run) that a second request would make again.
+    async fn post_once<T: serde::de::DeserializeOwned>(
+        &self,
+        url: Url,
+        body: Option<String>,
+    ) -> Result<T, ClientError> {
         let mut req = self
             .http
             .request(Method::POST, url.clone())
-            .timeout(self.request_timeout)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body);
+            .timeout(self.request_timeout);
+        if let Some(body) = body {
+            req = req
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(body);
+        }
         if let Some(token) = &self.token {
             req = req.bearer_auth(token);
         }
@@ -863,22 +875,7 @@ impl SagaClient {
         id: &str,
     ) -> Result<crate::model::ScheduleRun, ClientError> {
         let url = self.url(&["v1", "schedules", id, "trigger"])?;
-        let mut req = self
-            .http
-            .request(Method::POST, url.clone())
-            .timeout(self.request_timeout);
-        if let Some(token) = &self.token {
-            req = req.bearer_auth(token);
-        }
-        let response = req.send().await.map_err(|e| ClientError::Transport {
-            url: url.to_string(),
-            attempts: 1,
-            detail: chain(&e),
-        })?;
-        if !response.status().is_success() {
-            return Err(api_error(&url, response).await);
-        }
-        decode(&url, response).await
+        self.post_once(url, None).await
     }
 
     /// Deletes a schedule and its history (`DELETE /v1/schedules/{id}`).

@@ -1187,10 +1187,10 @@ fn parse_ratio(text: &str) -> Result<f64, String> {
 mod tests {
     use super::listen_address;
 
-    /// A build without NATS refuses `--nats-url` before it binds or creates anything.
+    /// What a build without NATS answers to a serve command line with `flag` and `value`,
+    /// after checking that it created nothing.
     #[cfg(not(feature = "nats"))]
-    #[tokio::test]
-    async fn a_nats_url_is_refused_by_a_build_without_nats() {
+    async fn refused_without_nats(flag: &str, value: &str) -> String {
         use clap::Parser;
         let dir = tempfile::tempdir().unwrap();
         let db = dir.path().join("saga.db");
@@ -1199,8 +1199,8 @@ mod tests {
             "app",
             "--listen",
             "127.0.0.1:0",
-            "--nats-url",
-            "nats://127.0.0.1:4222",
+            flag,
+            value,
         ])
         .unwrap();
         let refused = super::Orchestrator::builder(saga_dsl::Registry::new())
@@ -1210,41 +1210,28 @@ mod tests {
             .start()
             .await
             .unwrap_err();
+        assert!(!db.exists(), "nothing is created");
+        refused.to_string()
+    }
+
+    /// A build without NATS refuses `--nats-url` before it binds or creates anything.
+    #[cfg(not(feature = "nats"))]
+    #[tokio::test]
+    async fn a_nats_url_is_refused_by_a_build_without_nats() {
         assert_eq!(
-            refused.to_string(),
+            refused_without_nats("--nats-url", "nats://127.0.0.1:4222").await,
             "--nats-url (or SAGA_NATS_URL) needs the \"nats\" feature: build with --features nats"
         );
-        assert!(!db.exists(), "nothing is created");
     }
 
     /// A build without NATS refuses `--nats-trigger` too, before it binds or creates anything.
     #[cfg(not(feature = "nats"))]
     #[tokio::test]
     async fn a_nats_trigger_is_refused_by_a_build_without_nats() {
-        use clap::Parser;
-        let dir = tempfile::tempdir().unwrap();
-        let db = dir.path().join("saga.db");
-        let url = format!("sqlite://{}", db.display());
-        let line = super::ServeCommandLine::try_parse_from([
-            "app",
-            "--listen",
-            "127.0.0.1:0",
-            "--nats-trigger",
-            "orders.placed=place_order",
-        ])
-        .unwrap();
-        let refused = super::Orchestrator::builder(saga_dsl::Registry::new())
-            .database_url(&url)
-            .args(&line.serve)
-            .quiet()
-            .start()
-            .await
-            .unwrap_err();
         assert_eq!(
-            refused.to_string(),
+            refused_without_nats("--nats-trigger", "orders.placed=place_order").await,
             "--nats-trigger needs the \"nats\" feature: build with --features nats"
         );
-        assert!(!db.exists(), "nothing is created");
     }
 
     #[test]
