@@ -47,8 +47,29 @@ pub(crate) struct BulkFilter {
     ids: Option<Vec<Uuid>>,
     /// Only sagas with these search attributes (`{"user": "ada"}`), equality on each, as the
     /// list's `attr.<name>=…`; names as a definition declares them, values strings.
-    #[schema(value_type = Option<std::collections::HashMap<String, String>>)]
+    #[schema(schema_with = attr_filter_schema)]
     attr: Option<serde_json::Map<String, Value>>,
+}
+
+/// The schema of [`BulkFilter`]'s `attr`: an object of strings whose names follow
+/// `saga_dsl::attrs::valid_attr_name`, so that a body the document calls valid is never
+/// refused for a name.
+fn attr_filter_schema() -> utoipa::openapi::Object {
+    use utoipa::openapi::schema::{ObjectBuilder, SchemaType, Type};
+    let name = ObjectBuilder::new()
+        .schema_type(Type::String)
+        .pattern(Some("^[a-z][a-z0-9_]*$"))
+        .max_length(Some(saga_dsl::MAX_ATTR_NAME));
+    ObjectBuilder::new()
+        .schema_type(SchemaType::from_iter([Type::Object, Type::Null]))
+        .additional_properties(Some(ObjectBuilder::new().schema_type(Type::String)))
+        .property_names(Some(name))
+        .description(Some(
+            "Only sagas with these search attributes (`{\"user\": \"ada\"}`), equality on \
+             each, as the list's `attr.<name>=…`; names as a definition declares them, values \
+             strings.",
+        ))
+        .build()
 }
 
 /// The body of `POST /v1/bulk`.
