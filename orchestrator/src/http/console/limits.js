@@ -1,10 +1,10 @@
 // Flow control (SPEC §14): every limit with its value, what holds it and what waits for it,
 // polled like the list; an operator changes one in a dialog, which shows the server's refusal.
 
-import { LIST_POLL_MS, state } from './state.js';
+import { LIST_POLL_MS } from './state.js';
 import { api, can } from './api.js';
-import { el, timeEl, fill, field, main, update, refreshNotice } from './ui.js';
-import { poll } from './poll.js';
+import { el, timeEl, fill, field, main, update } from './ui.js';
+import { pollRefreshable } from './poll.js';
 import { confirmDialog } from './actions.js';
 
 /** What each kind bounds, in words. */
@@ -108,12 +108,5 @@ export async function renderLimits() {
     return true;
   };
   // After a change: read the limits again now.
-  state.refresh = () => {
-    state.generation += 1;
-    const generation = state.generation;
-    poll(generation, tick, LIST_POLL_MS).catch((e) => {
-      if (generation === state.generation) refreshNotice(`Could not refresh: ${e.message}`, null);
-    });
-  };
-  await poll(state.generation, tick, LIST_POLL_MS);
+  await pollRefreshable(tick, LIST_POLL_MS);
 }

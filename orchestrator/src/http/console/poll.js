@@ -45,3 +45,19 @@ export async function poll(generation, tick, every, gone = 'the server no longer
   };
   if ((await tick(current)) !== false && current()) setTimeout(run, every);
 }
+
+/**
+ * Polls the page now shown with `tick` every `every` ms, as `poll` does, and makes
+ * `state.refresh` (what an action calls once it changed something) start the poll again at
+ * once, as a new generation of the page.
+ */
+export async function pollRefreshable(tick, every) {
+  state.refresh = () => {
+    state.generation += 1;
+    const generation = state.generation;
+    poll(generation, tick, every).catch((e) => {
+      if (generation === state.generation) refreshNotice(`Could not refresh: ${e.message}`, null);
+    });
+  };
+  await poll(state.generation, tick, every);
+}

@@ -3,10 +3,10 @@
 // operator pauses, resumes, fires or deletes one in a dialog that shows the server's refusal.
 // Both pages are polled like the list.
 
-import { LIST_POLL_MS, state } from './state.js';
+import { LIST_POLL_MS } from './state.js';
 import { api, can } from './api.js';
-import { el, timeEl, fill, main, update, refreshNotice, shortId } from './ui.js';
-import { poll } from './poll.js';
+import { el, timeEl, fill, main, update, shortId } from './ui.js';
+import { pollRefreshable } from './poll.js';
 import { confirmDialog } from './actions.js';
 
 /** What happened to a tick, in words. */
@@ -121,14 +121,7 @@ export async function renderSchedules() {
       : el('p', { class: 'muted', dataset: { key: 'none' } }, 'No schedule yet: make one with POST /v1/schedules or `saga schedule create`.'))) drawn = key;
     return true;
   };
-  state.refresh = () => {
-    state.generation += 1;
-    const generation = state.generation;
-    poll(generation, tick, LIST_POLL_MS).catch((e) => {
-      if (generation === state.generation) refreshNotice(`Could not refresh: ${e.message}`, null);
-    });
-  };
-  await poll(state.generation, tick, LIST_POLL_MS);
+  await pollRefreshable(tick, LIST_POLL_MS);
 }
 
 function scheduleBody(s) {
@@ -174,12 +167,5 @@ export async function renderSchedule(id) {
     if (key !== drawn && update(body, scheduleBody(s))) drawn = key;
     return true;
   };
-  state.refresh = () => {
-    state.generation += 1;
-    const generation = state.generation;
-    poll(generation, tick, LIST_POLL_MS).catch((e) => {
-      if (generation === state.generation) refreshNotice(`Could not refresh: ${e.message}`, null);
-    });
-  };
-  await poll(state.generation, tick, LIST_POLL_MS);
+  await pollRefreshable(tick, LIST_POLL_MS);
 }
