@@ -7,8 +7,12 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use saga_dsl::{Phase, Registry};
+use orchestrator::model::task::TASK_WAIT;
+use orchestrator::model::{Saga, SagaStatus, StepStatus};
+use orchestrator::operations::OperationError;
+use saga_dsl::{Phase, Registry, StepError};
 use serde_json::Value;
+use uuid::Uuid;
 
 use crate::ended::Ended;
 use crate::script::Attempt;
@@ -21,6 +25,7 @@ pub const CRASH_ENV: &str = "SAGA_TEST_CRASH";
 pub const SEED_ENV: &str = "SAGA_TEST_SEED";
 
 type Check<W> = Box<dyn Fn(&Ended, &W)>;
+type Answer<W> = Box<dyn Fn(&W) -> Result<Value, StepError>>;
 
 /// An exploration of every crash point of one saga: see [`explore`].
 pub struct Explorer<W> {
@@ -28,9 +33,11 @@ pub struct Explorer<W> {
     start: Option<(String, Value)>,
     scripts: Vec<(String, Phase, Vec<Attempt>)>,
     signals: Vec<(String, Value)>,
+    answers: Vec<(String, Answer<W>)>,
     seeds: Vec<u64>,
     checks: Vec<Check<W>>,
     only: Option<(u64, CrashPoint)>,
+    max_wait: Option<Duration>,
 }
 
 impl<W> std::fmt::Debug for Explorer<W> {
@@ -67,9 +74,11 @@ pub fn explore<W: 'static>(world: impl Fn() -> (Registry, W) + 'static) -> Explo
         start: None,
         scripts: Vec::new(),
         signals: Vec::new(),
+        answers: Vec::new(),
         seeds: vec![0],
         checks: Vec::new(),
         only: None,
+        max_wait: None,
     }
 }
 
@@ -108,6 +117,28 @@ impl<W: 'static> Explorer<W> {
     /// saga's signal step takes it).
     pub fn signal(mut self, name: &str, payload: Value) -> Self {
         self.signals.push((name.to_owned(), payload));
+        self
+    }
+
+    /// Answers the calls of `step`, a step completed by callback, as its participant would:
+    /// each time an attempt of it waits for its callback, `answer` is reported for that attempt
+    /// (`Ok` completes it with the output, an error fails it, for good unless retryable). The
+    /// report is a write to the log like any other, so its crash points are explored too.
+    /// `answer` is called once per attempt, with the run's participants (a fake that acts on
+    /// the call when it answers, as a real participant acts before calling back).
+    pub fn answer_task(
+        mut self,
+        step: &str,
+        answer: impl Fn(&W) -> Result<Value, StepError> + 'static,
+    ) -> Self {
+        self.answers.push((step.to_owned(), Box::new(answer)));
+        self
+    }
+
+    /// How much virtual time each run waits for the saga to end (a day unless set), as
+    /// [`SagaTest::waiting_at_most`].
+    pub fn waiting_at_most(mut self, virtual_time: Duration) -> Self {
+        self.max_wait = Some(virtual_time);
         self
     }
 
@@ -161,6 +192,11 @@ impl<W: 'static> Explorer<W> {
             report.runs += 1;
             report.writes += writes.len();
             let points: Vec<CrashPoint> = match only_crash {
+                Some(point) if point.write() > writes.len() => panic!(
+                    "saga-test: crash point {point} is beyond the {} writes of the run \
+                     without a crash (seed {seed}); nothing to run",
+                    writes.len()
+                ),
                 Some(point) => vec![point],
                 None => (1..=writes.len())
                     .flat_map(|n| [CrashPoint::Before(n), CrashPoint::After(n)])
@@ -184,6 +220,9 @@ impl<W: 'static> Explorer<W> {
             .expect("saga-test: name the saga to explore with .start(name, input)");
         let (registry, world) = (self.world)();
         let mut test = SagaTest::build(Arc::new(registry), Some(seed), point);
+        if let Some(wait) = self.max_wait {
+            test = test.waiting_at_most(wait);
+        }
         for (step, phase, attempts) in &self.scripts {
             match phase {
                 Phase::Action => test.script(step, attempts.clone()),
@@ -197,7 +236,7 @@ impl<W: 'static> Explorer<W> {
                     panic!("saga-test: signal {signal} refused: {e}");
                 }
             }
-            let ended = test.run(id);
+            let ended = self.run_answering(&mut test, id, &world);
             for check in &self.checks {
                 check(&ended, &world);
             }
@@ -217,6 +256,35 @@ impl<W: 'static> Explorer<W> {
             }
         }
         test.writes()
+    }
+
+    /// Runs saga `id` until it ends, answering each attempt that waits for its callback.
+    fn run_answering(&self, test: &mut SagaTest, id: Uuid, world: &W) -> Ended {
+        // The attempts answered, as their participants remember what they reported.
+        let mut answered: Vec<(String, u32)> = Vec::new();
+        loop {
+            let seen = answered.clone();
+            let saga = test.run_until(id, move |s| {
+                s.status.is_terminal() || awaited_task(s, &seen).is_some()
+            });
+            let Some(attempt) = awaited_task(&saga, &answered) else {
+                return test.read(id);
+            };
+            let step = &attempt.0;
+            let Some((_, answer)) = self.answers.iter().find(|(s, _)| s == step) else {
+                panic!(
+                    "saga-test: saga {} waits for the callback of {step}, which this \
+                     exploration does not answer: add .answer_task({step:?}, …)",
+                    saga.name
+                );
+            };
+            match test.answer_task(id, step, answer(world)) {
+                // Refused because the attempt went on meanwhile, as a late callback is.
+                Ok(_) | Err(OperationError::Conflict(_)) => {}
+                Err(e) => panic!("saga-test: the report for {step}'s call failed: {e}"),
+            }
+            answered.push(attempt);
+        }
     }
 
     fn failure(
@@ -254,6 +322,19 @@ impl<W: 'static> Explorer<W> {
         }
         text
     }
+}
+
+/// The step and attempt of saga `saga`'s call that waits for its callback, unless answered.
+fn awaited_task(saga: &Saga, answered: &[(String, u32)]) -> Option<(String, u32)> {
+    if saga.status != SagaStatus::Running {
+        return None;
+    }
+    saga.steps
+        .iter()
+        .filter(|s| s.action.status == StepStatus::Waiting)
+        .filter(|s| s.waiting_for.as_deref() == Some(TASK_WAIT))
+        .map(|s| (s.name.clone(), s.action.attempts))
+        .find(|attempt| !answered.contains(attempt))
 }
 
 /// A variable of the environment, parsed; a value that does not parse fails the test.

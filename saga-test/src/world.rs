@@ -17,7 +17,7 @@ use orchestrator::operations::{Cancelled, OperationError, Operations, Reason, Re
 use orchestrator::store::{
     SignalOutcome, SignalRequest, SqliteStore, Store, TaskAnswer, TaskRef, TaskReport,
 };
-use saga_dsl::{Phase, Registry};
+use saga_dsl::{Phase, Registry, StepError};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -398,7 +398,25 @@ impl SagaTest {
         step: &str,
         output: Value,
     ) -> Result<TaskAnswer, OperationError> {
-        let output = &output;
+        self.answer_task(id, step, Ok(output))
+    }
+
+    /// Reports `outcome` for the call of `step` of saga `id` that waits for its callback (its
+    /// current attempt), as its participant would: `Ok` completes it with that output, an error
+    /// fails it, for good unless [`StepError::is_retryable`].
+    pub fn answer_task(
+        &mut self,
+        id: Uuid,
+        step: &str,
+        outcome: Result<Value, StepError>,
+    ) -> Result<TaskAnswer, OperationError> {
+        let report = &match outcome {
+            Ok(output) => TaskReport::Complete(output),
+            Err(e) => TaskReport::Fail {
+                error: e.message().to_owned(),
+                retryable: e.is_retryable(),
+            },
+        };
         self.operate(move |engine| async move {
             let store = engine.store();
             let saga = store
@@ -415,8 +433,7 @@ impl SagaTest {
                 phase: Phase::Action,
                 attempt: row.action.attempts,
             };
-            let report = TaskReport::Complete(output.clone());
-            Ok(store.report_task(&task, &report).await?)
+            Ok(store.report_task(&task, report).await?)
         })
     }
 

@@ -156,3 +156,146 @@ fn a_step_completed_by_callback_waits_for_its_report_and_times_out_on_the_virtua
     t.complete_task(id, "charge", json!(2)).unwrap();
     assert_eq!(t.run(id).status(), SagaStatus::Completed);
 }
+
+/// A card service that charges once its caller's call is answered by callback: `charge` hands
+/// it the call's key and returns at once; the service charges when it reports back.
+#[derive(Default)]
+struct CardService {
+    /// The keys handed to it, in order (one per attempt).
+    handed: std::sync::Mutex<Vec<String>>,
+    /// What it did, each effect with its key: `charge KEY`, `refund KEY`.
+    done: std::sync::Mutex<BTreeSet<String>>,
+}
+
+impl CardService {
+    /// Charges for the last call it was handed, once per key, and answers with the charge.
+    fn settle(&self) -> Result<serde_json::Value, StepError> {
+        let key = self.handed.lock().unwrap().last().cloned().expect("a call");
+        self.done.lock().unwrap().insert(format!("charge {key}"));
+        Ok(json!({ "charge": key }))
+    }
+
+    fn done(&self) -> Vec<String> {
+        self.done.lock().unwrap().iter().cloned().collect()
+    }
+}
+
+/// `pay_then_book`: `charge` completed by the card service's callback, then `book`, refused
+/// when the input says so, then the pivot `confirm`.
+fn pay_then_book(card: std::sync::Arc<CardService>) -> Registry {
+    let handed = card.clone();
+    let charge = move |ctx: StepContext| {
+        let card = handed.clone();
+        async move {
+            assert!(
+                ctx.task().is_some(),
+                "a call completed by callback has a token"
+            );
+            card.handed
+                .lock()
+                .unwrap()
+                .push(ctx.idempotency_key().to_string());
+            Ok::<_, StepError>(json!({"accepted": true}))
+        }
+    };
+    let refund = move |ctx: StepContext| {
+        let card = card.clone();
+        async move {
+            // What the callback answered, handed to the compensation.
+            let charged: serde_json::Value = ctx.action_output()?.expect("the charge's output");
+            let key = charged["charge"].as_str().expect("a charge key").to_owned();
+            card.done.lock().unwrap().insert(format!("refund {key}"));
+            Ok::<_, StepError>(())
+        }
+    };
+    let book = |ctx: StepContext| async move {
+        if ctx.raw_input()["full"] == json!(true) {
+            return Err(StepError::permanent("no seat left"));
+        }
+        Ok(())
+    };
+    let def = SagaDefinition::builder("pay_then_book", 1)
+        .step(
+            Step::compensatable("charge", charge, refund)
+                .completed_by_callback()
+                .timeout(Duration::from_secs(3600)),
+        )
+        .step(Step::compensatable("book", book, ok))
+        .step(Step::pivot("confirm", ok))
+        .build()
+        .unwrap();
+    Registry::new().with(def).unwrap()
+}
+
+fn card_world() -> (Registry, std::sync::Arc<CardService>) {
+    let card = std::sync::Arc::new(CardService::default());
+    (pay_then_book(card.clone()), card)
+}
+
+#[test]
+fn every_crash_point_of_a_call_completed_by_callback_charges_once() {
+    let report = explore(card_world)
+        .start("pay_then_book", json!({}))
+        .answer_task("charge", |card: &std::sync::Arc<CardService>| card.settle())
+        .check(|ended, card| {
+            assert_eq!(ended.status(), SagaStatus::Completed);
+            // One key for every attempt of the call, and one charge for it.
+            let keys: BTreeSet<_> = card.handed.lock().unwrap().iter().cloned().collect();
+            assert_eq!(keys.len(), 1, "{keys:?}");
+            let key = keys.first().unwrap();
+            assert_eq!(card.done(), [format!("charge {key}")]);
+            assert_eq!(ended.step_output("charge"), Some(&json!({"charge": key})));
+        })
+        .run();
+    // The report is a write of its own, explored like the engine's.
+    assert!(report.writes >= 4, "{report:?}");
+    assert_eq!(report.runs, 1 + 2 * report.writes);
+}
+
+#[test]
+fn every_crash_point_of_a_refused_booking_refunds_what_the_callback_charged() {
+    explore(card_world)
+        .start("pay_then_book", json!({"full": true}))
+        .answer_task("charge", |card: &std::sync::Arc<CardService>| card.settle())
+        .check(|ended, card| {
+            assert_eq!(ended.status(), SagaStatus::Compensated);
+            let key = card.handed.lock().unwrap()[0].clone();
+            // Net zero, the refund handed the callback's output.
+            assert_eq!(
+                card.done(),
+                [format!("charge {key}"), format!("refund {key}")]
+            );
+        })
+        .run();
+}
+
+#[test]
+fn a_participant_that_fails_the_call_by_callback_is_retried_then_compensated() {
+    explore(card_world)
+        .start("pay_then_book", json!({}))
+        // The first call's report says a retry may succeed; a later one refuses the card.
+        .answer_task("charge", |card: &std::sync::Arc<CardService>| {
+            match card.handed.lock().unwrap().len() {
+                1 => Err(StepError::retryable("the issuer is busy")),
+                _ => Err(StepError::permanent("card declined")),
+            }
+        })
+        .check(|ended, card| {
+            assert_eq!(ended.status(), SagaStatus::Compensated);
+            assert!(card.done().is_empty(), "{:?}", card.done());
+            let errors: Vec<_> = ended
+                .attempts
+                .iter()
+                .filter_map(|a| a.error.as_deref())
+                .collect();
+            // The busy answer's attempt may have been cut off by the crash instead.
+            assert_eq!(errors.last(), Some(&"card declined"), "{errors:?}");
+        })
+        .run();
+}
+
+#[test]
+#[should_panic(expected = "which this exploration does not answer")]
+fn an_exploration_that_does_not_answer_a_callback_says_so() {
+    explore(card_world).start("pay_then_book", json!({})).run();
+}
