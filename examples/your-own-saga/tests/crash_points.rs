@@ -59,3 +59,26 @@ fn a_lost_reply_from_the_card_service_charges_once() {
     );
     assert_eq!(services.done(), ["charge 120", "reserve 12A"]);
 }
+
+#[test]
+fn a_card_service_busy_then_declining_releases_the_seat() -> Result<(), Box<dyn std::error::Error>>
+{
+    let services = Arc::new(Services::default());
+    let registry = Registry::new().with(book_seat(services.clone())?)?;
+    let mut t = SagaTest::new(registry);
+    t.script("charge_card", [Attempt::Retryable, Attempt::Permanent]);
+    let id = t.start("book_seat", json!({"seat": "12A", "amount": 90}));
+    let ended = t.run(id); // until COMPLETED, COMPENSATED, FAILED or ABORTED
+    assert_eq!(ended.status(), SagaStatus::Compensated);
+    assert_eq!(
+        ended.calls,
+        [
+            "reserve_seat:action",
+            "charge_card:action",
+            "charge_card:action",
+            "reserve_seat:compensation"
+        ]
+    );
+    assert_eq!(services.done(), ["release hold-12A", "reserve 12A"]);
+    Ok(())
+}
