@@ -3,12 +3,13 @@
 //! [`SagaTest`] runs a registry in-process on a temporary SQLite log with a virtual clock:
 //! sleeps, retry delays, timeouts, signal timeouts and scheduled starts pass at once, in order.
 //! A test scripts what each attempt of a step does ([`Attempt`]), sends signals and operator
-//! commands, crashes the engine and reads the saga's outcome, attempt log and events
-//! ([`Ended`]).
+//! commands, reports for calls completed by callback as their participant would, crashes the
+//! engine and reads the saga's outcome, attempt log and events ([`Ended`]).
 //!
 //! [`explore`] runs a saga once per write the engine makes to its step log, stopping the engine
 //! just before and just after that write (as a kill -9 there would), resuming it on the same
-//! log, and checking the test's invariants each time:
+//! log, and checking the test's invariants each time; a step completed by callback is answered
+//! in every run by [`Explorer::answer_task`]:
 //!
 //! ```no_run
 //! # fn registry(_: &()) -> saga_dsl::Registry { saga_dsl::Registry::new() }
