@@ -89,8 +89,8 @@ fn seeded_runs_keep_the_saga_invariants() {
     let elapsed = began.elapsed();
     let secs = elapsed.as_secs_f64().max(f64::EPSILON);
     eprintln!(
-        "simulation: {} runs, {} sagas, {} faults injected ({} crashes happened) in {:.1} s: \
-         {:.2} seeds/s, {:.2} sagas/s, {:.2} faults/s",
+        "simulation: {} runs, {} sagas, {} faults injected ({} crashes stopped an engine) in \
+         {:.1} s: {:.2} seeds/s, {:.2} sagas/s, {:.2} faults/s",
         total.runs,
         total.sagas,
         total.fault_total(),
@@ -101,6 +101,11 @@ fn seeded_runs_keep_the_saga_invariants() {
         total.fault_total() as f64 / secs,
     );
     eprintln!("simulation: faults by kind: {:?}", total.faults);
+    eprintln!(
+        "simulation: refused or without effect, not counted: {:?}; clean-up at the end of \
+         runs, not counted: {:?}",
+        total.refused, total.cleanup
+    );
     eprintln!(
         "simulation: sagas by end: {:?}; seen FAILED (then retried or aborted): {}; leases \
          lapsed in flight and taken over: {}",

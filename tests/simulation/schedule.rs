@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use orchestrator::model::{Saga, SagaStatus};
 use orchestrator::operations::Cancelled;
+use orchestrator::store::SignalOutcome;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use saga_dsl::Phase;
@@ -22,9 +23,15 @@ use crate::shape::{registry, Shape};
 pub struct Tally {
     pub runs: u64,
     pub sagas: u64,
-    /// Faults and commands injected, by kind.
+    /// Faults that happened and commands the engine accepted, by kind: a crash counts once it
+    /// stopped a running engine, a command once the engine took it.
     pub faults: BTreeMap<&'static str, u64>,
-    /// Process lifetimes beyond the first of each run: crashes that happened.
+    /// Commands of the schedule the engine refused (or that had nothing to do), by kind.
+    pub refused: BTreeMap<&'static str, u64>,
+    /// Commands made at the end of a run to bring every saga to its end (resumes, retries and
+    /// aborts, accepted or not): clean-up, not faults.
+    pub cleanup: BTreeMap<&'static str, u64>,
+    /// Crashes that stopped a running engine (planned at a write, or at once).
     pub crashes: u64,
     /// Calls whose saga's lease lapsed in flight and was taken over in-process.
     pub takeovers: u64,
@@ -39,6 +46,20 @@ impl Tally {
         *self.faults.entry(kind).or_default() += 1;
     }
 
+    /// Counts a command of the schedule: a fault if the engine accepted it, else a refusal.
+    fn command(&mut self, kind: &'static str, accepted: bool) {
+        let map = if accepted {
+            &mut self.faults
+        } else {
+            &mut self.refused
+        };
+        *map.entry(kind).or_default() += 1;
+    }
+
+    fn clean_up(&mut self, kind: &'static str) {
+        *self.cleanup.entry(kind).or_default() += 1;
+    }
+
     /// Adds another tally's counts.
     pub fn add(&mut self, other: &Tally) {
         self.runs += other.runs;
@@ -46,15 +67,21 @@ impl Tally {
         self.crashes += other.crashes;
         self.failed_seen += other.failed_seen;
         self.takeovers += other.takeovers;
-        for (k, n) in &other.faults {
-            *self.faults.entry(k).or_default() += n;
+        for (mine, theirs) in [
+            (&mut self.faults, &other.faults),
+            (&mut self.refused, &other.refused),
+            (&mut self.cleanup, &other.cleanup),
+        ] {
+            for (k, n) in theirs {
+                *mine.entry(k).or_default() += n;
+            }
         }
         for (k, n) in &other.ended {
             *self.ended.entry(k.clone()).or_default() += n;
         }
     }
 
-    /// Faults injected in all.
+    /// Faults that happened and commands accepted, in all.
     pub fn fault_total(&self) -> u64 {
         self.faults.values().sum()
     }
@@ -106,6 +133,7 @@ pub fn simulate(seed: u64) -> (Tally, Trace) {
     }
     let mut facts = vec![Facts::default(); shapes.len()];
     let mut failures = Vec::new();
+    let mut plans = 0u64;
 
     for _ in 0..rng.gen_range(4..=14) {
         let j = rng.gen_range(0..shapes.len());
@@ -143,12 +171,19 @@ pub fn simulate(seed: u64) -> (Tally, Trace) {
                 } else {
                     CrashPoint::After(at)
                 };
+                // Counted at the end of the run, if reached: a later plan replaces this one.
+                plans += 1;
                 t = t.crash_at(point);
-                tally.count("crash planned at a write");
             }
             45..=52 => {
+                let before = t.crashes();
                 t.crash();
-                tally.count("crash now");
+                if t.crashes() > before {
+                    tally.count("crash now");
+                } else {
+                    // No engine ran (the last one crashed and nothing has run since).
+                    *tally.refused.entry("crash now").or_default() += 1;
+                }
             }
             53..=66 => {
                 let by = match rng.gen_range(0..10) {
@@ -163,19 +198,24 @@ pub fn simulate(seed: u64) -> (Tally, Trace) {
             }
             67..=75 => {
                 facts[j].cancel_sent = true;
-                if let Ok(outcome) = t.cancel(id) {
-                    facts[j].cancel_accepted |= outcome == Cancelled::Accepted;
-                }
-                tally.count("cancel");
+                let answer = t.cancel(id);
+                let accepted = matches!(answer, Ok(Cancelled::Accepted));
+                facts[j].cancel_accepted |= accepted;
+                // Already compensating: nothing injected, counted with the refusals.
+                tally.command("cancel", accepted);
             }
             76..=81 => {
                 if shapes[j].waits_for_signal() {
-                    let _ = t.signal(id, "go", json!({"by": "simulation"}));
-                    tally.count("signal");
+                    let answer = t.signal(id, "go", json!({"by": "simulation"}));
+                    // Only a signal recorded now is new to the saga.
+                    let received = matches!(answer, Ok(SignalOutcome::Received));
+                    tally.command("signal", received);
                 }
             }
             82..=89 => {
-                if t.pause(id, "simulated pause").is_ok() && rng.gen_bool(0.5) {
+                let answer = t.pause(id, "simulated pause");
+                tally.command("pause", answer.is_ok());
+                if answer.is_ok() && rng.gen_bool(0.5) {
                     // A paused saga starts nothing, whatever time passes.
                     let seen = t.run_until(id, |s| {
                         s.status.is_terminal() || s.status == SagaStatus::Paused
@@ -194,22 +234,20 @@ pub fn simulate(seed: u64) -> (Tally, Trace) {
                         }
                     }
                 }
-                tally.count("pause");
             }
             90..=93 => {
-                let _ = t.resume(id, "simulated resume");
-                tally.count("resume");
+                let answer = t.resume(id, "simulated resume");
+                tally.command("resume", answer.is_ok());
             }
             94..=97 => {
-                let _ = t.retry(id);
-                tally.count("retry");
+                let answer = t.retry(id);
+                tally.command("retry", answer.is_ok());
             }
             _ => {
                 facts[j].abort_sent = true;
-                if t.abort(id, "simulated abort").is_ok() {
-                    facts[j].abort_accepted = true;
-                }
-                tally.count("abort");
+                let answer = t.abort(id, "simulated abort");
+                facts[j].abort_accepted |= answer.is_ok();
+                tally.command("abort", answer.is_ok());
             }
         }
     }
@@ -234,7 +272,7 @@ pub fn simulate(seed: u64) -> (Tally, Trace) {
                     if let Err(e) = t.resume(id, "the run ends") {
                         refused_unless_done(&mut t, id, SagaStatus::Paused, &e, shape);
                     }
-                    tally.count("resume");
+                    tally.clean_up("resume");
                 }
                 SagaStatus::Failed => {
                     tally.failed_seen += 1;
@@ -249,12 +287,12 @@ pub fn simulate(seed: u64) -> (Tally, Trace) {
                                 refused_unless_done(&mut t, id, SagaStatus::Failed, &e, shape)
                             }
                         }
-                        tally.count("abort");
+                        tally.clean_up("abort");
                     } else {
                         if let Err(e) = t.retry(id) {
                             refused_unless_done(&mut t, id, SagaStatus::Failed, &e, shape);
                         }
-                        tally.count("retry");
+                        tally.clean_up("retry");
                     }
                 }
                 _ => break,
@@ -310,7 +348,19 @@ pub fn simulate(seed: u64) -> (Tally, Trace) {
             break;
         }
     }
-    tally.crashes = (t.lifetimes() as u64).saturating_sub(1);
+    tally.crashes = t.crashes() as u64;
+    // Every crash the kit counts is a planned one that was reached, or one made at once.
+    let now = tally.faults.get("crash now").copied().unwrap_or(0);
+    let planned = tally.crashes - now;
+    if planned > 0 {
+        tally.faults.insert("crash at a planned write", planned);
+    }
+    if plans > planned {
+        tally.refused.insert(
+            "crash at a planned write (replaced or not reached)",
+            plans - planned,
+        );
+    }
     assert!(
         failures.is_empty(),
         "broken invariants:\n{}\nshapes: {shapes:?}",
