@@ -37,6 +37,10 @@ pub struct Tally {
     pub takeovers: u64,
     /// Times a saga was seen `FAILED` (and then retried or aborted).
     pub failed_seen: u64,
+    /// Sagas flagged *needs attention* by a compensation that kept failing.
+    pub attention: u64,
+    /// Cancels sent once the point of no return had started (each checked refused).
+    pub cancels_past_pivot: u64,
     /// How the sagas ended.
     pub ended: BTreeMap<String, u64>,
 }
@@ -67,6 +71,8 @@ impl Tally {
         self.crashes += other.crashes;
         self.failed_seen += other.failed_seen;
         self.takeovers += other.takeovers;
+        self.attention += other.attention;
+        self.cancels_past_pivot += other.cancels_past_pivot;
         for (mine, theirs) in [
             (&mut self.faults, &other.faults),
             (&mut self.refused, &other.refused),
@@ -197,8 +203,28 @@ pub fn simulate(seed: u64) -> (Tally, Trace) {
                 tally.count("clock jump");
             }
             67..=75 => {
+                // Now and then past the point of no return, where a cancel must be refused.
+                let past = if shapes[j].has_pivot() && rng.gen_bool(0.7) {
+                    let seen = t.run_until(id, |s| {
+                        s.pivot_started || s.status.is_terminal() || s.status == SagaStatus::Paused
+                    });
+                    seen.pivot_started.then_some(seen.status)
+                } else {
+                    None
+                };
                 facts[j].cancel_sent = true;
                 let answer = t.cancel(id);
+                if let Some(status) = past {
+                    tally.cancels_past_pivot += 1;
+                    match &answer {
+                        Err(e) if e.code() == "conflict" => {}
+                        other => failures.push(format!(
+                            "{} ({id}): a cancel after the point of no return started (the \
+                             saga {status}) was answered {other:?}, not refused",
+                            shapes[j].name
+                        )),
+                    }
+                }
                 let accepted = matches!(answer, Ok(Cancelled::Accepted));
                 facts[j].cancel_accepted |= accepted;
                 // Already compensating: nothing injected, counted with the refusals.
@@ -249,10 +275,12 @@ pub fn simulate(seed: u64) -> (Tally, Trace) {
                 }
             }
             90..=93 => {
+                facts[j].resumes_sent += 1;
                 let answer = t.resume(id, "simulated resume");
                 tally.command("resume", answer.is_ok());
             }
             94..=97 => {
+                facts[j].retries_sent += 1;
                 let answer = t.retry(id);
                 tally.command("retry", answer.is_ok());
             }
@@ -282,6 +310,7 @@ pub fn simulate(seed: u64) -> (Tally, Trace) {
             });
             match seen.status {
                 SagaStatus::Paused => {
+                    facts[j].resumes_sent += 1;
                     if let Err(e) = t.resume(id, "the run ends") {
                         refused_unless_done(&mut t, id, SagaStatus::Paused, &e, shape);
                     }
@@ -302,6 +331,7 @@ pub fn simulate(seed: u64) -> (Tally, Trace) {
                         }
                         tally.clean_up("abort");
                     } else {
+                        facts[j].retries_sent += 1;
                         if let Err(e) = t.retry(id) {
                             refused_unless_done(&mut t, id, SagaStatus::Failed, &e, shape);
                         }
@@ -314,6 +344,7 @@ pub fn simulate(seed: u64) -> (Tally, Trace) {
         let ended = t.read(id);
         *tally.ended.entry(ended.status().to_string()).or_default() += 1;
         tally.takeovers += takeovers(&ended);
+        tally.attention += u64::from(ended.event_kinds().contains(&"saga.needs_attention"));
         for broken in check(shape, &ended, &ledger, &facts[j]) {
             failures.push(format!("{} ({id}): {broken}", shape.name));
         }

@@ -1,6 +1,7 @@
 //! The sagas of a run, drawn from its seed: compensatable steps, now and then a parallel group,
 //! a sleep or a signal wait with a timeout before the point of no return, an optional pivot
-//! and retriable steps after it; and what each call of each step does ([`Attempt`]).
+//! and retriable steps after it; and what each call of each step does ([`Attempt`]), now and
+//! then a compensation that fails more often than the engine flags *needs attention* after.
 //!
 //! Each saga has a definition of its own whose step names carry its number, since the kit
 //! scripts calls by step name across every saga of a world.
@@ -22,6 +23,12 @@ use crate::ledger::Ledger;
 
 /// How many attempts an action before the point of no return gets.
 pub const ACTION_ATTEMPTS: u32 = 3;
+
+/// After how many failed attempts of a compensation the kit's engine flags its saga *needs
+/// attention*: the engine's default, which the kit keeps.
+pub fn attention_after() -> u32 {
+    orchestrator::engine::EngineConfig::default().needs_attention_after
+}
 
 /// One action (and compensation, if any) the ledger sees: a step, or a branch of a group.
 #[derive(Debug, Clone)]
@@ -143,6 +150,11 @@ impl Shape {
         self.units().into_iter().find(|u| u.name == name)
     }
 
+    /// Whether it has a pivot (a point of no return).
+    pub fn has_pivot(&self) -> bool {
+        self.units().iter().any(|u| u.kind == StepKind::Pivot)
+    }
+
     /// Whether it waits for a signal.
     pub fn waits_for_signal(&self) -> bool {
         self.stages.iter().any(|s| matches!(s, Stage::Signal(..)))
@@ -219,7 +231,17 @@ impl Unit {
                 });
             }
         }
-        let compensation = if kind == StepKind::Compensatable {
+        let compensation = if kind == StepKind::Compensatable && rng.gen_bool(0.12) {
+            // A compensation that keeps failing, past the threshold that flags its saga.
+            let from = attention_after();
+            (0..rng.gen_range(from..=from + 2))
+                .map(|_| match rng.gen_range(0..4) {
+                    0 | 1 => Attempt::Retryable,
+                    2 => Attempt::RetryAfter(Duration::from_secs(rng.gen_range(1..=30))),
+                    _ => Attempt::Hang,
+                })
+                .collect()
+        } else if kind == StepKind::Compensatable {
             (0..rng.gen_range(0..=2))
                 .map(|_| match rng.gen_range(0..6) {
                     0 => Attempt::Retryable,
