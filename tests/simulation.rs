@@ -108,8 +108,8 @@ fn seeded_runs_keep_the_saga_invariants() {
     );
     eprintln!(
         "simulation: sagas by end: {:?}; seen FAILED (then retried or aborted): {}; leases \
-         lapsed in flight and taken over: {}; flagged needs attention: {}; cancels past the \
-         pivot refused: {}",
+         lapsed in flight and taken over: {}; flagged needs attention: {}; cancels once the \
+         pivot started, checked: {}",
         total.ended, total.failed_seen, total.takeovers, total.attention, total.cancels_past_pivot
     );
     assert!(total.runs > 0, "no seed ran");
