@@ -27,6 +27,10 @@ pub struct Facts {
     pub retries_sent: u32,
     /// Resumes sent (a resume gives a step whose retries ran out a fresh budget).
     pub resumes_sent: u32,
+    /// Reports sent for calls completed by callback: step and attempt.
+    pub reported: Vec<(String, u32)>,
+    /// Reports of calls completed by callback the engine took: step and attempt.
+    pub reports_taken: Vec<(String, u32)>,
 }
 
 /// Outcomes of an attempt the engine records as a failure (`abandoned` is an operator taking
@@ -243,6 +247,20 @@ pub fn check(shape: &Shape, ended: &Ended, ledger: &Ledger, facts: &Facts) -> Ve
     };
 
     check_budgets(shape, ended, facts, &mut broken);
+
+    // A report the engine took ends its attempt: that attempt succeeded (the schedule only
+    // completes), and a report for an attempt the engine had gone past is refused.
+    for (step, attempt) in &facts.reports_taken {
+        let outcome = ended
+            .attempts_of(step, "action")
+            .find(|a| a.attempt == *attempt)
+            .and_then(|a| a.outcome.as_deref());
+        if outcome != Some("succeeded") {
+            broken.push(format!(
+                "{step}'s report for attempt {attempt} was taken, yet the attempt ended {outcome:?}"
+            ));
+        }
+    }
     check_attention(ended, facts, &mut broken);
 
     // SPEC §2.7: a cancel is accepted only before the point of no return starts, and then the

@@ -5,8 +5,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use orchestrator::model::{Saga, SagaStatus};
-use orchestrator::operations::Cancelled;
+use orchestrator::model::task::TASK_WAIT;
+use orchestrator::model::{Saga, SagaStatus, StepStatus};
+use orchestrator::operations::{Cancelled, Report};
 use orchestrator::store::SignalOutcome;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -16,7 +17,7 @@ use serde_json::json;
 
 use crate::invariants::{check, check_failed, takeovers, Facts};
 use crate::ledger::Ledger;
-use crate::shape::{registry, Shape};
+use crate::shape::{registry, Shape, CALLBACK_TIMEOUT};
 
 /// What a run did, summed over runs.
 #[derive(Debug, Default, Clone)]
@@ -144,7 +145,7 @@ pub fn simulate(seed: u64) -> (Tally, Trace) {
     for _ in 0..rng.gen_range(4..=14) {
         let j = rng.gen_range(0..shapes.len());
         let id = ids[j];
-        let roll = rng.gen_range(0..100);
+        let roll = rng.gen_range(0..108);
         if std::env::var_os("SAGA_SIM_TRACE").is_some() {
             eprintln!(
                 "simulation: at {} ({} writes), command {roll} on {}",
@@ -292,6 +293,30 @@ pub fn simulate(seed: u64) -> (Tally, Trace) {
                 let answer = t.retry(id);
                 tally.command("retry", answer.is_ok());
             }
+            100..=107 => {
+                if shapes[j].callbacks().next().is_some() {
+                    // Waits for the call first, now and then.
+                    if rng.gen_bool(0.5) {
+                        let reported = facts[j].reported.clone();
+                        t.run_until(id, move |s| {
+                            s.status.is_terminal()
+                                || s.status == SagaStatus::Paused
+                                || awaits_task(s, &reported)
+                        });
+                    }
+                    let late = rng.gen_bool(0.3);
+                    if let Some(taken) =
+                        answer(&mut t, &ledger, &shapes[j], id, late, &mut facts[j])
+                    {
+                        let kind = if late {
+                            "late task report"
+                        } else {
+                            "task report"
+                        };
+                        tally.command(kind, taken);
+                    }
+                }
+            }
             _ => {
                 facts[j].abort_sent = true;
                 let answer = t.abort(id, "simulated abort");
@@ -313,9 +338,17 @@ pub fn simulate(seed: u64) -> (Tally, Trace) {
                 "{} ({id}) did not end after {MAX_ROUNDS} rounds of resume and retry",
                 shape.name
             );
-            let seen = t.run_until(id, |s| {
-                s.status.is_terminal() || s.status == SagaStatus::Paused
+            let reported = facts[j].reported.clone();
+            let seen = t.run_until(id, move |s| {
+                s.status.is_terminal()
+                    || s.status == SagaStatus::Paused
+                    || awaits_task(s, &reported)
             });
+            if awaits_task(&seen, &facts[j].reported) {
+                answer(&mut t, &ledger, shape, id, false, &mut facts[j]);
+                tally.clean_up("task report");
+                continue;
+            }
             match seen.status {
                 SagaStatus::Paused => {
                     facts[j].resumes_sent += 1;
@@ -445,4 +478,51 @@ fn refused_unless_done(
         "{} ({id}) is still {from}, the command refused: {error}",
         shape.name
     );
+}
+
+/// Whether a call of saga `saga` waits for its participant's callback, and its participant
+/// has not reported for it yet (`reported`: step and attempt): the engine takes a report in
+/// its own time, and the call shows as waiting until then.
+fn awaits_task(saga: &Saga, reported: &[(String, u32)]) -> bool {
+    saga.status == SagaStatus::Running
+        && saga.steps.iter().any(|s| {
+            s.action.status == StepStatus::Waiting
+                && s.waiting_for.as_deref() == Some(TASK_WAIT)
+                && !reported.contains(&(s.name.clone(), s.action.attempts))
+        })
+}
+
+/// Reports for the task last handed over by saga `id`'s step completed by callback, if any,
+/// as its participant would: it books its effect, then completes the task with the token it
+/// was handed. `late`: the report arrives only once the call's timeout has passed, when the
+/// engine has counted the attempt's outcome unknown and may have made the call again.
+/// Returns whether the engine took the report, or `None` if no task was handed over.
+fn answer(
+    t: &mut SagaTest,
+    ledger: &Ledger,
+    shape: &Shape,
+    id: uuid::Uuid,
+    late: bool,
+    facts: &mut Facts,
+) -> Option<bool> {
+    let unit = shape
+        .callbacks()
+        .find(|u| ledger.handed(id, &u.name).is_some())?;
+    let (attempt, token) = ledger.handed(id, &unit.name)?;
+    let report = match ledger.settle(id, &unit.name, unit.amount) {
+        Some(output) => Report::Complete(output),
+        None => Report::Fail {
+            error: "undone before it was done".to_owned(),
+            retryable: false,
+        },
+    };
+    if late {
+        t.advance(CALLBACK_TIMEOUT + Duration::from_secs(1));
+    }
+    facts.reported.push((unit.name.clone(), attempt));
+    let taken = t.report_task(&token, report).is_ok();
+    if taken {
+        facts.reports_taken.push((unit.name.clone(), attempt));
+    }
+    Some(taken)
 }
