@@ -6,8 +6,17 @@
 //! books of the ledger its steps call.
 //!
 //! The faults: crashes at a write to the log (planned some writes ahead, just before or just
-//! after it) and at once between commands; clock jumps; cancels; signals; pauses and resumes;
-//! retries of waiting and `FAILED` sagas; aborts. Lease expiries and takeovers are covered
+//! after it) and at once between commands; clock jumps; cancels, some once the pivot started
+//! (checked refused); signals; reports for calls completed by callback, some after the call's
+//! timeout; pauses and resumes; retries of waiting and `FAILED` sagas; aborts. The tally counts
+//! what happened: crashes that stopped a running engine (a planned point a later plan replaced
+//! or the run never reached is not one) and commands the engine accepted; the refused ones and
+//! the commands that bring every saga to its end are counted apart, not as faults.
+//!
+//! Besides a saga's end, the checks cover its retry budgets (interrupted attempts count, a
+//! crash loop resets nothing), the needs-attention flag (raised exactly when a compensation's
+//! failed attempt reaches the engine's threshold or fails for good) and the reports taken for
+//! calls completed by callback. Lease expiries and takeovers are covered
 //! through the crashes (on SQLite a restart frees the dead process's leases, and each new
 //! process lifetime is a new worker that takes the sagas over) and through clock jumps longer
 //! than the kit's lease, which lapse the leases of sagas in flight as a stalled process would
@@ -89,8 +98,8 @@ fn seeded_runs_keep_the_saga_invariants() {
     let elapsed = began.elapsed();
     let secs = elapsed.as_secs_f64().max(f64::EPSILON);
     eprintln!(
-        "simulation: {} runs, {} sagas, {} faults injected ({} crashes happened) in {:.1} s: \
-         {:.2} seeds/s, {:.2} sagas/s, {:.2} faults/s",
+        "simulation: {} runs, {} sagas, {} faults injected ({} crashes stopped an engine) in \
+         {:.1} s: {:.2} seeds/s, {:.2} sagas/s, {:.2} faults/s",
         total.runs,
         total.sagas,
         total.fault_total(),
@@ -102,9 +111,15 @@ fn seeded_runs_keep_the_saga_invariants() {
     );
     eprintln!("simulation: faults by kind: {:?}", total.faults);
     eprintln!(
+        "simulation: refused or without effect, not counted: {:?}; clean-up at the end of \
+         runs, not counted: {:?}",
+        total.refused, total.cleanup
+    );
+    eprintln!(
         "simulation: sagas by end: {:?}; seen FAILED (then retried or aborted): {}; leases \
-         lapsed in flight and taken over: {}",
-        total.ended, total.failed_seen, total.takeovers
+         lapsed in flight and taken over: {}; flagged needs attention: {}; cancels once the \
+         pivot started, checked: {}",
+        total.ended, total.failed_seen, total.takeovers, total.attention, total.cancels_past_pivot
     );
     assert!(total.runs > 0, "no seed ran");
 }

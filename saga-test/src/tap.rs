@@ -115,6 +115,11 @@ impl Tap {
         *self.plan.lock().unwrap_or_else(|p| p.into_inner()) = Some(point);
     }
 
+    /// The crash planned and not reached yet.
+    pub(crate) fn planned(&self) -> Option<CrashPoint> {
+        *self.plan.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// The writes counted so far, each described.
     pub(crate) fn writes(&self) -> Vec<String> {
         self.writes

@@ -48,6 +48,7 @@ pub struct SagaTest {
     max_wait: Duration,
     life: Option<Life>,
     lifetimes: usize,
+    crashes: usize,
 }
 
 /// One process lifetime.
@@ -110,6 +111,7 @@ impl SagaTest {
             max_wait: Duration::from_secs(24 * 3600),
             life: None,
             lifetimes: 0,
+            crashes: 0,
         }
     }
 
@@ -187,6 +189,18 @@ impl SagaTest {
     /// How many process lifetimes have run (1 until the first crash).
     pub fn lifetimes(&self) -> usize {
         self.lifetimes
+    }
+
+    /// How many crashes stopped a running engine: a planned crash point that was reached, or
+    /// [`SagaTest::crash`] while an engine ran. A crash point a later plan replaced, or one
+    /// the run never reached, is not counted, nor a [`SagaTest::crash`] with no engine running.
+    pub fn crashes(&self) -> usize {
+        self.crashes
+    }
+
+    /// The crash point planned and not reached yet, if any.
+    pub fn planned_crash(&self) -> Option<CrashPoint> {
+        self.tap.planned()
     }
 
     /// Starts saga `name` with `input`, now; returns its id. The start carries an idempotency
@@ -455,6 +469,7 @@ impl SagaTest {
     /// flight are cut off. The next call starts a new process lifetime on the same log.
     pub fn crash(&mut self) {
         if let Some(life) = self.life.take() {
+            self.crashes += 1;
             self.end(life);
         }
     }
@@ -489,6 +504,8 @@ impl SagaTest {
             }
         });
         if line.is_dead() {
+            // Only a planned crash point kills a running lifetime's line.
+            self.crashes += 1;
             let life = self.life.take().expect("the lifetime runs");
             self.end(life);
         }

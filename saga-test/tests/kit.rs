@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use orchestrator::SagaStatus;
 use saga_dsl::{Registry, RetryPolicy, SagaDefinition, Step, StepContext, StepError};
-use saga_test::{explore, Attempt, SagaTest};
+use saga_test::{explore, Attempt, CrashPoint, SagaTest};
 use serde_json::{json, Value};
 
 /// A bank whose transfers are idempotent on the key they carry, as a real one's would be.
@@ -147,6 +147,30 @@ fn a_crash_between_the_calls_resumes_on_the_same_log() {
     assert_eq!(ended.status(), SagaStatus::Completed);
     assert_eq!(t.lifetimes(), 2);
     assert_eq!(bank.calls.lock().unwrap().as_slice(), ["hold"]);
+}
+
+#[test]
+fn only_crashes_that_stopped_an_engine_are_counted() {
+    let bank = Bank::default();
+    let mut t = SagaTest::new(registry(&bank));
+    t.crash();
+    assert_eq!(t.crashes(), 0, "no engine ran yet");
+    let id = t.start("transfer", json!({}));
+    let next = t.writes().len() + 1;
+    // The first plan is replaced before it is reached.
+    t = t
+        .crash_at(CrashPoint::After(next + 1_000))
+        .crash_at(CrashPoint::After(next));
+    assert_eq!(t.planned_crash(), Some(CrashPoint::After(next)));
+    assert_eq!(t.run(id).status(), SagaStatus::Completed);
+    assert_eq!((t.crashes(), t.planned_crash()), (1, None));
+    // Planned beyond the run's writes: never reached, never counted.
+    let beyond = t.writes().len() + 1_000;
+    t = t.crash_at(CrashPoint::After(beyond));
+    t.crash();
+    t.crash();
+    assert_eq!(t.crashes(), 2, "only the first stopped a running engine");
+    assert_eq!(t.planned_crash(), Some(CrashPoint::After(beyond)));
 }
 
 #[test]

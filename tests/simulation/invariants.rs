@@ -9,7 +9,7 @@ use saga_test::Ended;
 use uuid::Uuid;
 
 use crate::ledger::Ledger;
-use crate::shape::{Shape, Unit};
+use crate::shape::{attention_after, Shape, Unit, ACTION_ATTEMPTS};
 
 /// What the schedule did to a saga, which its end must be consistent with.
 #[derive(Debug, Default, Clone)]
@@ -23,7 +23,19 @@ pub struct Facts {
     pub cancel_sent: bool,
     /// A cancel was answered as accepted.
     pub cancel_accepted: bool,
+    /// Operator retries sent (each may give a `FAILED` saga's failed step one more attempt).
+    pub retries_sent: u32,
+    /// Resumes sent (a resume gives a step whose retries ran out a fresh budget).
+    pub resumes_sent: u32,
+    /// Reports sent for calls completed by callback: step and attempt.
+    pub reported: Vec<(String, u32)>,
+    /// Reports of calls completed by callback the engine took: step and attempt.
+    pub reports_taken: Vec<(String, u32)>,
 }
+
+/// Outcomes of an attempt the engine records as a failure (`abandoned` is an operator taking
+/// the call over, not a failure).
+const FAILED_OUTCOMES: [&str; 4] = ["retryable", "timed_out", "interrupted", "failed"];
 
 /// Whether the lease of the saga lapsed while `step`'s `phase` was in flight and the same
 /// process took the saga over: an attempt interrupted, and the next made by the same worker
@@ -234,6 +246,37 @@ pub fn check(shape: &Shape, ended: &Ended, ledger: &Ledger, facts: &Facts) -> Ve
             .count()
     };
 
+    check_budgets(shape, ended, facts, &mut broken);
+
+    // A report the engine took ends its attempt: that attempt succeeded (the schedule only
+    // completes), and a report for an attempt the engine had gone past is refused.
+    for (step, attempt) in &facts.reports_taken {
+        let outcome = ended
+            .attempts_of(step, "action")
+            .find(|a| a.attempt == *attempt)
+            .and_then(|a| a.outcome.as_deref());
+        if outcome != Some("succeeded") {
+            broken.push(format!(
+                "{step}'s report for attempt {attempt} was taken, yet the attempt ended {outcome:?}"
+            ));
+        }
+    }
+    check_attention(ended, facts, &mut broken);
+
+    // SPEC §2.7: a cancel is accepted only before the point of no return starts, and then the
+    // pivot never starts.
+    if facts.cancel_accepted {
+        for unit in units.iter().filter(|u| u.kind == StepKind::Pivot) {
+            let tries = ended.attempts_of(&unit.name, "action").count();
+            if tries > 0 {
+                broken.push(format!(
+                    "a cancel was accepted, yet the pivot {} was attempted {tries} times",
+                    unit.name
+                ));
+            }
+        }
+    }
+
     match status {
         SagaStatus::Completed => {
             if facts.cancel_accepted {
@@ -359,5 +402,124 @@ fn check_compensated(
             }
             current = Some(stage);
         }
+    }
+}
+
+/// SPEC §2.5: attempt counts live in the log, so a crash loop cannot reset a retry budget.
+/// An action before the point of no return (and the pivot) makes at most its budget of
+/// attempts, counting those a crash or a lapsed lease interrupted (the engine records each as
+/// a failed attempt of unknown outcome, within the budget: `PhaseRecord::attempts` includes
+/// it), plus the attempts a resume's fresh budget allows (`budget_attempts`, set only by a
+/// resume) and, for the pivot, one per operator retry of the `FAILED` saga.
+fn check_budgets(shape: &Shape, ended: &Ended, facts: &Facts, broken: &mut Vec<String>) {
+    for unit in shape.units() {
+        if unit.kind == StepKind::Retriable {
+            continue;
+        }
+        let Some(step) = ended.saga.steps.iter().find(|s| s.name == unit.name) else {
+            continue;
+        };
+        let rows = ended.attempts_of(&unit.name, "action").count() as u32;
+        if rows != step.action.attempts {
+            broken.push(format!(
+                "{}'s action has {rows} attempts in the attempt log but its record counts {}",
+                unit.name, step.action.attempts
+            ));
+        }
+        if step.budget_attempts > 0 && facts.resumes_sent == 0 {
+            broken.push(format!(
+                "{} got a fresh retry budget (after {} attempts) though no resume was sent",
+                unit.name, step.budget_attempts
+            ));
+        }
+        let operator = if unit.kind == StepKind::Pivot {
+            facts.retries_sent
+        } else {
+            0
+        };
+        let allowed = ACTION_ATTEMPTS + step.budget_attempts + operator;
+        if rows > allowed {
+            let interrupted = ended
+                .attempts_of(&unit.name, "action")
+                .filter(|a| a.outcome.as_deref() == Some("interrupted"))
+                .count();
+            broken.push(format!(
+                "{}'s action was attempted {rows} times ({interrupted} interrupted), over its \
+                 budget of {ACTION_ATTEMPTS} (+{} from a resume, +{operator} operator retries)",
+                unit.name, step.budget_attempts
+            ));
+        }
+    }
+}
+
+/// SPEC §2.4: the saga is flagged *needs attention* (its event `saga.needs_attention`, once)
+/// exactly when a compensation's failed attempt reached the engine's threshold, or failed for
+/// good (a compensation has no way to give up, so a permanent error needs a person too); the
+/// compensation still goes on, and the saga ends `COMPENSATED` (which clears the flag) unless
+/// an abort stopped it.
+fn check_attention(ended: &Ended, facts: &Facts, broken: &mut Vec<String>) {
+    let threshold = attention_after();
+    let qualifying: Vec<_> = ended
+        .attempts
+        .iter()
+        .filter(|a| a.phase == "compensation")
+        .filter(|a| {
+            a.outcome
+                .as_deref()
+                .is_some_and(|o| FAILED_OUTCOMES.contains(&o))
+        })
+        .filter(|a| a.attempt >= threshold || a.outcome.as_deref() == Some("failed"))
+        .collect();
+    let raised: Vec<_> = ended
+        .events
+        .iter()
+        .filter(|e| e.kind == "saga.needs_attention")
+        .collect();
+    match (qualifying.is_empty(), raised.as_slice()) {
+        (true, []) => {}
+        (true, _) => broken.push(format!(
+            "flagged needs attention ({} times) though no compensation failed {threshold} \
+             times or for good",
+            raised.len()
+        )),
+        (false, []) => broken.push(format!(
+            "{} compensation attempt {} failed ({:?}), at or past the threshold of {threshold} \
+             or for good, yet the saga was never flagged needs attention",
+            qualifying[0].step, qualifying[0].attempt, qualifying[0].outcome
+        )),
+        (false, [event]) => {
+            let attempts = event.data.get("attempts").and_then(|v| v.as_u64());
+            let matches = qualifying.iter().any(|a| {
+                Some(&a.step) == event.step.as_ref() && attempts == Some(u64::from(a.attempt))
+            });
+            if !matches {
+                broken.push(format!(
+                    "flagged needs attention for {:?} after {attempts:?} attempts, which is not \
+                     a compensation attempt that failed at the threshold or for good",
+                    event.step
+                ));
+            }
+            let status = ended.status();
+            let compensated = ended
+                .events
+                .iter()
+                .find(|e| e.kind == "saga.compensated")
+                .map(|e| e.seq);
+            match status {
+                SagaStatus::Compensated if compensated > Some(event.seq) => {
+                    if ended.saga.needs_attention {
+                        broken.push("COMPENSATED but still flagged needs attention".to_owned());
+                    }
+                }
+                SagaStatus::Aborted if facts.abort_sent => {}
+                _ => broken.push(format!(
+                    "flagged needs attention, then ended {status} rather than compensating"
+                )),
+            }
+        }
+        (false, many) => broken.push(format!(
+            "flagged needs attention {} times, not once",
+            many.len()
+        )),
     }
 }

@@ -21,6 +21,8 @@ pub struct Call {
     pub key: Uuid,
     /// For a compensation: the action output its context carried.
     pub seen_output: Option<Value>,
+    /// For a call completed by callback: the task token it handed the participant.
+    pub token: Option<String>,
 }
 
 /// An effect applied once for its key.
@@ -61,6 +63,7 @@ impl Ledger {
             attempt: ctx.attempt(),
             key,
             seen_output: None,
+            token: None,
         });
         books.effects.entry(key).or_insert_with(|| Effect {
             saga: ctx.saga_id(),
@@ -69,6 +72,59 @@ impl Ledger {
             amount,
         });
         json!({"amount": amount, "key": key.to_string()})
+    }
+
+    /// The call of a step completed by callback: the participant takes the task (recorded as
+    /// a call) and books nothing until the schedule answers it ([`Ledger::settle`]).
+    pub fn hand_off(&self, ctx: &StepContext) -> Value {
+        self.books().calls.push(Call {
+            saga: ctx.saga_id(),
+            step: ctx.step_name().to_owned(),
+            phase: Phase::Action,
+            attempt: ctx.attempt(),
+            key: ctx.idempotency_key(),
+            seen_output: None,
+            token: ctx.task().map(|t| t.token().to_owned()),
+        });
+        json!({"handed": true})
+    }
+
+    /// The task last handed over for `step` of `saga`: its attempt and token.
+    pub fn handed(&self, saga: Uuid, step: &str) -> Option<(u32, String)> {
+        self.books()
+            .calls
+            .iter()
+            .rev()
+            .find(|c| c.saga == saga && c.step == step && c.phase == Phase::Action)
+            .and_then(|c| Some((c.attempt, c.token.clone()?)))
+    }
+
+    /// The participant of a step completed by callback does the task it was handed for
+    /// `step` of `saga`: books `amount` under the key it was handed (once), and answers with
+    /// what its report carries; `None` if the step was compensated first, as a service that
+    /// has processed the undo of a key refuses to do its action afterwards.
+    pub fn settle(&self, saga: Uuid, step: &str, amount: i64) -> Option<Value> {
+        let mut books = self.books();
+        let key = books
+            .calls
+            .iter()
+            .rev()
+            .find(|c| c.saga == saga && c.step == step && c.phase == Phase::Action)?
+            .key;
+        let undone = books
+            .effects
+            .values()
+            .any(|e| e.saga == saga && e.step == step && e.phase == Phase::Compensation);
+        if undone {
+            return None;
+        }
+        books.effects.entry(key).or_insert_with(|| Effect {
+            saga,
+            step: step.to_owned(),
+            phase: Phase::Action,
+            amount,
+        });
+        Some(json!({"amount": amount, "key": key.to_string()}))
     }
 
     /// A compensation: undoes whatever the step's action booked (nothing if it booked
@@ -86,6 +142,7 @@ impl Ledger {
             attempt: ctx.attempt(),
             key,
             seen_output: seen,
+            token: None,
         });
         // A real service finds what to undo from its own records of the action's key.
         let booked = books

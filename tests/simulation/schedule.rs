@@ -5,8 +5,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use orchestrator::model::{Saga, SagaStatus};
-use orchestrator::operations::Cancelled;
+use orchestrator::model::task::TASK_WAIT;
+use orchestrator::model::{Saga, SagaStatus, StepStatus};
+use orchestrator::operations::{Cancelled, Report};
+use orchestrator::store::SignalOutcome;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use saga_dsl::Phase;
@@ -15,21 +17,31 @@ use serde_json::json;
 
 use crate::invariants::{check, check_failed, takeovers, Facts};
 use crate::ledger::Ledger;
-use crate::shape::{registry, Shape};
+use crate::shape::{registry, Shape, CALLBACK_TIMEOUT};
 
 /// What a run did, summed over runs.
 #[derive(Debug, Default, Clone)]
 pub struct Tally {
     pub runs: u64,
     pub sagas: u64,
-    /// Faults and commands injected, by kind.
+    /// Faults that happened and commands the engine accepted, by kind: a crash counts once it
+    /// stopped a running engine, a command once the engine took it.
     pub faults: BTreeMap<&'static str, u64>,
-    /// Process lifetimes beyond the first of each run: crashes that happened.
+    /// Commands of the schedule the engine refused (or that had nothing to do), by kind.
+    pub refused: BTreeMap<&'static str, u64>,
+    /// Commands made at the end of a run to bring every saga to its end (resumes, retries and
+    /// aborts, accepted or not): clean-up, not faults.
+    pub cleanup: BTreeMap<&'static str, u64>,
+    /// Crashes that stopped a running engine (planned at a write, or at once).
     pub crashes: u64,
     /// Calls whose saga's lease lapsed in flight and was taken over in-process.
     pub takeovers: u64,
     /// Times a saga was seen `FAILED` (and then retried or aborted).
     pub failed_seen: u64,
+    /// Sagas flagged *needs attention* by a compensation that kept failing.
+    pub attention: u64,
+    /// Cancels sent once the point of no return had started (each checked not accepted).
+    pub cancels_past_pivot: u64,
     /// How the sagas ended.
     pub ended: BTreeMap<String, u64>,
 }
@@ -39,6 +51,20 @@ impl Tally {
         *self.faults.entry(kind).or_default() += 1;
     }
 
+    /// Counts a command of the schedule: a fault if the engine accepted it, else a refusal.
+    fn command(&mut self, kind: &'static str, accepted: bool) {
+        let map = if accepted {
+            &mut self.faults
+        } else {
+            &mut self.refused
+        };
+        *map.entry(kind).or_default() += 1;
+    }
+
+    fn clean_up(&mut self, kind: &'static str) {
+        *self.cleanup.entry(kind).or_default() += 1;
+    }
+
     /// Adds another tally's counts.
     pub fn add(&mut self, other: &Tally) {
         self.runs += other.runs;
@@ -46,15 +72,23 @@ impl Tally {
         self.crashes += other.crashes;
         self.failed_seen += other.failed_seen;
         self.takeovers += other.takeovers;
-        for (k, n) in &other.faults {
-            *self.faults.entry(k).or_default() += n;
+        self.attention += other.attention;
+        self.cancels_past_pivot += other.cancels_past_pivot;
+        for (mine, theirs) in [
+            (&mut self.faults, &other.faults),
+            (&mut self.refused, &other.refused),
+            (&mut self.cleanup, &other.cleanup),
+        ] {
+            for (k, n) in theirs {
+                *mine.entry(k).or_default() += n;
+            }
         }
         for (k, n) in &other.ended {
             *self.ended.entry(k.clone()).or_default() += n;
         }
     }
 
-    /// Faults injected in all.
+    /// Faults that happened and commands accepted, in all.
     pub fn fault_total(&self) -> u64 {
         self.faults.values().sum()
     }
@@ -106,11 +140,12 @@ pub fn simulate(seed: u64) -> (Tally, Trace) {
     }
     let mut facts = vec![Facts::default(); shapes.len()];
     let mut failures = Vec::new();
+    let mut plans = 0u64;
 
     for _ in 0..rng.gen_range(4..=14) {
         let j = rng.gen_range(0..shapes.len());
         let id = ids[j];
-        let roll = rng.gen_range(0..100);
+        let roll = rng.gen_range(0..108);
         if std::env::var_os("SAGA_SIM_TRACE").is_some() {
             eprintln!(
                 "simulation: at {} ({} writes), command {roll} on {}",
@@ -143,12 +178,19 @@ pub fn simulate(seed: u64) -> (Tally, Trace) {
                 } else {
                     CrashPoint::After(at)
                 };
+                // Counted at the end of the run, if reached: a later plan replaces this one.
+                plans += 1;
                 t = t.crash_at(point);
-                tally.count("crash planned at a write");
             }
             45..=52 => {
+                let before = t.crashes();
                 t.crash();
-                tally.count("crash now");
+                if t.crashes() > before {
+                    tally.count("crash now");
+                } else {
+                    // No engine ran (the last one crashed and nothing has run since).
+                    *tally.refused.entry("crash now").or_default() += 1;
+                }
             }
             53..=66 => {
                 let by = match rng.gen_range(0..10) {
@@ -162,54 +204,124 @@ pub fn simulate(seed: u64) -> (Tally, Trace) {
                 tally.count("clock jump");
             }
             67..=75 => {
+                // Now and then past the point of no return, where a cancel must be refused.
+                let past = if shapes[j].has_pivot() && rng.gen_bool(0.7) {
+                    let seen = t.run_until(id, |s| {
+                        s.pivot_started || s.status.is_terminal() || s.status == SagaStatus::Paused
+                    });
+                    seen.pivot_started
+                        .then_some((seen.status, seen.pivot_reached))
+                } else {
+                    None
+                };
                 facts[j].cancel_sent = true;
-                if let Ok(outcome) = t.cancel(id) {
-                    facts[j].cancel_accepted |= outcome == Cancelled::Accepted;
+                let answer = t.cancel(id);
+                if let Some((status, reached)) = past {
+                    tally.cancels_past_pivot += 1;
+                    // Once the pivot started a cancel is refused; if the pivot then failed, a
+                    // saga going back may answer that it already compensates.
+                    let fine = match &answer {
+                        Err(e) => e.code() == "conflict",
+                        Ok(Cancelled::AlreadyCompensating) => !reached,
+                        Ok(Cancelled::Accepted) => false,
+                    };
+                    if !fine {
+                        failures.push(format!(
+                            "{} ({id}): a cancel once the point of no return started (the \
+                             saga {status}, the pivot succeeded: {reached}) was answered \
+                             {answer:?}",
+                            shapes[j].name
+                        ));
+                    }
                 }
-                tally.count("cancel");
+                let accepted = matches!(answer, Ok(Cancelled::Accepted));
+                facts[j].cancel_accepted |= accepted;
+                // Already compensating: nothing injected, counted with the refusals.
+                tally.command("cancel", accepted);
             }
             76..=81 => {
                 if shapes[j].waits_for_signal() {
-                    let _ = t.signal(id, "go", json!({"by": "simulation"}));
-                    tally.count("signal");
+                    let answer = t.signal(id, "go", json!({"by": "simulation"}));
+                    // Only a signal recorded now is new to the saga.
+                    let received = matches!(answer, Ok(SignalOutcome::Received));
+                    tally.command("signal", received);
                 }
             }
             82..=89 => {
-                if t.pause(id, "simulated pause").is_ok() && rng.gen_bool(0.5) {
+                let answer = t.pause(id, "simulated pause");
+                tally.command("pause", answer.is_ok());
+                if answer.is_ok() && rng.gen_bool(0.5) {
                     // A paused saga starts nothing, whatever time passes.
                     let seen = t.run_until(id, |s| {
                         s.status.is_terminal() || s.status == SagaStatus::Paused
                     });
                     if seen.status == SagaStatus::Paused {
-                        let before = t.read(id).calls.len();
+                        let before = t.read(id);
                         t.advance(Duration::from_secs(rng.gen_range(1..=7_200)));
                         let after = t.read(id);
-                        if after.calls.len() != before || after.status() != SagaStatus::Paused {
+                        // A call written ahead before the pause was in flight, as the log
+                        // sees it: a process whose lease lapsed (a clock jump) may make it
+                        // late, as a stalled process would.
+                        let in_flight = before
+                            .attempts
+                            .iter()
+                            .filter(|a| a.outcome.is_none())
+                            .count();
+                        let calls = after.calls.len() - before.calls.len();
+                        if after.attempts.len() != before.attempts.len()
+                            || calls > in_flight
+                            || after.status() != SagaStatus::Paused
+                        {
                             failures.push(format!(
-                                "{} ({id}): paused, it went on to {} with {} more calls",
+                                "{} ({id}): paused, it went on to {} with {} more attempts \
+                                 and {calls} more calls ({in_flight} in flight)",
                                 shapes[j].name,
                                 after.status(),
-                                after.calls.len() - before
+                                after.attempts.len() - before.attempts.len(),
                             ));
                         }
                     }
                 }
-                tally.count("pause");
             }
             90..=93 => {
-                let _ = t.resume(id, "simulated resume");
-                tally.count("resume");
+                facts[j].resumes_sent += 1;
+                let answer = t.resume(id, "simulated resume");
+                tally.command("resume", answer.is_ok());
             }
             94..=97 => {
-                let _ = t.retry(id);
-                tally.count("retry");
+                facts[j].retries_sent += 1;
+                let answer = t.retry(id);
+                tally.command("retry", answer.is_ok());
+            }
+            100..=107 => {
+                if shapes[j].callbacks().next().is_some() {
+                    // Waits for the call first, now and then.
+                    if rng.gen_bool(0.5) {
+                        let reported = facts[j].reported.clone();
+                        t.run_until(id, move |s| {
+                            s.status.is_terminal()
+                                || s.status == SagaStatus::Paused
+                                || awaits_task(s, &reported)
+                        });
+                    }
+                    let late = rng.gen_bool(0.3);
+                    if let Some(taken) =
+                        answer(&mut t, &ledger, &shapes[j], id, late, &mut facts[j])
+                    {
+                        let kind = if late {
+                            "late task report"
+                        } else {
+                            "task report"
+                        };
+                        tally.command(kind, taken);
+                    }
+                }
             }
             _ => {
                 facts[j].abort_sent = true;
-                if t.abort(id, "simulated abort").is_ok() {
-                    facts[j].abort_accepted = true;
-                }
-                tally.count("abort");
+                let answer = t.abort(id, "simulated abort");
+                facts[j].abort_accepted |= answer.is_ok();
+                tally.command("abort", answer.is_ok());
             }
         }
     }
@@ -226,15 +338,24 @@ pub fn simulate(seed: u64) -> (Tally, Trace) {
                 "{} ({id}) did not end after {MAX_ROUNDS} rounds of resume and retry",
                 shape.name
             );
-            let seen = t.run_until(id, |s| {
-                s.status.is_terminal() || s.status == SagaStatus::Paused
+            let reported = facts[j].reported.clone();
+            let seen = t.run_until(id, move |s| {
+                s.status.is_terminal()
+                    || s.status == SagaStatus::Paused
+                    || awaits_task(s, &reported)
             });
+            if awaits_task(&seen, &facts[j].reported) {
+                answer(&mut t, &ledger, shape, id, false, &mut facts[j]);
+                tally.clean_up("task report");
+                continue;
+            }
             match seen.status {
                 SagaStatus::Paused => {
+                    facts[j].resumes_sent += 1;
                     if let Err(e) = t.resume(id, "the run ends") {
                         refused_unless_done(&mut t, id, SagaStatus::Paused, &e, shape);
                     }
-                    tally.count("resume");
+                    tally.clean_up("resume");
                 }
                 SagaStatus::Failed => {
                     tally.failed_seen += 1;
@@ -249,12 +370,13 @@ pub fn simulate(seed: u64) -> (Tally, Trace) {
                                 refused_unless_done(&mut t, id, SagaStatus::Failed, &e, shape)
                             }
                         }
-                        tally.count("abort");
+                        tally.clean_up("abort");
                     } else {
+                        facts[j].retries_sent += 1;
                         if let Err(e) = t.retry(id) {
                             refused_unless_done(&mut t, id, SagaStatus::Failed, &e, shape);
                         }
-                        tally.count("retry");
+                        tally.clean_up("retry");
                     }
                 }
                 _ => break,
@@ -263,6 +385,7 @@ pub fn simulate(seed: u64) -> (Tally, Trace) {
         let ended = t.read(id);
         *tally.ended.entry(ended.status().to_string()).or_default() += 1;
         tally.takeovers += takeovers(&ended);
+        tally.attention += u64::from(ended.event_kinds().contains(&"saga.needs_attention"));
         for broken in check(shape, &ended, &ledger, &facts[j]) {
             failures.push(format!("{} ({id}): {broken}", shape.name));
         }
@@ -310,7 +433,19 @@ pub fn simulate(seed: u64) -> (Tally, Trace) {
             break;
         }
     }
-    tally.crashes = (t.lifetimes() as u64).saturating_sub(1);
+    tally.crashes = t.crashes() as u64;
+    // Every crash the kit counts is a planned one that was reached, or one made at once.
+    let now = tally.faults.get("crash now").copied().unwrap_or(0);
+    let planned = tally.crashes - now;
+    if planned > 0 {
+        tally.faults.insert("crash at a planned write", planned);
+    }
+    if plans > planned {
+        tally.refused.insert(
+            "crash at a planned write (replaced or not reached)",
+            plans - planned,
+        );
+    }
     assert!(
         failures.is_empty(),
         "broken invariants:\n{}\nshapes: {shapes:?}",
@@ -343,4 +478,51 @@ fn refused_unless_done(
         "{} ({id}) is still {from}, the command refused: {error}",
         shape.name
     );
+}
+
+/// Whether a call of saga `saga` waits for its participant's callback, and its participant
+/// has not reported for it yet (`reported`: step and attempt): the engine takes a report in
+/// its own time, and the call shows as waiting until then.
+fn awaits_task(saga: &Saga, reported: &[(String, u32)]) -> bool {
+    saga.status == SagaStatus::Running
+        && saga.steps.iter().any(|s| {
+            s.action.status == StepStatus::Waiting
+                && s.waiting_for.as_deref() == Some(TASK_WAIT)
+                && !reported.contains(&(s.name.clone(), s.action.attempts))
+        })
+}
+
+/// Reports for the task last handed over by saga `id`'s step completed by callback, if any,
+/// as its participant would: it books its effect, then completes the task with the token it
+/// was handed. `late`: the report arrives only once the call's timeout has passed, when the
+/// engine has counted the attempt's outcome unknown and may have made the call again.
+/// Returns whether the engine took the report, or `None` if no task was handed over.
+fn answer(
+    t: &mut SagaTest,
+    ledger: &Ledger,
+    shape: &Shape,
+    id: uuid::Uuid,
+    late: bool,
+    facts: &mut Facts,
+) -> Option<bool> {
+    let unit = shape
+        .callbacks()
+        .find(|u| ledger.handed(id, &u.name).is_some())?;
+    let (attempt, token) = ledger.handed(id, &unit.name)?;
+    let report = match ledger.settle(id, &unit.name, unit.amount) {
+        Some(output) => Report::Complete(output),
+        None => Report::Fail {
+            error: "undone before it was done".to_owned(),
+            retryable: false,
+        },
+    };
+    if late {
+        t.advance(CALLBACK_TIMEOUT + Duration::from_secs(1));
+    }
+    facts.reported.push((unit.name.clone(), attempt));
+    let taken = t.report_task(&token, report).is_ok();
+    if taken {
+        facts.reports_taken.push((unit.name.clone(), attempt));
+    }
+    Some(taken)
 }

@@ -1,6 +1,8 @@
 //! The sagas of a run, drawn from its seed: compensatable steps, now and then a parallel group,
 //! a sleep or a signal wait with a timeout before the point of no return, an optional pivot
-//! and retriable steps after it; and what each call of each step does ([`Attempt`]).
+//! and retriable steps after it; and what each call of each step does ([`Attempt`]), now and
+//! then a compensation that fails more often than the engine flags *needs attention* after,
+//! and now and then a compensatable step completed by its participant's callback.
 //!
 //! Each saga has a definition of its own whose step names carry its number, since the kit
 //! scripts calls by step name across every saga of a world.
@@ -20,8 +22,18 @@ use serde_json::json;
 
 use crate::ledger::Ledger;
 
+/// How long a call completed by callback waits for its answer before the engine counts its
+/// outcome unknown and tries again.
+pub const CALLBACK_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// How many attempts an action before the point of no return gets.
 pub const ACTION_ATTEMPTS: u32 = 3;
+
+/// After how many failed attempts of a compensation the kit's engine flags its saga *needs
+/// attention*: the engine's default, which the kit keeps.
+pub fn attention_after() -> u32 {
+    orchestrator::engine::EngineConfig::default().needs_attention_after
+}
 
 /// One action (and compensation, if any) the ledger sees: a step, or a branch of a group.
 #[derive(Debug, Clone)]
@@ -35,6 +47,9 @@ pub struct Unit {
     pub branch: Option<(String, String)>,
     /// What its action books.
     pub amount: i64,
+    /// Whether its action is completed by its participant's callback: the call hands the
+    /// participant a task, which books the effect when the schedule answers it.
+    pub callback: bool,
     pub action: Vec<Attempt>,
     pub compensation: Vec<Attempt>,
 }
@@ -95,6 +110,20 @@ impl Shape {
                 Stage::Signal(format!("{p}w"), timeout, rng.gen_bool(0.5)),
             );
         }
+        if rng.gen_bool(0.25) {
+            let mut unit = Unit::draw(rng, format!("{p}k"), StepKind::Compensatable);
+            unit.callback = true;
+            // Its scripted failures come before the hand-off; every later call hands the task
+            // over again, and the answer decides the attempt.
+            unit.action.retain(|a| {
+                matches!(
+                    a,
+                    Attempt::Retryable | Attempt::RetryAfter(_) | Attempt::Permanent
+                )
+            });
+            let at = rng.gen_range(0..=stages.len());
+            stages.insert(at, Stage::Call(unit));
+        }
         if rng.gen_bool(0.6) {
             stages.push(Stage::Call(Unit::draw(
                 rng,
@@ -141,6 +170,16 @@ impl Shape {
     /// The unit named `name`.
     pub fn unit(&self, name: &str) -> Option<&Unit> {
         self.units().into_iter().find(|u| u.name == name)
+    }
+
+    /// Whether it has a pivot (a point of no return).
+    pub fn has_pivot(&self) -> bool {
+        self.units().iter().any(|u| u.kind == StepKind::Pivot)
+    }
+
+    /// Its units completed by callback.
+    pub fn callbacks(&self) -> impl Iterator<Item = &Unit> {
+        self.units().into_iter().filter(|u| u.callback)
     }
 
     /// Whether it waits for a signal.
@@ -219,7 +258,17 @@ impl Unit {
                 });
             }
         }
-        let compensation = if kind == StepKind::Compensatable {
+        let compensation = if kind == StepKind::Compensatable && rng.gen_bool(0.12) {
+            // A compensation that keeps failing, past the threshold that flags its saga.
+            let from = attention_after();
+            (0..rng.gen_range(from..=from + 2))
+                .map(|_| match rng.gen_range(0..4) {
+                    0 | 1 => Attempt::Retryable,
+                    2 => Attempt::RetryAfter(Duration::from_secs(rng.gen_range(1..=30))),
+                    _ => Attempt::Hang,
+                })
+                .collect()
+        } else if kind == StepKind::Compensatable {
             (0..rng.gen_range(0..=2))
                 .map(|_| match rng.gen_range(0..6) {
                     0 => Attempt::Retryable,
@@ -239,6 +288,7 @@ impl Unit {
             kind,
             branch: None,
             amount: rng.gen_range(1..=1000),
+            callback: false,
             action,
             compensation,
         }
@@ -256,6 +306,28 @@ impl Unit {
         };
         let timeout = Duration::from_secs(30);
         match self.kind {
+            StepKind::Compensatable if self.callback => {
+                let hand = {
+                    let ledger = ledger.clone();
+                    move |ctx: StepContext| {
+                        let ledger = ledger.clone();
+                        async move { Ok::<_, StepError>(ledger.hand_off(&ctx)) }
+                    }
+                };
+                let ledger = ledger.clone();
+                let undo = move |ctx: StepContext| {
+                    let ledger = ledger.clone();
+                    async move { ledger.undo(&ctx) }
+                };
+                Step::compensatable(own, hand, undo)
+                    .completed_by_callback()
+                    .retry(backoff(
+                        RetryPolicy::new().with_max_attempts(ACTION_ATTEMPTS),
+                    ))
+                    .timeout(CALLBACK_TIMEOUT)
+                    .compensation_retry(backoff(RetryPolicy::forever()))
+                    .compensation_timeout(timeout)
+            }
             StepKind::Compensatable => {
                 let ledger = ledger.clone();
                 let undo = move |ctx: StepContext| {
