@@ -580,8 +580,9 @@ async fn three_postgres_processes_start_one_saga_per_tick_through_a_kill_of_the_
     )
     .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    // A minute in all: half of it before the kill, half after.
-    tokio::time::sleep(Duration::from_secs(30)).await;
+    // Half a minute in all: half of it before the kill, half after (longer than the 10 s
+    // lease a dead process holds the schedule by).
+    tokio::time::sleep(Duration::from_secs(15)).await;
     // The process that started the latest tick's saga made its first attempt.
     let latest = schedule(&servers[0], "cluster").await;
     let saga = latest.runs[0].saga_id.unwrap();
@@ -589,7 +590,7 @@ async fn three_postgres_processes_start_one_saga_per_tick_through_a_kill_of_the_
     let firing = pid_of(&attempts[0].worker);
     let at = servers.iter().position(|s| s.pid() == firing).unwrap();
     servers.remove(at).kill9();
-    tokio::time::sleep(Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_secs(15)).await;
     let stop = chrono::Utc::now().timestamp_millis();
     let s = wait_runs(&servers[0], "cluster", LONG, |s| {
         s.runs.first().is_some_and(|r| r.scheduled_at > stop)
@@ -597,7 +598,7 @@ async fn three_postgres_processes_start_one_saga_per_tick_through_a_kill_of_the_
     .await;
     post(&servers[0], "/v1/schedules/cluster/pause", json!({})).await;
     let runs: Vec<_> = s.runs.iter().rev().collect();
-    assert!(runs.len() >= 58, "{}", runs.len());
+    assert!(runs.len() >= 28, "{}", runs.len());
     let mut sagas = BTreeSet::new();
     for w in runs.windows(2) {
         assert_eq!(
