@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use orchestrator::model::task::TASK_WAIT;
 use orchestrator::model::{Saga, SagaStatus, StepStatus};
-use orchestrator::operations::OperationError;
+use orchestrator::store::TaskAnswer;
 use saga_dsl::{Phase, Registry, StepError};
 use serde_json::Value;
 use uuid::Uuid;
@@ -135,7 +135,8 @@ impl<W: 'static> Explorer<W> {
         self
     }
 
-    /// How much virtual time each run waits for the saga to end (a day unless set), as
+    /// How much virtual time each run waits for the saga to end, or between two of its calls
+    /// completed by callback, before failing (a day unless set), as
     /// [`SagaTest::waiting_at_most`].
     pub fn waiting_at_most(mut self, virtual_time: Duration) -> Self {
         self.max_wait = Some(virtual_time);
@@ -279,8 +280,16 @@ impl<W: 'static> Explorer<W> {
                 );
             };
             match test.answer_task(id, step, answer(world)) {
+                // Made again after a crash cut it short, the report answers as it first did.
+                Ok(TaskAnswer::Recorded { .. } | TaskAnswer::Repeated { .. }) => {}
                 // Refused because the attempt went on meanwhile, as a late callback is.
-                Ok(_) | Err(OperationError::Conflict(_)) => {}
+                Ok(TaskAnswer::NotCurrent) => {}
+                Ok(TaskAnswer::NotFound) => {
+                    panic!("saga-test: the log has no call of {step} waiting for its callback")
+                }
+                Ok(other @ TaskAnswer::Extended { .. }) => {
+                    panic!("saga-test: a report for {step} was taken as a heartbeat: {other:?}")
+                }
                 Err(e) => panic!("saga-test: the report for {step}'s call failed: {e}"),
             }
             answered.push(attempt);

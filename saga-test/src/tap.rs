@@ -484,7 +484,18 @@ impl OperatorLog for TappedStore {
         self.pass(self.inner.send_signal(request)).await
     }
     async fn report_task(&self, task: &TaskRef, report: &TaskReport) -> Result<TaskAnswer> {
-        self.pass(self.inner.report_task(task, report)).await
+        // A participant's report is recorded by the orchestrator's process like its own
+        // writes, which may die just before or after it.
+        self.write(
+            || {
+                format!(
+                    "report for the callback of row {} attempt {}",
+                    task.step_index, task.attempt
+                )
+            },
+            self.inner.report_task(task, report),
+        )
+        .await
     }
 }
 

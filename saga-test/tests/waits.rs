@@ -155,6 +155,14 @@ fn a_step_completed_by_callback_waits_for_its_report_and_times_out_on_the_virtua
     t.run_until(id, |s| s.waiting_for.as_deref() == Some("task"));
     t.complete_task(id, "charge", json!(2)).unwrap();
     assert_eq!(t.run(id).status(), SagaStatus::Completed);
+    // A report is a write to the log, with crash points of its own.
+    assert!(
+        t.writes()
+            .iter()
+            .any(|w| w.starts_with("report for the callback of row 0")),
+        "{:?}",
+        t.writes()
+    );
 }
 
 /// A card service that charges once its caller's call is answered by callback: `charge` hands
