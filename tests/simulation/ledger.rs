@@ -89,13 +89,15 @@ impl Ledger {
         json!({"handed": true})
     }
 
-    /// The task last handed over for `step` of `saga`: its attempt and token.
-    pub fn handed(&self, saga: Uuid, step: &str) -> Option<(u32, String)> {
+    /// The task handed over for `step` of `saga` by its call of `attempt`, or by its last
+    /// call: its attempt and token.
+    pub fn handed(&self, saga: Uuid, step: &str, attempt: Option<u32>) -> Option<(u32, String)> {
         self.books()
             .calls
             .iter()
             .rev()
-            .find(|c| c.saga == saga && c.step == step && c.phase == Phase::Action)
+            .filter(|c| c.saga == saga && c.step == step && c.phase == Phase::Action)
+            .find(|c| attempt.is_none_or(|a| c.attempt == a))
             .and_then(|c| Some((c.attempt, c.token.clone()?)))
     }
 

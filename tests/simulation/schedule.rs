@@ -306,7 +306,7 @@ pub fn simulate(seed: u64) -> (Tally, Trace) {
                     }
                     let late = rng.gen_bool(0.3);
                     if let Some(taken) =
-                        answer(&mut t, &ledger, &shapes[j], id, late, &mut facts[j])
+                        answer(&mut t, &ledger, &shapes[j], (id, None), late, &mut facts[j])
                     {
                         let kind = if late {
                             "late task report"
@@ -344,8 +344,15 @@ pub fn simulate(seed: u64) -> (Tally, Trace) {
                     || s.status == SagaStatus::Paused
                     || awaits_task(s, &reported)
             });
-            if awaits_task(&seen, &facts[j].reported) {
-                answer(&mut t, &ledger, shape, id, false, &mut facts[j]);
+            if let Some(waiting) = awaited_task(&seen, &facts[j].reported) {
+                answer(
+                    &mut t,
+                    &ledger,
+                    shape,
+                    (id, Some(waiting)),
+                    false,
+                    &mut facts[j],
+                );
                 tally.clean_up("task report");
                 continue;
             }
@@ -484,31 +491,44 @@ fn refused_unless_done(
 /// has not reported for it yet (`reported`: step and attempt): the engine takes a report in
 /// its own time, and the call shows as waiting until then.
 fn awaits_task(saga: &Saga, reported: &[(String, u32)]) -> bool {
-    saga.status == SagaStatus::Running
-        && saga.steps.iter().any(|s| {
-            s.action.status == StepStatus::Waiting
-                && s.waiting_for.as_deref() == Some(TASK_WAIT)
-                && !reported.contains(&(s.name.clone(), s.action.attempts))
-        })
+    awaited_task(saga, reported).is_some()
 }
 
-/// Reports for the task last handed over by saga `id`'s step completed by callback, if any,
-/// as its participant would: it books its effect, then completes the task with the token it
-/// was handed. `late`: the report arrives only once the call's timeout has passed, when the
-/// engine has counted the attempt's outcome unknown and may have made the call again.
-/// Returns whether the engine took the report, or `None` if no task was handed over.
+/// The step and attempt of saga `saga`'s call that waits for its participant's callback, if
+/// its participant has not reported for it yet.
+fn awaited_task(saga: &Saga, reported: &[(String, u32)]) -> Option<(String, u32)> {
+    if saga.status != SagaStatus::Running {
+        return None;
+    }
+    saga.steps
+        .iter()
+        .filter(|s| s.action.status == StepStatus::Waiting)
+        .filter(|s| s.waiting_for.as_deref() == Some(TASK_WAIT))
+        .map(|s| (s.name.clone(), s.action.attempts))
+        .find(|waiting| !reported.contains(waiting))
+}
+
+/// Reports for a task handed over by saga `id`'s step completed by callback, as its
+/// participant would: it books its effect, then completes the task with the token it was
+/// handed. The task is `waiting`'s (a step and attempt), or else the last one handed over,
+/// which may be a call the engine has gone past. `late`: the report arrives only once the
+/// call's timeout has passed, when the engine has counted the attempt's outcome unknown and
+/// may have made the call again. Returns whether the engine took the report, or `None` if no
+/// task was handed over.
 fn answer(
     t: &mut SagaTest,
     ledger: &Ledger,
     shape: &Shape,
-    id: uuid::Uuid,
+    (id, waiting): (uuid::Uuid, Option<(String, u32)>),
     late: bool,
     facts: &mut Facts,
 ) -> Option<bool> {
+    let attempt = waiting.as_ref().map(|(_, attempt)| *attempt);
     let unit = shape
         .callbacks()
-        .find(|u| ledger.handed(id, &u.name).is_some())?;
-    let (attempt, token) = ledger.handed(id, &unit.name)?;
+        .filter(|u| waiting.as_ref().is_none_or(|(step, _)| *step == u.name))
+        .find(|u| ledger.handed(id, &u.name, attempt).is_some())?;
+    let (attempt, token) = ledger.handed(id, &unit.name, attempt)?;
     let report = match ledger.settle(id, &unit.name, unit.amount) {
         Some(output) => Report::Complete(output),
         None => Report::Fail {
