@@ -7,8 +7,7 @@ use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use orchestrator::model::task::TASK_WAIT;
-use orchestrator::model::{Saga, SagaStatus, StepStatus};
+use orchestrator::model::{Saga, SagaStatus};
 use orchestrator::store::TaskAnswer;
 use saga_dsl::{Phase, Registry, StepError};
 use serde_json::Value;
@@ -340,9 +339,7 @@ fn awaited_task(saga: &Saga, answered: &[(String, u32)]) -> Option<(String, u32)
     }
     saga.steps
         .iter()
-        .filter(|s| s.action.status == StepStatus::Waiting)
-        .filter(|s| s.waiting_for.as_deref() == Some(TASK_WAIT))
-        .map(|s| (s.name.clone(), s.action.attempts))
+        .filter_map(|s| Some((s.name.clone(), s.awaited_task()?)))
         .find(|attempt| !answered.contains(attempt))
 }
 

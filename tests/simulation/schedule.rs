@@ -5,8 +5,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use orchestrator::model::task::TASK_WAIT;
-use orchestrator::model::{Saga, SagaStatus, StepStatus};
+use orchestrator::model::{Saga, SagaStatus};
 use orchestrator::operations::{Cancelled, Report};
 use orchestrator::store::SignalOutcome;
 use rand::rngs::StdRng;
@@ -502,9 +501,7 @@ fn awaited_task(saga: &Saga, reported: &[(String, u32)]) -> Option<(String, u32)
     }
     saga.steps
         .iter()
-        .filter(|s| s.action.status == StepStatus::Waiting)
-        .filter(|s| s.waiting_for.as_deref() == Some(TASK_WAIT))
-        .map(|s| (s.name.clone(), s.action.attempts))
+        .filter_map(|s| Some((s.name.clone(), s.awaited_task()?)))
         .find(|waiting| !reported.contains(waiting))
 }
 

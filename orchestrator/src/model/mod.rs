@@ -446,6 +446,14 @@ pub struct ForkedFrom {
 }
 
 impl StepRecord {
+    /// The attempt of the action that waits for its participant's callback (SPEC §16), if it
+    /// does.
+    pub fn awaited_task(&self) -> Option<u32> {
+        (self.action.status == StepStatus::Waiting
+            && self.waiting_for.as_deref() == Some(task::TASK_WAIT))
+        .then_some(self.action.attempts)
+    }
+
     /// The number of the next attempt of the action within its current budget, and when the
     /// budget began (`None` before any attempt).
     pub fn budget(&self) -> (u32, Option<Millis>) {

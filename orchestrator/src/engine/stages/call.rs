@@ -8,8 +8,8 @@ use saga_dsl::{Call, Phase, RetryPolicy};
 
 use super::{Decision, Facts, Need, StageRules, Turn};
 use crate::engine::decision::TaskEnd;
-use crate::model::task::{TaskRef, TASK_WAIT};
-use crate::model::{Millis, StepRecord, StepStatus};
+use crate::model::task::TaskRef;
+use crate::model::{Millis, StepRecord};
 
 impl StageRules for Call {
     fn needs(&self, turn: &Turn<'_>) -> Need {
@@ -43,14 +43,12 @@ impl StageRules for Call {
 
 /// The attempt the stage's action waits for a callback of, if it does.
 fn waiting_task(turn: &Turn<'_>) -> Option<TaskRef> {
-    let row = turn.row();
-    (row.action.status == StepStatus::Waiting && row.waiting_for.as_deref() == Some(TASK_WAIT))
-        .then_some(TaskRef {
-            saga: turn.saga.id,
-            step_index: turn.index as u32,
-            phase: Phase::Action,
-            attempt: row.action.attempts,
-        })
+    turn.row().awaited_task().map(|attempt| TaskRef {
+        saga: turn.saga.id,
+        step_index: turn.index as u32,
+        phase: Phase::Action,
+        attempt,
+    })
 }
 
 /// What follows a failed attempt of a call.
