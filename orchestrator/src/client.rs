@@ -532,8 +532,7 @@ impl SagaClient {
     /// [`ClientError::Api`], returned at once (an answer, not a request in progress).
     pub async fn cancel(&self, id: impl std::fmt::Display) -> Result<CancelAccepted, ClientError> {
         let url = self.url(&["v1", "sagas", &id.to_string(), "cancel"])?;
-        let response = self.send_command(&url, |req| req).await?;
-        decode(&url, response).await
+        self.command(&url, None).await
     }
 
     /// Sends the signal `name` with `payload` to a saga (`POST /v1/sagas/{id}/signals/{name}`),
@@ -681,13 +680,7 @@ impl SagaClient {
     ) -> Result<Saga, ClientError> {
         let url = self.url(&["v1", "sagas", &id.to_string(), "steps", step, "complete"])?;
         let body = serde_json::json!({ "output": output, "reason": reason }).to_string();
-        let response = self
-            .send_command(&url, |req| {
-                req.header(reqwest::header::CONTENT_TYPE, "application/json")
-                    .body(body.clone())
-            })
-            .await?;
-        decode(&url, response).await
+        self.command(&url, Some(body)).await
     }
 
     /// Forks saga `id` (`POST /v1/sagas/{id}/fork`), audited with `reason`: a new saga of the
@@ -748,13 +741,30 @@ impl SagaClient {
     /// An operator command: `POST` with `{"reason"}` if given, answered with the saga.
     async fn operate(&self, url: &Url, reason: Option<&str>) -> Result<Saga, ClientError> {
         let body = reason.map(|r| serde_json::json!({ "reason": r }).to_string());
+        self.command(url, body).await
+    }
+
+    /// A command: `POST` with `body` (JSON) if given, its answer decoded. Retried as
+    /// [`send`](Self::send) is, but a `409` is an answer (the saga's state forbids it), not a
+    /// request in progress: that is returned at once.
+    async fn command<T: serde::de::DeserializeOwned>(
+        &self,
+        url: &Url,
+        body: Option<String>,
+    ) -> Result<T, ClientError> {
         let response = self
-            .send_command(url, |req| match &body {
-                Some(body) => req
-                    .header(reqwest::header::CONTENT_TYPE, "application/json")
-                    .body(body.clone()),
-                None => req,
-            })
+            .send_attempts(
+                Method::POST,
+                url,
+                self.request_timeout,
+                false,
+                |req| match &body {
+                    Some(body) => req
+                        .header(reqwest::header::CONTENT_TYPE, "application/json")
+                        .body(body.clone()),
+                    None => req,
+                },
+            )
             .await?;
         decode(url, response).await
     }
@@ -828,13 +838,7 @@ impl SagaClient {
     ) -> Result<crate::model::ScheduleDetail, ClientError> {
         let url = self.url(&["v1", "schedules"])?;
         let body = serde_json::to_string(new).unwrap_or_default();
-        let response = self
-            .send_command(&url, |req| {
-                req.header(reqwest::header::CONTENT_TYPE, "application/json")
-                    .body(body.clone())
-            })
-            .await?;
-        decode(&url, response).await
+        self.command(&url, Some(body)).await
     }
 
     /// Every schedule (`GET /v1/schedules`), each with its next ticks and latest run.
@@ -861,8 +865,7 @@ impl SagaClient {
     ) -> Result<crate::model::ScheduleDetail, ClientError> {
         let action = if paused { "pause" } else { "resume" };
         let url = self.url(&["v1", "schedules", id, action])?;
-        let response = self.send_command(&url, |req| req).await?;
-        decode(&url, response).await
+        self.command(&url, None).await
     }
 
     /// Fires a schedule now (`POST /v1/schedules/{id}/trigger`): what happened to the tick.
@@ -903,17 +906,6 @@ impl SagaClient {
         decorate: impl Fn(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
     ) -> Result<reqwest::Response, ClientError> {
         self.send_with_timeout(method, url, self.request_timeout, decorate)
-            .await
-    }
-
-    /// [`send`](Self::send) for a command whose `409` is an answer (the saga's state forbids
-    /// it), not a request in progress: that is returned at once.
-    async fn send_command(
-        &self,
-        url: &Url,
-        decorate: impl Fn(reqwest::RequestBuilder) -> reqwest::RequestBuilder,
-    ) -> Result<reqwest::Response, ClientError> {
-        self.send_attempts(Method::POST, url, self.request_timeout, false, decorate)
             .await
     }
 
