@@ -160,11 +160,13 @@ async fn fire_tick(
         saga: Some(id),
         buffered: None,
     };
-    let failed = |why: String| Fired {
-        run: run_of(at, RunOutcome::Failed, None, triggered, Some(why)),
+    // A tick that started nothing: skipped, buffered (`buffered` names it) or failed.
+    let held = |outcome: RunOutcome, why: String, buffered: Option<Millis>| Fired {
+        run: run_of(at, outcome, None, triggered, Some(why)),
         saga: None,
-        buffered: None,
+        buffered,
     };
+    let failed = |why: String| held(RunOutcome::Failed, why, None);
     // Fired before, and its advance lost to a crash: the saga stands, so the tick ran.
     let own = run_saga_id(s, at);
     if engine.store().saga_status(own).await?.is_some() {
@@ -175,58 +177,30 @@ async fn fire_tick(
     let prev = previous.map(|id| id.to_string()).unwrap_or_default();
     Ok(match (s.overlap, busy) {
         // A tick already waits: it starts first, and the newer one is not kept.
-        (Overlap::BufferOne, _) if s.buffered_at.is_some() => Fired {
-            run: run_of(
-                at,
-                RunOutcome::Skipped,
-                None,
-                triggered,
-                Some(format!(
-                    "a tick was already buffered behind the previous run, saga {prev}"
-                )),
-            ),
-            saga: None,
-            buffered: None,
-        },
+        (Overlap::BufferOne, _) if s.buffered_at.is_some() => held(
+            RunOutcome::Skipped,
+            format!("a tick was already buffered behind the previous run, saga {prev}"),
+            None,
+        ),
         (_, false) | (Overlap::AllowAll, true) => match start_tick(engine, s, at).await? {
             Ok(id) => started(id, RunOutcome::Started, None),
             Err(why) => failed(why),
         },
-        (Overlap::Skip, true) => Fired {
-            run: run_of(
-                at,
-                RunOutcome::Skipped,
-                None,
-                triggered,
-                Some(format!("the previous run, saga {prev}, had not ended")),
-            ),
-            saga: None,
-            buffered: None,
-        },
-        (Overlap::BufferOne, true) if s.buffered_at.is_none() => Fired {
-            run: run_of(
-                at,
-                RunOutcome::Buffered,
-                None,
-                triggered,
-                Some(format!("waits for the previous run, saga {prev}, to end")),
-            ),
-            saga: None,
-            buffered: Some(at),
-        },
-        (Overlap::BufferOne, true) => Fired {
-            run: run_of(
-                at,
-                RunOutcome::Skipped,
-                None,
-                triggered,
-                Some(format!(
-                    "the previous run, saga {prev}, had not ended and a tick was already buffered"
-                )),
-            ),
-            saga: None,
-            buffered: None,
-        },
+        (Overlap::Skip, true) => held(
+            RunOutcome::Skipped,
+            format!("the previous run, saga {prev}, had not ended"),
+            None,
+        ),
+        (Overlap::BufferOne, true) if s.buffered_at.is_none() => held(
+            RunOutcome::Buffered,
+            format!("waits for the previous run, saga {prev}, to end"),
+            Some(at),
+        ),
+        (Overlap::BufferOne, true) => held(
+            RunOutcome::Skipped,
+            format!("the previous run, saga {prev}, had not ended and a tick was already buffered"),
+            None,
+        ),
         (Overlap::CancelOther, true) => {
             let reason = format!(
                 "schedule {} started its run of {} (overlap: cancel_other)",
