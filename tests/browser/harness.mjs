@@ -111,6 +111,19 @@ export async function launchBrowser() {
   });
 }
 
+/** A page of `browser` on the console's `hash`, signed in with `token`; the page errors it
+ * throws are collected in `errors`. */
+export async function signedIn(browser, server, hash, token, options = {}) {
+  const context = await browser.newContext({ viewport: { width: 1280, height: 900 }, ...options });
+  const page = await context.newPage();
+  const errors = [];
+  page.on('pageerror', (e) => errors.push(e.message));
+  await page.goto(`${server.base}/ui/${hash}`);
+  await page.getByLabel('API token').fill(token);
+  await page.getByRole('button', { name: 'Sign in' }).click();
+  return { page, context, errors };
+}
+
 /** A free loopback port. */
 async function freePort() {
   const server = createServer();

@@ -8,7 +8,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { createRequire } from 'node:module';
-import { startServer, waitFor, launchBrowser, TOKENS } from './harness.mjs';
+import { startServer, signedIn, waitFor, launchBrowser, TOKENS } from './harness.mjs';
 
 const axePath = createRequire(import.meta.url).resolve('axe-core/axe.min.js');
 
@@ -19,18 +19,6 @@ before(async () => {
 after(async () => {
   await browser?.close();
 });
-
-/** A page on `hash`, signed in with `token`. */
-async function signedIn(server, hash, token, options = {}) {
-  const context = await browser.newContext({ viewport: { width: 1280, height: 900 }, ...options });
-  const page = await context.newPage();
-  const errors = [];
-  page.on('pageerror', (e) => errors.push(e.message));
-  await page.goto(`${server.base}/ui/${hash}`);
-  await page.getByLabel('API token').fill(token);
-  await page.getByRole('button', { name: 'Sign in' }).click();
-  return { page, context, errors };
-}
 
 /** A payout of `merchant` whose every step takes a minute: it holds its merchant's slot. */
 async function slowPayout(server, id, merchant, headers = {}) {
@@ -49,7 +37,7 @@ test('the limits page lists the declared limits with what holds and waits for th
     const second = await slowPayout(server, 'pay-2', 'acme', { 'Saga-Priority': '7' });
     await waitFor(server, second, (s) => s.waiting_for === 'limit:payout_per_merchant');
 
-    const { page, context, errors } = await signedIn(server, '#/', TOKENS.admin);
+    const { page, context, errors } = await signedIn(browser, server, '#/', TOKENS.admin);
     // The list says what the second payout waits for, and leads to the limits.
     const waiting = page.locator(`tbody tr[data-key="${second}"] [data-wait]`);
     await waiting.waitFor();
@@ -120,7 +108,7 @@ test('a saga waiting for a limit says so on its page, linking to the limits, whi
     const second = await slowPayout(server, 'pay-4', 'globex');
     await waitFor(server, second, (s) => s.waiting_for === 'limit:payout_per_merchant');
     // axe is injected as a script, which the console's own policy forbids: this context only.
-    const { page, context, errors } = await signedIn(server, `#/sagas/${second}`, TOKENS.admin, { bypassCSP: true });
+    const { page, context, errors } = await signedIn(browser, server, `#/sagas/${second}`, TOKENS.admin, { bypassCSP: true });
     const badge = page.locator('h1 [data-key="waiting"]');
     await badge.waitFor();
     assert.equal(await badge.innerText(), 'waiting for limit:payout_per_merchant');
@@ -141,7 +129,7 @@ test('a saga waiting for a limit says so on its page, linking to the limits, whi
 test('a read-only token sees the limits and no change action', async () => {
   const server = await startServer({ tokens: true });
   try {
-    const { page, context, errors } = await signedIn(server, '#/limits', TOKENS.reader);
+    const { page, context, errors } = await signedIn(browser, server, '#/limits', TOKENS.reader);
     await value(page, 'bank').waitFor();
     assert.equal(await page.locator('tbody tr').count(), 3);
     assert.equal(await page.getByRole('button', { name: /Change/ }).count(), 0, 'no change offered');

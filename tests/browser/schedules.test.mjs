@@ -7,7 +7,7 @@
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { createRequire } from 'node:module';
-import { startServer, launchBrowser, TOKENS } from './harness.mjs';
+import { startServer, signedIn, launchBrowser, TOKENS } from './harness.mjs';
 
 const axePath = createRequire(import.meta.url).resolve('axe-core/axe.min.js');
 
@@ -18,18 +18,6 @@ before(async () => {
 after(async () => {
   await browser?.close();
 });
-
-/** A page on `hash`, signed in with `token`. */
-async function signedIn(server, hash, token, options = {}) {
-  const context = await browser.newContext({ viewport: { width: 1280, height: 900 }, ...options });
-  const page = await context.newPage();
-  const errors = [];
-  page.on('pageerror', (e) => errors.push(e.message));
-  await page.goto(`${server.base}/ui/${hash}`);
-  await page.getByLabel('API token').fill(token);
-  await page.getByRole('button', { name: 'Sign in' }).click();
-  return { page, context, errors };
-}
 
 /** Makes the two schedules of these tests: a nightly one in Paris, and one every second. */
 async function makeSchedules(server) {
@@ -53,7 +41,7 @@ test('the schedules page lists next and latest runs, a schedule\'s page links it
   const server = await startServer({ tokens: true });
   try {
     await makeSchedules(server);
-    const { page, context, errors } = await signedIn(server, '#/', TOKENS.admin, { bypassCSP: true });
+    const { page, context, errors } = await signedIn(browser, server, '#/', TOKENS.admin, { bypassCSP: true });
     await page.getByRole('navigation', { name: 'Pages' }).getByRole('link', { name: 'Schedules' }).click();
     await page.waitForFunction(() => location.hash === '#/schedules');
     const row = (id) => page.locator(`tbody tr[data-schedule="${id}"]`);
@@ -115,7 +103,7 @@ test('a read-only token sees the schedules and no action', async () => {
   try {
     await makeSchedules(server);
     await server.api('/v1/schedules/often/pause', { method: 'POST' });
-    const { page, context, errors } = await signedIn(server, '#/schedules', TOKENS.reader);
+    const { page, context, errors } = await signedIn(browser, server, '#/schedules', TOKENS.reader);
     await page.locator('tbody tr[data-schedule="nightly"]').waitFor();
     assert.equal(await page.locator('tbody tr').count(), 2);
     assert.equal(await page.getByRole('button', { name: /Pause|Resume|Trigger|Delete/ }).count(), 0, 'no action offered');
