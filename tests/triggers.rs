@@ -48,6 +48,18 @@ async fn publish(js: &async_nats::jetstream::Context, subject: &str, body: Vec<u
         .sequence
 }
 
+/// Publishes orders `o-0` to `o-{n-1}` on the trigger's subject.
+async fn publish_orders(js: &async_nats::jetstream::Context, n: usize) {
+    for i in 0..n {
+        publish(
+            js,
+            SUBJECT,
+            order(&format!("o-{i}")).to_string().into_bytes(),
+        )
+        .await;
+    }
+}
+
 /// The inputs of every `place_order` saga in the log, by order id: how many sagas each has.
 async fn orders_started(db: &TempDb) -> BTreeMap<String, usize> {
     let store = db.store().await;
@@ -131,14 +143,7 @@ async fn each_message_starts_one_saga_with_its_body_as_input() {
     let server = serve(&db, &nats, &[]).await;
     let js = nats.jetstream().await;
     let n = 25;
-    for i in 0..n {
-        publish(
-            &js,
-            SUBJECT,
-            order(&format!("o-{i}")).to_string().into_bytes(),
-        )
-        .await;
-    }
+    publish_orders(&js, n).await;
     let found = wait_sagas(&db, n).await;
     let t = wait_triggers(&server, |t| {
         t["triggers"][0]["lag"] == 0 && t["triggers"][0]["started"] == n
@@ -317,14 +322,7 @@ async fn three_processes_share_one_consumer_and_start_each_saga_once_on_postgres
     ];
     let js = nats.jetstream().await;
     let n = 300;
-    for i in 0..n {
-        publish(
-            &js,
-            SUBJECT,
-            order(&format!("o-{i}")).to_string().into_bytes(),
-        )
-        .await;
-    }
+    publish_orders(&js, n).await;
     let found = wait_sagas(&db, n).await;
     let mut started = 0;
     let mut consumers = Vec::new();
